@@ -1,0 +1,247 @@
+"""``hicachefs mount | umount | stats``: validate everything, then act.
+
+Every check that can fail runs before anything is mounted, and each failure is one line on
+stderr with exit code 2 (bad input) or 1 (the operation failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from .daemon import DaemonConfig
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MIN_MEMORY = 16 << 20
+MOUNT_TIMEOUT_S = 60.0
+UMOUNT_TIMEOUT_S = 60.0
+
+
+class UsageError(Exception):
+    """A bad flag, size or path: reported in one line, exit status 2, nothing mounted."""
+
+
+def parse_size(text: str) -> int:
+    """'64G' -> bytes; K, M, G, T are powers of 1024, an optional trailing B or iB is allowed."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise UsageError(f"bad size {text!r}: use a number with K, M, G or T, like 64G")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hicachefs", description="An L3 KV-cache store for SGLang, as a filesystem.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    mount = commands.add_parser("mount", help="mount a store (returns once the mount is live)")
+    mount.add_argument("mountpoint")
+    mount.add_argument("--memory", default="1G", help="RAM tier size (default 1G)")
+    mount.add_argument("--disk", help="directory for the SSD tier's arena file")
+    mount.add_argument("--disk-size", help="SSD tier size, required with --disk")
+    mount.add_argument("--write-through", action="store_true", help="also write every page to disk at publish")
+    mount.add_argument("--max-page-size", default="64M", help="largest page accepted (default 64M)")
+    mount.add_argument("--foreground", action="store_true", help="stay attached; log to stderr")
+    mount.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                       type=str.upper)
+    mount.add_argument("--log-file", help="where a background daemon logs (default: in the temp dir)")
+    umount = commands.add_parser("umount", help="unmount cleanly (RAM tier written down to disk)")
+    umount.add_argument("mountpoint")
+    stats = commands.add_parser("stats", help="print the store's statistics")
+    stats.add_argument("mountpoint")
+    stats.add_argument("--json", action="store_true", help="print the raw JSON")
+    return parser
+
+
+def daemon_config(args: argparse.Namespace) -> DaemonConfig:
+    """Validate the mount command's arguments; raises UsageError naming the first problem."""
+    mountpoint = Path(args.mountpoint).resolve()
+    if not mountpoint.is_dir():
+        raise UsageError(f"mountpoint {args.mountpoint} is not an existing directory")
+    if os.path.ismount(mountpoint):
+        raise UsageError(f"mountpoint {args.mountpoint} is already a mount point")
+    if any(mountpoint.iterdir()):
+        raise UsageError(f"mountpoint {args.mountpoint} is not empty")
+    memory = parse_size(args.memory)
+    if memory < MIN_MEMORY:
+        raise UsageError(f"--memory {args.memory} is below the minimum of 16M")
+    max_page = parse_size(args.max_page_size)
+    if not 0 < max_page <= memory:
+        raise UsageError(f"--max-page-size {args.max_page_size} must be above 0 and at most --memory")
+    disk_dir, disk_bytes = _disk_tier(args, max_page)
+    if args.write_through and disk_dir is None:
+        raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
+    _check_fuse()
+    log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
+    return DaemonConfig(
+        mountpoint=str(mountpoint),
+        memory_bytes=memory,
+        disk_dir=disk_dir,
+        disk_bytes=disk_bytes,
+        write_through=args.write_through,
+        max_page_size=max_page,
+        log_level=args.log_level,
+        log_file=log_file,
+    )
+
+
+def _disk_tier(args: argparse.Namespace, max_page: int) -> tuple[str | None, int]:
+    if (args.disk is None) != (args.disk_size is None):
+        raise UsageError("--disk and --disk-size go together")
+    if args.disk is None:
+        return None, 0
+    size = parse_size(args.disk_size)
+    if size < max_page:
+        raise UsageError(f"--disk-size {args.disk_size} is smaller than --max-page-size")
+    disk = Path(args.disk).resolve()
+    try:
+        disk.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=disk, prefix=".hicachefs-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"disk directory {args.disk} cannot be written: {exc.strerror}") from None
+    existing = sum(f.stat().st_size for f in disk.glob("*.arena"))
+    free = shutil.disk_usage(disk).free
+    if size > free + existing:
+        raise UsageError(f"--disk-size {args.disk_size} is more than the {free >> 30} GiB free in {args.disk}")
+    return str(disk), size
+
+
+def _check_fuse() -> None:
+    if not os.path.exists("/dev/fuse"):
+        raise UsageError("/dev/fuse is missing: load the fuse module (modprobe fuse)")
+    if shutil.which("fusermount3") is None:
+        raise UsageError("fusermount3 is missing: install the fuse3 package")
+
+
+def _default_log_file(mountpoint: Path) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", str(mountpoint)).strip("-") or "root"
+    return str(Path(tempfile.gettempdir()) / f"hicachefs-{slug}.log")
+
+
+def mount(args: argparse.Namespace) -> int:
+    config = daemon_config(args)
+    if args.foreground:
+        from . import daemon
+
+        daemon.setup_logging(config)
+        return daemon.run(config)
+    with open(config.log_file, "ab") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "hicachefs.daemon", json.dumps(asdict(config))],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        )
+    deadline = time.monotonic() + MOUNT_TIMEOUT_S
+    control = Path(config.mountpoint, ".hicachefs", "config")
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            print(f"hicachefs: the daemon exited with status {child.returncode}; see {config.log_file}",
+                  file=sys.stderr)
+            return 1
+        if os.path.ismount(config.mountpoint) and control.exists():
+            print(f"hicachefs: mounted {config.mountpoint} (pid {child.pid}, log {config.log_file})")
+            return 0
+        time.sleep(0.05)
+    print(f"hicachefs: the mount did not come up within {MOUNT_TIMEOUT_S:.0f} s; see {config.log_file}",
+          file=sys.stderr)
+    return 1
+
+
+def umount(args: argparse.Namespace) -> int:
+    mountpoint = str(Path(args.mountpoint).resolve())
+    if not os.path.ismount(mountpoint):
+        raise UsageError(f"{args.mountpoint} is not mounted")
+    try:
+        pid = json.loads(Path(mountpoint, ".hicachefs", "config").read_text())["pid"]
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise UsageError(f"{args.mountpoint} is not a hicachefs mount ({exc.strerror})") from None
+        subprocess.run(["fusermount3", "-u", mountpoint], check=False)  # the daemon is gone
+        print(f"hicachefs: removed the dead mount at {mountpoint}")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + UMOUNT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not _alive(pid) and not os.path.ismount(mountpoint):
+            print(f"hicachefs: unmounted {mountpoint}")
+            return 0
+        time.sleep(0.05)
+    print(f"hicachefs: daemon {pid} did not finish within {UMOUNT_TIMEOUT_S:.0f} s", file=sys.stderr)
+    return 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stats(args: argparse.Namespace) -> int:
+    path = Path(args.mountpoint, ".hicachefs", "stats")
+    try:
+        facts = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    if args.json:
+        print(json.dumps(facts, indent=2, sort_keys=True))
+        return 0
+    print(format_stats(facts))
+    return 0
+
+
+def format_stats(facts: dict) -> str:
+    """A table a person reads: one row per tier, then the totals."""
+    tiers = facts.get("tiers", {})
+    fields = ["capacity_bytes", "used_bytes", "pages", "hits", "misses", "evictions",
+              "demotions", "promotions", "checksum_failures"]
+    rows = [["tier", *[f.replace("_bytes", "").replace("_", " ") for f in fields]]]
+    for tier, counters in tiers.items():
+        rows.append([tier, *[_human(counters.get(f, 0), f.endswith("bytes")) for f in fields]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    errors = facts.get("errors") or {}
+    lines.append(f"free: {_human(facts.get('free_bytes', 0), True)}   "
+                 f"errors: {', '.join(f'{k} {v}' for k, v in sorted(errors.items())) or 'none'}")
+    return "\n".join(lines)
+
+
+def _human(value: int, is_bytes: bool) -> str:
+    if not is_bytes:
+        return str(value)
+    for unit in ("B", "K", "M", "G", "T"):
+        if value < 1024 or unit == "T":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return {"mount": mount, "umount": umount, "stats": stats}[args.command](args)
+    except UsageError as exc:
+        print(f"hicachefs: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

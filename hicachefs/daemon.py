@@ -1,0 +1,134 @@
+"""The daemon process: open the store, mount, serve until told to stop, shut down cleanly.
+
+Run in the foreground by ``hicachefs mount --foreground``, or as ``python -m
+hicachefs.daemon CONFIG_JSON`` by the background form of the same command. SIGTERM,
+SIGINT and SIGHUP end the loop after the requests in flight (``pyfuse3.terminate``);
+then the mount is removed and the store closed, which writes the RAM tier down to disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from .fs.control import ControlFiles
+from .fs.namespace import Namespace
+from .fs.operations import Operations
+from .store import PageStore, StoreConfig
+
+log = logging.getLogger("hicachefs")
+
+#: How often abandoned temporary files are looked for.
+REAP_INTERVAL_S = 5.0
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """Everything the daemon needs, as validated by the command line."""
+
+    mountpoint: str
+    memory_bytes: int
+    disk_dir: str | None
+    disk_bytes: int
+    write_through: bool
+    max_page_size: int
+    log_level: str
+    log_file: str | None
+
+    def store_config(self) -> StoreConfig:
+        return StoreConfig(
+            memory_bytes=self.memory_bytes,
+            disk_dir=Path(self.disk_dir) if self.disk_dir else None,
+            disk_bytes=self.disk_bytes,
+            write_through=self.write_through,
+            max_page_size=self.max_page_size,
+        )
+
+
+def setup_logging(config: DaemonConfig) -> None:
+    handler = logging.FileHandler(config.log_file) if config.log_file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(config.log_level.upper())
+
+
+def _recovery_progress(done: int, total: int) -> None:
+    if total:
+        log.info("rebuilding the disk index: %d of %d MiB scanned", done >> 20, total >> 20)
+
+
+def run(config: DaemonConfig) -> int:
+    """Serve the mount until a signal or unmount; returns the process exit code."""
+    log.info("starting: %s", json.dumps(asdict(config)))
+    store = PageStore(config.store_config(), progress=_recovery_progress)
+    operations = None
+    try:
+        effective = {**asdict(config), "pid": os.getpid()}
+        statistics = lambda: {  # noqa: E731 - wiring, read at every open of .hicachefs/stats
+            **store.statistics(),
+            "errors": dict(operations.errors),
+            "pending_files": namespace.pending_count(),
+        }
+        namespace = Namespace(store, ControlFiles(store, statistics, effective))
+        operations = Operations(namespace, store)
+        options = set(pyfuse3.default_options) | {"fsname=hicachefs", "subtype=hicachefs"}
+        if os.getuid() == 0:
+            options.add("allow_other")
+        pyfuse3.init(operations, config.mountpoint, options)
+        try:
+            trio.run(_serve, namespace)
+        finally:
+            pyfuse3.close(unmount=True)
+        log.info("unmounted %s", config.mountpoint)
+    finally:
+        store.close()
+        log.info("store closed")
+    return 0
+
+
+async def _serve(namespace: Namespace) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_signal)
+        nursery.start_soon(_reap_abandoned, namespace)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _stop_on_signal() -> None:
+    with trio.open_signal_receiver(*HANDLED_SIGNALS) as signals:
+        async for signum in signals:
+            log.info("%s: finishing requests in flight, then unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+async def _reap_abandoned(namespace: Namespace) -> None:
+    while True:
+        await trio.sleep(REAP_INTERVAL_S)
+        namespace.reap_abandoned()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the background daemon: one argument, the DaemonConfig as JSON."""
+    argv = sys.argv[1:] if argv is None else argv
+    config = DaemonConfig(**json.loads(argv[0]))
+    setup_logging(config)
+    try:
+        return run(config)
+    except Exception:
+        log.exception("daemon failed")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

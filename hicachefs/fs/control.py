@@ -1,0 +1,181 @@
+"""The control files under ``.hicachefs/``: stats, metrics, config and the exists query.
+
+Read-only files render a snapshot at open, so one ``cat`` sees one consistent state. The
+``exists`` file is a per-handle request/answer stream (DESIGN.md, "Batch existence query").
+No pyfuse3 here; not thread-safe (trio thread only).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .. import names
+from ..store import PageStore
+from .errors import FsError
+from .nodes import Stat
+
+CONTROL_DIR_INODE = 2
+_FILES = {b"stats": 3, b"metrics": 4, b"config": 5, b"exists": 6}
+CONTROL_INODES = frozenset({CONTROL_DIR_INODE, *_FILES.values()})
+#: The largest exists request one handle accepts (about 300,000 page paths).
+MAX_EXISTS_REQUEST = 64 << 20
+
+_GAUGES = {"capacity_bytes", "used_bytes", "free_bytes", "pages", "pending_files"}
+
+
+class SnapshotHandle:
+    """A read-only control file's content, fixed when it was opened."""
+
+    def __init__(self, content: bytes):
+        self.content = content
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.content[offset : offset + size]
+
+    def write(self, offset: int, data: bytes) -> int:
+        raise FsError(errno.EACCES, "control file is read-only")
+
+    def release(self) -> None:
+        pass
+
+
+class ExistsHandle:
+    """One client's exists query: writes append to the request, the next read answers it.
+
+    Offsets are ignored on purpose: the protocol is a stream, so ``write``/``read`` and
+    ``pwrite``/``pread`` at any offset behave the same.
+    """
+
+    def __init__(self, store: PageStore):
+        self.store = store
+        self.request = bytearray()
+        self.answer: bytes | None = None
+        self.answered = 0
+
+    def write(self, offset: int, data: bytes) -> int:
+        if self.answer is not None:  # a write after a read starts a new request
+            self.request.clear()
+            self.answer = None
+        if len(self.request) + len(data) > MAX_EXISTS_REQUEST:
+            raise FsError(errno.EFBIG, f"exists request over {MAX_EXISTS_REQUEST} bytes")
+        self.request += data
+        return len(data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        if self.answer is None:
+            self.answer = self._answer()
+            self.answered = 0
+            self.request.clear()
+        chunk = self.answer[self.answered : self.answered + size]
+        self.answered += len(chunk)
+        return chunk
+
+    def release(self) -> None:
+        pass
+
+    def _answer(self) -> bytes:
+        lines = bytes(self.request).split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        found = [False] * len(lines)
+        valid: list[int] = []
+        paths: list[str] = []
+        for i, line in enumerate(lines):
+            try:
+                path = line.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if names.check_page_path(path):
+                valid.append(i)
+                paths.append(path)
+        for i, hit in zip(valid, self.store.exists_many(paths)):
+            found[i] = hit
+        return bytes(b"1" if hit else b"0" for hit in found) + b"\n"
+
+
+class ControlFiles:
+    """Serves ``.hicachefs/*`` from callables that produce the daemon's facts."""
+
+    dir_inode = CONTROL_DIR_INODE
+
+    def __init__(self, store: PageStore, statistics: Callable[[], dict], config: dict):
+        self.store = store
+        self.statistics = statistics
+        self.config = config
+        self.started_ns = time.time_ns()
+
+    def lookup(self, name: bytes) -> int:
+        inode = _FILES.get(name)
+        if inode is None:
+            raise FsError(errno.ENOENT, "no such control file")
+        return inode
+
+    def entries(self) -> list[tuple[bytes, int]]:
+        return sorted(_FILES.items())
+
+    def stat(self, inode: int) -> Stat:
+        if inode == CONTROL_DIR_INODE:
+            return Stat(inode, stat.S_IFDIR | 0o555, 0, 2, self.started_ns, self.started_ns)
+        mode = 0o666 if inode == _FILES[b"exists"] else 0o444
+        return Stat(inode, stat.S_IFREG | mode, 0, 1, self.started_ns, self.started_ns)
+
+    def open(self, inode: int, flags: int):
+        if inode == CONTROL_DIR_INODE:
+            raise FsError(errno.EISDIR, "is a directory")
+        if inode == _FILES[b"exists"]:
+            return ExistsHandle(self.store)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+            raise FsError(errno.EACCES, "control file is read-only")
+        if inode == _FILES[b"stats"]:
+            return SnapshotHandle(render_json(self.statistics()))
+        if inode == _FILES[b"metrics"]:
+            return SnapshotHandle(render_metrics(self.statistics()))
+        return SnapshotHandle(render_json(self.config))
+
+
+def render_json(facts: dict) -> bytes:
+    return (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode()
+
+
+def render_metrics(facts: dict) -> bytes:
+    """The statistics in Prometheus text format, rendered by prometheus_client."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_StatisticsCollector(facts))
+    return generate_latest(registry)
+
+
+class _StatisticsCollector:
+    """Turns the nested statistics dict into metric families, one per counter name."""
+
+    def __init__(self, facts: dict):
+        self.facts = facts
+
+    def collect(self):
+        by_name: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+        def family(field: str, labels: list[str]):
+            if field not in by_name:
+                name = f"hicachefs_{field}"
+                doc = f"hicachefs {field.replace('_', ' ')}"
+                cls = GaugeMetricFamily if field in _GAUGES else CounterMetricFamily
+                by_name[field] = cls(name, doc, labels=labels)
+            return by_name[field]
+
+        for tier, counters in self.facts.get("tiers", {}).items():
+            for field, value in counters.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    family(f"tier_{field}", ["tier"]).add_metric([tier], value)
+        for kind, count in self.facts.get("errors", {}).items():
+            family("errors", ["kind"]).add_metric([kind], count)
+        for field, value in self.facts.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                family(field, []).add_metric([], value)
+        yield from by_name.values()

@@ -1,0 +1,469 @@
+"""The filesystem's POSIX meaning, without FUSE: inodes, directories, publish by rename.
+
+The tree is ``<model>/<format>/<shard>/<pool>/<key>``: directories are kept here, pages in
+the store (looked up by path, so the namespace holds no per-page state except for the
+pages the kernel currently knows by inode). Files being written are ``PendingFile``s
+until a rename (or, for a file created under a key, its last close) publishes them.
+
+Not thread-safe: the daemon calls it from its trio thread only. Every method is
+synchronous and never blocks on I/O, except ``open_reader`` which the caller may run in
+a worker thread (it only calls the thread-safe store).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+
+from .. import names
+from ..store import PageInfo, PageNotFound, PageReader, PageStore
+from .control import CONTROL_INODES, ControlFiles
+from .errors import FsError
+from .nodes import Directory, PageNode, PendingFile, Stat
+
+log = logging.getLogger(__name__)
+
+ROOT_INODE = 1
+#: How long a temporary file that nobody has open survives before it is discarded.
+ABANDONED_AFTER_S = 60.0
+
+DIR_MODE = stat.S_IFDIR | 0o755
+PAGE_MODE = stat.S_IFREG | 0o444
+PENDING_MODE = stat.S_IFREG | 0o644
+
+
+class PageHandle:
+    """An open published page: the pinned store reader serves every read."""
+
+    def __init__(self, reader: PageReader):
+        self.reader = reader
+
+    def read(self, offset: int, size: int):
+        return self.reader.read(offset, size)
+
+    def write(self, offset: int, data: bytes) -> int:
+        raise FsError(errno.EBADF, "page opened read-only")
+
+    def release(self) -> None:
+        self.reader.close()
+
+
+class PendingHandle:
+    """An open file that is still being written."""
+
+    def __init__(self, namespace: Namespace, pending: PendingFile):
+        self.namespace = namespace
+        self.pending = pending
+
+    def read(self, offset: int, size: int):
+        return self.pending.read(offset, size)
+
+    def write(self, offset: int, data: bytes) -> int:
+        if self.pending.gone:
+            raise FsError(errno.EPERM, "the file was published or discarded; pages are immutable")
+        return self.pending.write(offset, data)
+
+    def release(self) -> None:
+        self.namespace.close_pending(self.pending)
+
+
+class Namespace:
+    """Directories, inode numbers, open handles and the publish rules of DESIGN.md."""
+
+    def __init__(self, store: PageStore, control: ControlFiles):
+        self.store = store
+        self.control = control
+        self.root = Directory(ROOT_INODE, "", 0, None)
+        self._inodes = itertools.count(max(CONTROL_INODES) + 1)
+        self._handles_ids = itertools.count(1)
+        self._dirs: dict[int, Directory] = {ROOT_INODE: self.root}
+        self._pages: dict[int, PageNode] = {}
+        self._page_by_name: dict[tuple[int, str], PageNode] = {}
+        self._pending: dict[int, PendingFile] = {}
+        self.handles: dict[int, object] = {}
+        for path in store.directories():
+            self._make_dirs(path)
+
+    # ---- lookups -------------------------------------------------------------------
+
+    def lookup(self, parent_inode: int, name: bytes) -> Stat:
+        """Resolve ``name`` in a directory; counts a kernel reference on the result."""
+        if parent_inode == self.control.dir_inode:
+            return self.control.stat(self.control.lookup(name))
+        parent = self._dir(parent_inode)
+        if parent is self.root and name == names.CONTROL_DIR.encode():
+            return self.control.stat(self.control.dir_inode)
+        if name == b"..":
+            return self._dir_stat(parent.parent or parent)
+        if name == b".":
+            return self._dir_stat(parent)
+        text = name.decode("utf-8", "surrogateescape")
+        child = parent.children.get(text)
+        if child is not None:
+            return self._dir_stat(child)
+        pending = parent.pending.get(text)
+        if pending is not None:
+            pending.nlookup += 1
+            return self._pending_stat(pending)
+        if parent.depth != names.POOL_DEPTH or names.is_temporary(name):
+            raise FsError(errno.ENOENT, "no such file or directory")
+        info = self.store.info(parent.page_name(text))
+        if info is None:
+            raise FsError(errno.ENOENT, "no such page")
+        node = self._page_node(parent, text)
+        node.nlookup += 1
+        return self._page_stat(node.inode, info)
+
+    def forget(self, inode: int, nlookup: int) -> None:
+        node = self._pages.get(inode)
+        if node is not None:
+            node.nlookup -= nlookup
+            if node.nlookup <= 0:
+                del self._pages[inode]
+                if node.directory is not None:
+                    self._page_by_name.pop((node.directory.inode, node.key), None)
+            return
+        pending = self._pending.get(inode)
+        if pending is not None:
+            pending.nlookup -= nlookup
+            self._drop_pending_if_unused(pending)
+
+    def getattr(self, inode: int) -> Stat:
+        if inode in CONTROL_INODES:
+            return self.control.stat(inode)
+        if inode in self._dirs:
+            return self._dir_stat(self._dirs[inode])
+        if inode in self._pending:
+            return self._pending_stat(self._pending[inode])
+        node = self._pages.get(inode)
+        info = None if node is None or node.name is None else self.store.info(node.name)
+        if info is None:
+            raise FsError(errno.ENOENT, "page no longer stored")
+        return self._page_stat(inode, info)
+
+    def page_info(self, inode: int) -> PageInfo:
+        """The store's facts about a published page (for extended attributes)."""
+        node = self._pages.get(inode)
+        info = None if node is None or node.name is None else self.store.info(node.name)
+        if info is None:
+            raise FsError(errno.ENODATA, "not a stored page")
+        return info
+
+    # ---- directories ---------------------------------------------------------------
+
+    def mkdir(self, parent_inode: int, name: bytes) -> Stat:
+        parent = self._writable_dir(parent_inode)
+        text = self._checked_name(name)
+        if parent.depth >= names.POOL_DEPTH:
+            raise FsError(errno.EPERM, "pool directories hold pages, not directories")
+        if text in parent.children or text in parent.pending or self._has_page(parent, text):
+            raise FsError(errno.EEXIST, "already exists")
+        child = self._add_dir(parent, text)
+        return self._dir_stat(child)
+
+    def rmdir(self, parent_inode: int, name: bytes) -> None:
+        parent = self._writable_dir(parent_inode)
+        child = parent.children.get(name.decode("utf-8", "surrogateescape"))
+        if child is None:
+            if self._has_page(parent, name.decode("utf-8", "surrogateescape")):
+                raise FsError(errno.ENOTDIR, "not a directory")
+            raise FsError(errno.ENOENT, "no such directory")
+        if child.children or child.pending or self.store.list_dir(child.path):
+            raise FsError(errno.ENOTEMPTY, "directory not empty")
+        del parent.children[child.path.rsplit("/", 1)[-1]]
+        child.removed = True
+        parent.mtime_ns = time.time_ns()
+
+    def list_dir(self, inode: int) -> list[tuple[bytes, Callable[..., Stat]]]:
+        """A directory's entries, each with a function giving its attributes.
+
+        ``make_stat(counted=True)`` records that the kernel accepted the entry (a readdirplus
+        entry counts as a lookup); ``counted=False`` only describes it.
+        """
+        if inode == self.control.dir_inode:
+            return [(n, functools.partial(self._fixed, self.control.stat(i))) for n, i in self.control.entries()]
+        directory = self._dir(inode)
+        entries: list[tuple[bytes, Callable[..., Stat]]] = []
+        if directory is self.root:
+            control = self.control.stat(self.control.dir_inode)
+            entries.append((names.CONTROL_DIR.encode(), functools.partial(self._fixed, control)))
+        for text, child in sorted(directory.children.items()):
+            entries.append((text.encode("utf-8", "surrogateescape"),
+                            functools.partial(self._fixed, self._dir_stat(child))))
+        for text, pending in sorted(directory.pending.items()):
+            entries.append((text.encode("utf-8", "surrogateescape"),
+                            functools.partial(self._listed_pending, pending)))
+        if directory.depth == names.POOL_DEPTH:
+            for info in self.store.list_dir(directory.path):
+                key = info.name.rsplit("/", 1)[-1]
+                entries.append((key.encode("utf-8"), functools.partial(self._listed_page, directory, key, info)))
+        return entries
+
+    @staticmethod
+    def _fixed(st: Stat, counted: bool) -> Stat:
+        return st
+
+    def _listed_pending(self, pending: PendingFile, counted: bool) -> Stat:
+        pending.nlookup += counted
+        return self._pending_stat(pending)
+
+    def _listed_page(self, directory: Directory, key: str, info: PageInfo, counted: bool) -> Stat:
+        node = self._page_node(directory, key)
+        node.nlookup += counted
+        return self._page_stat(node.inode, info)
+
+    # ---- files ---------------------------------------------------------------------
+
+    def create(self, parent_inode: int, name: bytes, flags: int) -> tuple[Stat, int]:
+        """A new file: a temporary (``.``-prefixed) or one created under a key name."""
+        parent = self._writable_dir(parent_inode)
+        if parent.depth != names.POOL_DEPTH:
+            raise FsError(errno.EPERM, "pages are created in pool directories (model/format/shard/pool)")
+        visible = not names.is_temporary(name)
+        text = self._checked_name(name) if visible else names.check_temporary(name)
+        if text in parent.pending or text in parent.children:
+            raise FsError(errno.EEXIST, "already exists")
+        if visible and self._has_page(parent, text):
+            raise FsError(errno.EEXIST, "page already published; pages are immutable")
+        pending = PendingFile(next(self._inodes), parent, text, visible, self.store)
+        pending.nlookup = 1
+        parent.pending[text] = pending
+        self._pending[pending.inode] = pending
+        return self._pending_stat(pending), self._open_pending(pending)
+
+    def open(self, inode: int, flags: int) -> int | str:
+        """Open a file: returns a handle id, or for a published page the page name to read.
+
+        Pages are opened by the caller through ``open_reader`` (possibly in a thread, for
+        the disk tier) and registered with ``add_handle``.
+        """
+        if inode in CONTROL_INODES:
+            return self.add_handle(self.control.open(inode, flags))
+        pending = self._pending.get(inode)
+        if pending is not None:
+            if flags & os.O_TRUNC:
+                pending.truncate(0)
+            return self._open_pending(pending)
+        node = self._pages.get(inode)
+        if node is None or node.name is None:
+            if inode in self._dirs:
+                raise FsError(errno.EISDIR, "is a directory")
+            raise FsError(errno.ENOENT, "page no longer stored")
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            raise FsError(errno.EPERM, "published pages are immutable")
+        return node.name
+
+    def open_reader(self, name: str) -> PageReader:
+        try:
+            return self.store.open(name)
+        except PageNotFound:
+            raise FsError(errno.ENOENT, "page no longer stored") from None
+
+    def add_page_handle(self, reader: PageReader) -> int:
+        return self.add_handle(PageHandle(reader))
+
+    def is_page(self, inode: int) -> bool:
+        return inode in self._pages
+
+    def add_handle(self, handle) -> int:
+        fh = next(self._handles_ids)
+        self.handles[fh] = handle
+        return fh
+
+    def release(self, fh: int) -> None:
+        handle = self.handles.pop(fh, None)
+        if handle is not None:
+            handle.release()
+
+    def truncate(self, inode: int, size: int) -> Stat:
+        pending = self._pending.get(inode)
+        if pending is None:
+            if inode in self._pages:
+                raise FsError(errno.EPERM, "published pages are immutable")
+            raise FsError(errno.EACCES, "cannot be truncated")
+        pending.truncate(size)
+        return self._pending_stat(pending)
+
+    def unlink(self, parent_inode: int, name: bytes) -> None:
+        parent = self._writable_dir(parent_inode)
+        text = name.decode("utf-8", "surrogateescape")
+        if text in parent.children:
+            raise FsError(errno.EISDIR, "is a directory")
+        pending = parent.pending.pop(text, None)
+        if pending is not None:
+            pending.gone = True
+            pending.discard()
+            self._drop_pending_if_unused(pending)
+            return
+        if parent.depth != names.POOL_DEPTH or not self.store.delete(parent.page_name(text)):
+            raise FsError(errno.ENOENT, "no such page")
+        self._detach_page(parent, text)
+
+    def rename(self, old_parent: int, old: bytes, new_parent: int, new: bytes, flags: int) -> None:
+        """Publish a temporary file under its key, or move a page; directories are not moved."""
+        source_dir = self._writable_dir(old_parent)
+        target_dir = self._writable_dir(new_parent)
+        old_text = old.decode("utf-8", "surrogateescape")
+        if old_text in source_dir.children:
+            raise FsError(errno.EXDEV, "directories are not renamed; copy instead")
+        if target_dir.depth != names.POOL_DEPTH:
+            raise FsError(errno.EPERM, "pages live in pool directories (model/format/shard/pool)")
+        new_text = self._checked_name(new)
+        if new_text in target_dir.children:
+            raise FsError(errno.EISDIR, "target is a directory")
+        if flags & RENAME_EXCHANGE:
+            raise FsError(errno.EINVAL, "exchanging pages is not supported")
+        if flags & RENAME_NOREPLACE and (
+            self._has_page(target_dir, new_text) or new_text in target_dir.pending
+        ):
+            raise FsError(errno.EEXIST, "target exists")
+        pending = source_dir.pending.get(old_text)
+        if pending is not None:
+            self._publish(pending, target_dir, new_text)
+            return
+        if source_dir.depth != names.POOL_DEPTH:
+            raise FsError(errno.ENOENT, "no such file")
+        self._move_page(source_dir, old_text, target_dir, new_text)
+
+    def close_pending(self, pending: PendingFile) -> None:
+        pending.opens -= 1
+        pending.last_close = time.monotonic()
+        if pending.opens == 0 and pending.visible and not pending.gone:
+            try:
+                self._publish(pending, pending.directory, pending.name)
+            except Exception as exc:  # release cannot report errors: log and drop the file
+                log.error("could not publish %s at close: %s", pending.name, exc)
+                self._discard_pending(pending)
+        self._drop_pending_if_unused(pending)
+
+    def reap_abandoned(self, now: float | None = None) -> int:
+        """Discard temporary files closed more than ABANDONED_AFTER_S ago (their writer died)."""
+        now = time.monotonic() if now is None else now
+        stale = [
+            p for p in self._pending.values()
+            if not p.gone and p.opens == 0 and now - p.last_close >= ABANDONED_AFTER_S
+        ]
+        for pending in stale:
+            log.info("discarding abandoned temporary file %s/%s", pending.directory.path, pending.name)
+            self._discard_pending(pending)
+        return len(stale)
+
+    def pending_count(self) -> int:
+        return sum(1 for p in self._pending.values() if not p.gone)
+
+    # ---- internals -----------------------------------------------------------------
+
+    def _publish(self, pending: PendingFile, directory: Directory, key: str) -> None:
+        draft = pending.filled_draft()
+        self.store.publish(draft, directory.page_name(key), pending.mtime_ns)
+        pending.directory.pending.pop(pending.name, None)
+        pending.gone = True
+        self._detach_page(directory, key)
+        node = PageNode(pending.inode, directory, key, pending.nlookup)
+        if node.nlookup > 0:
+            self._pages[node.inode] = node
+            self._page_by_name[(directory.inode, key)] = node
+        pending.nlookup = 0
+        self._drop_pending_if_unused(pending)
+        directory.mtime_ns = time.time_ns()
+
+    def _move_page(self, source: Directory, old: str, target: Directory, new: str) -> None:
+        try:
+            reader = self.store.open(source.page_name(old))
+        except PageNotFound:
+            raise FsError(errno.ENOENT, "no such page") from None
+        with reader:
+            self.store.put(target.page_name(new), reader.read(0, reader.size))
+        self.store.delete(source.page_name(old))
+        node = self._page_by_name.pop((source.inode, old), None)
+        self._detach_page(target, new)
+        if node is not None:
+            node.directory, node.key = target, new
+            self._page_by_name[(target.inode, new)] = node
+
+    def _discard_pending(self, pending: PendingFile) -> None:
+        pending.directory.pending.pop(pending.name, None)
+        pending.gone = True
+        pending.discard()
+        self._drop_pending_if_unused(pending)
+
+    def _drop_pending_if_unused(self, pending: PendingFile) -> None:
+        if pending.gone and pending.opens <= 0 and pending.nlookup <= 0:
+            self._pending.pop(pending.inode, None)
+
+    def _open_pending(self, pending: PendingFile) -> int:
+        pending.opens += 1
+        return self.add_handle(PendingHandle(self, pending))
+
+    def _detach_page(self, directory: Directory, key: str) -> None:
+        """The kernel's inode for this name no longer names a page (unlinked or replaced)."""
+        node = self._page_by_name.pop((directory.inode, key), None)
+        if node is not None:
+            node.directory = None
+
+    def _page_node(self, directory: Directory, key: str) -> PageNode:
+        node = self._page_by_name.get((directory.inode, key))
+        if node is None:
+            node = PageNode(next(self._inodes), directory, key)
+            self._pages[node.inode] = node
+            self._page_by_name[(directory.inode, key)] = node
+        return node
+
+    def _has_page(self, directory: Directory, key: str) -> bool:
+        return directory.depth == names.POOL_DEPTH and self.store.info(directory.page_name(key)) is not None
+
+    def _dir(self, inode: int) -> Directory:
+        directory = self._dirs.get(inode)
+        if directory is None or directory.removed:
+            raise FsError(errno.ENOTDIR if inode in self._pages or inode in self._pending else errno.ENOENT,
+                          "not a directory")
+        return directory
+
+    def _writable_dir(self, inode: int) -> Directory:
+        if inode in CONTROL_INODES:
+            raise FsError(errno.EPERM, "control files cannot be changed")
+        return self._dir(inode)
+
+    @staticmethod
+    def _checked_name(name: bytes) -> str:
+        try:
+            return names.check_component(name)
+        except names.NameError_ as exc:
+            raise FsError(exc.errno, str(exc)) from None
+
+    def _add_dir(self, parent: Directory, name: str) -> Directory:
+        path = f"{parent.path}/{name}" if parent.path else name
+        child = Directory(next(self._inodes), path, parent.depth + 1, parent)
+        parent.children[name] = child
+        parent.mtime_ns = child.mtime_ns
+        self._dirs[child.inode] = child
+        return child
+
+    def _make_dirs(self, path: str) -> None:
+        directory = self.root
+        for part in path.split("/"):
+            directory = directory.children.get(part) or self._add_dir(directory, part)
+
+    @staticmethod
+    def _dir_stat(directory: Directory) -> Stat:
+        return Stat(directory.inode, DIR_MODE, 0, 2 + len(directory.children),
+                    directory.mtime_ns, directory.mtime_ns)
+
+    @staticmethod
+    def _page_stat(inode: int, info: PageInfo) -> Stat:
+        return Stat(inode, PAGE_MODE, info.size, 1, info.mtime_ns, info.atime_ns)
+
+    @staticmethod
+    def _pending_stat(pending: PendingFile) -> Stat:
+        return Stat(pending.inode, PENDING_MODE, pending.size, 1, pending.mtime_ns,
+                    pending.mtime_ns, cached=False)
+
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2

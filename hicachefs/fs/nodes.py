@@ -1,0 +1,145 @@
+"""The objects behind inode numbers: directories, published pages, files being written.
+
+Plain data holders with the little logic that belongs to each; the rules that tie them
+together (publish by rename, immutability, depths) live in ``namespace``.
+Not thread-safe: the daemon touches them from its trio thread only.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from dataclasses import dataclass, field
+
+from ..store import Draft, PageStore
+from .errors import FsError
+
+
+@dataclass(slots=True)
+class Stat:
+    """What ``stat`` shows for one inode (the FUSE adapter turns it into EntryAttributes)."""
+
+    inode: int
+    mode: int
+    size: int = 0
+    nlink: int = 1
+    mtime_ns: int = 0
+    atime_ns: int = 0
+    cached: bool = True  # False: the kernel must not cache the attributes (they change)
+
+
+@dataclass(eq=False, slots=True)
+class Directory:
+    """A directory: its subdirectories by name; pages are looked up in the store by path."""
+
+    inode: int
+    path: str  # relative to the mount root, '' for the root
+    depth: int
+    parent: Directory | None
+    children: dict[str, Directory] = field(default_factory=dict)
+    pending: dict[str, PendingFile] = field(default_factory=dict)
+    mtime_ns: int = field(default_factory=time.time_ns)
+    removed: bool = False
+
+    def page_name(self, key: str) -> str:
+        return f"{self.path}/{key}"
+
+
+@dataclass(eq=False, slots=True)
+class PageNode:
+    """The kernel's handle on a published page; the page itself lives in the store."""
+
+    inode: int
+    directory: Directory | None  # None once unlinked or replaced
+    key: str
+    nlookup: int = 0
+
+    @property
+    def name(self) -> str | None:
+        return None if self.directory is None else self.directory.page_name(self.key)
+
+
+@dataclass(eq=False, slots=True)
+class PendingFile:
+    """A file being written: a ``.``-prefixed temporary, or a file created under a key.
+
+    Its bytes go straight into a store draft once the size is known (``ftruncate`` before
+    writing is the fast path), else into a growing staging buffer. Publishing hands them
+    to the store; until then nothing of it is visible as a page.
+    """
+
+    inode: int
+    directory: Directory
+    name: str
+    visible: bool  # created under a key name: listed, and published at last close
+    store: PageStore
+    draft: Draft | None = None
+    staging: bytearray | None = None
+    size: int = 0
+    opens: int = 0
+    nlookup: int = 0
+    last_close: float = field(default_factory=time.monotonic)
+    mtime_ns: int = field(default_factory=time.time_ns)
+    gone: bool = False
+
+    def truncate(self, size: int) -> None:
+        if size > self.store.config.max_page_size:
+            raise FsError(errno.EFBIG, f"{size} bytes is over the maximum page size")
+        if self.draft is None and self.staging is None and size > 0:
+            self.draft = self.store.reserve(size)
+        elif self.draft is not None and size != self.draft.size:
+            self._to_staging()
+        if self.staging is not None:
+            if size < len(self.staging):
+                del self.staging[size:]
+            else:
+                self.staging.extend(bytes(size - len(self.staging)))
+        self.size = size
+        self.mtime_ns = time.time_ns()
+
+    def write(self, offset: int, data: bytes) -> int:
+        end = offset + len(data)
+        if end > self.store.config.max_page_size:
+            raise FsError(errno.EFBIG, f"write to {end} bytes is over the maximum page size")
+        if self.draft is not None and end <= self.draft.size:
+            self.draft.buffer[offset:end] = data
+        else:
+            if self.staging is None:
+                self._to_staging()
+            if end > len(self.staging):
+                self.staging.extend(bytes(end - len(self.staging)))
+            self.staging[offset:end] = data
+        self.size = max(self.size, end)
+        self.mtime_ns = time.time_ns()
+        return len(data)
+
+    def read(self, offset: int, size: int):
+        end = min(self.size, offset + size)
+        if offset >= end:
+            return b""
+        source = self.draft.buffer if self.draft is not None else self.staging
+        return bytes(source[offset:end])
+
+    def filled_draft(self) -> Draft:
+        """Hand over a draft holding exactly this file's bytes (copying out of staging if needed)."""
+        if self.draft is not None and self.draft.size == self.size:
+            draft, self.draft = self.draft, None
+            return draft
+        data = self.staging if self.staging is not None else bytearray(self.size)
+        draft = self.store.reserve(self.size)
+        draft.buffer[:] = memoryview(data)[: self.size]
+        self.discard()
+        return draft
+
+    def discard(self) -> None:
+        if self.draft is not None:
+            self.store.abandon(self.draft)
+            self.draft = None
+        self.staging = None
+
+    def _to_staging(self) -> None:
+        """Leave the draft: the file outgrew the size it announced, or shrank."""
+        self.staging = bytearray(self.draft.buffer[: self.size]) if self.draft else bytearray()
+        if self.draft is not None:
+            self.store.abandon(self.draft)
+            self.draft = None

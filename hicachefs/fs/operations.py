@@ -1,0 +1,266 @@
+"""pyfuse3 Operations: translation between FUSE requests and the namespace, nothing more.
+
+Every handler goes through ``_replying``, the one place where errors become errno: a
+handler may only raise ``FUSEError`` (any other exception would stop pyfuse3's loop and
+leave a dead mount), so store and namespace errors are mapped here and anything
+unexpected is logged and answered with EIO.
+
+Kernel caching is chosen per kind of inode (see ``_entry``): directories and pages are
+cached long (their attributes only change through requests the kernel itself sends, which
+invalidate its caches), files being written are never attribute-cached, and a lookup that
+finds nothing is cached as a negative entry, which is safe because every page is
+published by a create or rename that passes through the kernel.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import functools
+import logging
+import os
+
+import pyfuse3
+import trio
+
+from ..store import PageCorrupt, PageNotFound, PageStore, PageTooLarge, StoreError, StoreFull
+from .errors import FsError
+from .namespace import Namespace
+from .nodes import Stat
+
+log = logging.getLogger(__name__)
+
+CACHE_TIMEOUT_S = 300.0
+PAGE_TIMEOUT_S = 60.0
+#: st_blksize: makes cp, cat and friends move 1 MiB per request, the FUSE maximum.
+IO_BLOCK_SIZE = 1 << 20
+XATTR_PREFIX = b"user.hicachefs."
+
+_STORE_ERRNO = {
+    PageTooLarge: errno.EFBIG,
+    StoreFull: errno.ENOSPC,
+    PageCorrupt: errno.EIO,
+    PageNotFound: errno.ENOENT,
+}
+#: Answers that are ordinary traffic, not problems worth a log line.
+_QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA}
+
+
+def _replying(handler):
+    """Run a handler; map every failure to one FUSEError and count it."""
+
+    @functools.wraps(handler)
+    async def wrapper(self, *args):
+        try:
+            return await handler(self, *args)
+        except pyfuse3.FUSEError as exc:
+            self.count_error(exc.errno)
+            raise
+        except FsError as exc:
+            err, why = exc.errno, exc.strerror
+        except StoreError as exc:
+            err = next(e for cls, e in _STORE_ERRNO.items() if isinstance(exc, cls)) \
+                if any(isinstance(exc, cls) for cls in _STORE_ERRNO) else errno.EIO
+            why = str(exc)
+        except Exception:
+            log.exception("%s%r failed unexpectedly; answering EIO", handler.__name__, args[:2])
+            err, why = errno.EIO, "internal error"
+        self.count_error(err)
+        if err not in _QUIET:
+            log.warning("%s%r: %s (%s)", handler.__name__, args[:2], errno.errorcode.get(err, err), why)
+        raise pyfuse3.FUSEError(err) from None
+
+    return wrapper
+
+
+class Operations(pyfuse3.Operations):
+    """The FUSE face of a Namespace over a PageStore."""
+
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, namespace: Namespace, store: PageStore):
+        super().__init__()
+        self.namespace = namespace
+        self.store = store
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self._listings: dict[int, list] = {}
+
+    def count_error(self, err: int) -> None:
+        self.errors[errno.errorcode.get(err, str(err))] += 1
+
+    # ---- attributes ----------------------------------------------------------------
+
+    def _entry(self, st: Stat) -> pyfuse3.EntryAttributes:
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = st.inode
+        attr.st_mode = st.mode
+        attr.st_nlink = st.nlink
+        attr.st_uid, attr.st_gid = self.uid, self.gid
+        attr.st_size = st.size
+        attr.st_blksize = IO_BLOCK_SIZE
+        attr.st_blocks = (st.size + 511) // 512
+        attr.st_mtime_ns = attr.st_ctime_ns = st.mtime_ns
+        attr.st_atime_ns = st.atime_ns
+        if not st.cached:
+            attr.attr_timeout = 0
+        elif st.mode & 0o170000 == 0o100000 and st.mode & 0o222 == 0:
+            attr.entry_timeout = attr.attr_timeout = PAGE_TIMEOUT_S
+        else:
+            attr.entry_timeout = attr.attr_timeout = CACHE_TIMEOUT_S
+        return attr
+
+    @_replying
+    async def lookup(self, parent_inode, name, ctx=None):
+        try:
+            return self._entry(self.namespace.lookup(parent_inode, name))
+        except FsError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+        negative = pyfuse3.EntryAttributes()
+        negative.st_ino = 0
+        negative.entry_timeout = CACHE_TIMEOUT_S
+        return negative
+
+    async def forget(self, inode_list):
+        for inode, nlookup in inode_list:
+            try:
+                self.namespace.forget(inode, nlookup)
+            except Exception:  # forget must never raise
+                log.exception("forget(%s) failed", inode)
+
+    @_replying
+    async def getattr(self, inode, ctx=None):
+        return self._entry(self.namespace.getattr(inode))
+
+    @_replying
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        if fields.update_size:
+            return self._entry(self.namespace.truncate(inode, attr.st_size))
+        current = self.namespace.getattr(inode)
+        if (fields.update_mode or fields.update_uid or fields.update_gid) and current.cached:
+            raise FsError(errno.EPERM, "published pages and directories keep their owner and mode")
+        return self._entry(current)  # times are the store's: publish time and last read
+
+    @_replying
+    async def statfs(self, ctx):
+        facts = self.store.statistics()
+        block = 4096
+        result = pyfuse3.StatvfsData()
+        result.f_bsize = result.f_frsize = block
+        result.f_blocks = facts["capacity_bytes"] // block
+        result.f_bfree = result.f_bavail = facts["free_bytes"] // block
+        pages = facts.get("pages", 0)
+        result.f_files = pages + result.f_bfree
+        result.f_ffree = result.f_favail = result.f_bfree
+        result.f_namemax = 255
+        return result
+
+    # ---- directories ---------------------------------------------------------------
+
+    @_replying
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return self._entry(self.namespace.mkdir(parent_inode, name))
+
+    @_replying
+    async def rmdir(self, parent_inode, name, ctx):
+        self.namespace.rmdir(parent_inode, name)
+
+    @_replying
+    async def opendir(self, inode, ctx):
+        listing = self.namespace.list_dir(inode)
+        fh = self.namespace.add_handle(None)
+        self._listings[fh] = listing
+        return fh
+
+    @_replying
+    async def readdir(self, fh, start_id, token):
+        listing = self._listings.get(fh, [])
+        for index in range(start_id, len(listing)):
+            name, make_stat = listing[index]
+            st = make_stat(counted=False)
+            if not pyfuse3.readdir_reply(token, name, self._entry(st), index + 1):
+                return
+            make_stat(counted=True)
+
+    @_replying
+    async def releasedir(self, fh):
+        self._listings.pop(fh, None)
+        self.namespace.handles.pop(fh, None)
+
+    # ---- files ---------------------------------------------------------------------
+
+    @_replying
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        st, fh = self.namespace.create(parent_inode, name, flags)
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False), self._entry(st)
+
+    @_replying
+    async def open(self, inode, flags, ctx):
+        target = self.namespace.open(inode, flags)
+        if isinstance(target, str):
+            info = self.store.info(target)
+            if info is not None and info.tier == "disk":
+                reader = await trio.to_thread.run_sync(self.namespace.open_reader, target)
+            else:
+                reader = self.namespace.open_reader(target)
+            target = self.namespace.add_page_handle(reader)
+        return pyfuse3.FileInfo(fh=target, direct_io=True, keep_cache=False)
+
+    @_replying
+    async def read(self, fh, off, size):
+        return self._handle(fh).read(off, size)
+
+    @_replying
+    async def write(self, fh, off, buf):
+        return self._handle(fh).write(off, buf)
+
+    @_replying
+    async def release(self, fh):
+        self.namespace.release(fh)
+
+    @_replying
+    async def unlink(self, parent_inode, name, ctx):
+        self.namespace.unlink(parent_inode, name)
+
+    @_replying
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        self.namespace.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    # ---- extended attributes -------------------------------------------------------
+
+    @_replying
+    async def getxattr(self, inode, name, ctx):
+        facts = self._xattrs(inode)
+        if name not in facts:
+            raise FsError(errno.ENODATA, "no such attribute")
+        return facts[name]
+
+    @_replying
+    async def listxattr(self, inode, ctx):
+        return list(self._xattrs(inode)) if self.namespace.is_page(inode) else []
+
+    @_replying
+    async def setxattr(self, inode, name, value, ctx):
+        raise FsError(errno.ENOTSUP, "attributes are the store's")
+
+    @_replying
+    async def removexattr(self, inode, name, ctx):
+        raise FsError(errno.ENOTSUP, "attributes are the store's")
+
+    def _xattrs(self, inode: int) -> dict[bytes, bytes]:
+        if not self.namespace.is_page(inode):
+            return {}
+        info = self.namespace.page_info(inode)
+        return {
+            XATTR_PREFIX + b"tier": info.tier.encode(),
+            XATTR_PREFIX + b"checksum": info.checksum.encode(),
+            XATTR_PREFIX + b"hits": str(info.hits).encode(),
+        }
+
+    def _handle(self, fh: int):
+        handle = self.namespace.handles.get(fh)
+        if handle is None:
+            raise FsError(errno.EBADF, "unknown file handle")
+        return handle

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh Debian machine: OS packages, .venv, the project and its test extras.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+need_pkgs=()
+for p in fuse3 libfuse3-dev pkg-config attr fio; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "setup: installing OS packages: ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+py=${PYTHON:-python3.11}
+command -v "$py" >/dev/null || py=python3
+[ -x .venv/bin/python ] || "$py" -m venv .venv
+pip=(.venv/bin/python -m pip -q --disable-pip-version-check)
+
+stamp=.venv/.hicachefs-setup
+want=$(cat pyproject.toml scripts/setup.sh scripts/sglang-requirements.txt | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "setup: installing Python packages into .venv"
+# torch first, pinned to this machine's local CPU build, so nothing pulls a CUDA build.
+"${pip[@]}" install torch==2.13.0
+"${pip[@]}" install -e ".[test]"
+# SGLang only for tests and benchmarks: its storage modules, without its serving stack.
+"${pip[@]}" install --no-deps sglang==0.5.23
+"${pip[@]}" install -r scripts/sglang-requirements.txt
+echo "$want" > "$stamp"
+echo "setup: done"
