@@ -24,6 +24,7 @@ from .daemon import DaemonConfig
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MIN_MEMORY = 16 << 20
+DEFAULT_MAX_PAGE = 64 << 20
 MOUNT_TIMEOUT_S = 60.0
 UMOUNT_TIMEOUT_S = 60.0
 
@@ -54,11 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--disk", help="directory for the SSD tier's arena file")
     mount.add_argument("--disk-size", help="SSD tier size, required with --disk")
     mount.add_argument("--write-through", action="store_true", help="also write every page to disk at publish")
-    mount.add_argument("--max-page-size", default="64M", help="largest page accepted (default 64M)")
+    mount.add_argument("--max-page-size", help="largest page accepted (default 64M, or --memory if smaller)")
     mount.add_argument("--foreground", action="store_true", help="stay attached; log to stderr")
     mount.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                        type=str.upper)
     mount.add_argument("--log-file", help="where a background daemon logs (default: in the temp dir)")
+    mount.add_argument("--temp-timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="discard an unpublished temporary file this long after its last close (default 60)")
     umount = commands.add_parser("umount", help="unmount cleanly (RAM tier written down to disk)")
     umount.add_argument("mountpoint")
     stats = commands.add_parser("stats", help="print the store's statistics")
@@ -79,12 +82,14 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
     memory = parse_size(args.memory)
     if memory < MIN_MEMORY:
         raise UsageError(f"--memory {args.memory} is below the minimum of 16M")
-    max_page = parse_size(args.max_page_size)
+    max_page = parse_size(args.max_page_size) if args.max_page_size else min(DEFAULT_MAX_PAGE, memory)
     if not 0 < max_page <= memory:
         raise UsageError(f"--max-page-size {args.max_page_size} must be above 0 and at most --memory")
     disk_dir, disk_bytes = _disk_tier(args, max_page)
     if args.write_through and disk_dir is None:
         raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
+    if not 0 < args.temp_timeout <= 60:
+        raise UsageError("--temp-timeout must be above 0 and at most 60 seconds")
     _check_fuse()
     log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
     return DaemonConfig(
@@ -96,6 +101,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         max_page_size=max_page,
         log_level=args.log_level,
         log_file=log_file,
+        temp_timeout_s=args.temp_timeout,
     )
 
 

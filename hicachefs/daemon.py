@@ -26,8 +26,6 @@ from .store import PageStore, StoreConfig
 
 log = logging.getLogger("hicachefs")
 
-#: How often abandoned temporary files are looked for.
-REAP_INTERVAL_S = 5.0
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -43,6 +41,7 @@ class DaemonConfig:
     max_page_size: int
     log_level: str
     log_file: str | None
+    temp_timeout_s: float = 60.0
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(
@@ -79,7 +78,7 @@ def run(config: DaemonConfig) -> int:
             "errors": dict(operations.errors),
             "pending_files": namespace.pending_count(),
         }
-        namespace = Namespace(store, ControlFiles(store, statistics, effective))
+        namespace = Namespace(store, ControlFiles(store, statistics, effective), config.temp_timeout_s)
         operations = Operations(namespace, store)
         options = set(pyfuse3.default_options) | {"fsname=hicachefs", "subtype=hicachefs"}
         if os.getuid() == 0:
@@ -114,7 +113,7 @@ async def _stop_on_signal() -> None:
 
 async def _reap_abandoned(namespace: Namespace) -> None:
     while True:
-        await trio.sleep(REAP_INTERVAL_S)
+        await trio.sleep(min(5.0, namespace.temp_timeout_s / 4))
         namespace.reap_abandoned()
 
 

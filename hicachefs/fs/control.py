@@ -98,7 +98,7 @@ class ExistsHandle:
                 paths.append(path)
         for i, hit in zip(valid, self.store.exists_many(paths)):
             found[i] = hit
-        return bytes(b"1" if hit else b"0" for hit in found) + b"\n"
+        return bytes(0x31 if hit else 0x30 for hit in found) + b"\n"
 
 
 class ControlFiles:

@@ -30,8 +30,6 @@ from .nodes import Directory, PageNode, PendingFile, Stat
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
-#: How long a temporary file that nobody has open survives before it is discarded.
-ABANDONED_AFTER_S = 60.0
 
 DIR_MODE = stat.S_IFDIR | 0o755
 PAGE_MODE = stat.S_IFREG | 0o444
@@ -76,9 +74,10 @@ class PendingHandle:
 class Namespace:
     """Directories, inode numbers, open handles and the publish rules of DESIGN.md."""
 
-    def __init__(self, store: PageStore, control: ControlFiles):
+    def __init__(self, store: PageStore, control: ControlFiles, temp_timeout_s: float = 60.0):
         self.store = store
         self.control = control
+        self.temp_timeout_s = temp_timeout_s
         self.root = Directory(ROOT_INODE, "", 0, None)
         self._inodes = itertools.count(max(CONTROL_INODES) + 1)
         self._handles_ids = itertools.count(1)
@@ -343,11 +342,11 @@ class Namespace:
         self._drop_pending_if_unused(pending)
 
     def reap_abandoned(self, now: float | None = None) -> int:
-        """Discard temporary files closed more than ABANDONED_AFTER_S ago (their writer died)."""
+        """Discard temporary files closed longer than the timeout ago (their writer died)."""
         now = time.monotonic() if now is None else now
         stale = [
             p for p in self._pending.values()
-            if not p.gone and p.opens == 0 and now - p.last_close >= ABANDONED_AFTER_S
+            if not p.gone and p.opens == 0 and now - p.last_close >= self.temp_timeout_s
         ]
         for pending in stale:
             log.info("discarding abandoned temporary file %s/%s", pending.directory.path, pending.name)

@@ -53,8 +53,7 @@ def _replying(handler):
     async def wrapper(self, *args):
         try:
             return await handler(self, *args)
-        except pyfuse3.FUSEError as exc:
-            self.count_error(exc.errno)
+        except pyfuse3.FUSEError:
             raise
         except FsError as exc:
             err, why = exc.errno, exc.strerror
@@ -65,8 +64,8 @@ def _replying(handler):
         except Exception:
             log.exception("%s%r failed unexpectedly; answering EIO", handler.__name__, args[:2])
             err, why = errno.EIO, "internal error"
-        self.count_error(err)
         if err not in _QUIET:
+            self.count_error(err)
             log.warning("%s%r: %s (%s)", handler.__name__, args[:2], errno.errorcode.get(err, err), why)
         raise pyfuse3.FUSEError(err) from None
 
@@ -88,6 +87,7 @@ class Operations(pyfuse3.Operations):
         self._listings: dict[int, list] = {}
 
     def count_error(self, err: int) -> None:
+        """Count a refused request by errno name, for the stats' ``errors``."""
         self.errors[errno.errorcode.get(err, str(err))] += 1
 
     # ---- attributes ----------------------------------------------------------------

@@ -1,0 +1,52 @@
+"""Shared fixtures: real mounts of the daemon in temporary directories.
+
+A missing /dev/fuse is a failure here, not a skip: every FUSE test mounts for real.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import mounting  # noqa: E402
+
+
+@pytest.fixture
+def mount_factory(tmp_path):
+    """Mount hicachefs with given flags; every mount made is stopped and removed at teardown.
+
+    ``mount_factory(*flags, path=None)`` returns a ``mounting.Mount``. Remounting the same
+    path (after ``mounting.stop`` or ``mounting.kill``) is allowed.
+    """
+    assert os.path.exists("/dev/fuse"), "/dev/fuse is missing: FUSE tests cannot run"
+    mounts: list[mounting.Mount] = []
+
+    def make(*flags: str, path: Path | None = None) -> mounting.Mount:
+        index = len(mounts)
+        mount = mounting.start(path or tmp_path / f"mnt{index}", tmp_path / f"daemon{index}.log", list(flags))
+        mounts.append(mount)
+        return mount
+
+    yield make
+    failures = []
+    for mount in mounts:
+        mounting.stop(mount)
+        failures += mounting.unexpected_log_lines(mount)
+    assert not failures, "the daemon logged errors:\n" + "\n".join(failures)
+
+
+@pytest.fixture
+def hicachefs_mount(mount_factory) -> Path:
+    """A live mount with a 256 MiB RAM tier and no disk tier; yields its path."""
+    return mount_factory("--memory", "256M").path
+
+
+@pytest.fixture
+def mounted(mount_factory) -> mounting.Mount:
+    """Like ``hicachefs_mount`` but yields the Mount (pid, log, stats)."""
+    return mount_factory("--memory", "256M")

@@ -1,0 +1,79 @@
+"""The command line: validation before anything is mounted, umount, stats."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mounting
+from pages import publish
+
+
+def hicachefs(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hicachefs.cli", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--memory", "lots"], "bad size"),
+    (["--memory", "1M"], "minimum"),
+    (["--max-page-size", "2G"], "--max-page-size"),
+    (["--disk", "/tmp"], "go together"),
+    (["--write-through"], "needs a disk tier"),
+    (["--bogus"], "unrecognized"),
+    (["--disk", "/proc/hicachefs", "--disk-size", "1G"], "cannot be written"),
+])
+def test_bad_flags_give_one_line_and_mount_nothing(tmp_path, flags, message):
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    result = hicachefs("mount", str(mountpoint), *flags)
+    assert result.returncode == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert not os.path.ismount(mountpoint)
+
+
+def test_bad_mountpoints(tmp_path, mounted):
+    assert "not an existing directory" in hicachefs("mount", str(tmp_path / "nope")).stderr
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "file").write_text("x")
+    assert "not empty" in hicachefs("mount", str(full)).stderr
+    busy = hicachefs("mount", str(mounted.path))
+    assert busy.returncode == 2 and "already a mount point" in busy.stderr
+
+
+def test_umount_and_stats_commands(mount_factory):
+    mount = mount_factory("--memory", "64M")
+    publish(mount.page_dir(), "k", b"x" * 4096)
+    table = hicachefs("stats", str(mount.path))
+    assert table.returncode == 0 and "memory" in table.stdout and "capacity" in table.stdout
+    raw = json.loads(hicachefs("stats", str(mount.path), "--json").stdout)
+    assert raw["pages"] == 1
+    result = hicachefs("umount", str(mount.path))
+    assert result.returncode == 0, result.stderr
+    assert not os.path.ismount(mount.path)
+    assert not mounting.alive(mount.pid)
+    assert hicachefs("umount", str(mount.path)).returncode == 2
+
+
+def test_restart_with_disk_tier_keeps_pages(mount_factory, tmp_path):
+    disk = tmp_path / "ssd"
+    flags = ["--memory", "64M", "--disk", str(disk), "--disk-size", "256M"]
+    mount = mount_factory(*flags)
+    pool = mount.page_dir()
+    pages = {f"k{i}": os.urandom(1 << 20) for i in range(10)}
+    for key, data in pages.items():
+        publish(pool, key, data)
+    mounting.stop(mount)
+    again = mount_factory(*flags, path=mount.path)
+    pool = again.page_dir()
+    assert sorted(os.listdir(pool)) == sorted(pages)
+    tiers = {subprocess.run(["getfattr", "--only-values", "-n", "user.hicachefs.tier", str(pool / k)],
+                            capture_output=True, text=True).stdout for k in pages}
+    assert tiers == {"disk"}
+    for key, data in pages.items():
+        assert (pool / key).read_bytes() == data

@@ -1,0 +1,116 @@
+"""The control files: stats, metrics, config and the batch exists query."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pages import publish, read_page
+
+POOL = "model/bfloat16-page_first-64/tp0of1/kv"
+
+
+def ask(fd: int, paths: list[str]) -> str:
+    os.write(fd, "".join(p + "\n" for p in paths).encode())
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 20)
+        assert chunk, "exists answer ended early"
+        answer += chunk
+    return answer.decode()[:-1]
+
+
+def test_exists_answers_many_paths_in_one_request(mounted):
+    pool = mounted.page_dir()
+    stored = {f"{i:064x}" for i in range(0, 10000, 3)}
+    for key in stored:
+        publish(pool, key, b"p")
+    paths = [f"{POOL}/{i:064x}" for i in range(10000)]
+    fd = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
+    try:
+        answer = ask(fd, paths)
+    finally:
+        os.close(fd)
+    assert answer == "".join("1" if f"{i:064x}" in stored else "0" for i in range(10000))
+
+
+def test_exists_handle_serves_many_requests_and_appends_writes(mounted):
+    pool = mounted.page_dir()
+    publish(pool, "a", b"1")
+    fd = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
+    try:
+        os.write(fd, f"{POOL}/a\n".encode())
+        os.write(fd, f"{POOL}/b\n".encode())
+        assert os.read(fd, 100) == b"10\n"
+        assert os.read(fd, 100) == b""
+        assert ask(fd, [f"{POOL}/b", f"{POOL}/a", f"{POOL}/a"]) == "011"
+        publish(pool, "b", b"2")
+        assert ask(fd, [f"{POOL}/b"]) == "1"
+    finally:
+        os.close(fd)
+
+
+def test_exists_handles_are_independent(mounted):
+    publish(mounted.page_dir(), "a", b"1")
+    first = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
+    second = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
+    try:
+        os.write(first, f"{POOL}/a\n".encode())
+        os.write(second, f"{POOL}/x\n{POOL}/a\n".encode())
+        assert os.read(second, 10) == b"01\n"
+        assert os.read(first, 10) == b"1\n"
+    finally:
+        os.close(first)
+        os.close(second)
+
+
+def test_exists_treats_malformed_lines_as_absent(mounted):
+    publish(mounted.page_dir(), "a", b"1")
+    fd = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
+    try:
+        os.write(fd, b"\xff\xfe\n\n../../etc/passwd\n" + f"{POOL}/a\n".encode() + b"a/b\n" + f"{POOL}/.tmp\n".encode())
+        assert os.read(fd, 100) == b"000100\n"
+    finally:
+        os.close(fd)
+
+
+def test_stats_counts_pages_hits_and_misses(mounted):
+    pool = mounted.page_dir()
+    publish(pool, "a", b"x" * 5000)
+    read_page(pool / "a")
+    stats = mounted.stats()
+    assert stats["pages"] == 1
+    memory = stats["tiers"]["memory"]
+    assert memory["used_bytes"] >= 5000 and memory["hits"] >= 1
+    assert stats["capacity_bytes"] == 256 << 20
+
+
+def test_metrics_are_prometheus_text(mounted):
+    publish(mounted.page_dir(), "a", b"x" * 5000)
+    text = (mounted.path / ".hicachefs" / "metrics").read_text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["hicachefs_pages"].samples[0].value == 1
+    tiers = {s.labels["tier"] for s in families["hicachefs_tier_capacity_bytes"].samples}
+    assert "memory" in tiers
+
+
+def test_config_shows_effective_settings(mount_factory):
+    mount = mount_factory("--memory", "32M", "--max-page-size", "2M")
+    config = json.loads((mount.path / ".hicachefs" / "config").read_text())
+    assert config["memory_bytes"] == 32 << 20
+    assert config["max_page_size"] == 2 << 20
+    assert config["pid"] == mount.pid
+    assert config["mountpoint"] == str(mount.path)
+
+
+@pytest.mark.parametrize("name", ["stats", "metrics", "config"])
+def test_read_only_control_files_refuse_writes(mounted, name):
+    with pytest.raises(OSError) as info:
+        os.open(mounted.path / ".hicachefs" / name, os.O_WRONLY)
+    assert info.value.errno in (errno.EACCES, errno.EPERM)
+    with pytest.raises(OSError):
+        os.open(mounted.path / ".hicachefs" / "new", os.O_WRONLY | os.O_CREAT)

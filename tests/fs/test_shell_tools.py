@@ -1,0 +1,70 @@
+"""The mount as a person sees it with standard shell tools; their output is checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from pages import pattern, publish, read_page
+
+
+def sh(*args: str, cwd=None) -> str:
+    return subprocess.run(args, check=True, capture_output=True, text=True, cwd=cwd, timeout=60).stdout
+
+
+def test_ls_du_df_find_getfattr_cat(mounted):
+    pool = mounted.page_dir("m", "bfloat16-page_first-64", "tp0of2", "kv")
+    for i in range(3):
+        publish(pool, f"key{i}", pattern(1 << 20, i))
+
+    listing = sh("ls", "-la", str(pool))
+    assert listing.count("-r--r--r--") == 3 and "key2" in listing and "1048576" in listing
+    assert ".hicachefs" not in sh("ls", str(mounted.path))
+    assert ".hicachefs" in sh("ls", "-a", str(mounted.path))
+
+    assert int(sh("du", "-sb", str(mounted.path / "m")).split()[0]) >= 3 << 20
+    assert int(sh("du", "-sk", str(pool)).split()[0]) >= 3 * 1024
+
+    df = sh("df", "-B1", str(mounted.path)).splitlines()[1].split()
+    total, used, free = int(df[1]), int(df[2]), int(df[3])
+    assert total == 256 << 20
+    assert used >= 3 << 20 and free <= total - (3 << 20)
+
+    found = sh("find", str(mounted.path), "-name", "key1").split()
+    assert found == [str(pool / "key1")]
+    assert len(sh("find", str(mounted.path / "m"), "-type", "f").split()) == 3
+    assert len(sh("find", str(mounted.path / "m"), "-type", "d").split()) == 4
+
+    attrs = sh("getfattr", "-d", str(pool / "key0"))
+    assert 'user.hicachefs.tier="memory"' in attrs
+    assert 'user.hicachefs.checksum="xxh3_64:' in attrs
+    read_page(pool / "key0")
+    hits = sh("getfattr", "--only-values", "-n", "user.hicachefs.hits", str(pool / "key0"))
+    assert int(hits) >= 1
+
+    stats = json.loads(sh("cat", str(mounted.path / ".hicachefs" / "stats")))
+    assert stats["pages"] == 3
+
+
+def test_cp_in_and_out(mounted, tmp_path):
+    pool = mounted.page_dir()
+    source = tmp_path / "page.bin"
+    source.write_bytes(pattern(5 << 20, 5))
+    sh("cp", str(source), str(pool / "copied"))
+    sh("cp", str(pool / "copied"), str(tmp_path / "back.bin"))
+    assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
+    assert subprocess.run(["cmp", str(source), str(pool / "copied")]).returncode == 0
+
+
+def test_rm_evicts_and_rm_r_removes_a_tree(mounted):
+    pool = mounted.page_dir("gone", "f", "tp0of1", "kv")
+    for i in range(5):
+        publish(pool, f"k{i}", b"x" * 4096)
+    sh("rm", str(pool / "k0"))
+    assert sorted(os.listdir(pool)) == ["k1", "k2", "k3", "k4"]
+    sh("rm", "-r", str(mounted.path / "gone"))
+    assert not (mounted.path / "gone").exists()
+    assert mounted.stats()["pages"] == 0
+    pool = mounted.page_dir("gone", "f", "tp0of1", "kv")  # the names are free again
+    assert os.listdir(pool) == []
