@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--disk", help="directory for the SSD tier's arena file")
     mount.add_argument("--disk-size", help="SSD tier size, required with --disk")
     mount.add_argument("--write-through", action="store_true", help="also write every page to disk at publish")
-    mount.add_argument("--max-page-size", help="largest page accepted (default 64M, or --memory if smaller)")
+    mount.add_argument("--max-page-size", help="largest page accepted (default 64M, or 1/8 of --memory if smaller)")
     mount.add_argument("--foreground", action="store_true", help="stay attached; log to stderr")
     mount.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                        type=str.upper)
@@ -82,9 +82,10 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
     memory = parse_size(args.memory)
     if memory < MIN_MEMORY:
         raise UsageError(f"--memory {args.memory} is below the minimum of 16M")
-    max_page = parse_size(args.max_page_size) if args.max_page_size else min(DEFAULT_MAX_PAGE, memory)
-    if not 0 < max_page <= memory:
-        raise UsageError(f"--max-page-size {args.max_page_size} must be above 0 and at most --memory")
+    # The RAM arena is cut into slabs of at most 1/8 of it, and a page must fit in one slab.
+    max_page = parse_size(args.max_page_size) if args.max_page_size else min(DEFAULT_MAX_PAGE, memory // 8)
+    if not 0 < max_page <= memory // 8:
+        raise UsageError(f"--max-page-size {args.max_page_size} must be above 0 and at most 1/8 of --memory")
     disk_dir, disk_bytes = _disk_tier(args, max_page)
     if args.write_through and disk_dir is None:
         raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")

@@ -42,11 +42,11 @@ def mount_factory(tmp_path):
 
 @pytest.fixture
 def hicachefs_mount(mount_factory) -> Path:
-    """A live mount with a 256 MiB RAM tier and no disk tier; yields its path."""
-    return mount_factory("--memory", "256M").path
+    """A live mount with a 512 MiB RAM tier and no disk tier; yields its path."""
+    return mount_factory("--memory", "512M").path
 
 
 @pytest.fixture
 def mounted(mount_factory) -> mounting.Mount:
     """Like ``hicachefs_mount`` but yields the Mount (pid, log, stats)."""
-    return mount_factory("--memory", "256M")
+    return mount_factory("--memory", "512M")

@@ -22,6 +22,7 @@ def hicachefs(*args: str) -> subprocess.CompletedProcess:
     (["--memory", "lots"], "bad size"),
     (["--memory", "1M"], "minimum"),
     (["--max-page-size", "2G"], "--max-page-size"),
+    (["--memory", "64M", "--max-page-size", "16M"], "1/8 of --memory"),
     (["--disk", "/tmp"], "go together"),
     (["--write-through"], "needs a disk tier"),
     (["--bogus"], "unrecognized"),

@@ -86,7 +86,7 @@ def test_stats_counts_pages_hits_and_misses(mounted):
     assert stats["pages"] == 1
     memory = stats["tiers"]["memory"]
     assert memory["used_bytes"] >= 5000 and memory["hits"] >= 1
-    assert stats["capacity_bytes"] == 256 << 20
+    assert stats["capacity_bytes"] == 512 << 20
 
 
 def test_metrics_are_prometheus_text(mounted):

@@ -1,0 +1,113 @@
+"""The RAM tier's bytes (one anonymous shared mmap) and their slab allocator.
+
+Why slabs: a deployment's pages are mostly one size plus a few small ones, and a page must
+be one contiguous run so that readers get a zero-copy memoryview. A general first-fit heap
+fragments under LRU churn; a buddy allocator wastes up to half of every odd-sized page. Here
+the arena is cut into equal slabs (at least as large as the largest page). A slab serves one
+size class at a time; classes keep the top four significant bits of a size (eight classes
+per doubling, like jemalloc), so a slot wastes at most 1/8 of its page, and common sizes
+(1 MiB, 8 MiB, 4 KiB) are exact. A slab whose last slot is freed returns to the free pool
+and can serve any class next, so the split between classes follows the workload.
+
+Not thread-safe: the owning tier's caller (the store) holds its lock.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+_MIN_SLOT = 64
+
+
+def size_class(size: int) -> int:
+    """The slot size that holds ``size`` bytes: 64-byte aligned, at most 1/8 larger."""
+    if size <= _MIN_SLOT:
+        return _MIN_SLOT
+    shift = max(size.bit_length() - 4, 0)
+    rounded = ((size + (1 << shift) - 1) >> shift) << shift
+    return (rounded + _MIN_SLOT - 1) & ~(_MIN_SLOT - 1)
+
+
+class _Slab:
+    """Slots never handed out are taken by bumping ``fresh`` (no list of a million tiny slots)."""
+
+    __slots__ = ("slot_size", "free", "fresh", "end", "used")
+
+    def __init__(self, base: int, slab_bytes: int, slot_size: int) -> None:
+        self.slot_size = slot_size
+        self.free: list[int] = []
+        self.fresh = base
+        self.end = base + (slab_bytes // slot_size) * slot_size
+        self.used = 0
+
+    def has_room(self) -> bool:
+        return bool(self.free) or self.fresh < self.end
+
+    def take(self) -> int:
+        self.used += 1
+        if self.free:
+            return self.free.pop()
+        self.fresh += self.slot_size
+        return self.fresh - self.slot_size
+
+
+class Arena:
+    """``capacity`` bytes of anonymous MAP_SHARED memory, handed out as slots of slabs."""
+
+    def __init__(self, capacity: int, slab_bytes: int) -> None:
+        self.slab_bytes = min(slab_bytes, capacity)
+        self.capacity = capacity
+        self._map = mmap.mmap(-1, capacity, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        self.view = memoryview(self._map)
+        self._free_slabs = list(range(capacity // self.slab_bytes - 1, -1, -1))
+        self._slabs: dict[int, _Slab] = {}  # slab number -> slab in use
+        self._partial: dict[int, set[int]] = {}  # slot size -> slab numbers with a free slot
+        self.used_bytes = 0
+
+    @property
+    def max_slot(self) -> int:
+        """The largest allocation that can ever succeed."""
+        return self.slab_bytes
+
+    def allocate(self, size: int) -> int | None:
+        """Offset of a free slot for ``size`` bytes, or None if a slab would have to be emptied first."""
+        slot_size = size_class(size)
+        if slot_size > self.slab_bytes:
+            return None
+        partial = self._partial.setdefault(slot_size, set())
+        if partial:
+            number = next(iter(partial))
+            slab = self._slabs[number]
+        elif self._free_slabs:
+            number = self._free_slabs.pop()
+            slab = self._slabs[number] = _Slab(number * self.slab_bytes, self.slab_bytes, slot_size)
+            partial.add(number)
+        else:
+            return None
+        offset = slab.take()
+        if not slab.has_room():
+            partial.discard(number)
+        self.used_bytes += slot_size
+        return offset
+
+    def free(self, offset: int) -> None:
+        """Return the slot at ``offset``; an emptied slab goes back to the free pool."""
+        number = offset // self.slab_bytes
+        slab = self._slabs[number]
+        slab.free.append(offset)
+        slab.used -= 1
+        self.used_bytes -= slab.slot_size
+        if slab.used == 0:
+            del self._slabs[number]
+            self._partial[slab.slot_size].discard(number)
+            self._free_slabs.append(number)
+        else:
+            self._partial[slab.slot_size].add(number)
+
+    def close(self) -> None:
+        """Unmap, unless a reader's memoryview still points into the arena (then the GC unmaps)."""
+        self.view.release()
+        try:
+            self._map.close()
+        except BufferError:
+            pass

@@ -1,0 +1,33 @@
+"""The page store's configuration, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Sizes and modes of the tiers. Immutable, so safe to share between threads.
+
+    ``memory_bytes``: the RAM arena. ``disk_dir``/``disk_bytes``: the SSD tier (one
+    preallocated arena file in ``disk_dir``); no SSD tier when ``disk_dir`` is None.
+    ``write_through``: every publish is also written to the SSD tier before it returns.
+    ``max_page_size``: larger pages are refused with PageTooLarge.
+    """
+
+    memory_bytes: int = 1 << 30
+    disk_dir: Path | None = None
+    disk_bytes: int = 0
+    write_through: bool = False
+    max_page_size: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes < 4096:
+            raise ValueError(f"memory_bytes must be at least 4096, got {self.memory_bytes}")
+        if not 0 < self.max_page_size < (1 << 32):
+            raise ValueError(f"max_page_size must be in 1..4G-1, got {self.max_page_size}")
+        if self.disk_dir is not None and self.disk_bytes <= 0:
+            raise ValueError("disk_dir is set but disk_bytes is not positive")
+        if self.write_through and self.disk_dir is None:
+            raise ValueError("write_through needs a disk tier (disk_dir)")

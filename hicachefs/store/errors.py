@@ -1,0 +1,24 @@
+"""The exceptions the page store raises; the daemon maps each to one errno in one place."""
+
+
+class StoreError(Exception):
+    """Base of every page-store error; also raised for an unusable SSD arena file."""
+
+
+class PageTooLarge(StoreError):
+    """Raised by reserve/put when the page is larger than ``max_page_size`` (EFBIG)."""
+
+
+class StoreFull(StoreError):
+    """Raised by reserve/put when no room can be made for the page in the RAM tier,
+    because the page is larger than the tier's largest slot or everything left is pinned
+    by readers and drafts (ENOSPC). The store stays usable."""
+
+
+class PageCorrupt(StoreError):
+    """Raised by open when a page's bytes on the SSD tier fail their checksum. The page has
+    already been dropped and the failure counted in statistics (EIO)."""
+
+
+class PageNotFound(StoreError):
+    """Raised by open when no page has that name (ENOENT)."""

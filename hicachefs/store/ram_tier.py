@@ -1,0 +1,61 @@
+"""The RAM tier: the arena, its eviction policy, and pins that keep slots alive for readers.
+
+A slot leaves the tier in two steps: ``retire`` (the page is no longer reachable by name)
+and the actual free, which waits for the last reader's ``unpin``. So a reader keeps the old
+bytes of a page that was deleted, replaced or evicted meanwhile, and its slot can never be
+handed to another page while it reads.
+
+Not thread-safe: the store's lock guards every call. Nothing here blocks.
+"""
+
+from __future__ import annotations
+
+from hicachefs.store.arena import Arena
+from hicachefs.store.eviction import LruPolicy
+from hicachefs.store.stats import TierCounters
+
+
+class RamTier:
+    def __init__(self, capacity: int, slab_bytes: int, policy: LruPolicy) -> None:
+        self.arena = Arena(capacity, slab_bytes)
+        self.policy = policy
+        self.counters = TierCounters()
+        self._pins: dict[int, int] = {}  # slot offset -> readers
+        self._retired: set[int] = set()  # pinned slots whose page is gone; freed at last unpin
+
+    @property
+    def capacity(self) -> int:
+        return self.arena.capacity
+
+    @property
+    def used_bytes(self) -> int:
+        return self.arena.used_bytes
+
+    def allocate(self, size: int) -> int | None:
+        return self.arena.allocate(size)
+
+    def view(self, offset: int, size: int) -> memoryview:
+        return self.arena.view[offset : offset + size]
+
+    def pin(self, offset: int) -> None:
+        self._pins[offset] = self._pins.get(offset, 0) + 1
+
+    def unpin(self, offset: int) -> None:
+        left = self._pins[offset] - 1
+        if left:
+            self._pins[offset] = left
+            return
+        del self._pins[offset]
+        if offset in self._retired:
+            self._retired.discard(offset)
+            self.arena.free(offset)
+
+    def retire(self, offset: int) -> None:
+        """The slot's page (or draft) is gone: free it now, or when its last reader closes."""
+        if offset in self._pins:
+            self._retired.add(offset)
+        else:
+            self.arena.free(offset)
+
+    def close(self) -> None:
+        self.arena.close()

@@ -1,0 +1,258 @@
+"""The SSD tier's on-disk format: a preallocated file of equal regions, written append-only
+as a ring, of self-describing records (CacheLib Navy's block cache, simplified).
+
+File layout: a 4 KiB superblock (magic, version, file size, region size, a random file id),
+then ``regions`` regions of ``region_bytes``. A record is a 56-byte header, the page name
+(UTF-8), the payload; records start 64-byte aligned. The header holds a magic (live or
+dead), the file id, a global sequence number, the payload length and xxh3_64, the publish
+time, and an xxh32 over the header fields and the name (not the magic, so that a delete can
+flip the magic in place and the region stays walkable).
+
+Recovery needs no other database: regions are sorted by the sequence number of their first
+record and walked; a region's walk ends at the first record whose header does not check,
+whose file id differs (left over from an earlier file of another size), or whose sequence
+number is not larger than the one before (left over from the region's previous use). Live
+records whose payload checks are reported; the others are counted as corrupt.
+
+Writing appends to the current region; when it is full the next region in the ring (always
+the oldest) is reclaimed: its records are handed to a callback so the index can drop them,
+then it is overwritten from its start.
+
+Blocking: every method does file I/O (buffered: pwrite lands in the page cache and survives
+a process kill; ``sync`` makes it survive a power loss). Not thread-safe for writers: the
+store serialises append/invalidate. ``read_into`` may run concurrently with them; it checks
+everything it reads, so a race with a reclaim shows as a mismatch, never as foreign bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import xxhash
+
+from hicachefs.store.errors import StoreError
+
+_SUPER = struct.Struct("<8sIIQQQ")  # magic, version, reserved, file bytes, region bytes, file id
+_SUPER_MAGIC = b"HICACHE\x01"
+_SUPER_BYTES = 4096
+_VERSION = 1
+
+HEADER = struct.Struct("<4sHHQQQQqI4x")  # magic, name len, reserved, file id, seq, size, checksum, mtime, hcheck
+LIVE = b"HCr1"
+DEAD = b"HCd1"
+_ALIGN = 64
+
+
+def record_length(name_len: int, size: int) -> int:
+    """Bytes a record takes in its region, padding included."""
+    return (HEADER.size + name_len + size + _ALIGN - 1) & ~(_ALIGN - 1)
+
+
+def payload_checksum(data) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def _header_check(header: bytes | bytearray | memoryview, name: bytes | memoryview) -> int:
+    h = xxhash.xxh32(header[4 : HEADER.size - 8])
+    h.update(name)
+    return h.intdigest()
+
+
+class Record(NamedTuple):
+    offset: int
+    seq: int
+    name: str
+    size: int
+    checksum: int
+    mtime_ns: int
+
+
+class ReadResult(enum.Enum):
+    OK = "ok"
+    MISMATCH = "mismatch"  # the header is not the expected record's: reclaimed, replaced or damaged
+    CORRUPT = "corrupt"  # the expected record's header, but its payload fails the checksum
+
+
+class RegionLog:
+    """One arena file: open or create it, scan it, append to it, invalidate and read records."""
+
+    def __init__(self, path: Path, file_bytes: int, region_bytes: int) -> None:
+        if file_bytes < _SUPER_BYTES + region_bytes:
+            raise StoreError(f"disk tier of {file_bytes} bytes is too small for one {region_bytes}-byte region")
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self._open_or_format(file_bytes, region_bytes)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.regions = (file_bytes - _SUPER_BYTES) // self.region_bytes
+        self.capacity = self.regions * self.region_bytes
+        self.region_live = [0] * self.regions  # live record bytes per region
+        self.used_bytes = 0
+        self.next_seq = 1
+        self.current = 0
+        self.tail = _SUPER_BYTES  # file offset where the next record goes
+
+    def _open_or_format(self, file_bytes: int, region_bytes: int) -> None:
+        """Reuse a matching arena; reinitialise one of ours of another size (its pages are
+        cache, dropping them is safe); refuse a file with foreign content."""
+        raw = os.pread(self.fd, _SUPER.size, 0)
+        if len(raw) == _SUPER.size and raw[:8] == _SUPER_MAGIC:
+            _, version, _, old_bytes, old_region, file_id = _SUPER.unpack(raw)
+            if version == _VERSION and old_bytes == file_bytes and os.fstat(self.fd).st_size == file_bytes:
+                self.region_bytes, self.file_id = old_region, file_id
+                return
+        elif raw.strip(b"\0"):
+            raise StoreError(f"{self.path} exists and is not a hicachefs disk arena; refusing to overwrite it")
+        os.ftruncate(self.fd, file_bytes)
+        try:
+            os.posix_fallocate(self.fd, 0, file_bytes)
+        except OSError as e:
+            raise StoreError(f"cannot preallocate {file_bytes} bytes for {self.path}: {e}") from e
+        # A new file id makes records of any earlier file invalid without wiping it.
+        self.region_bytes, self.file_id = region_bytes, int.from_bytes(os.urandom(8), "little")
+        os.pwrite(self.fd, _SUPER.pack(_SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, self.file_id), 0)
+        os.fsync(self.fd)
+
+    def region_start(self, region: int) -> int:
+        return _SUPER_BYTES + region * self.region_bytes
+
+    def fits(self, name_len: int, size: int) -> bool:
+        return record_length(name_len, size) <= self.region_bytes
+
+    # -- recovery ----------------------------------------------------------------------
+
+    def scan(
+        self, on_corrupt: Callable[[], None], progress: Callable[[int, int], None] | None = None
+    ) -> Iterator[Record]:
+        """Yield every live, checking record in sequence order, and leave the write position
+        after the newest one. ``on_corrupt`` is called per live record that fails its checksum."""
+        firsts = []
+        for region in range(self.regions):
+            header = os.pread(self.fd, HEADER.size, self.region_start(region))
+            first = self._parse(header, -1)
+            if first is not None:
+                firsts.append((first[3], region))
+        firsts.sort()
+        total, done = len(firsts) * self.region_bytes, 0
+        buf = bytearray(self.region_bytes)
+        view = memoryview(buf)
+        for _, region in firsts:
+            start = self.region_start(region)
+            got = os.preadv(self.fd, [buf], start)
+            pos, seq = 0, 0
+            while pos + HEADER.size <= got:
+                parsed = self._parse(view[pos : pos + HEADER.size], seq)
+                if parsed is None:
+                    break
+                magic, name_len, size, seq, checksum, mtime = parsed
+                length = record_length(name_len, size)
+                if pos + length > got:
+                    break
+                name_at = pos + HEADER.size
+                name = view[name_at : name_at + name_len]
+                if _header_check(view[pos : pos + HEADER.size], name) != HEADER.unpack_from(buf, pos)[8]:
+                    break
+                if magic == LIVE:
+                    payload = view[name_at + name_len : name_at + name_len + size]
+                    if payload_checksum(payload) == checksum:
+                        self.region_live[region] += length
+                        self.used_bytes += length
+                        yield Record(start + pos, seq, bytes(name).decode(), size, checksum, mtime)
+                    else:
+                        on_corrupt()
+                pos += length
+            self.current, self.tail, self.next_seq = region, start + pos, max(self.next_seq, seq + 1)
+            done += self.region_bytes
+            if progress is not None:
+                progress(done, total)
+        view.release()
+
+    def _parse(self, header, prev_seq: int):
+        """(magic, name_len, size, seq, checksum, mtime) if ``header`` can start a record after
+        sequence number ``prev_seq`` (-1: any), else None. The xxh32 is checked by the caller."""
+        if len(header) < HEADER.size:
+            return None
+        magic, name_len, _, file_id, seq, size, checksum, mtime, _ = HEADER.unpack_from(header)
+        if magic not in (LIVE, DEAD) or file_id != self.file_id or seq <= prev_seq:
+            return None
+        if record_length(name_len, size) > self.region_bytes:
+            return None
+        return magic, name_len, size, seq, checksum, mtime
+
+    # -- writing -----------------------------------------------------------------------
+
+    def append(
+        self, name: bytes, payload, checksum: int, mtime_ns: int, reclaim: Callable[[int, int], None]
+    ) -> int:
+        """Write a live record and return its offset. When the current region is full, the next
+        one is reclaimed first: ``reclaim(start, end)`` must forget every record in that range."""
+        size = len(payload)
+        length = record_length(len(name), size)
+        if self.tail + length > self.region_start(self.current) + self.region_bytes:
+            self.current = (self.current + 1) % self.regions
+            self.tail = self.region_start(self.current)
+            reclaim(self.tail, self.tail + self.region_bytes)
+            self.used_bytes -= self.region_live[self.current]
+            self.region_live[self.current] = 0
+        fields = [LIVE, len(name), 0, self.file_id, self.next_seq, size, checksum, mtime_ns, 0]
+        header = bytearray(HEADER.pack(*fields))
+        fields[8] = _header_check(header, name)
+        HEADER.pack_into(header, 0, *fields)
+        offset = self.tail
+        written = os.pwritev(self.fd, [header, name, payload], offset)
+        if written != HEADER.size + len(name) + size:
+            raise OSError(f"short write to {self.path}: {written} bytes")
+        self.next_seq += 1
+        self.tail += length
+        region = (offset - _SUPER_BYTES) // self.region_bytes
+        self.region_live[region] += length
+        self.used_bytes += length
+        return offset
+
+    def invalidate(self, offset: int, name_len: int, size: int) -> None:
+        """Mark the record at ``offset`` dead in place, so that no scan brings it back."""
+        os.pwrite(self.fd, DEAD, offset)
+        length = record_length(name_len, size)
+        self.region_live[(offset - _SUPER_BYTES) // self.region_bytes] -= length
+        self.used_bytes -= length
+
+    # -- reading -----------------------------------------------------------------------
+
+    def read_into(self, offset: int, name: bytes, checksum: int, out: memoryview) -> ReadResult:
+        """Read the payload of the record expected at ``offset`` into ``out`` (its exact size) and
+        check it is that record, whole."""
+        header = bytearray(HEADER.size + len(name))
+        got = os.preadv(self.fd, [header, out], offset)
+        if got != len(header) + len(out):
+            return ReadResult.MISMATCH
+        magic, name_len, _, file_id, _, size, stored_sum, _, hcheck = HEADER.unpack_from(header)
+        if (
+            magic != LIVE
+            or file_id != self.file_id
+            or name_len != len(name)
+            or size != len(out)
+            or stored_sum != checksum
+            or header[HEADER.size :] != name
+            or _header_check(header, name) != hcheck
+        ):
+            return ReadResult.MISMATCH
+        return ReadResult.OK if payload_checksum(out) == checksum else ReadResult.CORRUPT
+
+    def drop_cache(self) -> None:
+        """Write back and drop this file's pages from the kernel's page cache (benchmarks)."""
+        os.fdatasync(self.fd)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.fsync(self.fd)
+        os.close(self.fd)

@@ -1,0 +1,174 @@
+"""The SSD tier after a SIGKILL, after bit flips, and with arena files it did not expect."""
+
+import mmap
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from store_helpers import KiB, MiB, content, page_name, read_all
+
+from hicachefs.store import PageCorrupt, PageStore, StoreConfig, StoreError
+from hicachefs.store.ssd_tier import ARENA_NAME
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+
+
+def _storm(disk_dir: Path, first: int, seed: int, lines: int) -> list[list[str]]:
+    """Run the writer until it has printed ``lines`` lines, SIGKILL it, return all its lines
+    (also those it printed between our count and the kill)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)])}
+    log = disk_dir / f"writer-{first}.log"
+    with open(log, "w") as out:
+        child = subprocess.Popen(
+            [sys.executable, str(HERE / "crash_writer.py"), str(disk_dir), str(first), str(seed)], stdout=out, env=env
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_bytes().count(b"\n") < lines and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL, "the writer died on its own"
+    with open(log, encoding="ascii") as f:
+        return [line.split() for line in f if line.endswith("\n")]
+
+
+def test_sigkill_during_a_write_storm_loses_nothing_that_returned(tmp_path):
+    config = StoreConfig(memory_bytes=2 * MiB, disk_dir=tmp_path, disk_bytes=256 * MiB, write_through=True, max_page_size=256 * KiB)
+    rng = random.Random(3)
+    settled: dict[str, tuple | None] = {}  # name -> (version, size) of its last returned put; None: deleted
+    cut_short = 0
+    for round_number in range(5):
+        events = _storm(tmp_path, 1000 * round_number, round_number, rng.randrange(10, 300))
+        ever: dict[str, set] = {}
+        in_flight: dict[str, tuple | None] = {}
+        for phase, op, name, *rest in events:
+            version = (int(rest[0]), int(rest[1])) if op == "put" else None
+            if phase == "begin":
+                in_flight[name] = version
+                if version:
+                    ever.setdefault(name, set()).add(version)
+            else:
+                in_flight.pop(name)
+                settled[name] = version
+        cut_short += bool(in_flight)
+        store = PageStore(config)
+        try:
+            for name, version in settled.items():
+                allowed = {version}
+                if name in in_flight:  # killed while replacing or deleting it: old or new
+                    allowed.add(in_flight[name])
+                info = store.info(name)
+                if info is None:
+                    assert None in allowed, f"{name}: a page whose put returned is gone"
+                    continue
+                data = read_all(store, name)
+                assert any(v and data == content(*v) for v in allowed), f"{name}: wrong bytes"
+            for name in set(in_flight) - set(settled):  # first put of a page cut short
+                if store.info(name) is not None:
+                    assert read_all(store, name) == content(*in_flight[name])
+            for name, version in in_flight.items():
+                if store.info(name) is not None:
+                    settled[name] = next(v for v in ever.get(name, set()) | {settled.get(name)} if v and read_all(store, name) == content(*v))
+                else:
+                    settled[name] = None
+        finally:
+            store.close()
+    assert cut_short >= 2, "the kills should land inside operations"
+
+
+def _write_and_close(tmp_path: Path, pages: dict[str, bytes]) -> StoreConfig:
+    config = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=32 * MiB, max_page_size=256 * KiB)
+    store = PageStore(config)
+    for name, data in pages.items():
+        store.put(name, data)
+    store.close()
+    return config
+
+
+def _flip(path: Path, needle: bytes, at: int) -> None:
+    """Flip one byte ``at`` bytes after where ``needle`` starts in the file."""
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        where = m.find(needle)
+        assert where >= 0
+        m[where + at] ^= 0xFF
+
+
+def test_a_flipped_payload_byte_is_found_at_recovery(tmp_path):
+    pages = {page_name(i): content(i, 64 * KiB) for i in range(20)}
+    config = _write_and_close(tmp_path, pages)
+    _flip(tmp_path / ARENA_NAME, pages[page_name(7)][:64], 1000)
+    store = PageStore(config)
+    try:
+        assert store.info(page_name(7)) is None
+        assert store.statistics()["tiers"]["disk"]["checksum_failures"] == 1
+        for i in set(range(20)) - {7}:
+            assert read_all(store, page_name(i)) == pages[page_name(i)]
+    finally:
+        store.close()
+
+
+def test_a_flipped_byte_under_a_running_store_is_never_served(tmp_path):
+    config = StoreConfig(memory_bytes=1 * MiB, disk_dir=tmp_path, disk_bytes=32 * MiB, max_page_size=64 * KiB)
+    store = PageStore(config)
+    try:
+        pages = {page_name(i): content(i, 64 * KiB) for i in range(40)}
+        for name, data in pages.items():
+            store.put(name, data)
+        victim = page_name(2)
+        assert store.info(victim).tier == "disk"
+        _flip(tmp_path / ARENA_NAME, pages[victim][:64], 5000)  # same page cache as the store's
+        with pytest.raises(PageCorrupt):
+            store.open(victim)
+        assert store.info(victim) is None  # dropped
+        assert store.statistics()["tiers"]["disk"]["checksum_failures"] == 1
+        assert read_all(store, page_name(3)) == pages[page_name(3)]
+    finally:
+        store.close()
+    store = PageStore(config)  # the dropped record stays dropped
+    try:
+        assert store.info(victim) is None and store.statistics()["tiers"]["disk"]["checksum_failures"] == 0
+    finally:
+        store.close()
+
+
+def test_a_flipped_header_byte_loses_pages_but_serves_no_wrong_bytes(tmp_path):
+    pages = {page_name(i): content(i, 64 * KiB) for i in range(20)}
+    config = _write_and_close(tmp_path, pages)
+    name = page_name(5).encode()
+    _flip(tmp_path / ARENA_NAME, name, -20)  # inside the header (its copy of the payload checksum)
+    store = PageStore(config)
+    try:
+        assert store.info(page_name(5)) is None
+        for page, data in pages.items():
+            if store.info(page) is not None:
+                assert read_all(store, page) == data
+    finally:
+        store.close()
+
+
+def test_arena_of_another_size_is_reinitialised(tmp_path):
+    config = _write_and_close(tmp_path, {"d/a": b"abc"})
+    bigger = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=48 * MiB)
+    store = PageStore(bigger)
+    try:
+        assert store.info("d/a") is None and store.statistics()["tiers"]["disk"]["capacity_bytes"] > 32 * MiB
+        store.put("d/b", b"b")
+    finally:
+        store.close()
+    assert os.path.getsize(tmp_path / ARENA_NAME) == 48 * MiB
+    assert config.disk_bytes == 32 * MiB
+
+
+def test_foreign_file_is_refused_and_left_alone(tmp_path):
+    (tmp_path / ARENA_NAME).write_bytes(b"precious data" * 1000)
+    with pytest.raises(StoreError, match="not a hicachefs disk arena"):
+        PageStore(StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=32 * MiB))
+    assert (tmp_path / ARENA_NAME).read_bytes() == b"precious data" * 1000

@@ -1,0 +1,141 @@
+"""Eviction, demotion, promotion, pinning and warm restart across the two tiers."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from store_helpers import KiB, MiB, content, page_name, read_all
+
+from hicachefs.store import PageStore, StoreConfig
+
+
+def test_lru_evicts_the_least_recently_used(make_store):
+    store = make_store(memory=1 * MiB, max_page_size=64 * KiB)
+    for i in range(16):  # exactly full
+        store.put(page_name(i), content(i, 64 * KiB))
+    read_all(store, page_name(0))  # 0 becomes the most recent; 1 is now the oldest
+    store.put(page_name(16), content(16, 64 * KiB))
+    store.put(page_name(17), content(17, 64 * KiB))
+    present = [store.info(page_name(i)) is not None for i in range(18)]
+    assert present == [True, False, False] + [True] * 15
+    stats = store.statistics()["tiers"]["memory"]
+    assert stats["evictions"] == 2 and stats["used_bytes"] == stats["capacity_bytes"] == 1 * MiB
+
+
+def test_a_freed_slab_goes_to_the_size_that_needs_it(make_store):
+    store = make_store(memory=4 * MiB, max_page_size=1 * MiB)
+    for i in range(256):  # 1 MiB of 4 KiB pages: one slab
+        store.put(page_name(i), content(i, 4 * KiB))
+    for i in range(4):  # three slabs are free; the fourth big page evicts the small ones
+        store.put(page_name(1000 + i), content(1000 + i, 1 * MiB))
+    assert all(read_all(store, page_name(1000 + i)) == content(1000 + i, 1 * MiB) for i in range(4))
+    assert store.statistics()["tiers"]["memory"]["evictions"] == 256
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 300 * KiB), st.sampled_from("ppprd")), max_size=80))
+def test_capacity_is_never_exceeded_and_pages_stay_exact(make_store, ops):
+    store = make_store(memory=2 * MiB, max_page_size=512 * KiB)
+    model: dict[str, bytes] = {}
+    for number, size, op in ops:
+        name = page_name(number)
+        if op == "p":
+            data = content(number * 1000 + size, size)
+            store.put(name, data)
+            model[name] = data
+        elif op == "d":
+            store.delete(name)
+            model.pop(name, None)
+        elif name in model and store.info(name) is not None:
+            assert read_all(store, name) == model[name]
+        stats = store.statistics()["tiers"]["memory"]
+        assert stats["used_bytes"] <= stats["capacity_bytes"] == 2 * MiB
+        assert sum(store.info(n).size for n in model if store.info(n)) <= 2 * MiB
+    for name, data in model.items():  # evicted pages are gone, never wrong
+        if store.info(name) is not None:
+            assert read_all(store, name) == data
+    store.close()
+
+
+def test_demotion_and_promotion_keep_bytes_exact(make_store):
+    store = make_store(memory=8 * MiB, disk=64 * MiB, max_page_size=1 * MiB)
+    sizes = [1 * MiB, 1 * MiB - 1, 4097, 0, 700 * KiB] * 6
+    for i, size in enumerate(sizes):
+        store.put(page_name(i), content(i, size))
+    stats = store.statistics()
+    assert stats["tiers"]["memory"]["demotions"] > 0 and stats["pages"] == len(sizes)
+    assert store.info(page_name(0)).tier == "disk"
+    assert read_all(store, page_name(0)) == content(0, sizes[0])
+    assert store.info(page_name(0)).tier == "memory"  # promoted by the read
+    for i, size in enumerate(sizes):
+        assert read_all(store, page_name(i)) == content(i, size)
+    stats = store.statistics()
+    assert stats["tiers"]["memory"]["promotions"] > 0 and stats["tiers"]["disk"]["hits"] > 0
+    assert stats["tiers"]["memory"]["used_bytes"] <= 8 * MiB
+
+
+def test_pages_larger_than_a_ram_slab_go_to_disk(make_store):
+    store = make_store(memory=8 * MiB, disk=64 * MiB, max_page_size=4 * MiB)  # 1 MiB slabs
+    info = store.put("d/big", content(5, 3 * MiB))
+    assert info.tier == "disk" and read_all(store, "d/big") == content(5, 3 * MiB)
+
+
+def test_a_reader_keeps_the_old_bytes(make_store):
+    store = make_store(memory=1 * MiB, disk=16 * MiB, max_page_size=64 * KiB)
+    store.put("d/deleted", content(1, 64 * KiB))
+    store.put("d/replaced", content(2, 64 * KiB))
+    store.put("d/evicted", content(3, 64 * KiB))
+    deleted, replaced, evicted = store.open("d/deleted"), store.open("d/replaced"), store.open("d/evicted")
+    store.delete("d/deleted")
+    store.put("d/replaced", content(22, 64 * KiB))
+    for i in range(40):  # floods the RAM tier several times over
+        store.put(page_name(i), content(100 + i, 64 * KiB))
+    assert store.info("d/evicted").tier == "disk"
+    assert store.statistics()["tiers"]["memory"]["used_bytes"] <= 1 * MiB
+    assert bytes(deleted.read(0, 64 * KiB)) == content(1, 64 * KiB)
+    assert bytes(replaced.read(0, 64 * KiB)) == content(2, 64 * KiB)
+    assert bytes(evicted.read(0, 64 * KiB)) == content(3, 64 * KiB)
+    assert read_all(store, "d/replaced") == content(22, 64 * KiB)
+    used = store.statistics()["tiers"]["memory"]["used_bytes"]
+    for reader in (deleted, replaced, evicted):
+        reader.close()
+    assert store.statistics()["tiers"]["memory"]["used_bytes"] < used  # the retired slots are free now
+    assert store.info("d/deleted") is None
+
+
+def test_restart_after_clean_close_is_warm(tmp_path):
+    config = StoreConfig(memory_bytes=16 * MiB, disk_dir=tmp_path, disk_bytes=64 * MiB, max_page_size=1 * MiB)
+    store = PageStore(config)
+    for i in range(10):
+        store.put(page_name(i), content(i, 100 * KiB * i))
+    store.delete(page_name(3))
+    assert store.statistics()["tiers"]["disk"]["pages"] == 0  # write-back: all in RAM so far
+    store.close()
+    progress = []
+    store = PageStore(config, progress=lambda done, total: progress.append((done, total)))
+    try:
+        assert progress and progress[-1][0] == progress[-1][1] > 0
+        assert store.info(page_name(3)) is None
+        for i in set(range(10)) - {3}:
+            assert store.info(page_name(i)).tier == "disk"
+            assert read_all(store, page_name(i)) == content(i, 100 * KiB * i)
+        assert sorted(store.directories()) == ["m/bf16-page_first-64/tp0of1/kv"]
+    finally:
+        store.close()
+
+
+def test_disk_tier_evicts_its_oldest_region_when_full(tmp_path):
+    config = StoreConfig(
+        memory_bytes=2 * MiB, disk_dir=tmp_path, disk_bytes=16 * MiB, max_page_size=256 * KiB, write_through=True
+    )
+    store = PageStore(config)
+    try:
+        for i in range(200):  # 50 MiB through a 16 MiB disk tier
+            store.put(page_name(i), content(i, 256 * KiB))
+        stats = store.statistics()
+        assert stats["tiers"]["disk"]["evictions"] > 0 and stats["tiers"]["disk"]["used_bytes"] <= stats["tiers"]["disk"]["capacity_bytes"]
+        present = [i for i in range(200) if store.info(page_name(i)) is not None]
+        assert present == list(range(200 - len(present), 200))  # the newest survive, the oldest went first
+        assert len(present) * 256 * KiB >= 12 * MiB
+        for i in present:
+            assert read_all(store, page_name(i)) == content(i, 256 * KiB)
+    finally:
+        store.close()
