@@ -5,6 +5,7 @@ of what a valid name is (see DESIGN.md, "Namespace").
 """
 
 import errno
+import re
 
 #: Directory depth of a pool directory (model/format/shard/pool); pages live directly in it.
 POOL_DEPTH = 4
@@ -14,7 +15,7 @@ MAX_NAME_BYTES = 200
 CONTROL_DIR = ".hicachefs"
 
 
-class NameError_(ValueError):
+class BadName(ValueError):
     """A name component the namespace refuses; ``errno`` says which error to report."""
 
     def __init__(self, err: int, message: str):
@@ -23,23 +24,23 @@ class NameError_(ValueError):
 
 
 def check_component(name: bytes) -> str:
-    """Return ``name`` decoded if it may be a directory or page name, else raise NameError_.
+    """Return ``name`` decoded if it may be a directory or page name, else raise BadName.
 
     Names starting with ``.`` are reserved (temporary files, control files) and are refused
     here; callers that accept temporary names test :func:`is_temporary` first.
     """
     if not name:
-        raise NameError_(errno.EINVAL, "empty name")
+        raise BadName(errno.EINVAL, "empty name")
     if len(name) > MAX_NAME_BYTES:
-        raise NameError_(errno.ENAMETOOLONG, f"name longer than {MAX_NAME_BYTES} bytes")
+        raise BadName(errno.ENAMETOOLONG, f"name longer than {MAX_NAME_BYTES} bytes")
     if b"\0" in name or b"/" in name:
-        raise NameError_(errno.EINVAL, "name contains NUL or '/'")
+        raise BadName(errno.EINVAL, "name contains NUL or '/'")
     if name.startswith(b"."):
-        raise NameError_(errno.EINVAL, "names starting with '.' are reserved")
+        raise BadName(errno.EINVAL, "names starting with '.' are reserved")
     try:
         return name.decode("utf-8")
     except UnicodeDecodeError:
-        raise NameError_(errno.EINVAL, "name is not valid UTF-8") from None
+        raise BadName(errno.EINVAL, "name is not valid UTF-8") from None
 
 
 def is_temporary(name: bytes) -> bool:
@@ -48,20 +49,25 @@ def is_temporary(name: bytes) -> bool:
 
 
 def check_temporary(name: bytes) -> str:
-    """Return a temporary file's name decoded, or raise NameError_."""
+    """Return a temporary file's name decoded, or raise BadName."""
     if len(name) > MAX_NAME_BYTES + 1 or b"\0" in name:
-        raise NameError_(errno.ENAMETOOLONG, "temporary name too long")
+        raise BadName(errno.ENAMETOOLONG, "temporary name too long")
     return name.decode("utf-8", "surrogateescape")
 
 
-def check_page_path(path: str) -> bool:
-    """True if ``path`` (relative to the mount root) names a page: four directories and a key."""
-    parts = path.split("/")
-    if len(parts) != POOL_DEPTH + 1:
-        return False
+_COMPONENT = rb"[^./\0][^/\0]{0,%d}" % (MAX_NAME_BYTES - 1)
+_PAGE_PATH = re.compile(rb"(?:%s/){%d}%s" % (_COMPONENT, POOL_DEPTH, _COMPONENT))
+
+
+def check_page_path(path: bytes) -> str | None:
+    """``path`` (UTF-8, relative to the mount root) decoded if it names a page, else None.
+
+    Four directories and a key, each a valid component; one regular expression, because the
+    exists query checks thousands of paths per request.
+    """
+    if _PAGE_PATH.fullmatch(path) is None:
+        return None
     try:
-        for part in parts:
-            check_component(part.encode("utf-8"))
-    except (NameError_, UnicodeEncodeError):
-        return False
-    return True
+        return path.decode("utf-8")
+    except UnicodeDecodeError:
+        return None

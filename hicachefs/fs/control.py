@@ -89,11 +89,8 @@ class ExistsHandle:
         valid: list[int] = []
         paths: list[str] = []
         for i, line in enumerate(lines):
-            try:
-                path = line.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            if names.check_page_path(path):
+            path = names.check_page_path(line)
+            if path is not None:
                 valid.append(i)
                 paths.append(path)
         for i, hit in zip(valid, self.store.exists_many(paths)):

@@ -258,9 +258,10 @@ class Namespace:
             raise FsError(errno.EPERM, "published pages are immutable")
         return node.name
 
-    def open_reader(self, name: str) -> PageReader:
+    def open_reader(self, name: str, memory_only: bool = False) -> PageReader | None:
+        """Open a page in the store (thread-safe: may run in a worker thread)."""
         try:
-            return self.store.open(name)
+            return self.store.open(name, memory_only=memory_only)
         except PageNotFound:
             raise FsError(errno.ENOENT, "page no longer stored") from None
 
@@ -433,7 +434,7 @@ class Namespace:
     def _checked_name(name: bytes) -> str:
         try:
             return names.check_component(name)
-        except names.NameError_ as exc:
+        except names.BadName as exc:
             raise FsError(exc.errno, str(exc)) from None
 
     def _add_dir(self, parent: Directory, name: str) -> Directory:

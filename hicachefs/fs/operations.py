@@ -200,11 +200,9 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         target = self.namespace.open(inode, flags)
         if isinstance(target, str):
-            info = self.store.info(target)
-            if info is not None and info.tier == "disk":
+            reader = self.namespace.open_reader(target, memory_only=True)
+            if reader is None:  # on the disk tier: read and verify it off the event loop
                 reader = await trio.to_thread.run_sync(self.namespace.open_reader, target)
-            else:
-                reader = self.namespace.open_reader(target)
             target = self.namespace.add_page_handle(reader)
         return pyfuse3.FileInfo(fh=target, direct_io=True, keep_cache=False)
 

@@ -187,9 +187,12 @@ class PageStore:
 
     # -- reading -----------------------------------------------------------------------
 
-    def open(self, name: str) -> PageReader:
+    def open(self, name: str, *, memory_only: bool = False) -> PageReader | None:
         """Pin the page for reading. A disk page is read and verified here (blocking I/O) and
-        promoted to RAM when room can be made. Raises PageNotFound or PageCorrupt."""
+        promoted to RAM when room can be made. Raises PageNotFound or PageCorrupt.
+
+        With ``memory_only`` a page that would need disk I/O is not read: None is returned, so
+        an event loop can serve RAM pages inline and send only disk reads to a thread."""
         for _ in range(3):  # a disk read can race with a replace or reclaim; then look again
             with self._lock:
                 row = self._index.find(name)
@@ -210,6 +213,8 @@ class PageStore:
                     self._ram.policy.touch(row)
                     self._ram.pin(slot)
                     return PageReader(self, self._info(row), self._ram.view(slot, size), slot)
+                if memory_only:
+                    return None
                 self._ram.counters.misses += 1
                 info = self._info(row)
                 offset, checksum = int(index.disk[row]), int(index.checksum[row])
