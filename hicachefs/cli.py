@@ -152,7 +152,9 @@ def mount(args: argparse.Namespace) -> int:
             [sys.executable, "-m", "hicachefs.daemon", json.dumps(asdict(config))],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
         )
-    deadline = time.monotonic() + MOUNT_TIMEOUT_S
+    # Populating the RAM arena and scanning the disk tier take time in proportion to their size.
+    timeout = MOUNT_TIMEOUT_S + (config.memory_bytes + config.disk_bytes) / (1 << 30)
+    deadline = time.monotonic() + timeout
     control = Path(config.mountpoint, ".hicachefs", "config")
     while time.monotonic() < deadline:
         if child.poll() is not None:
@@ -163,7 +165,7 @@ def mount(args: argparse.Namespace) -> int:
             print(f"hicachefs: mounted {config.mountpoint} (pid {child.pid}, log {config.log_file})")
             return 0
         time.sleep(0.05)
-    print(f"hicachefs: the mount did not come up within {MOUNT_TIMEOUT_S:.0f} s; see {config.log_file}",
+    print(f"hicachefs: the mount did not come up within {timeout:.0f} s; see {config.log_file}",
           file=sys.stderr)
     return 1
 
