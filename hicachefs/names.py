@@ -50,8 +50,10 @@ def is_temporary(name: bytes) -> bool:
 
 def check_temporary(name: bytes) -> str:
     """Return a temporary file's name decoded, or raise BadName."""
-    if len(name) > MAX_NAME_BYTES + 1 or b"\0" in name:
+    if len(name) > MAX_NAME_BYTES + 1:
         raise BadName(errno.ENAMETOOLONG, "temporary name too long")
+    if b"\0" in name:
+        raise BadName(errno.EINVAL, "name contains NUL")
     return name.decode("utf-8", "surrogateescape")
 
 

@@ -110,9 +110,8 @@ class Namespace:
         if pending is not None:
             pending.nlookup += 1
             return self._pending_stat(pending)
-        if parent.depth != names.POOL_DEPTH or names.is_temporary(name):
-            raise FsError(errno.ENOENT, "no such file or directory")
-        info = self.store.info(parent.page_name(text))
+        page = self._stored_name(parent, text)
+        info = None if page is None else self.store.info(page)
         if info is None:
             raise FsError(errno.ENOENT, "no such page")
         node = self._page_node(parent, text)
@@ -225,7 +224,7 @@ class Namespace:
         if parent.depth != names.POOL_DEPTH:
             raise FsError(errno.EPERM, "pages are created in pool directories (model/format/shard/pool)")
         visible = not names.is_temporary(name)
-        text = self._checked_name(name) if visible else names.check_temporary(name)
+        text = self._checked_name(name, temporary=not visible)
         if text in parent.pending or text in parent.children:
             raise FsError(errno.EEXIST, "already exists")
         if visible and self._has_page(parent, text):
@@ -301,7 +300,8 @@ class Namespace:
             pending.discard()
             self._drop_pending_if_unused(pending)
             return
-        if parent.depth != names.POOL_DEPTH or not self.store.delete(parent.page_name(text)):
+        page = self._stored_name(parent, text)
+        if page is None or not self.store.delete(page):
             raise FsError(errno.ENOENT, "no such page")
         self._detach_page(parent, text)
 
@@ -374,13 +374,16 @@ class Namespace:
         directory.mtime_ns = time.time_ns()
 
     def _move_page(self, source: Directory, old: str, target: Directory, new: str) -> None:
+        source_name = self._stored_name(source, old)
         try:
-            reader = self.store.open(source.page_name(old))
+            if source_name is None:
+                raise PageNotFound(old)
+            reader = self.store.open(source_name)
         except PageNotFound:
             raise FsError(errno.ENOENT, "no such page") from None
         with reader:
             self.store.put(target.page_name(new), reader.read(0, reader.size))
-        self.store.delete(source.page_name(old))
+        self.store.delete(source_name)
         node = self._page_by_name.pop((source.inode, old), None)
         self._detach_page(target, new)
         if node is not None:
@@ -416,7 +419,19 @@ class Namespace:
         return node
 
     def _has_page(self, directory: Directory, key: str) -> bool:
-        return directory.depth == names.POOL_DEPTH and self.store.info(directory.page_name(key)) is not None
+        page = self._stored_name(directory, key)
+        return page is not None and self.store.info(page) is not None
+
+    @staticmethod
+    def _stored_name(directory: Directory, key: str) -> str | None:
+        """The store's name for page ``key`` of a directory, or None if no page can have it."""
+        if directory.depth != names.POOL_DEPTH:
+            return None
+        try:
+            names.check_component(key.encode("utf-8"))
+        except (names.BadName, UnicodeEncodeError):
+            return None
+        return directory.page_name(key)
 
     def _dir(self, inode: int) -> Directory:
         directory = self._dirs.get(inode)
@@ -431,9 +446,9 @@ class Namespace:
         return self._dir(inode)
 
     @staticmethod
-    def _checked_name(name: bytes) -> str:
+    def _checked_name(name: bytes, temporary: bool = False) -> str:
         try:
-            return names.check_component(name)
+            return names.check_temporary(name) if temporary else names.check_component(name)
         except names.BadName as exc:
             raise FsError(exc.errno, str(exc)) from None
 
