@@ -76,6 +76,7 @@ def run(config: DaemonConfig) -> int:
         statistics = lambda: {  # noqa: E731 - wiring, read at every open of .hicachefs/stats
             **store.statistics(),
             "errors": dict(operations.errors),
+            "requests": dict(operations.requests),
             "pending_files": namespace.pending_count(),
         }
         namespace = Namespace(store, ControlFiles(store, statistics, effective), config.temp_timeout_s)

@@ -172,6 +172,8 @@ class _StatisticsCollector:
                     family(f"tier_{field}", ["tier"]).add_metric([tier], value)
         for kind, count in self.facts.get("errors", {}).items():
             family("errors", ["kind"]).add_metric([kind], count)
+        for op, count in self.facts.get("requests", {}).items():
+            family("requests", ["op"]).add_metric([op], count)
         for field, value in self.facts.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 family(field, []).add_metric([], value)

@@ -270,6 +270,9 @@ class Namespace:
     def is_page(self, inode: int) -> bool:
         return inode in self._pages
 
+    def is_pending(self, inode: int) -> bool:
+        return inode in self._pending
+
     def add_handle(self, handle) -> int:
         fh = next(self._handles_ids)
         self.handles[fh] = handle
@@ -476,8 +479,7 @@ class Namespace:
 
     @staticmethod
     def _pending_stat(pending: PendingFile) -> Stat:
-        return Stat(pending.inode, PENDING_MODE, pending.size, 1, pending.mtime_ns,
-                    pending.mtime_ns, cached=False)
+        return Stat(pending.inode, PENDING_MODE, pending.size, 1, pending.mtime_ns, pending.mtime_ns)
 
 
 RENAME_NOREPLACE = 1

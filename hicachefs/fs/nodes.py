@@ -25,7 +25,6 @@ class Stat:
     nlink: int = 1
     mtime_ns: int = 0
     atime_ns: int = 0
-    cached: bool = True  # False: the kernel must not cache the attributes (they change)
 
 
 @dataclass(eq=False, slots=True)

@@ -5,11 +5,13 @@ handler may only raise ``FUSEError`` (any other exception would stop pyfuse3's l
 leave a dead mount), so store and namespace errors are mapped here and anything
 unexpected is logged and answered with EIO.
 
-Kernel caching is chosen per kind of inode (see ``_entry``): directories and pages are
-cached long (their attributes only change through requests the kernel itself sends, which
-invalidate its caches), files being written are never attribute-cached, and a lookup that
-finds nothing is cached as a negative entry, which is safe because every page is
-published by a create or rename that passes through the kernel.
+Kernel caching (see ``_entry``): attributes and entries are cached, for a minute for files
+and five for directories, because they only change through requests the kernel itself
+sends (write, truncate, rename, unlink), after which it drops or updates what it cached. A
+lookup that finds nothing is cached as a negative entry, which is safe for the same reason:
+every page is published by a create or rename that passes through the kernel. A page that
+the store evicts stays visible to ``stat`` until its entry times out; opening it then
+fails with ENOENT.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import errno
 import functools
 import logging
 import os
+import stat
 
 import pyfuse3
 import trio
@@ -49,8 +52,11 @@ _QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA}
 def _replying(handler):
     """Run a handler; map every failure to one FUSEError and count it."""
 
+    op = handler.__name__
+
     @functools.wraps(handler)
     async def wrapper(self, *args):
+        self.requests[op] += 1
         try:
             return await handler(self, *args)
         except pyfuse3.FUSEError:
@@ -83,6 +89,7 @@ class Operations(pyfuse3.Operations):
         self.namespace = namespace
         self.store = store
         self.errors: collections.Counter[str] = collections.Counter()
+        self.requests: collections.Counter[str] = collections.Counter()
         self.uid, self.gid = os.getuid(), os.getgid()
         self._listings: dict[int, list] = {}
 
@@ -103,12 +110,8 @@ class Operations(pyfuse3.Operations):
         attr.st_blocks = (st.size + 511) // 512
         attr.st_mtime_ns = attr.st_ctime_ns = st.mtime_ns
         attr.st_atime_ns = st.atime_ns
-        if not st.cached:
-            attr.attr_timeout = 0
-        elif st.mode & 0o170000 == 0o100000 and st.mode & 0o222 == 0:
-            attr.entry_timeout = attr.attr_timeout = PAGE_TIMEOUT_S
-        else:
-            attr.entry_timeout = attr.attr_timeout = CACHE_TIMEOUT_S
+        timeout = PAGE_TIMEOUT_S if stat.S_ISREG(st.mode) else CACHE_TIMEOUT_S
+        attr.entry_timeout = attr.attr_timeout = timeout
         return attr
 
     @_replying
@@ -124,6 +127,7 @@ class Operations(pyfuse3.Operations):
         return negative
 
     async def forget(self, inode_list):
+        self.requests["forget"] += 1
         for inode, nlookup in inode_list:
             try:
                 self.namespace.forget(inode, nlookup)
@@ -138,10 +142,10 @@ class Operations(pyfuse3.Operations):
     async def setattr(self, inode, attr, fields, fh, ctx):
         if fields.update_size:
             return self._entry(self.namespace.truncate(inode, attr.st_size))
-        current = self.namespace.getattr(inode)
-        if (fields.update_mode or fields.update_uid or fields.update_gid) and current.cached:
+        changes_owner_or_mode = fields.update_mode or fields.update_uid or fields.update_gid
+        if changes_owner_or_mode and not self.namespace.is_pending(inode):
             raise FsError(errno.EPERM, "published pages and directories keep their owner and mode")
-        return self._entry(current)  # times are the store's: publish time and last read
+        return self._entry(self.namespace.getattr(inode))  # times are the store's: publish, last read
 
     @_replying
     async def statfs(self, ctx):
