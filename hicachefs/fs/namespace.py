@@ -365,6 +365,7 @@ class Namespace:
     def _publish(self, pending: PendingFile, directory: Directory, key: str) -> None:
         draft = pending.filled_draft()
         self.store.publish(draft, directory.page_name(key), pending.mtime_ns)
+        directory.last_page_size = draft.size
         pending.directory.pending.pop(pending.name, None)
         pending.gone = True
         self._detach_page(directory, key)

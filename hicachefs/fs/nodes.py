@@ -37,6 +37,7 @@ class Directory:
     parent: Directory | None
     children: dict[str, Directory] = field(default_factory=dict)
     pending: dict[str, PendingFile] = field(default_factory=dict)
+    last_page_size: int = 0  # size of the last page published here: the likely next size
     mtime_ns: int = field(default_factory=time.time_ns)
     removed: bool = False
 
@@ -100,8 +101,13 @@ class PendingFile:
         end = offset + len(data)
         if end > self.store.config.max_page_size:
             raise FsError(errno.EFBIG, f"write to {end} bytes is over the maximum page size")
+        guess = self.directory.last_page_size
+        if self.draft is None and self.staging is None and offset == 0 and 0 < end <= guess:
+            # No size announced: pages of one pool are nearly always one size, so place the
+            # page where the last one published here would go (copied out if it differs).
+            self.draft = self.store.reserve(guess)
         if self.draft is not None and end <= self.draft.size:
-            self.draft.buffer[offset:end] = data
+            self.draft.write(offset, data)
         else:
             if self.staging is None:
                 self._to_staging()
@@ -116,19 +122,24 @@ class PendingFile:
         end = min(self.size, offset + size)
         if offset >= end:
             return b""
-        source = self.draft.buffer if self.draft is not None else self.staging
-        return bytes(source[offset:end])
+        return bytes(self._content()[offset:end])
 
     def filled_draft(self) -> Draft:
-        """Hand over a draft holding exactly this file's bytes (copying out of staging if needed)."""
+        """Hand over a draft holding exactly this file's bytes (copied if it is elsewhere)."""
         if self.draft is not None and self.draft.size == self.size:
             draft, self.draft = self.draft, None
             return draft
-        data = self.staging if self.staging is not None else bytearray(self.size)
         draft = self.store.reserve(self.size)
-        draft.buffer[:] = memoryview(data)[: self.size]
+        draft.write(0, self._content()[: self.size])
         self.discard()
         return draft
+
+    def _content(self) -> memoryview:
+        if self.staging is not None:
+            return memoryview(self.staging)
+        if self.draft is not None:
+            return self.draft.view()
+        return memoryview(bytes(self.size))
 
     def discard(self) -> None:
         if self.draft is not None:
@@ -138,7 +149,7 @@ class PendingFile:
 
     def _to_staging(self) -> None:
         """Leave the draft: the file outgrew the size it announced, or shrank."""
-        self.staging = bytearray(self.draft.buffer[: self.size]) if self.draft else bytearray()
+        self.staging = bytearray(self.draft.view()[: self.size]) if self.draft else bytearray()
         if self.draft is not None:
             self.store.abandon(self.draft)
             self.draft = None

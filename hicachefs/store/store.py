@@ -1,6 +1,6 @@
 """PageStore: the facade the daemon calls. Pages are immutable bytes under '/'-separated names.
 
-New pages are written into a RAM slot (``reserve`` -> ``Draft.buffer`` -> ``publish``); when
+New pages are written into a RAM slot (``reserve`` -> ``Draft.write`` -> ``publish``); when
 the RAM tier is full its least recently used pages move down to the SSD tier (or are
 dropped without one); reading a disk page promotes it to RAM when room can be made.
 
@@ -49,13 +49,44 @@ class Draft:
     """A reserved RAM slot of exactly ``size`` bytes; write the page into ``buffer``, then
     publish or abandon it (once). Only its creator touches it."""
 
-    __slots__ = ("size", "buffer", "_offset", "_live")
+    __slots__ = ("size", "buffer", "_offset", "_live", "_hasher", "_hashed")
 
     def __init__(self, offset: int | None, size: int, buffer: memoryview) -> None:
         self.size = size
         self.buffer = buffer
         self._offset = offset  # RAM arena offset; None for a page too large for a RAM slot
         self._live = True
+        self._hasher = xxhash.xxh3_64()
+        self._hashed = 0  # bytes fed to the hasher, in order from the start
+
+    def write(self, offset: int, data) -> None:
+        """Copy ``data`` into the page at ``offset``. Writes in order from the start are
+        checksummed as they arrive, while the bytes are still in the CPU cache, which saves
+        publish a second pass over the page."""
+        if self._hasher is not None and offset != self._hashed:
+            self._zero_unwritten()
+        end = offset + len(data)
+        self.buffer[offset:end] = data
+        if self._hasher is not None:
+            self._hasher.update(data)
+            self._hashed = end
+
+    def view(self) -> memoryview:
+        """The page's bytes as written so far; bytes never written read as zeros."""
+        if self._hasher is not None and self._hashed < self.size:
+            self._zero_unwritten()
+        return self.buffer
+
+    def _zero_unwritten(self) -> None:
+        """Leave in-order mode: the slot still holds an earlier page's bytes past what was
+        written, and those must never be seen, so they become zeros."""
+        self.buffer[self._hashed :] = bytes(self.size - self._hashed)
+        self._hasher = None
+
+    def _checksum(self) -> int:
+        if self._hasher is not None and self._hashed == self.size:
+            return self._hasher.intdigest()
+        return xxhash.xxh3_64_intdigest(self.view())
 
     def _consume(self) -> int | None:
         if not self._live:
@@ -148,8 +179,8 @@ class PageStore:
     def publish(self, draft: Draft, name: str, mtime_ns: int | None = None) -> PageInfo:
         """Checksum the draft and make it visible under ``name``, replacing any page of that
         name atomically; with write_through it is on the SSD tier when this returns."""
+        checksum = draft._checksum()
         offset = draft._consume()
-        checksum = xxhash.xxh3_64_intdigest(draft.buffer)
         mtime_ns = time.time_ns() if mtime_ns is None else mtime_ns
         with self._lock:
             disk = -1
@@ -179,7 +210,7 @@ class PageStore:
         source = memoryview(data).cast("B")
         draft = self.reserve(source.nbytes)
         try:
-            draft.buffer[:] = source
+            draft.write(0, source)
         except BaseException:
             self.abandon(draft)
             raise

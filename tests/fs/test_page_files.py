@@ -167,3 +167,19 @@ def _exists_query(root, paths) -> str:
         return os.read(fd, len(paths) + 1).decode().rstrip("\n")
     finally:
         os.close(fd)
+
+
+def test_unwritten_bytes_read_as_zeros_never_an_earlier_page(mounted):
+    pool = mounted.page_dir()
+    publish(pool, "old", b"\xab" * (1 << 20))
+    os.unlink(pool / "old")
+    tmp = pool / ".sparse"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.ftruncate(fd, 1 << 20)
+        os.pwrite(fd, b"tail", (1 << 20) - 4)
+        assert os.pread(fd, 8, 0) == bytes(8)
+    finally:
+        os.close(fd)
+    os.rename(tmp, pool / "sparse")
+    assert read_page(pool / "sparse") == bytes((1 << 20) - 4) + b"tail"

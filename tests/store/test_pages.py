@@ -22,7 +22,7 @@ def test_round_trip_keeps_bytes_exact(make_store, size):
 def test_draft_written_in_place_then_published(make_store):
     store = make_store()
     draft = store.reserve(10)
-    draft.buffer[:] = b"0123456789"
+    draft.write(0, b"0123456789")
     assert store.info("a/b") is None  # not visible before publish
     store.publish(draft, "a/b", mtime_ns=123)
     info = store.info("a/b")
@@ -126,3 +126,21 @@ def test_index_survives_growth_deletes_and_reuse(make_store):
     assert [store.info(page_name(i)) is not None for i in range(5000)] == expected
     assert len(store.list_dir("other/dir")) == 3000
     assert store.statistics()["pages"] == 2500 + 3000
+
+
+def test_reused_slot_never_shows_an_earlier_pages_bytes(make_store):
+    store = make_store()
+    store.put("d/old", b"\xab" * MiB)
+    store.delete("d/old")  # its slot is free for the next page of the same size
+    in_order = store.reserve(MiB)
+    in_order.write(0, b"x" * 100)
+    store.publish(in_order, "d/in-order")
+    scattered = store.reserve(MiB)
+    scattered.write(0, b"y" * 10)
+    scattered.write(500_000, b"z" * 10)
+    store.publish(scattered, "d/scattered")
+    assert read_all(store, "d/in-order") == b"x" * 100 + bytes(MiB - 100)
+    expected = bytearray(MiB)
+    expected[:10] = b"y" * 10
+    expected[500_000:500_010] = b"z" * 10
+    assert read_all(store, "d/scattered") == bytes(expected)
