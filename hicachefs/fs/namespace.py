@@ -124,8 +124,8 @@ class Namespace:
             node.nlookup -= nlookup
             if node.nlookup <= 0:
                 del self._pages[inode]
-                if node.directory is not None:
-                    self._page_by_name.pop((node.directory.inode, node.key), None)
+                if node.directory is not None and self._page_by_name.get((node.directory.inode, node.key)) is node:
+                    del self._page_by_name[(node.directory.inode, node.key)]
             return
         pending = self._pending.get(inode)
         if pending is not None:
@@ -368,7 +368,9 @@ class Namespace:
         directory.last_page_size = draft.size
         pending.directory.pending.pop(pending.name, None)
         pending.gone = True
-        self._detach_page(directory, key)
+        # The kernel may have resolved the key to the old inode just before this rename; an
+        # open of it then gets the new page (replaced atomically), so the old node keeps its name.
+        self._page_by_name.pop((directory.inode, key), None)
         node = PageNode(pending.inode, directory, key, pending.nlookup)
         if node.nlookup > 0:
             self._pages[node.inode] = node

@@ -1,0 +1,460 @@
+"""``HiCacheFS``: SGLang's HiCache storage backend over a hicachefs mount.
+
+SGLang loads it through its ``dynamic`` backend (DESIGN.md, "The client"). Every KV page is one
+file ``<mount>/<model>/<format>/<shard>/<pool>/<key>`` holding the bytes of
+``host_pool.get_data_page(index, flat=True)``; reads and writes go straight between the file and
+the host pool's page buffers (see ``layout.py``), publication is atomic (``page_io.py``).
+
+Thread-safe: SGLang calls it from its prefetch, I/O and backup threads at once. No method raises
+for an I/O problem or a bad key: those become misses / ``False`` and are logged once per kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from . import paths
+from .layout import PageLayout, resolve_pool, tensor_bytes
+from .page_io import Counters, FailureLog, PageIO
+from .sglang_types import (
+    HiCacheStorage,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+    pool_name_str,
+    storage_metrics_class,
+)
+
+logger = logging.getLogger(__name__)
+
+KV = "kv"
+# Unit of the bandwidth SGLang's storage metrics record.
+_GB = 1e9
+# Per-batch samples kept for get_stats() between two calls.
+_MAX_METRIC_SAMPLES = 10_000
+
+
+class HiCacheFS(HiCacheStorage):
+    """SGLang HiCache storage backend on a hicachefs mount. See the module docstring.
+
+    ``HiCacheFS(storage_config, kwargs)`` as SGLang's backend factory calls it;
+    ``storage_config.extra_config["mountpoint"]`` (or env ``HICACHEFS_MOUNTPOINT``) names the
+    mount. The host pools arrive later through ``register_mem_pool_host`` (KV) and
+    ``register_mem_host_pool_v2`` (every named pool).
+    """
+
+    def __init__(self, storage_config: Any = None, kwargs: Optional[dict] = None) -> None:
+        self.storage_config = storage_config
+        extra = dict(getattr(storage_config, "extra_config", None) or {})
+        mountpoint = extra.get("mountpoint") or os.environ.get("HICACHEFS_MOUNTPOINT")
+        if not mountpoint:
+            raise ValueError("hicachefs: no mountpoint; set extra_config['mountpoint'] "
+                             "or HICACHEFS_MOUNTPOINT")
+        self.mountpoint = os.path.abspath(str(mountpoint))
+        self.shard = paths.ShardIdentity.from_storage_config(storage_config)
+        self.model = paths.model_segment(getattr(storage_config, "model_name", None))
+        self.failures = FailureLog()
+        self._refusals = FailureLog()  # bad keys and misuse: logged once for good
+        self.counters = Counters()
+        self.io = PageIO(self.mountpoint, self.failures, self.counters)
+        self.mem_pool_host = None
+        self.registered_pools: Dict[Any, Any] = {}
+        self._layouts: Dict[str, Optional[PageLayout]] = {}
+        self._layouts_lock = threading.Lock()
+        self._metrics_enabled = bool(getattr(storage_config, "enable_storage_metrics", False))
+        self._metrics_lock = threading.Lock()
+        self._metrics = storage_metrics_class()()
+        logger.info("hicachefs client: mount %s, model %s, shard %s", self.mountpoint,
+                    self.model, self.shard.segment(KV))
+
+    # ---------------------------------------------------------------- registration
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        self.mem_pool_host = mem_pool_host
+        with self._layouts_lock:
+            self._layouts.pop(KV, None)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        self.registered_pools[host_pool_name] = host_pool
+        with self._layouts_lock:
+            self._layouts.pop(pool_name_str(host_pool_name), None)
+
+    def _host_pool(self, name: str) -> Any:
+        for registered, pool in list(self.registered_pools.items()):
+            if pool_name_str(registered) == name:
+                return resolve_pool(pool, registered)
+        if name == KV and self.mem_pool_host is not None:
+            return resolve_pool(self.mem_pool_host, PoolName.KV)
+        return None
+
+    def _layout(self, name: str) -> Optional[PageLayout]:
+        layout = self._layouts.get(name)
+        if layout is not None:
+            return layout
+        with self._layouts_lock:
+            if self._layouts.get(name) is None:
+                pool = self._host_pool(name)
+                if pool is None:
+                    return None
+                self._layouts[name] = PageLayout(pool, name)
+                logger.info("hicachefs client: pool %s -> %s (%d bytes per page, %s)", name,
+                            self._pool_dir(name, self._layouts[name].format),
+                            self._layouts[name].page_bytes,
+                            "zero copy" if self._layouts[name].zero_copy else "copied")
+            return self._layouts[name]
+
+    def _pool_dir(self, name: str, fmt: str) -> str:
+        return paths.pool_dir(self.model, fmt, self.shard.segment(name), name)
+
+    def _dir_of(self, name: str) -> str:
+        """The pool directory; ``_`` as the format while no host pool says what it is."""
+        layout = self._layout(name)
+        return self._pool_dir(name, layout.format if layout is not None else "_")
+
+    # ---------------------------------------------------------------- keys and failures
+
+    def _valid(self, key: Any) -> bool:
+        problem = paths.key_problem(key)
+        if problem is None:
+            return True
+        self.counters.add(refused_keys=1)
+        self._refusals.failure("INVALID_KEY", f"refused page key {str(key)[:80]!r}: {problem}",
+                               level=logging.ERROR)
+        return False
+
+    def _internal_error(self, method: str, exc: BaseException) -> None:
+        kind = f"INTERNAL_{type(exc).__name__}"
+        self.failures.failure(kind, f"{method} failed: {exc!r}", level=logging.ERROR)
+        logger.debug("hicachefs client: %s failed", method, exc_info=True)
+
+    # ---------------------------------------------------------------- page transfers
+
+    def _read_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
+        results = [False] * len(keys)
+        if not keys:
+            return results
+        layout = self._layout(name)
+        if layout is None:
+            self._refusals.failure(f"NO_POOL_{name}", f"no host pool registered for {name!r}")
+            return results
+        starts = layout.page_starts(host_indices, len(keys))
+        if starts is None:
+            self._refusals.failure("BAD_INDICES", f"{name}: host indices do not cover "
+                                   f"{len(keys)} pages of {layout.page_size} tokens")
+            return results
+        directory = self._pool_dir(name, layout.format)
+        wanted = [i for i, key in enumerate(keys) if self._valid(key)]
+        zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
+        for j, i in enumerate(wanted):
+            rel = f"{directory}/{keys[i]}"
+            if zero_copy is not None:
+                results[i] = self.io.read_page(rel, zero_copy[j], layout.page_bytes)
+            else:
+                buffers, store = layout.copy_read_buffers()
+                if self.io.read_page(rel, buffers, layout.page_bytes):
+                    store(starts[i])
+                    results[i] = True
+        return results
+
+    def _write_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
+        results = [False] * len(keys)
+        if not keys:
+            return results
+        layout = self._layout(name)
+        if layout is None:
+            self._refusals.failure(f"NO_POOL_{name}", f"no host pool registered for {name!r}")
+            return results
+        starts = layout.page_starts(host_indices, len(keys))
+        if starts is None:
+            self._refusals.failure("BAD_INDICES", f"{name}: host indices do not cover "
+                                   f"{len(keys)} pages of {layout.page_size} tokens")
+            return results
+        wanted = [i for i, key in enumerate(keys) if self._valid(key)]
+        if not self.shard.writes(name):
+            # Replicated MLA pages have one writer rank; the others succeed without writing.
+            for i in wanted:
+                results[i] = True
+            return results
+        directory = self._pool_dir(name, layout.format)
+        present = self.io.exists([f"{directory}/{keys[i]}" for i in wanted])
+        todo = []
+        for i, there in zip(wanted, present):
+            if there:
+                results[i] = True
+            else:
+                todo.append(i)
+        if len(todo) < len(wanted):
+            self.counters.add(pages_skipped=len(wanted) - len(todo))
+        zero_copy = layout.zero_copy_buffers([starts[i] for i in todo])
+        for j, i in enumerate(todo):
+            buffers = zero_copy[j] if zero_copy is not None else layout.copy_write_buffers(starts[i])
+            results[i] = self.io.publish_page(directory, keys[i], buffers, layout.page_bytes)
+        return results
+
+    def _record(self, kind: str, pages: int, seconds: float, page_bytes: int) -> None:
+        if not self._metrics_enabled or pages == 0:
+            return
+        bandwidth = pages * page_bytes / _GB / max(seconds, 1e-9)
+        with self._metrics_lock:
+            counts = getattr(self._metrics, f"{kind}_pgs")
+            if len(counts) < _MAX_METRIC_SAMPLES:
+                counts.append(pages)
+                getattr(self._metrics, f"{kind}_bandwidth").append(bandwidth)
+
+    def _timed(self, kind: str, name: str, op, keys, host_indices) -> List[bool]:
+        started = time.perf_counter()
+        results = op(name, keys, host_indices)
+        layout = self._layouts.get(name)
+        if layout is not None:
+            self._record(kind, sum(results), time.perf_counter() - started, layout.page_bytes)
+        return results
+
+    # ---------------------------------------------------------------- SGLang: v1 (zero copy)
+
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> List[bool]:
+        """Read the KV pages ``keys`` into the host pool at ``host_indices`` (one page each)."""
+        try:
+            return self._timed("prefetch", KV, self._read_pages, list(keys), host_indices)
+        except Exception as exc:
+            self._internal_error("batch_get_v1", exc)
+            return [False] * len(keys)
+
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> List[bool]:
+        """Store the KV pages at ``host_indices`` under ``keys``; existing pages are kept."""
+        try:
+            return self._timed("backup", KV, self._write_pages, list(keys), host_indices)
+        except Exception as exc:
+            self._internal_error("batch_set_v1", exc)
+            return [False] * len(keys)
+
+    # ---------------------------------------------------------------- SGLang: v2 (named pools)
+
+    def batch_get_v2(self, transfers: List[PoolTransfer], extra_info: Any = None
+                     ) -> Dict[Any, List[bool]]:
+        results: Dict[Any, List[bool]] = {}
+        for transfer in transfers:
+            keys = list(transfer.keys or [])
+            try:
+                results[transfer.name] = self._timed(
+                    "prefetch", pool_name_str(transfer.name), self._read_pages, keys,
+                    transfer.host_indices)
+            except Exception as exc:
+                self._internal_error("batch_get_v2", exc)
+                results[transfer.name] = [False] * len(keys)
+        return results
+
+    def batch_set_v2(self, transfers: List[PoolTransfer], extra_info: Any = None
+                     ) -> Dict[Any, List[bool]]:
+        results: Dict[Any, List[bool]] = {}
+        for transfer in transfers:
+            keys = list(transfer.keys or [])
+            try:
+                results[transfer.name] = self._timed(
+                    "backup", pool_name_str(transfer.name), self._write_pages, keys,
+                    transfer.host_indices)
+            except Exception as exc:
+                self._internal_error("batch_set_v2", exc)
+                results[transfer.name] = [False] * len(keys)
+        return results
+
+    # ---------------------------------------------------------------- SGLang: existence
+
+    def _present(self, name: str, keys: Sequence[str]) -> List[bool]:
+        """Whether each page of pool ``name`` is published; invalid keys are absent."""
+        directory = self._dir_of(name)
+        wanted = [i for i, key in enumerate(keys) if self._valid(key)]
+        answers = [False] * len(keys)
+        for i, there in zip(wanted, self.io.exists([f"{directory}/{keys[i]}" for i in wanted])):
+            answers[i] = there
+        return answers
+
+    def exists(self, key: str) -> bool:
+        try:
+            return self._present(KV, [key])[0]
+        except Exception as exc:
+            self._internal_error("exists", exc)
+            return False
+
+    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        """How many of ``keys``, from the first, are stored (one query for all of them)."""
+        try:
+            present = self._present(KV, list(keys))
+            return present.index(False) if False in present else len(present)
+        except Exception as exc:
+            self._internal_error("batch_exists", exc)
+            return 0
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+                        extra_info: Any = None) -> PoolTransferResult:
+        """The longest restorable prefix across the KV pool and the transfers' pools.
+
+        One query asks for every page of every pool. Per pool hit policy, as SGLang's:
+        ``ALL_PAGES``: pages [0, n) of the pool must all exist for a prefix of n pages;
+        ``TRAILING_PAGES``: only the last ``len(transfer.keys)`` (at least 1) pages of the
+        prefix must. A prefix is restorable when every pool allows it; the result is the
+        longest one, with each pool's own boundary and the list of restorable lengths. A pool
+        with another policy gets no verdict and does not limit the prefix.
+        """
+        try:
+            return self._exists_v2(list(keys), list(pool_transfers or []))
+        except Exception as exc:
+            self._internal_error("batch_exists_v2", exc)
+            return PoolTransferResult.empty()
+
+    def _exists_v2(self, keys: List[str], transfers: List[PoolTransfer]) -> PoolTransferResult:
+        names = [KV] + [pool_name_str(t.name) for t in transfers]
+        rels, slots = [], {}
+        for name in dict.fromkeys(names):
+            directory = self._dir_of(name)
+            for i, key in enumerate(keys):
+                if self._valid(key):
+                    slots[(name, i)] = len(rels)
+                    rels.append(f"{directory}/{key}")
+        answers = self.io.exists(rels)
+
+        def has(name: str, i: int) -> bool:
+            slot = slots.get((name, i))
+            return slot is not None and answers[slot]
+
+        kv_pages = next((i for i in range(len(keys)) if not has(KV, i)), len(keys))
+        hits: Dict[Any, int] = {PoolName.KV: kv_pages} if kv_pages else {}
+        restorable = list(range(1, kv_pages + 1))
+        for transfer in transfers:
+            if not restorable:
+                break
+            name = pool_name_str(transfer.name)
+            policy = transfer.hit_policy
+            if policy == PoolHitPolicy.ALL_PAGES:
+                boundary = next((i for i in range(kv_pages) if not has(name, i)), kv_pages)
+                allowed = set(range(1, boundary + 1))
+            elif policy == PoolHitPolicy.TRAILING_PAGES:
+                window = max(1, len(transfer.keys) if transfer.keys else 1)
+                # run[n] = how many pages just before n (exclusive) the pool holds in a row.
+                allowed, run = set(), 0
+                for length in range(1, kv_pages + 1):
+                    run = run + 1 if has(name, length - 1) else 0
+                    if run >= min(window, length):
+                        allowed.add(length)
+                boundary = max(allowed, default=0)
+            else:
+                self._refusals.failure(f"POLICY_{policy}", f"pool {name}: hit policy {policy} "
+                                       "is not supported; the pool gets no verdict",
+                                       level=logging.INFO)
+                continue
+            if boundary:
+                hits[transfer.name] = boundary
+            restorable = [n for n in restorable if n in allowed]
+        return PoolTransferResult(restorable[-1] if restorable else 0, hits, restorable)
+
+    # ---------------------------------------------------------------- SGLang: legacy API
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None
+            ) -> Optional[torch.Tensor]:
+        """Read KV page ``key`` into ``target_location`` (a tensor; a flat page if None)."""
+        try:
+            if not self._valid(key):
+                return None
+            target = target_location
+            if target is None:
+                layout = self._layout(KV)
+                if layout is None:
+                    return None
+                target = layout.pool.get_dummy_flat_data_page()
+            direct = target.device.type == "cpu" and target.is_contiguous()
+            staging = target if direct else torch.empty(target.shape, dtype=target.dtype)
+            view = memoryview(staging.reshape(-1).view(torch.uint8).numpy()).cast("B")
+            if not self.io.read_page(f"{self._dir_of(KV)}/{key}", [view], len(view)):
+                return None
+            if not direct:
+                target.copy_(staging)
+            return target
+        except Exception as exc:
+            self._internal_error("get", exc)
+            return None
+
+    def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None
+                  ) -> List[Optional[torch.Tensor]]:
+        locations = list(target_locations) if target_locations is not None else [None] * len(keys)
+        return [self.get(key, location) for key, location in zip(keys, locations)]
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        """Store tensor ``value`` as KV page ``key``; True if it is stored (or already was)."""
+        try:
+            if not self._valid(key):
+                return False
+            if value is None:
+                value = target_location
+            if not isinstance(value, torch.Tensor):
+                self._refusals.failure("SET_WITHOUT_TENSOR", "set() needs a tensor value")
+                return False
+            if not self.shard.writes(KV):
+                return True
+            directory = self._dir_of(KV)
+            if self.io.exists([f"{directory}/{key}"])[0]:
+                self.counters.add(pages_skipped=1)
+                return True
+            data = tensor_bytes(value)
+            return self.io.publish_page(directory, key, [data], len(data))
+        except Exception as exc:
+            self._internal_error("set", exc)
+            return False
+
+    def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        if values is None:
+            values = target_locations
+        if values is None:
+            return False
+        return all(self.set(key, value) for key, value in zip(keys, values))
+
+    # ---------------------------------------------------------------- housekeeping
+
+    def clear(self) -> bool:
+        """Remove this rank's own shard directories (``rm -r``, which evicts their pages).
+
+        Replicated (MLA) shards belong to their writer rank; other ranks leave them alone.
+        """
+        try:
+            names = {KV} if self.mem_pool_host is not None else set()
+            names.update(pool_name_str(n) for n in list(self.registered_pools))
+            shard_dirs = set()
+            for name in names:
+                layout = self._layout(name)
+                if layout is not None and self.shard.writes(name):
+                    shard_dirs.add(f"{self.model}/{layout.format}/{self.shard.segment(name)}")
+            ok = all([self.io.remove_tree(d) for d in sorted(shard_dirs)])
+            if ok:
+                logger.info("hicachefs client: cleared %s", ", ".join(sorted(shard_dirs)) or
+                            "nothing (no pools registered)")
+            return ok
+        except Exception as exc:
+            self._internal_error("clear", exc)
+            return False
+
+    def statistics(self) -> Dict[str, Any]:
+        """Counters since construction: hits, misses, bytes, failures by kind, refused keys."""
+        stats: Dict[str, Any] = self.counters.snapshot()
+        stats["errors"] = self.failures.counts()
+        stats["refused"] = self._refusals.counts()
+        return stats
+
+    def get_stats(self):
+        """SGLang's ``StorageMetrics`` (per-batch samples since the last call, when
+        ``enable_storage_metrics``), with ``.counters`` = ``statistics()``."""
+        with self._metrics_lock:
+            metrics, self._metrics = self._metrics, storage_metrics_class()()
+        metrics.counters = self.statistics()
+        return metrics
+
+    def close(self) -> None:
+        self.io.close()

@@ -1,0 +1,244 @@
+"""Where a page's bytes live in an SGLang host pool.
+
+A stored page holds exactly the bytes of ``host_pool.get_data_page(index, flat=True)``, in that
+order (DESIGN.md: byte-compatible with SGLang's file backend). Two ways to reach them:
+
+- zero copy, for page-first layouts: ``get_page_buffer_meta`` names the page's pieces (K then V
+  for MHA, one piece for MLA) as pointers into the pool's tensors; each becomes a memoryview of
+  the numpy view of that tensor's storage, and preadv/pwritev move bytes straight in and out.
+  The piece order is checked once against ``get_data_page`` on a page whose bytes can tell the
+  order apart; a pool that fails the check (or whose pointers fall outside its tensors) uses:
+- a copy, for every other layout (``layer_first`` interleaves layers, so one page is not a
+  run of pieces in file order): ``get_data_page(flat=True)`` for writing, and a flat page
+  buffer then ``set_from_flat_data_page`` for reading.
+
+Thread-safe: the per-pool facts are computed once under a lock; page buffers are per call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .paths import format_segment
+
+logger = logging.getLogger(__name__)
+
+# Layouts in which one page is a few contiguous runs whose concatenation is the flat page.
+ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct", "page_head")
+
+# Inconclusive order checks (pages whose pieces are all alike) before trusting the structure.
+_MAX_INCONCLUSIVE_CHECKS = 32
+
+# Attributes of SGLang host pools that hold their page storage.
+_BUFFER_ATTRS = ("kv_buffer", "k_buffer", "v_buffer", "temporal_buffer", "conv_buffer",
+                 "index_k_buffer", "index_k_scale_buffer")
+
+
+def resolve_pool(pool: Any, name: Any = None) -> Any:
+    """The concrete host pool: a HostPoolGroup resolves to its entry for ``name`` (or anchor)."""
+    entry_map = getattr(pool, "entry_map", None)
+    if isinstance(entry_map, dict):
+        if name is not None and name in entry_map:
+            return entry_map[name].host_pool
+        anchor = getattr(pool, "anchor_entry", None)
+        if anchor is not None:
+            return anchor.host_pool
+    return pool
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """A flat byte view of a CPU tensor (a copy first if it is not contiguous)."""
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    tensor = tensor.contiguous().reshape(-1)
+    if tensor.dtype != torch.uint8:
+        tensor = tensor.view(torch.uint8)
+    return memoryview(tensor.numpy()).cast("B")
+
+
+@dataclass
+class _Region:
+    start: int
+    end: int
+    view: memoryview  # the whole storage, as bytes
+    owner: Any  # keeps the storage alive
+
+
+class PageLayout:
+    """Page geometry and page buffers of one host pool. See the module docstring."""
+
+    def __init__(self, pool: Any, name: Any = None) -> None:
+        self.pool = pool
+        self.name = name
+        self.page_size = int(pool.page_size)
+        # The stride of a page in host indices: DCP pools index logical (widened) pages.
+        self.index_step = int(getattr(pool, "logical_page_size", self.page_size) or self.page_size)
+        dummy = pool.get_dummy_flat_data_page()
+        self.page_bytes = int(dummy.numel() * dummy.element_size())
+        self.format = format_segment(getattr(pool, "dtype", dummy.dtype), str(pool.layout),
+                                     self.page_size, getattr(pool, "storage_format_tag", None))
+        self._lock = threading.Lock()
+        self._regions: Optional[List[_Region]] = None
+        self._local = threading.local()
+        self.zero_copy = str(pool.layout) in ZERO_COPY_LAYOUTS and \
+            hasattr(pool, "get_page_buffer_meta")
+        self._verified = False
+        self._inconclusive = 0
+
+    # ---------------------------------------------------------------- indices
+
+    def page_starts(self, host_indices: Any, pages: int) -> Optional[List[int]]:
+        """The host index of each page's first token; None if the indices do not fit."""
+        if host_indices is None or pages <= 0:
+            return [] if pages == 0 else None
+        count = int(host_indices.numel()) if hasattr(host_indices, "numel") else len(host_indices)
+        if count == pages * self.index_step:
+            step = self.index_step
+        elif count == pages * self.page_size:
+            step = self.page_size
+        else:
+            return None
+        if hasattr(host_indices, "reshape"):
+            host_indices = host_indices.reshape(-1)[::step].tolist()
+        else:
+            host_indices = list(host_indices)[::step]
+        return [int(i) for i in host_indices]
+
+    # ---------------------------------------------------------------- page buffers
+
+    def zero_copy_buffers(self, starts: Sequence[int]) -> Optional[List[List[memoryview]]]:
+        """Per page, memoryviews of its pieces in file order; None to use the copy path."""
+        if not self.zero_copy or not starts:
+            return None
+        try:
+            indices = torch.cat([torch.arange(s, s + self.index_step, dtype=torch.int64)
+                                 for s in starts])
+            ptrs, sizes = self.pool.get_page_buffer_meta(indices)
+        except Exception as exc:
+            self._disable(f"get_page_buffer_meta failed: {exc!r}")
+            return None
+        if not ptrs or len(ptrs) != len(sizes) or len(ptrs) % len(starts):
+            self._disable(f"get_page_buffer_meta gave {len(ptrs)} pieces for {len(starts)} pages")
+            return None
+        per_page = len(ptrs) // len(starts)
+        pages = []
+        for p in range(len(starts)):
+            views = []
+            for ptr, size in zip(ptrs[p * per_page:(p + 1) * per_page],
+                                 sizes[p * per_page:(p + 1) * per_page]):
+                view = self._view(int(ptr), int(size))
+                if view is None:
+                    self._disable(f"a page piece at {int(ptr):#x} (+{int(size)}) lies outside "
+                                  "the pool's tensors")
+                    return None
+                views.append(view)
+            if sum(len(v) for v in views) != self.page_bytes:
+                self._disable(f"page pieces hold {sum(len(v) for v in views)} bytes, a flat "
+                              f"page {self.page_bytes}")
+                return None
+            pages.append(views)
+        if not self._verified and not self._check_order(starts[0], pages[0]):
+            return None
+        return pages
+
+    def copy_write_buffers(self, start: int) -> List[memoryview]:
+        """The page's bytes from ``get_data_page(flat=True)`` (a copy when not contiguous)."""
+        return [tensor_bytes(self.pool.get_data_page(start, flat=True))]
+
+    def copy_read_buffers(self) -> Tuple[List[memoryview], Callable[[int], None]]:
+        """A flat page buffer (one per thread and pool) and the call that stores it in a slot."""
+        page = getattr(self._local, "page", None)
+        if page is None:
+            page = self.pool.get_dummy_flat_data_page()
+            if page.device.type != "cpu" or not page.is_contiguous():
+                page = page.cpu().contiguous()
+            self._local.page = page
+        view = memoryview(page.view(torch.uint8).numpy()).cast("B")
+        return [view], lambda start: self.pool.set_from_flat_data_page(start, page)
+
+    # ---------------------------------------------------------------- internals
+
+    def _disable(self, why: str) -> None:
+        if self.zero_copy:
+            self.zero_copy = False
+            logger.warning("hicachefs client: pool %s (%s): %s; copying pages instead of zero copy",
+                           self.name, type(self.pool).__name__, why)
+
+    def _check_order(self, start: int, views: List[memoryview]) -> bool:
+        """Compare the pieces with ``get_data_page`` once; keeps checking while inconclusive."""
+        try:
+            expected = np.frombuffer(tensor_bytes(self.pool.get_data_page(start, flat=True)),
+                                     dtype=np.uint8)
+        except Exception as exc:
+            self._disable(f"get_data_page failed: {exc!r}")
+            return False
+        pieces = [np.frombuffer(v, dtype=np.uint8) for v in views]
+        if not np.array_equal(np.concatenate(pieces), expected):
+            self._disable("get_page_buffer_meta's pieces are not the flat page in order")
+            return False
+        distinct = expected.size and expected.min() != expected.max() and all(
+            a.size != b.size or not np.array_equal(a, b)
+            for i, a in enumerate(pieces) for b in pieces[i + 1:])
+        with self._lock:
+            if distinct:
+                self._verified = True
+            else:
+                self._inconclusive += 1
+                self._verified = self._inconclusive >= _MAX_INCONCLUSIVE_CHECKS
+        return True
+
+    def _view(self, ptr: int, size: int) -> Optional[memoryview]:
+        for region in self._storage_regions():
+            if region.start <= ptr and ptr + size <= region.end:
+                offset = ptr - region.start
+                return region.view[offset:offset + size]
+        return None
+
+    def _storage_regions(self) -> List[_Region]:
+        if self._regions is not None:
+            return self._regions
+        with self._lock:
+            if self._regions is None:
+                self._regions = self._find_regions()
+        return self._regions
+
+    def _find_regions(self) -> List[_Region]:
+        tensors: List[torch.Tensor] = []
+
+        def collect(obj: Any) -> None:
+            if isinstance(obj, torch.Tensor):
+                tensors.append(obj)
+            elif isinstance(obj, (list, tuple)):
+                for item in obj:
+                    collect(item)
+
+        for attr in _BUFFER_ATTRS:
+            try:
+                collect(getattr(self.pool, attr, None))
+            except Exception:  # a property that does not apply to this pool
+                pass
+        getter = getattr(self.pool, "get_hybrid_pool_buffer", None)
+        if callable(getter):
+            try:
+                collect(getter())
+            except Exception:
+                pass
+        regions, seen = [], set()
+        for tensor in tensors:
+            if tensor.device.type != "cpu":
+                continue
+            storage = tensor.untyped_storage()
+            start = storage.data_ptr()
+            if start in seen or storage.nbytes() == 0:
+                continue
+            seen.add(start)
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+            regions.append(_Region(start, start + storage.nbytes(),
+                                   memoryview(whole.numpy()).cast("B"), whole))
+        return regions

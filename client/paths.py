@@ -1,0 +1,145 @@
+"""Page names in the mount: ``<model>/<format>/<shard>/<pool>/<key>`` (DESIGN.md, "Namespace").
+
+Pure functions and one small immutable class; no I/O, thread-safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Optional
+
+MAX_KEY_BYTES = 200
+
+
+def key_problem(key: Any) -> Optional[str]:
+    """Why ``key`` is not a valid page name, or None when it is.
+
+    A key is one path component: non-empty, at most 200 bytes of UTF-8, no ``/`` or NUL,
+    not starting with ``.`` (reserved for temporary and control files).
+    """
+    if not isinstance(key, str):
+        return f"not a string ({type(key).__name__})"
+    if not key:
+        return "empty"
+    try:
+        encoded = key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not encodable as UTF-8"
+    if len(encoded) > MAX_KEY_BYTES:
+        return f"{len(encoded)} bytes long (at most {MAX_KEY_BYTES})"
+    if "/" in key:
+        return "contains '/'"
+    if "\0" in key:
+        return "contains NUL"
+    if key.startswith("."):
+        return "starts with '.'"
+    return None
+
+
+def safe_component(text: str) -> str:
+    """Turn free text (a model or pool name) into a valid path component, deterministically.
+
+    Names that already are valid stay as they are, so the mount shows them readably.
+    """
+    text = text.replace("/", "--").replace("\0", "_").replace("\n", "_")
+    if not text:
+        return "_"
+    if text.startswith("."):
+        text = "_" + text
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_KEY_BYTES:
+        digest = hashlib.sha256(encoded).hexdigest()[:16]
+        text = encoded[: MAX_KEY_BYTES - 17].decode("utf-8", "ignore") + "-" + digest
+    return text
+
+
+def model_segment(model_name: Optional[str]) -> str:
+    """SGLang's model name with ``/`` written as ``--``; ``_`` when empty."""
+    return safe_component(model_name or "")
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` -> ``bfloat16``; numpy dtypes and strings give their plain name."""
+    text = str(dtype)
+    return text[len("torch."):] if text.startswith("torch.") else text
+
+
+def format_segment(dtype: Any, layout: str, page_size: int, tag: Optional[str] = None) -> str:
+    """What makes page bytes compatible: ``<dtype>-<layout>-<tokens per page>``.
+
+    ``tag`` is a host pool's own byte-format name (SGLang's ``storage_format_tag``), appended
+    when the pool has one, so pages of another format miss instead of loading.
+    """
+    text = f"{dtype_name(dtype)}-{layout}-{int(page_size)}"
+    if tag:
+        text += f"-{tag}"
+    return safe_component(text)
+
+
+@dataclass(frozen=True)
+class ShardIdentity:
+    """Which slice of the model this SGLang rank holds (from HiCacheStorageConfig)."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    dcp_rank: int = 0
+    dcp_size: int = 1
+    is_mla_model: bool = False
+    is_storage_writer: bool = True
+
+    @classmethod
+    def from_storage_config(cls, config: Any) -> "ShardIdentity":
+        def get(name: str, default: Any) -> Any:
+            value = getattr(config, name, default)
+            return default if value is None else value
+
+        is_mla = bool(get("is_mla_model", False))
+        tp_rank = int(get("tp_rank", 0))
+        dcp_rank = int(get("dcp_rank", 0))
+        writer = getattr(config, "is_storage_writer", None)
+        if writer is None:  # SGLang's rule, for configs that predate the property
+            writer = (not is_mla) or tp_rank == dcp_rank
+        return cls(
+            tp_rank=tp_rank,
+            tp_size=int(get("tp_size", 1)),
+            pp_rank=int(get("pp_rank", 0)),
+            pp_size=int(get("pp_size", 1)),
+            cp_rank=int(get("attn_cp_rank", 0)),
+            cp_size=int(get("attn_cp_size", 1)),
+            dcp_rank=dcp_rank,
+            dcp_size=int(get("dcp_size", 1)),
+            is_mla_model=is_mla,
+            is_storage_writer=bool(writer),
+        )
+
+    def replicated(self, pool: str) -> bool:
+        """True when every TP rank holds the same bytes for ``pool`` (MLA KV and its side pools).
+
+        Mamba state stays TP-sharded even in an MLA model, as in SGLang's file backend.
+        """
+        return self.is_mla_model and pool != "mamba"
+
+    def segment(self, pool: str) -> str:
+        base = "all" if self.replicated(pool) else f"tp{self.tp_rank}of{self.tp_size}"
+        for label, rank, size in (
+            ("pp", self.pp_rank, self.pp_size),
+            ("cp", self.cp_rank, self.cp_size),
+            ("dcp", self.dcp_rank, self.dcp_size),
+        ):
+            if size > 1:
+                base += f".{label}{rank}of{size}"
+        return base
+
+    def writes(self, pool: str) -> bool:
+        """Whether this rank publishes pages of ``pool``: replicated pools have one writer."""
+        return self.is_storage_writer or not self.replicated(pool)
+
+
+def pool_dir(model: str, fmt: str, shard: str, pool: str) -> str:
+    """The pool directory, relative to the mount root."""
+    return f"{model}/{fmt}/{shard}/{safe_component(pool)}"

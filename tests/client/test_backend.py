@@ -1,0 +1,315 @@
+"""HiCacheFS method by method, on a plain directory and on a live mount."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+
+import pytest
+import torch
+
+from conftest import storage_config
+from hicachefs_client import HiCacheFS
+from hicachefs_client.sglang_types import PoolHitPolicy, PoolName, PoolTransfer
+from host_pools import MHAHostPool, MLAHostPool
+
+MODEL = "Qwen--Qwen2.5-0.5B-Instruct"
+
+
+def key(*parts) -> str:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
+
+
+def make_pool(kind, layout, **kw):
+    cls = MHAHostPool if kind == "mha" else MLAHostPool
+    return cls(layout=layout, **kw)
+
+
+def make_fs(root, pool=None, **cfg) -> HiCacheFS:
+    fs = HiCacheFS(storage_config(root, **cfg), {})
+    if pool is not None:
+        fs.register_mem_pool_host(pool)
+    return fs
+
+
+def indices(pool, pages):
+    return torch.cat([pool.page_indices(p) for p in pages])
+
+
+def page_bytes(pool, page) -> bytes:
+    return pool.get_data_page(page * pool.page_size, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def files_under(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root)
+                  for d, _, fs in os.walk(root) for f in fs if ".hicachefs" not in d)
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct", "layer_first"])
+def test_v1_round_trip(store_root, kind, layout):
+    src = make_pool(kind, layout)
+    fs = make_fs(store_root, src, mla=(kind == "mla"))
+    keys = [key(kind, layout, i) for i in range(4)]
+    src_pages = [2, 5, 1, 3]
+    assert fs.batch_set_v1(keys, indices(src, src_pages)) == [True] * 4
+
+    fmt = f"bfloat16-{layout}-16"
+    shard = "all" if kind == "mla" else "tp0of1"
+    for k, page in zip(keys, src_pages):
+        path = store_root / MODEL / fmt / shard / "kv" / k
+        assert path.read_bytes() == page_bytes(src, page)
+    assert fs._layout("kv").zero_copy == (layout != "layer_first")
+
+    dst = make_pool(kind, layout)
+    dst.zero()
+    reader = make_fs(store_root, dst, mla=(kind == "mla"))
+    dst_pages = [0, 7, 4, 6]
+    assert reader.batch_get_v1(keys, indices(dst, dst_pages)) == [True] * 4
+    for s, d in zip(src_pages, dst_pages):
+        assert page_bytes(dst, d) == page_bytes(src, s)
+    assert page_bytes(dst, 1) == bytes(len(page_bytes(dst, 1)))  # untouched pages stay zero
+    stats = reader.statistics()
+    assert stats["hits"] == 4 and stats["bytes_read"] == 4 * len(page_bytes(src, 0))
+    assert fs.statistics()["pages_written"] == 4
+
+
+def test_existing_pages_are_not_rewritten(store_root):
+    pool = MHAHostPool()
+    fs = make_fs(store_root, pool)
+    keys = [key("skip", i) for i in range(3)]
+    assert fs.batch_set_v1(keys[:2], indices(pool, [0, 1])) == [True, True]
+    path = store_root / MODEL / "bfloat16-page_first-16" / "tp0of1" / "kv" / keys[0]
+    before = path.stat()
+    pool.fill_random(seed=9)  # different bytes: must not replace the stored page
+    assert fs.batch_set_v1(keys, indices(pool, [0, 1, 2])) == [True] * 3
+    assert path.stat().st_ino == before.st_ino and path.stat().st_mtime_ns == before.st_mtime_ns
+    stats = fs.statistics()
+    assert stats["pages_skipped"] == 2 and stats["pages_written"] == 3
+    assert fs.set(keys[0], pool.get_data_page(0)) is True
+    assert fs.statistics()["pages_skipped"] == 3
+
+
+def test_misses_leave_the_pool_alone(store_root):
+    pool = MHAHostPool()
+    before = pool.kv_buffer.clone()
+    fs = make_fs(store_root, pool)
+    assert fs.batch_get_v1([key("none", 0), key("none", 1)], indices(pool, [0, 1])) == [False, False]
+    assert torch.equal(pool.kv_buffer.view(torch.uint8), before.view(torch.uint8))
+    assert fs.statistics()["misses"] == 2
+
+
+def test_exists_and_longest_prefix(store_root):
+    pool = MHAHostPool()
+    fs = make_fs(store_root, pool)
+    keys = [key("prefix", i) for i in range(5)]
+    assert fs.batch_set_v1([keys[0], keys[1], keys[3]], indices(pool, [0, 1, 3])) == [True] * 3
+    assert fs.batch_exists(keys) == 2
+    assert fs.batch_exists(keys[:2]) == 2
+    assert fs.batch_exists(keys[2:]) == 0
+    assert fs.batch_exists([]) == 0
+    assert fs.exists(keys[3]) and not fs.exists(keys[2])
+
+
+def test_legacy_get_set(store_root):
+    pool = MLAHostPool(layout="layer_first")
+    fs = make_fs(store_root, pool, mla=True)
+    k = [key("legacy", i) for i in range(3)]
+    assert fs.set(k[0], pool.get_data_page(2 * pool.page_size, flat=True)) is True
+    assert fs.batch_set(k[1:], [pool.get_data_page(i * pool.page_size) for i in (3, 4)]) is True
+    out = fs.get(k[0], pool.get_dummy_flat_data_page())
+    assert out is not None and torch.equal(out.view(torch.uint8), pool.get_data_page(2 * pool.page_size).view(torch.uint8))
+    got = fs.batch_get(k + [key("legacy", "missing")],
+                       [pool.get_dummy_flat_data_page() for _ in range(4)])
+    assert got[3] is None
+    assert torch.equal(got[2].view(torch.uint8), pool.get_data_page(4 * pool.page_size).view(torch.uint8))
+    # A target without a pool-given location: a flat page is made for it.
+    assert torch.equal(fs.get(k[1]).view(torch.uint8), pool.get_data_page(3 * pool.page_size).view(torch.uint8))
+    # A non-contiguous target is filled through a staging copy.
+    target = torch.zeros(2, pool.get_dummy_flat_data_page().numel(), dtype=pool.dtype)[:, 0::1][0]
+    assert fs.get(k[1], target) is not None
+    assert fs.get(k[0], torch.zeros(3, dtype=pool.dtype)) is None  # wrong size: a miss
+
+
+def test_v2_named_pools(store_root):
+    kv = MHAHostPool()
+    mamba = MLAHostPool(page_size=1, pages=32, layer_num=3, kv_cache_dim=40, dtype=torch.float32)
+    fs = make_fs(store_root, kv)
+    fs.register_mem_host_pool_v2(kv, PoolName.KV)
+    fs.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    keys = [key("v2", i) for i in range(4)]
+    transfers = [
+        PoolTransfer(name=PoolName.KV, host_indices=indices(kv, [0, 1, 2, 3]), keys=keys),
+        PoolTransfer(name=PoolName.MAMBA, host_indices=torch.tensor([7]), keys=keys[3:],
+                     hit_policy=PoolHitPolicy.TRAILING_PAGES),
+    ]
+    assert fs.batch_set_v2(transfers) == {PoolName.KV: [True] * 4, PoolName.MAMBA: [True]}
+    assert (store_root / MODEL / "float32-page_first-1" / "tp0of1" / "mamba" / keys[3]).is_file()
+
+    kv2, mamba2 = MHAHostPool(), MLAHostPool(page_size=1, pages=32, layer_num=3, kv_cache_dim=40,
+                                             dtype=torch.float32)
+    kv2.zero(), mamba2.zero()
+    reader = make_fs(store_root)
+    reader.register_mem_host_pool_v2(kv2, PoolName.KV)
+    reader.register_mem_host_pool_v2(mamba2, PoolName.MAMBA)
+    result = reader.batch_exists_v2(keys, [PoolTransfer(name=PoolName.MAMBA, keys=keys[3:],
+                                                        hit_policy=PoolHitPolicy.TRAILING_PAGES)])
+    assert result.kv_hit_pages == 4 and result.restorable_prefix_pages == [4]
+    got = reader.batch_get_v2([
+        PoolTransfer(name=PoolName.KV, host_indices=indices(kv2, [4, 5, 6, 7]), keys=keys),
+        PoolTransfer(name=PoolName.MAMBA, host_indices=torch.tensor([0]), keys=keys[3:]),
+    ])
+    assert got == {PoolName.KV: [True] * 4, PoolName.MAMBA: [True]}
+    assert page_bytes(kv2, 6) == page_bytes(kv, 2)
+    assert page_bytes(mamba2, 0) == page_bytes(mamba, 7)
+    # Indices that do not cover the keys: every page fails, nothing raises.
+    assert reader.batch_get_v2([PoolTransfer(name=PoolName.KV, host_indices=torch.arange(5),
+                                             keys=keys[:1])]) == {PoolName.KV: [False]}
+    # A pool nobody registered.
+    assert reader.batch_get_v2([PoolTransfer(name=PoolName.SWA, host_indices=torch.arange(16),
+                                             keys=keys[:1])]) == {PoolName.SWA: [False]}
+
+
+def test_clear_removes_only_own_shard(store_root):
+    pool = MHAHostPool()
+    rank0 = make_fs(store_root, pool, tp=(0, 2))
+    rank1 = make_fs(store_root, pool, tp=(1, 2))
+    keys = [key("clear", i) for i in range(2)]
+    assert rank0.batch_set_v1(keys, indices(pool, [0, 1])) == [True, True]
+    assert rank1.batch_set_v1(keys, indices(pool, [0, 1])) == [True, True]
+    assert rank0.clear() is True
+    assert not (store_root / MODEL / "bfloat16-page_first-16" / "tp0of2").exists()
+    assert rank0.batch_exists(keys) == 0 and rank1.batch_exists(keys) == 2
+    # Directories come back on the next write.
+    assert rank0.batch_set_v1(keys, indices(pool, [0, 1])) == [True, True]
+    assert rank0.batch_exists(keys) == 2
+
+
+def test_mla_pages_have_one_writer(store_root):
+    pool = MLAHostPool()
+    writer = make_fs(store_root, pool, mla=True, tp=(0, 2))
+    other = make_fs(store_root, pool, mla=True, tp=(1, 2))
+    keys = [key("mla", i) for i in range(2)]
+    assert other.batch_set_v1(keys, indices(pool, [0, 1])) == [True, True]
+    assert other.batch_exists(keys) == 0  # nothing written by a non-writer
+    assert writer.batch_set_v1(keys, indices(pool, [0, 1])) == [True, True]
+    assert other.batch_exists(keys) == 2  # the shared "all" shard
+    assert other.clear() is True and other.batch_exists(keys) == 2  # not its shard to clear
+
+
+def test_invalid_keys_are_refused(store_root, caplog):
+    pool = MHAHostPool()
+    fs = make_fs(store_root, pool)
+    bad = ["", ".hidden", "..", "a/b", "nul\0", "k" * 201, "../../escape"]
+    good = key("good")
+    keys = bad + [good]
+    with caplog.at_level(logging.WARNING, logger="hicachefs_client"):
+        assert fs.batch_set_v1(keys, indices(pool, range(len(keys)))) == [False] * len(bad) + [True]
+        assert fs.batch_get_v1(keys, indices(pool, range(len(keys)))) == [False] * len(bad) + [True]
+        assert fs.batch_exists(keys) == 0
+        assert fs.batch_exists([good, ""]) == 1
+        assert not any(fs.exists(k) for k in bad)
+        assert fs.set("a/b", pool.get_data_page(0)) is False
+        assert fs.get(".x", pool.get_dummy_flat_data_page()) is None
+        assert fs.batch_exists_v2(["", good]).kv_hit_pages == 0
+    assert files_under(store_root) == [f"{MODEL}/bfloat16-page_first-16/tp0of1/kv/{good}"]
+    refusals = [r for r in caplog.records if "refused page key" in r.getMessage()]
+    assert len(refusals) == 1  # logged once, counted always
+    assert fs.statistics()["refused_keys"] >= 20
+
+
+def test_get_stats(store_root):
+    pool = MHAHostPool()
+    fs = make_fs(store_root, pool, metrics=True)
+    keys = [key("stats", i) for i in range(3)]
+    fs.batch_set_v1(keys, indices(pool, [0, 1, 2]))
+    fs.batch_get_v1(keys + [key("stats", "missing")], indices(pool, [3, 4, 5, 6]))
+    metrics = fs.get_stats()
+    assert metrics.backup_pgs == [3] and metrics.prefetch_pgs == [3]
+    assert len(metrics.backup_bandwidth) == 1 and metrics.prefetch_bandwidth[0] > 0
+    counters = metrics.counters
+    assert counters["hits"] == 3 and counters["misses"] == 1
+    assert counters["bytes_written"] == counters["bytes_read"] == 3 * len(page_bytes(pool, 0))
+    again = fs.get_stats()
+    assert again.backup_pgs == [] and again.counters["hits"] == 3
+    fs.close()
+    assert fs.batch_exists(keys) == 3  # close() drops handles; later calls reopen them
+
+
+def test_exists_file_is_used_on_a_mount(hicachefs_mount):
+    pool = MHAHostPool(pages=16)
+    fs = make_fs(hicachefs_mount, pool)
+    keys = [key("query", i) for i in range(20)]
+    assert fs.batch_set_v1(keys[:10], indices(pool, range(10))) == [True] * 10
+    assert fs.batch_exists(keys) == 10
+    stats = fs.statistics()
+    assert stats["exists_queries"] >= 2 and stats["exists_stat_fallbacks"] == 0
+    assert stats["errors"] == {}
+
+
+def test_missing_mount_root(tmp_path):
+    root = tmp_path / "gone"
+    pool = MHAHostPool()
+    fs = make_fs(root, pool)
+    keys = [key("gone", i) for i in range(2)]
+    assert fs.batch_set_v1(keys, indices(pool, [0, 1])) == [False, False]
+    assert fs.batch_get_v1(keys, indices(pool, [0, 1])) == [False, False]
+    assert fs.batch_exists(keys) == 0
+    assert not root.exists()  # the client never makes the mount root
+    root.mkdir()
+    assert fs.batch_set_v1(keys, indices(pool, [0, 1])) == [True, True]
+    assert fs.batch_exists(keys) == 2
+
+
+def test_no_mountpoint_is_a_config_error(monkeypatch):
+    monkeypatch.delenv("HICACHEFS_MOUNTPOINT", raising=False)
+    with pytest.raises(ValueError):
+        HiCacheFS(storage_config(None), {})
+    monkeypatch.setenv("HICACHEFS_MOUNTPOINT", "/nonexistent/hicache")
+    assert HiCacheFS(storage_config(None), {}).mountpoint == "/nonexistent/hicache"
+
+
+def test_key_with_a_line_break_is_asked_by_stat(store_root):
+    pool = MHAHostPool()
+    fs = make_fs(store_root, pool)
+    odd = "line\nbreak"  # a valid name, but not expressible on an exists-request line
+    keys = [key("nl", 0), odd, key("nl", 2)]
+    assert fs.batch_set_v1(keys, indices(pool, [0, 1, 2])) == [True] * 3
+    assert fs.batch_exists(keys) == 3
+    assert fs.batch_get_v1(keys, indices(pool, [3, 4, 5])) == [True] * 3
+    assert page_bytes(pool, 4) == page_bytes(pool, 1)
+
+
+class _SwappedMeta(MHAHostPool):
+    """A pool whose zero-copy pieces come V first: not the flat page's order."""
+
+    def get_page_buffer_meta(self, indices):
+        ptrs, sizes = super().get_page_buffer_meta(indices)
+        return [p for pair in zip(ptrs[1::2], ptrs[0::2]) for p in pair], sizes
+
+
+def test_zero_copy_order_is_checked(store_root, caplog):
+    pool = _SwappedMeta()
+    fs = make_fs(store_root, pool)
+    k = key("swapped")
+    with caplog.at_level(logging.WARNING, logger="hicachefs_client"):
+        assert fs.batch_set_v1([k], indices(pool, [2])) == [True]
+    assert fs._layout("kv").zero_copy is False
+    assert any("copying pages" in r.getMessage() for r in caplog.records)
+    path = store_root / MODEL / "bfloat16-page_first-16" / "tp0of1" / "kv" / k
+    assert path.read_bytes() == page_bytes(pool, 2)
+    assert fs.batch_get_v1([k], indices(pool, [5])) == [True]
+    assert page_bytes(pool, 5) == page_bytes(pool, 2)
+
+
+def test_host_pool_group_resolves_to_its_kv_pool(store_root):
+    from types import SimpleNamespace
+
+    kv = MHAHostPool()
+    group = SimpleNamespace(entry_map={PoolName.KV: SimpleNamespace(host_pool=kv)},
+                            anchor_entry=SimpleNamespace(host_pool=kv), layout=kv.layout,
+                            page_size=kv.page_size)
+    fs = make_fs(store_root, group)
+    assert fs.batch_set_v1([key("group")], indices(kv, [1])) == [True]
+    assert (store_root / MODEL / "bfloat16-page_first-16" / "tp0of1" / "kv" / key("group")).is_file()

@@ -1,0 +1,100 @@
+"""The client never raises into SGLang: a dead daemon, a bare mountpoint, a full or strict store."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import mounting
+import torch
+
+from hicachefs_client.sglang_types import PoolName, PoolTransfer
+from host_pools import MHAHostPool
+from test_backend import indices, key, make_fs, page_bytes
+
+
+def _messages(caplog, text):
+    return [r for r in caplog.records if text in r.getMessage()]
+
+
+def test_daemon_killed_then_remounted(mount_factory, caplog):
+    first = mount_factory("--memory", "64M")
+    pool = MHAHostPool(pages=16)
+    fs = make_fs(first.path, pool)
+    fs.register_mem_host_pool_v2(pool, PoolName.KV)
+    old = [key("crash", "old", i) for i in range(4)]
+    assert fs.batch_set_v1(old, indices(pool, range(4))) == [True] * 4
+
+    os.kill(first.pid, signal.SIGKILL)  # the daemon dies; the mount answers ENOTCONN
+    assert mounting.wait_gone(first.pid, 10)
+    new = [key("crash", "new", i) for i in range(4)]
+    with caplog.at_level(logging.INFO, logger="hicachefs_client"):
+        for _ in range(3):
+            assert fs.batch_get_v1(old, indices(pool, range(4, 8))) == [False] * 4
+            assert fs.batch_exists(old) == 0
+            assert fs.batch_set_v1(new, indices(pool, range(4))) == [False] * 4
+            assert fs.batch_exists_v2(old, []).kv_hit_pages == 0
+            assert fs.batch_get_v2([PoolTransfer(name=PoolName.KV, keys=old[:1],
+                                                 host_indices=indices(pool, [9]))]) == {PoolName.KV: [False]}
+            assert fs.exists(old[0]) is False
+            assert fs.get(old[0], pool.get_dummy_flat_data_page()) is None
+            assert fs.set(new[0], pool.get_data_page(0)) is False
+            assert fs.clear() in (True, False)
+        assert len(_messages(caplog, "ENOTCONN")) == 1  # once per kind, not per page
+        assert fs.statistics()["errors"]["ENOTCONN"] >= 20
+
+        # Unmounted: the mountpoint is a bare directory now. Pages must not land on the disk below.
+        mounting.unmount_path(first.path)
+        assert fs.batch_set_v1(new, indices(pool, range(4))) == [False] * 4
+        assert fs.batch_exists(new) == 0
+        assert os.listdir(first.path) == []
+
+        second = mount_factory("--memory", "64M", path=first.path)
+        try:
+            assert fs.batch_set_v1(new, indices(pool, range(4))) == [True] * 4
+            assert fs.batch_exists(new) == 4
+            assert fs.batch_get_v1(new, indices(pool, range(8, 12))) == [True] * 4
+            assert page_bytes(pool, 8) == page_bytes(pool, 0)
+            assert fs.batch_exists(old) == 0  # RAM only: the crash lost them, nothing corrupt
+            assert _messages(caplog, "works again")
+        finally:
+            mounting.stop(second)
+    assert fs.statistics()["errors"].get("MOUNT_GONE", 0) >= 1
+
+
+def test_page_too_large_is_refused_once(mount_factory, caplog):
+    mount = mount_factory("--memory", "64M", "--max-page-size", "4K")
+    pool = MHAHostPool()  # 8 KiB pages
+    fs = make_fs(mount.path, pool)
+    keys = [key("big", i) for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="hicachefs_client"):
+        assert fs.batch_set_v1(keys, indices(pool, range(3))) == [False] * 3
+    assert fs.batch_exists(keys) == 0
+    assert fs.statistics()["errors"]["EFBIG"] == 3
+    assert len(_messages(caplog, "EFBIG")) == 1
+    # No temporary file is left behind.
+    assert not [n for d, _, names in os.walk(mount.path) for n in names if n.startswith(".")
+                and ".hicachefs" not in d]
+
+
+def test_full_store_gives_false_not_exceptions(mount_factory, caplog):
+    mount = mount_factory("--memory", "16M")
+    pool = MHAHostPool(pages=48, layer_num=16, head_num=4, head_dim=64)  # 512 KiB pages
+    fs = make_fs(mount.path, pool)
+    results = []
+    with caplog.at_level(logging.WARNING, logger="hicachefs_client"):
+        for batch in range(4):
+            keys = [key("full", batch, i) for i in range(12)]
+            results += fs.batch_set_v1(keys, indices(pool, range(12 * batch, 12 * batch + 12)))
+    assert all(isinstance(r, bool) for r in results) and any(results)
+    errors = fs.statistics()["errors"]
+    if not all(results):  # the store may also make room by evicting old pages
+        assert set(errors) <= {"ENOSPC"}, errors
+        assert len(_messages(caplog, "ENOSPC")) == 1
+    # Whatever exists reads back whole.
+    stored = [key("full", 3, i) for i in range(12)]
+    there = [fs.exists(k) for k in stored]
+    got = fs.batch_get_v1(stored, indices(pool, range(12)))
+    assert got == there
+    assert torch.is_tensor(pool.kv_buffer)

@@ -1,0 +1,144 @@
+"""HiCacheFS against SGLang itself: its backend factory, and its own file backend as reference."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheFile,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+from conftest import storage_config
+from hicachefs_client import HiCacheFS
+from host_pools import MHAHostPool, MLAHostPool
+from test_backend import MODEL, indices, key
+
+
+def file_backend(tmp_path, **cfg) -> HiCacheFile:
+    return HiCacheFile(storage_config(None, extra={"file_storage_path": str(tmp_path / "hicache_file")},
+                                      **cfg))
+
+
+def test_factory_loads_it_through_dynamic(store_root):
+    pool = MHAHostPool()
+    config = storage_config(store_root)
+    backend = StorageBackendFactory.create_backend("dynamic", config, pool)
+    assert isinstance(backend, HiCacheFS)
+    backend.register_mem_pool_host(pool)
+    assert backend.batch_set_v1([key("factory")], indices(pool, [1])) == [True]
+    assert backend.batch_exists([key("factory")]) == 1
+
+
+@pytest.mark.parametrize("kind,layout", [
+    ("mha", "page_first"), ("mha", "page_first_direct"), ("mha", "layer_first"),
+    ("mla", "page_first"), ("mla", "layer_first"),
+])
+def test_pages_are_byte_identical_to_hicache_file(store_root, tmp_path, kind, layout):
+    mla = kind == "mla"
+    pool = MHAHostPool(layout=layout) if not mla else MLAHostPool(layout=layout)
+    reference = file_backend(tmp_path, mla=mla)
+    reference.register_mem_host_pool_v2(pool, PoolName.KV)
+    ours = HiCacheFS(storage_config(store_root, mla=mla), {})
+    ours.register_mem_pool_host(pool)
+    keys = [key("identical", kind, layout, i) for i in range(3)]
+    pages = [4, 0, 6]
+    transfer = PoolTransfer(name=PoolName.KV, host_indices=indices(pool, pages), keys=keys)
+    assert reference.batch_set_v2([transfer]) == {PoolName.KV: [True] * 3}
+    assert ours.batch_set_v1(keys, indices(pool, pages)) == [True] * 3
+    shard = "all" if mla else "tp0of1"
+    for k in keys:
+        theirs = (tmp_path / "hicache_file" / f"{reference._get_suffixed_key(k)}.bin").read_bytes()
+        mine = (store_root / MODEL / f"bfloat16-{layout}-16" / shard / "kv" / k).read_bytes()
+        assert mine == theirs
+    # And what SGLang's backend wrote, HiCacheFS reads back (same bytes, same order).
+    pool.zero()
+    for k, page in zip(keys, [1, 2, 3]):
+        reference.batch_get_v2([PoolTransfer(name=PoolName.KV, host_indices=indices(pool, [page]),
+                                             keys=[k])])
+    expected = pool.kv_buffer.clone()
+    pool.fill_random(seed=5)
+    assert ours.batch_get_v1(keys, indices(pool, [1, 2, 3])) == [True] * 3
+    for page in [1, 2, 3]:
+        lo = page * pool.page_size
+        assert torch.equal(pool.get_data_page(lo).view(torch.uint8),
+                           _page_of(expected, pool, lo).view(torch.uint8))
+
+
+def _page_of(buffer, pool, index):
+    saved = pool.kv_buffer
+    pool.kv_buffer = buffer
+    try:
+        return pool.get_data_page(index).clone()
+    finally:
+        pool.kv_buffer = saved
+
+
+def _pools():
+    kv = MHAHostPool(page_size=4, pages=8, layer_num=2, head_num=1, head_dim=8)
+    mamba = MLAHostPool(page_size=1, pages=8, layer_num=2, kv_cache_dim=8, dtype=torch.float32)
+    swa = MHAHostPool(page_size=4, pages=8, layer_num=1, head_num=1, head_dim=8)
+    return {PoolName.KV: kv, PoolName.MAMBA: mamba, PoolName.SWA: swa}
+
+
+def _patterns(n_keys, count, seed):
+    """(present KV pages, present mamba pages, present swa pages) as sets of page numbers."""
+    rng = random.Random(seed)
+    fixed = [
+        (set(range(n_keys)),) * 3,                     # everything
+        (set(), set(range(n_keys)), set(range(n_keys))),  # no KV
+        (set(range(n_keys)), set(), set()),            # only KV
+        (set(range(n_keys)), {n_keys - 1}, set(range(n_keys))),  # only the last mamba page
+        (set(range(4)), {1, 3}, {0, 1, 2}),            # holes everywhere
+        (set(range(n_keys)) - {2}, {0, 1, 4, 5}, set(range(n_keys)) - {4}),
+    ]
+    randoms = [tuple({i for i in range(n_keys) if rng.random() < p} for p in (0.85, 0.6, 0.8))
+               for _ in range(count)]
+    return fixed + randoms
+
+
+@pytest.mark.parametrize("policies", [
+    (PoolHitPolicy.TRAILING_PAGES, PoolHitPolicy.ALL_PAGES),
+    (PoolHitPolicy.ALL_PAGES, PoolHitPolicy.TRAILING_PAGES),
+    (PoolHitPolicy.TRAILING_PAGES, PoolHitPolicy.TRAILING_PAGES),
+])
+def test_batch_exists_v2_matches_hicache_file(store_root, tmp_path, policies):
+    pools = _pools()
+    reference = file_backend(tmp_path)
+    ours = HiCacheFS(storage_config(store_root), {})
+    for name, pool in pools.items():
+        reference.register_mem_host_pool_v2(pool, name)
+        ours.register_mem_host_pool_v2(pool, name)
+    n_keys = 6
+    patterns = _patterns(n_keys, count=10 if "mnt" in str(store_root) else 30, seed=len(str(policies)))
+    seen = set()
+    for number, present in enumerate(patterns):
+        keys = [key("v2", policies, number, i) for i in range(n_keys)]
+        for (name, pool), pages in zip(pools.items(), present):
+            chosen = sorted(pages)
+            if not chosen:
+                continue
+            slots = indices(pool, range(len(chosen)))
+            transfer = PoolTransfer(name=name, host_indices=slots, keys=[keys[i] for i in chosen])
+            assert reference.batch_set_v2([transfer]) == {name: [True] * len(chosen)}
+            assert ours.batch_set_v2([transfer]) == {name: [True] * len(chosen)}
+        for window_mamba, window_swa in itertools.product([1, 2, 3], [1, 4]):
+            transfers = [
+                PoolTransfer(name=PoolName.MAMBA, keys=keys[-window_mamba:], hit_policy=policies[0]),
+                PoolTransfer(name=PoolName.SWA, keys=keys[-window_swa:], hit_policy=policies[1]),
+            ]
+            for query in (keys, keys[:3], keys[1:]):
+                expected = reference.batch_exists_v2(query, transfers)
+                got = ours.batch_exists_v2(query, transfers)
+                assert got == expected, (number, present, window_mamba, window_swa, query)
+                seen.add((expected.kv_hit_pages, tuple(expected.restorable_prefix_pages)))
+            expected = reference.batch_exists_v2(keys, None)
+            assert ours.batch_exists_v2(keys, None) == expected
+            assert ours.batch_exists(keys) == expected.kv_hit_pages
+    assert len(seen) >= 6  # the patterns reach many different answers
