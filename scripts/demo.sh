@@ -21,13 +21,13 @@ trap cleanup EXIT
 
 echo
 echo "== ls -la of one pool directory (first entries)"
-pool=$(find "$mnt" -mindepth 4 -maxdepth 4 -type d | head -n 1)
-ls -la "$pool" | head -n 6
+pool=$(find "$mnt" -mindepth 4 -maxdepth 4 -type d -print -quit)
+ls -la "$pool" | sed -n 1,6p
 echo "== du -sh / df -h"
 du -sh "$mnt"/*/
 df -h "$mnt"
 echo "== getfattr -d of one page"
-getfattr -d "$pool/$(ls "$pool" | head -n 1)"
+getfattr -d "$(find "$pool" -type f -print -quit)"
 echo "== hicachefs stats"
 .venv/bin/hicachefs stats "$mnt"
 .venv/bin/hicachefs umount "$mnt"
