@@ -4,8 +4,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
+# Debian's own Python 3.11: built with PGO and LTO, it runs the daemon's per-request Python
+# about 1.5x faster than an unoptimised build (such as a default pyenv one).
+py=/usr/bin/python3.11
 need_pkgs=()
-for p in fuse3 libfuse3-dev pkg-config attr fio; do
+for p in fuse3 libfuse3-dev pkg-config attr fio python3.11 python3.11-venv python3.11-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -15,8 +18,10 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 
-py=${PYTHON:-python3.11}
-command -v "$py" >/dev/null || py=python3
+if [ -f .venv/pyvenv.cfg ] && ! grep -qx "home = $(dirname "$py")" .venv/pyvenv.cfg; then
+  echo "setup: .venv was made by another Python; making it again with $py"
+  rm -rf .venv
+fi
 [ -x .venv/bin/python ] || "$py" -m venv .venv
 pip=(.venv/bin/python -m pip -q --disable-pip-version-check)
 
