@@ -136,21 +136,29 @@ class HiCacheFS(HiCacheStorage):
 
     # ---------------------------------------------------------------- page transfers
 
-    def _read_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
-        results = [False] * len(keys)
+    def _transfer_plan(self, name: str, keys: Sequence[str], host_indices: Any):
+        """(layout, page starts, indices of valid keys) for one pool's batch, or None if
+        the batch cannot be served (no pool, indices that do not cover the keys)."""
         if not keys:
-            return results
+            return None
         layout = self._layout(name)
         if layout is None:
             self._refusals.failure(f"NO_POOL_{name}", f"no host pool registered for {name!r}")
-            return results
+            return None
         starts = layout.page_starts(host_indices, len(keys))
         if starts is None:
             self._refusals.failure("BAD_INDICES", f"{name}: host indices do not cover "
                                    f"{len(keys)} pages of {layout.page_size} tokens")
+            return None
+        return layout, starts, [i for i, key in enumerate(keys) if self._valid(key)]
+
+    def _read_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
+        results = [False] * len(keys)
+        plan = self._transfer_plan(name, keys, host_indices)
+        if plan is None:
             return results
+        layout, starts, wanted = plan
         directory = self._pool_dir(name, layout.format)
-        wanted = [i for i, key in enumerate(keys) if self._valid(key)]
         zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
         for j, i in enumerate(wanted):
             rel = f"{directory}/{keys[i]}"
@@ -165,18 +173,10 @@ class HiCacheFS(HiCacheStorage):
 
     def _write_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
         results = [False] * len(keys)
-        if not keys:
+        plan = self._transfer_plan(name, keys, host_indices)
+        if plan is None:
             return results
-        layout = self._layout(name)
-        if layout is None:
-            self._refusals.failure(f"NO_POOL_{name}", f"no host pool registered for {name!r}")
-            return results
-        starts = layout.page_starts(host_indices, len(keys))
-        if starts is None:
-            self._refusals.failure("BAD_INDICES", f"{name}: host indices do not cover "
-                                   f"{len(keys)} pages of {layout.page_size} tokens")
-            return results
-        wanted = [i for i, key in enumerate(keys) if self._valid(key)]
+        layout, starts, wanted = plan
         if not self.shard.writes(name):
             # Replicated MLA pages have one writer rank; the others succeed without writing.
             for i in wanted:

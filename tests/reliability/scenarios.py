@@ -25,6 +25,7 @@ sys.path.insert(0, str(HERE.parent))
 import mounting  # noqa: E402
 from workload import (  # noqa: E402
     content,
+    exists_raw,
     exists_query,
     identify,
     page_files,
@@ -372,19 +373,11 @@ def fuzz_exists(root: Path, rng: random.Random, count: int, size: int = 10 << 20
     chunk = bytes(rng.getrandbits(8) for _ in range(1 << 16))
     for i in range(count):
         request = (chunk * (size // len(chunk) + 1))[:size]
-        fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
         try:
-            view, done = memoryview(request), 0
-            while done < len(view):
-                done += os.write(fd, view[done : done + (1 << 20)])
-            answer = b""
-            while piece := os.read(fd, 1 << 20):
-                answer += piece
+            answer = exists_raw(root, request)
         except OSError as exc:
             failures.append(f"exists request {i}: {exc}")
             continue
-        finally:
-            os.close(fd)
         lines = request.split(b"\n")
         if lines[-1] == b"":
             lines.pop()

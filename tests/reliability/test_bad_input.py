@@ -12,7 +12,7 @@ import stat
 
 import mounting
 from scenarios import fuzz_names
-from workload import content, errno_of, exists_query, publish, read_whole, serving
+from workload import content, errno_of, exists_query, exists_raw, publish, read_whole, serving
 
 ANY_ERROR = "any error"  # the contract names no errno; any refusal but EIO (the daemon's "internal error")
 
@@ -137,16 +137,7 @@ def test_malformed_exists_requests_of_10_mb_answer_zeros(mounted):
         + b"\n" + present.encode() + b"/x\n.hicachefs/stats\n\0\n",
     }
     for name, request in requests.items():
-        fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-        try:
-            view, done = memoryview(request), 0
-            while done < len(view):
-                done += os.write(fd, view[done : done + (1 << 20)])
-            answer = b""
-            while piece := os.read(fd, 1 << 20):
-                answer += piece
-        finally:
-            os.close(fd)
+        answer = exists_raw(root, request)
         lines = request.split(b"\n")
         if lines[-1] == b"":
             lines.pop()

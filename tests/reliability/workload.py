@@ -91,6 +91,21 @@ def publish(pool: Path, key: str, data: bytes, tmp_name: str | None = None) -> N
     os.rename(tmp, pool / key)
 
 
+def exists_raw(root: Path, request: bytes) -> bytes:
+    """Send ``request`` (any bytes) to ``.hicachefs/exists``; the whole answer, to EOF."""
+    fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
+    try:
+        view, done = memoryview(request), 0
+        while done < len(view):
+            done += os.write(fd, view[done : done + (1 << 20)])
+        answer = b""
+        while piece := os.read(fd, 1 << 20):
+            answer += piece
+        return answer
+    finally:
+        os.close(fd)
+
+
 def exists_query(root: Path, paths: list[str]) -> str:
     """Ask ``.hicachefs/exists`` about page paths (relative to the root); one '0'/'1' each."""
     fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
