@@ -372,7 +372,7 @@ class HiCacheFS(HiCacheStorage):
             direct = target.device.type == "cpu" and target.is_contiguous()
             staging = target if direct else torch.empty(target.shape, dtype=target.dtype)
             view = memoryview(staging.reshape(-1).view(torch.uint8).numpy()).cast("B")
-            if not self.io.read_page(f"{self._dir_of(KV)}/{key}", [view], len(view)):
+            if not self.io.read_page(f"{self._dir_of(KV)}/{key}", [view], len(view), check_longer=True):
                 return None
             if not direct:
                 target.copy_(staging)

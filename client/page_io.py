@@ -40,7 +40,6 @@ _LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 _EXISTS_RETRY_INTERVAL = 1.0
 
 # Kinds of failure that are not errno values.
-SHORT_READ = "SHORT_READ"
 WRONG_SIZE = "WRONG_SIZE"
 BAD_ANSWER = "BAD_EXISTS_ANSWER"
 NO_EXISTS_FILE = "NO_EXISTS_FILE"
@@ -182,7 +181,8 @@ class PageIO:
 
     # ---------------------------------------------------------------- reading
 
-    def read_page(self, rel: str, buffers: Sequence[memoryview], size: int) -> bool:
+    def read_page(self, rel: str, buffers: Sequence[memoryview], size: int,
+                  check_longer: bool = False) -> bool:
         """Fill ``buffers`` (``size`` bytes in all) with the page at ``rel``. False on a miss.
 
         On a miss the buffers may hold part of the page; callers must not use them.
@@ -196,10 +196,12 @@ class PageIO:
                 return False
             return self._read_failed(exc, path)
         try:
-            # One byte more than the page: a file of another size shows in the count, without
-            # an fstat round trip (the byte lands in a scratch buffer, never in the pool).
+            # The path's format segment (dtype, layout, tokens per page) fixes a pool page's
+            # size, so the hot path reads exactly that and a short page is a miss. When the
+            # caller chose the size (``check_longer``), one byte more into a scratch buffer
+            # shows a longer file without an fstat round trip; it costs an extra request.
             done = 0
-            rest = list(buffers) + [memoryview(bytearray(1))]
+            rest = list(buffers) + ([memoryview(bytearray(1))] if check_longer else [])
             while rest:
                 n = os.preadv(fd, rest, done)
                 if n <= 0:
@@ -207,8 +209,7 @@ class PageIO:
                 done += n
                 rest = _advance(rest, n)
             if done != size:
-                kind = WRONG_SIZE if done > size else SHORT_READ
-                self.failures.failure(kind, f"{path} is not a page of {size} bytes "
+                self.failures.failure(WRONG_SIZE, f"{path} is not a page of {size} bytes "
                                       f"({'more' if done > size else done})", sticky=True)
                 self.counters.add(misses=1)
                 return False
