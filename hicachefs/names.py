@@ -5,7 +5,6 @@ of what a valid name is (see DESIGN.md, "Namespace").
 """
 
 import errno
-import re
 
 #: Directory depth of a pool directory (model/format/shard/pool); pages live directly in it.
 POOL_DEPTH = 4
@@ -55,21 +54,3 @@ def check_temporary(name: bytes) -> str:
     if b"\0" in name:
         raise BadName(errno.EINVAL, "name contains NUL")
     return name.decode("utf-8", "surrogateescape")
-
-
-_COMPONENT = rb"[^./\0][^/\0]{0,%d}" % (MAX_NAME_BYTES - 1)
-_PAGE_PATH = re.compile(rb"(?:%s/){%d}%s" % (_COMPONENT, POOL_DEPTH, _COMPONENT))
-
-
-def check_page_path(path: bytes) -> str | None:
-    """``path`` (UTF-8, relative to the mount root) decoded if it names a page, else None.
-
-    Four directories and a key, each a valid component; one regular expression, because the
-    exists query checks thousands of paths per request.
-    """
-    if _PAGE_PATH.fullmatch(path) is None:
-        return None
-    try:
-        return path.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
