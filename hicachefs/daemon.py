@@ -81,7 +81,8 @@ def run(config: DaemonConfig) -> int:
         }
         namespace = Namespace(store, ControlFiles(store, statistics, effective), config.temp_timeout_s)
         operations = Operations(namespace, store)
-        options = set(pyfuse3.default_options) | {"fsname=hicachefs", "subtype=hicachefs"}
+        # No default_permissions (pyfuse3's default): Operations checks who may change what.
+        options = {"fsname=hicachefs", "subtype=hicachefs"}
         if os.getuid() == 0:
             options.add("allow_other")
         pyfuse3.init(operations, config.mountpoint, options)

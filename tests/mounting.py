@@ -75,9 +75,16 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return True
 
 
+def is_mounted(path: Path) -> bool:
+    """From /proc/self/mounts: ``os.path.ismount`` says False for a dead FUSE mount (ENOTCONN)."""
+    target = os.path.realpath(path)
+    with open("/proc/self/mounts") as mounts:
+        return any(line.split()[1] == target for line in mounts)
+
+
 def unmount_path(path: Path) -> None:
     """Remove whatever is mounted at ``path``: ``fusermount3 -u``, then lazily if stuck."""
-    if not os.path.ismount(path):
+    if not is_mounted(path):
         return
     if subprocess.run(["fusermount3", "-u", str(path)], capture_output=True).returncode != 0:
         subprocess.run(["fusermount3", "-uz", str(path)], capture_output=True)

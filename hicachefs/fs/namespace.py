@@ -270,6 +270,9 @@ class Namespace:
     def is_page(self, inode: int) -> bool:
         return inode in self._pages
 
+    def is_control(self, inode: int) -> bool:
+        return inode in CONTROL_INODES
+
     def is_pending(self, inode: int) -> bool:
         return inode in self._pending
 

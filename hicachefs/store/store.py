@@ -249,7 +249,9 @@ class PageStore:
                 self._ram.counters.misses += 1
                 info = self._info(row)
                 offset, checksum = int(index.disk[row]), int(index.checksum[row])
-                slot = self._slot_for_promotion(size)
+                # Promote on the second read only: a page read once from disk is often never
+                # read again, and promoting it would push another page down (a disk write).
+                slot = self._slot_for_promotion(size) if index.hits[row] > 0 else None
             buffer = self._ram.view(slot, size) if slot is not None else memoryview(bytearray(size))
             result = self._ssd.log.read_into(offset, name.encode(), checksum, buffer)
             with self._lock:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
+import mounting
 from pages import publish, read_page
 
 
@@ -49,3 +54,30 @@ def test_renaming_a_page_moves_it(mounted):
     os.rename(pool / "old", pool / "new")
     assert not (pool / "old").exists()
     assert read_page(pool / "new") == b"payload"
+
+
+def test_other_users_may_read_but_not_change(mount_factory):
+    reachable = Path(tempfile.mkdtemp(prefix="hicachefs-other-user-"))  # pytest's tmp is 0700
+    try:
+        reachable.chmod(0o755)
+        mounted = mount_factory("--memory", "64M", path=reachable / "mnt")
+        _other_users_may_read_but_not_change(mounted)
+        mounting.stop(mounted)
+    finally:
+        shutil.rmtree(reachable, ignore_errors=True)
+
+
+def _other_users_may_read_but_not_change(mounted):
+    pool = mounted.page_dir()
+    publish(pool, "k", b"shared page")
+
+    def as_nobody(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command, user=65534, group=65534, capture_output=True, text=True, timeout=60)
+
+    assert as_nobody("cat", str(pool / "k")).stdout == "shared page"
+    assert as_nobody("ls", str(pool)).stdout.split() == ["k"]
+    for command in (["mkdir", str(mounted.path / "new")], ["touch", str(pool / ".tmp")],
+                    ["rm", "-f", str(pool / "k")], ["mv", str(pool / "k"), str(pool / "k2")]):
+        result = as_nobody(*command)
+        assert result.returncode != 0 and "ermission denied" in result.stderr, command
+    assert read_page(pool / "k") == b"shared page"
