@@ -240,29 +240,23 @@ class HiCacheFS(HiCacheStorage):
 
     def batch_get_v2(self, transfers: List[PoolTransfer], extra_info: Any = None
                      ) -> Dict[Any, List[bool]]:
-        results: Dict[Any, List[bool]] = {}
-        for transfer in transfers:
-            keys = list(transfer.keys or [])
-            try:
-                results[transfer.name] = self._timed(
-                    "prefetch", pool_name_str(transfer.name), self._read_pages, keys,
-                    transfer.host_indices)
-            except Exception as exc:
-                self._internal_error("batch_get_v2", exc)
-                results[transfer.name] = [False] * len(keys)
-        return results
+        return self._per_pool("batch_get_v2", "prefetch", self._read_pages, transfers)
 
     def batch_set_v2(self, transfers: List[PoolTransfer], extra_info: Any = None
                      ) -> Dict[Any, List[bool]]:
+        return self._per_pool("batch_set_v2", "backup", self._write_pages, transfers)
+
+    def _per_pool(self, method: str, kind: str, transfer_pages, transfers: List[PoolTransfer]
+                  ) -> Dict[Any, List[bool]]:
+        """Run ``transfer_pages`` for each pool's transfer; a failing pool fails alone."""
         results: Dict[Any, List[bool]] = {}
         for transfer in transfers:
             keys = list(transfer.keys or [])
             try:
                 results[transfer.name] = self._timed(
-                    "backup", pool_name_str(transfer.name), self._write_pages, keys,
-                    transfer.host_indices)
+                    kind, pool_name_str(transfer.name), transfer_pages, keys, transfer.host_indices)
             except Exception as exc:
-                self._internal_error("batch_set_v2", exc)
+                self._internal_error(method, exc)
                 results[transfer.name] = [False] * len(keys)
         return results
 
