@@ -30,6 +30,9 @@ from .nodes import Directory, PageNode, PendingFile, Stat
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
+#: renameat2 flags (the os module does not name them).
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
 
 DIR_MODE = stat.S_IFDIR | 0o755
 PAGE_MODE = stat.S_IFREG | 0o444
@@ -139,19 +142,15 @@ class Namespace:
             return self._dir_stat(self._dirs[inode])
         if inode in self._pending:
             return self._pending_stat(self._pending[inode])
-        node = self._pages.get(inode)
-        info = None if node is None or node.name is None else self.store.info(node.name)
+        info = self.page_info(inode)
         if info is None:
             raise FsError(errno.ENOENT, "page no longer stored")
         return self._page_stat(inode, info)
 
-    def page_info(self, inode: int) -> PageInfo:
-        """The store's facts about a published page (for extended attributes)."""
+    def page_info(self, inode: int) -> PageInfo | None:
+        """The store's facts about the page an inode names, or None."""
         node = self._pages.get(inode)
-        info = None if node is None or node.name is None else self.store.info(node.name)
-        if info is None:
-            raise FsError(errno.ENODATA, "not a stored page")
-        return info
+        return None if node is None or node.name is None else self.store.info(node.name)
 
     # ---- directories ---------------------------------------------------------------
 
@@ -266,9 +265,6 @@ class Namespace:
 
     def add_page_handle(self, reader: PageReader) -> int:
         return self.add_handle(PageHandle(reader))
-
-    def is_page(self, inode: int) -> bool:
-        return inode in self._pages
 
     def is_control(self, inode: int) -> bool:
         return inode in CONTROL_INODES
@@ -487,6 +483,3 @@ class Namespace:
     def _pending_stat(pending: PendingFile) -> Stat:
         return Stat(pending.inode, PENDING_MODE, pending.size, 1, pending.mtime_ns, pending.mtime_ns)
 
-
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2

@@ -64,15 +64,13 @@ def _replying(handler):
         except FsError as exc:
             err, why = exc.errno, exc.strerror
         except StoreError as exc:
-            err = next(e for cls, e in _STORE_ERRNO.items() if isinstance(exc, cls)) \
-                if any(isinstance(exc, cls) for cls in _STORE_ERRNO) else errno.EIO
-            why = str(exc)
+            err, why = _STORE_ERRNO.get(type(exc), errno.EIO), str(exc)
         except Exception:
-            log.exception("%s%r failed unexpectedly; answering EIO", handler.__name__, args[:2])
+            log.exception("%s%r failed unexpectedly; answering EIO", op, args[:2])
             err, why = errno.EIO, "internal error"
         if err not in _QUIET:
             self.count_error(err)
-            log.warning("%s%r: %s (%s)", handler.__name__, args[:2], errno.errorcode.get(err, err), why)
+            log.warning("%s%r: %s (%s)", op, args[:2], errno.errorcode.get(err, err), why)
         raise pyfuse3.FUSEError(err) from None
 
     return wrapper
@@ -259,7 +257,7 @@ class Operations(pyfuse3.Operations):
 
     @_replying
     async def listxattr(self, inode, ctx):
-        return list(self._xattrs(inode)) if self.namespace.is_page(inode) else []
+        return list(self._xattrs(inode))
 
     @_replying
     async def setxattr(self, inode, name, value, ctx):
@@ -270,9 +268,9 @@ class Operations(pyfuse3.Operations):
         raise FsError(errno.ENOTSUP, "attributes are the store's")
 
     def _xattrs(self, inode: int) -> dict[bytes, bytes]:
-        if not self.namespace.is_page(inode):
-            return {}
         info = self.namespace.page_info(inode)
+        if info is None:
+            return {}
         return {
             XATTR_PREFIX + b"tier": info.tier.encode(),
             XATTR_PREFIX + b"checksum": info.checksum.encode(),
