@@ -44,13 +44,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "client"))
 os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)  # the path given here wins
 
-import mounting  # noqa: E402
-from host_pools import MHAHostPool  # noqa: E402
+from hicachefs.testing import mounting  # noqa: E402
+from hicachefs.testing.host_pools import MHAHostPool  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     STORAGE_BATCH_SIZE,
     HiCacheFile,

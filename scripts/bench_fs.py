@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import mounting  # noqa: E402
+from hicachefs.testing import mounting
 
 POOL = ("bench", "bfloat16-page_first-64", "tp0of1", "kv")
 

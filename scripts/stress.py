@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "reliability"))
 
-import mounting  # noqa: E402
+from hicachefs.testing import mounting  # noqa: E402
 import scenarios  # noqa: E402
 from workload import serving  # noqa: E402
 

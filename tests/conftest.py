@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import mounting  # noqa: E402
+from hicachefs.testing import mounting  # noqa: E402
 
 
 @pytest.fixture

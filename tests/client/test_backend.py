@@ -12,7 +12,7 @@ import torch
 from conftest import storage_config
 from hicachefs_client import HiCacheFS
 from hicachefs_client.sglang_types import PoolHitPolicy, PoolName, PoolTransfer
-from host_pools import MHAHostPool, MLAHostPool
+from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool
 
 MODEL = "Qwen--Qwen2.5-0.5B-Instruct"
 

@@ -6,11 +6,11 @@ import logging
 import os
 import signal
 
-import mounting
+from hicachefs.testing import mounting
 import torch
 
 from hicachefs_client.sglang_types import PoolName, PoolTransfer
-from host_pools import MHAHostPool
+from hicachefs.testing.host_pools import MHAHostPool
 from test_backend import indices, key, make_fs, page_bytes
 
 

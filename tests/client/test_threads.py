@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from host_pools import MHAHostPool
+from hicachefs.testing.host_pools import MHAHostPool
 from test_backend import indices, key, make_fs, page_bytes
 
 THREADS = 8

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import mounting
+from hicachefs.testing import mounting
 from pages import publish
 
 

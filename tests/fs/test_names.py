@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import mounting
+from hicachefs.testing import mounting
 from pages import publish, read_page
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
-import mounting  # noqa: E402
+from hicachefs.testing import mounting  # noqa: E402
 from workload import (  # noqa: E402
     content,
     exists_raw,

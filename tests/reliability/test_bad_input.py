@@ -10,7 +10,7 @@ import random
 import shutil
 import stat
 
-import mounting
+from hicachefs.testing import mounting
 from scenarios import fuzz_names
 from workload import content, errno_of, exists_query, exists_raw, publish, read_whole, serving
 

@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 
-import mounting
+from hicachefs.testing import mounting
 from workload import content, publish
 
 FIO = shutil.which("fio") or "/usr/bin/fio"

@@ -15,7 +15,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import mounting
+from hicachefs.testing import mounting
 from workload import content, exists_query, page_files, publish, read_or_errno
 
 MODELS = ["m1", "m2"]
