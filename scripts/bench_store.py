@@ -82,11 +82,11 @@ def bench_ssd(page_size: int, total: int, directory: Path) -> tuple[float, float
     start = time.perf_counter()
     for name in names:
         store.put(name, data)
-    store._ssd.log.sync()
+    store.sync()
     put = len(names) * page_size / (time.perf_counter() - start) / 1e9
     store.close()
     store = PageStore(config)  # every page on disk only
-    store._ssd.log.drop_cache()
+    store.tier("disk").drop_cache()
     out = np.empty(page_size, np.uint8)
     start = time.perf_counter()
     for name in names:

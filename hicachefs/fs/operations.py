@@ -26,7 +26,7 @@ import stat
 import pyfuse3
 import trio
 
-from ..store import PageCorrupt, PageNotFound, PageStore, PageTooLarge, StoreError, StoreFull
+from ..store import DeviceError, PageCorrupt, PageNotFound, PageStore, PageTooLarge, StoreError, StoreFull
 from .errors import FsError
 from .namespace import Namespace
 from .nodes import Stat
@@ -43,6 +43,7 @@ _STORE_ERRNO = {
     PageTooLarge: errno.EFBIG,
     StoreFull: errno.ENOSPC,
     PageCorrupt: errno.EIO,
+    DeviceError: errno.EIO,
     PageNotFound: errno.ENOENT,
 }
 #: Answers that are ordinary traffic, not problems worth a log line.

@@ -1,14 +1,16 @@
-"""The FUSE-free tiered page store: immutable pages under '/'-separated names, in a RAM arena and an SSD region log.
+"""The FUSE-free tiered page store: immutable pages under '/'-separated names, in tiers (a RAM arena, an SSD region log).
 
 Never imports pyfuse3 or torch; the daemon in ``hicachefs.fs`` is one caller, the tests and
 ``scripts/bench_store.py`` are others.
 """
 
 from hicachefs.store.config import StoreConfig
-from hicachefs.store.errors import PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
-from hicachefs.store.store import Draft, PageInfo, PageReader, PageStore
+from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
+from hicachefs.store.pages import Draft, PageInfo, PageReader
+from hicachefs.store.store import PageStore
 
 __all__ = [
+    "DeviceError",
     "Draft",
     "PageCorrupt",
     "PageInfo",

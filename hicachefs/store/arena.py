@@ -66,10 +66,9 @@ class Arena:
         self._partial: dict[int, set[int]] = {}  # slot size -> slab numbers with a free slot
         self.used_bytes = 0
 
-    @property
-    def max_slot(self) -> int:
-        """The largest allocation that can ever succeed."""
-        return self.slab_bytes
+    def fits(self, size: int) -> bool:
+        """Whether a page of ``size`` bytes can ever get a slot (it fits a slab)."""
+        return size_class(size) <= self.slab_bytes
 
     def allocate(self, size: int) -> int | None:
         """Offset of a free slot for ``size`` bytes, or None if a slab would have to be emptied first."""

@@ -20,5 +20,11 @@ class PageCorrupt(StoreError):
     already been dropped and the failure counted in statistics (EIO)."""
 
 
+class DeviceError(StoreError):
+    """Raised when a tier's device fails (EIO, ENOSPC, a short write) while a page is read or
+    written at the caller's request. The tier has counted it in ``io_errors``; the store is as
+    it was before the call (EIO)."""
+
+
 class PageNotFound(StoreError):
     """Raised by open when no page has that name (ENOENT)."""

@@ -2,8 +2,10 @@
 
 Why not a dict of entries: a dict entry plus a 64-char str key plus an entry object costs
 300+ bytes per page; at millions of small pages that is the daemon's RAM. Here a page is one
-row across fixed-width columns (96 bytes) plus two int32 table slots (the table is kept at
-most half full): about 104 bytes. A name is split on its last '/': the directory is stored
+row across fixed-width columns (80 bytes, plus 8 per tier for its location there) plus two
+int32 table slots (the table is kept at most half full): about 104 bytes with two tiers.
+Tiers are named by their position in the store's list of tiers: ``loc[row, tier]`` is where
+the page lives in that tier, -1 where it does not, so a new tier adds a column, not code. A name is split on its last '/': the directory is stored
 once and referenced by id; a key of 64 lowercase hex chars is stored as its 32 bytes, any
 other key by a 32-byte BLAKE2b digest plus its text in a side dict (rare in real traffic).
 Lookups probe linearly from a hash mixed from the directory id and the key's 32 bytes (keys
@@ -95,11 +97,9 @@ class PageIndex:
         "checksum": np.uint64,
         "mtime": np.int64,
         "atime": np.int64,
-        "ram": np.int64,  # RAM arena offset, -1 when not in RAM
-        "disk": np.int64,  # SSD record offset, -1 when not on disk
     }
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, tiers: int, capacity: int = 1024) -> None:
         self._rows = 0  # rows ever used (high-water mark)
         self._free_rows: list[int] = []
         self._live = 0
@@ -108,6 +108,7 @@ class PageIndex:
             setattr(self, column, np.zeros(capacity, dtype))
         self.dir[:] = _FREE_DIR
         self.keys = np.zeros((capacity, 4), np.uint64)
+        self.loc = np.full((capacity, tiers), -1, np.int64)
         self._odd_keys: dict[int, str] = {}  # row -> key text, for keys that are not 64 hex chars
         self._table = np.full(1 << max(4, (2 * capacity - 1).bit_length()), _EMPTY, np.int32)
         self._dir_ids: dict[str, int] = {}
@@ -181,8 +182,9 @@ class PageIndex:
 
     # -- changes -----------------------------------------------------------------------
 
-    def add(self, name: str, size: int, checksum: int, mtime_ns: int, ram: int, disk: int) -> int:
-        """Store a new row for ``name``, which must be absent (remove the old row first)."""
+    def add(self, name: str, size: int, checksum: int, mtime_ns: int, tier: int, location: int) -> int:
+        """Store a new row for ``name``, which must be absent (remove the old row first), at
+        ``location`` in ``tier`` (more tiers are set through ``loc``)."""
         if 2 * (self._live + self._tombs + 1) > len(self._table):  # before the new row is filled in
             self._rebuild(len(self._table) * (2 if 4 * (self._live + 1) > len(self._table) else 1))
         directory, key = _split(name)
@@ -210,8 +212,8 @@ class PageIndex:
         self.hits[row] = 0
         self.checksum[row] = checksum
         self.mtime[row] = self.atime[row] = mtime_ns
-        self.ram[row] = ram
-        self.disk[row] = disk
+        self.loc[row] = -1
+        self.loc[row, tier] = location
         table, mask = self._table, len(self._table) - 1
         i = h & mask
         while table[i] >= 0:
@@ -246,6 +248,9 @@ class PageIndex:
         keys = np.zeros((new, 4), np.uint64)
         keys[: len(self.keys)] = self.keys
         self.keys = keys
+        loc = np.full((new, self.loc.shape[1]), -1, np.int64)
+        loc[: len(self.loc)] = self.loc
+        self.loc = loc
 
     def _rebuild(self, table_size: int) -> None:
         """Re-insert every live row into a fresh table, vectorised: each round, one claimant per
@@ -280,9 +285,15 @@ class PageIndex:
             return np.zeros(0, np.int64)
         return np.nonzero(np.isin(self.dir[: self._rows], ids))[0]
 
-    def rows_on_disk_between(self, start: int, end: int) -> np.ndarray:
-        disk = self.disk[: self._rows]
-        return np.nonzero((disk >= start) & (disk < end) & (self.dir[: self._rows] != _FREE_DIR))[0]
+    def rows_located_between(self, tier: int, start: int, end: int) -> np.ndarray:
+        """Rows whose location in ``tier`` lies in [start, end)."""
+        where = self.loc[: self._rows, tier]
+        return np.nonzero((where >= start) & (where < end) & (self.dir[: self._rows] != _FREE_DIR))[0]
+
+    def top_tier(self, row: int) -> int:
+        """The first tier holding the row's page, or -1 (then the row is about to go)."""
+        held = np.nonzero(self.loc[row] >= 0)[0]
+        return int(held[0]) if held.size else -1
 
     def directories(self) -> list[str]:
         return [d for d, i in self._dir_ids.items() if self._dir_pages[i]]

@@ -1,8 +1,12 @@
 """The RAM tier: the arena, its eviction policy, and pins that keep slots alive for readers.
 
-A slot leaves the tier in two steps: ``retire`` (the page is no longer reachable by name)
-and the actual free, which waits for the last reader's ``unpin``. So a reader keeps the old
-bytes of a page that was deleted, replaced or evicted meanwhile, and its slot can never be
+A location here is a slot's offset in the arena. Pages are written in place (a Draft is a
+view of its slot) and read without a copy (``view``), so beside the Tier methods this tier
+hands out slots and views, and keeps the LRU order the store asks for victims.
+
+A slot leaves the tier in two steps: ``drop``/``retire`` (the page is no longer reachable by
+name) and the actual free, which waits for the last reader's ``unpin``. So a reader keeps the
+old bytes of a page that was deleted, replaced or evicted meanwhile, and its slot can never be
 handed to another page while it reads.
 
 Not thread-safe: the store's lock guards every call. Nothing here blocks.
@@ -11,11 +15,15 @@ Not thread-safe: the store's lock guards every call. Nothing here blocks.
 from __future__ import annotations
 
 from hicachefs.store.arena import Arena
+from hicachefs.store.errors import StoreFull
 from hicachefs.store.eviction import LruPolicy
 from hicachefs.store.stats import TierCounters
+from hicachefs.store.tier import PageMeta, ReadResult, Tier
 
 
-class RamTier:
+class RamTier(Tier):
+    name = "memory"
+
     def __init__(self, capacity: int, slab_bytes: int, policy: LruPolicy) -> None:
         self.arena = Arena(capacity, slab_bytes)
         self.policy = policy
@@ -24,18 +32,38 @@ class RamTier:
         self._retired: set[int] = set()  # pinned slots whose page is gone; freed at last unpin
 
     @property
-    def capacity(self) -> int:
+    def capacity_bytes(self) -> int:
         return self.arena.capacity
 
     @property
     def used_bytes(self) -> int:
         return self.arena.used_bytes
 
+    def fits(self, name: bytes, size: int) -> bool:
+        return self.arena.fits(size)
+
     def allocate(self, size: int) -> int | None:
+        """A free slot for ``size`` bytes, or None until the store evicts something."""
         return self.arena.allocate(size)
 
     def view(self, offset: int, size: int) -> memoryview:
         return self.arena.view[offset : offset + size]
+
+    def write(self, page: PageMeta, payload) -> int:
+        slot = self.arena.allocate(page.size)
+        if slot is None:
+            raise StoreFull(f"no free RAM slot for {page.size} bytes")
+        self.view(slot, page.size)[:] = payload
+        self.counters.bytes_in += page.size
+        return slot
+
+    def read_into(self, page: PageMeta, location: int, out: memoryview) -> ReadResult:
+        out[:] = self.view(location, page.size)
+        self.counters.bytes_out += page.size
+        return ReadResult.OK
+
+    def drop(self, page: PageMeta, location: int) -> None:
+        self.retire(location)
 
     def pin(self, offset: int) -> None:
         self._pins[offset] = self._pins.get(offset, 0) + 1

@@ -18,24 +18,27 @@ Writing appends to the current region; when it is full the next region in the ri
 the oldest) is reclaimed: its records are handed to a callback so the index can drop them,
 then it is overwritten from its start.
 
-Blocking: every method does file I/O (buffered: pwrite lands in the page cache and survives
-a process kill; ``sync`` makes it survive a power loss). Not thread-safe for writers: the
-store serialises append/invalidate. ``read_into`` may run concurrently with them; it checks
+Blocking: every method does I/O on the tier's ``FileDevice`` (buffered: pwrite lands in the
+page cache and survives a process kill; ``sync`` makes it survive a power loss), and raises
+``OSError`` when the device fails; a failed append leaves the write position where it was, so
+the next append overwrites whatever part was written. Not thread-safe for writers: the store
+serialises append/invalidate. ``read_into`` may run concurrently with them; it checks
 everything it reads, so a race with a reclaim shows as a mismatch, never as foreign bytes.
 """
 
 from __future__ import annotations
 
-import enum
+import errno
 import os
 import struct
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import NamedTuple
 
 import xxhash
 
+from hicachefs.store.device import FileDevice
 from hicachefs.store.errors import StoreError
+from hicachefs.store.tier import ReadResult
 
 _SUPER = struct.Struct("<8sIIQQQ")  # magic, version, reserved, file bytes, region bytes, file id
 _SUPER_MAGIC = b"HICACHE\x01"
@@ -72,25 +75,16 @@ class Record(NamedTuple):
     mtime_ns: int
 
 
-class ReadResult(enum.Enum):
-    OK = "ok"
-    MISMATCH = "mismatch"  # the header is not the expected record's: reclaimed, replaced or damaged
-    CORRUPT = "corrupt"  # the expected record's header, but its payload fails the checksum
-
-
 class RegionLog:
-    """One arena file: open or create it, scan it, append to it, invalidate and read records."""
+    """One arena file on a device: format or reopen it, scan it, append to it, invalidate and
+    read records. The device is the caller's, and closed by ``close``."""
 
-    def __init__(self, path: Path, file_bytes: int, region_bytes: int) -> None:
+    def __init__(self, device: FileDevice, file_bytes: int, region_bytes: int) -> None:
         if file_bytes < _SUPER_BYTES + region_bytes:
             raise StoreError(f"disk tier of {file_bytes} bytes is too small for one {region_bytes}-byte region")
-        self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            self._open_or_format(file_bytes, region_bytes)
-        except BaseException:
-            os.close(self.fd)
-            raise
+        self.device = device
+        self.path = device.path
+        self._open_or_format(file_bytes, region_bytes)
         self.regions = (file_bytes - _SUPER_BYTES) // self.region_bytes
         self.capacity = self.regions * self.region_bytes
         self.region_live = [0] * self.regions  # live record bytes per region
@@ -102,23 +96,22 @@ class RegionLog:
     def _open_or_format(self, file_bytes: int, region_bytes: int) -> None:
         """Reuse a matching arena; reinitialise one of ours of another size (its pages are
         cache, dropping them is safe); refuse a file with foreign content."""
-        raw = os.pread(self.fd, _SUPER.size, 0)
+        raw = self.device.pread(_SUPER.size, 0)
         if len(raw) == _SUPER.size and raw[:8] == _SUPER_MAGIC:
             _, version, _, old_bytes, old_region, file_id = _SUPER.unpack(raw)
-            if version == _VERSION and old_bytes == file_bytes and os.fstat(self.fd).st_size == file_bytes:
+            if version == _VERSION and old_bytes == file_bytes and self.device.size() == file_bytes:
                 self.region_bytes, self.file_id = old_region, file_id
                 return
         elif raw.strip(b"\0"):
             raise StoreError(f"{self.path} exists and is not a hicachefs disk arena; refusing to overwrite it")
-        os.ftruncate(self.fd, file_bytes)
         try:
-            os.posix_fallocate(self.fd, 0, file_bytes)
+            self.device.allocate(file_bytes)
         except OSError as e:
             raise StoreError(f"cannot preallocate {file_bytes} bytes for {self.path}: {e}") from e
         # A new file id makes records of any earlier file invalid without wiping it.
         self.region_bytes, self.file_id = region_bytes, int.from_bytes(os.urandom(8), "little")
-        os.pwrite(self.fd, _SUPER.pack(_SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, self.file_id), 0)
-        os.fsync(self.fd)
+        self.device.pwrite(_SUPER.pack(_SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, self.file_id), 0)
+        self.device.fsync()
 
     def region_start(self, region: int) -> int:
         return _SUPER_BYTES + region * self.region_bytes
@@ -135,7 +128,7 @@ class RegionLog:
         after the newest one. ``on_corrupt`` is called per live record that fails its checksum."""
         firsts = []
         for region in range(self.regions):
-            header = os.pread(self.fd, HEADER.size, self.region_start(region))
+            header = self.device.pread(HEADER.size, self.region_start(region))
             first = self._parse(header, -1)
             if first is not None:
                 firsts.append((first[3], region))
@@ -145,7 +138,7 @@ class RegionLog:
         view = memoryview(buf)
         for _, region in firsts:
             start = self.region_start(region)
-            got = os.preadv(self.fd, [buf], start)
+            got = self.device.preadv([buf], start)
             pos, seq = 0, 0
             while pos + HEADER.size <= got:
                 parsed = self._parse(view[pos : pos + HEADER.size], seq)
@@ -206,9 +199,9 @@ class RegionLog:
         fields[8] = _header_check(header, name)
         HEADER.pack_into(header, 0, *fields)
         offset = self.tail
-        written = os.pwritev(self.fd, [header, name, payload], offset)
+        written = self.device.pwritev([header, name, payload], offset)
         if written != HEADER.size + len(name) + size:
-            raise OSError(f"short write to {self.path}: {written} bytes")
+            raise OSError(errno.EIO, f"short write to {self.path}: {written} of {HEADER.size + len(name) + size} bytes")
         self.next_seq += 1
         self.tail += length
         region = (offset - _SUPER_BYTES) // self.region_bytes
@@ -218,10 +211,10 @@ class RegionLog:
 
     def invalidate(self, offset: int, name_len: int, size: int) -> None:
         """Mark the record at ``offset`` dead in place, so that no scan brings it back."""
-        os.pwrite(self.fd, DEAD, offset)
         length = record_length(name_len, size)
         self.region_live[(offset - _SUPER_BYTES) // self.region_bytes] -= length
         self.used_bytes -= length
+        self.device.pwrite(DEAD, offset)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -229,7 +222,7 @@ class RegionLog:
         """Read the payload of the record expected at ``offset`` into ``out`` (its exact size) and
         check it is that record, whole."""
         header = bytearray(HEADER.size + len(name))
-        got = os.preadv(self.fd, [header, out], offset)
+        got = self.device.preadv([header, out], offset)
         if got != len(header) + len(out):
             return ReadResult.MISMATCH
         magic, name_len, _, file_id, _, size, stored_sum, _, hcheck = HEADER.unpack_from(header)
@@ -245,14 +238,11 @@ class RegionLog:
             return ReadResult.MISMATCH
         return ReadResult.OK if payload_checksum(out) == checksum else ReadResult.CORRUPT
 
-    def drop_cache(self) -> None:
-        """Write back and drop this file's pages from the kernel's page cache (benchmarks)."""
-        os.fdatasync(self.fd)
-        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-
     def sync(self) -> None:
-        os.fsync(self.fd)
+        self.device.fsync()
 
     def close(self) -> None:
-        os.fsync(self.fd)
-        os.close(self.fd)
+        try:
+            self.device.fsync()
+        finally:
+            self.device.close()

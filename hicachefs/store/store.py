@@ -1,207 +1,145 @@
-"""PageStore: the facade the daemon calls. Pages are immutable bytes under '/'-separated names.
+"""PageStore: the facade the daemon calls, and the engine that moves pages between tiers.
 
-New pages are written into a RAM slot (``reserve`` -> ``Draft.write`` -> ``publish``); when
-the RAM tier is full its least recently used pages move down to the SSD tier (or are
-dropped without one); reading a disk page promotes it to RAM when room can be made.
+Pages are immutable bytes under '/'-separated names. New pages are written into a RAM slot
+(``reserve`` -> ``Draft.write`` -> ``publish``); when the RAM tier is full its least recently
+used pages move down to the next tier that takes them (or leave the store without one);
+reading a lower tier's page promotes it to RAM on its second read. The engine sees the tiers
+only through the ``Tier`` interface plus the RAM tier's slots and LRU; the index records, per
+page, its location in each tier.
 
-Thread-safe: one lock guards the index and both tiers. It is not held while checksumming a
-page at publish, nor while reading and checking a disk page in ``open`` (the slow path the
+Every operation either completes or leaves the store as it was: resources are taken, the I/O
+done, then the index committed, and a failing device (``OSError`` from a tier) gives the
+resources back. Such failures are counted by the tier and surface as ``DeviceError``; when a
+page cannot be written down while RAM makes room, it is evicted instead (it is a cache), so
+the RAM tier keeps serving while a disk fails.
+
+Pages that leave the store on its own initiative (eviction from their last tier, reclaim,
+a failed checksum) are reported to ``on_gone`` listeners, so the daemon can tell the kernel.
+
+Thread-safe: one lock guards the index and the tiers. It is not held while checksumming a page
+at publish, nor while reading and checking a lower tier's page in ``open`` (the slow path the
 daemon runs in a worker thread). It is held while writing to the SSD tier (demotion,
-write-through): those are buffered pwrites into the page cache, memory-speed, and keeping
-them under the lock keeps the ring's append order and the index in step.
+write-through): buffered pwrites into the page cache, memory-speed, and keeping them under the
+lock keeps the ring's append order and the index in step.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import numpy as np
-import xxhash
 
 from hicachefs.store.arena import size_class
 from hicachefs.store.config import StoreConfig
-from hicachefs.store.errors import PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
+from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreFull
 from hicachefs.store.eviction import LruPolicy
 from hicachefs.store.index import PageIndex
+from hicachefs.store.pages import Draft, PageInfo, PageReader, checksum_text
 from hicachefs.store.ram_tier import RamTier
-from hicachefs.store.region_log import ReadResult
 from hicachefs.store.ssd_tier import SsdTier
-from hicachefs.store.stats import TierCounters
+from hicachefs.store.tier import PageMeta, ReadResult, Tier
+
+log = logging.getLogger(__name__)
 
 _MiB = 1 << 20
+RAM = 0  # the RAM tier's position in the tier list and the index's location columns
+_LONGEST_NAME = bytes(4096)  # longer than any valid page name (five components of 200 bytes)
 
-
-@dataclass(frozen=True, slots=True)
-class PageInfo:
-    name: str
-    size: int
-    tier: str  # 'memory' or 'disk'
-    checksum: str  # 'xxh3_64:<16 hex>'
-    hits: int
-    mtime_ns: int
-    atime_ns: int
-
-
-class Draft:
-    """A reserved RAM slot of exactly ``size`` bytes; write the page into ``buffer``, then
-    publish or abandon it (once). Only its creator touches it."""
-
-    __slots__ = ("size", "buffer", "_offset", "_live", "_hasher", "_hashed")
-
-    def __init__(self, offset: int | None, size: int, buffer: memoryview) -> None:
-        self.size = size
-        self.buffer = buffer
-        self._offset = offset  # RAM arena offset; None for a page too large for a RAM slot
-        self._live = True
-        self._hasher = xxhash.xxh3_64()
-        self._hashed = 0  # bytes fed to the hasher, in order from the start
-
-    def write(self, offset: int, data) -> None:
-        """Copy ``data`` into the page at ``offset``. Writes in order from the start are
-        checksummed as they arrive, while the bytes are still in the CPU cache, which saves
-        publish a second pass over the page."""
-        if self._hasher is not None and offset != self._hashed:
-            self._zero_unwritten()
-        end = offset + len(data)
-        self.buffer[offset:end] = data
-        if self._hasher is not None:
-            self._hasher.update(data)
-            self._hashed = end
-
-    def view(self) -> memoryview:
-        """The page's bytes as written so far; bytes never written read as zeros."""
-        if self._hasher is not None and self._hashed < self.size:
-            self._zero_unwritten()
-        return self.buffer
-
-    def _zero_unwritten(self) -> None:
-        """Leave in-order mode: the slot still holds an earlier page's bytes past what was
-        written, and those must never be seen, so they become zeros."""
-        self.buffer[self._hashed :] = bytes(self.size - self._hashed)
-        self._hasher = None
-
-    def _checksum(self) -> int:
-        if self._hasher is not None and self._hashed == self.size:
-            return self._hasher.intdigest()
-        return xxhash.xxh3_64_intdigest(self.view())
-
-    def _consume(self) -> int | None:
-        if not self._live:
-            raise StoreError("draft already published or abandoned")
-        self._live = False
-        return self._offset
-
-
-class PageReader:
-    """An open page: reads return views of bytes pinned until ``close`` (no copy for RAM pages).
-    Safe to read from several threads; close once."""
-
-    __slots__ = ("info", "size", "_view", "_store", "_slot")
-
-    def __init__(self, store: PageStore, info: PageInfo, view: memoryview, slot: int | None) -> None:
-        self.info = info
-        self.size = info.size
-        self._view = view
-        self._store = store
-        self._slot = slot
-
-    def read(self, offset: int, size: int) -> memoryview | bytes:
-        if offset >= self.size or size <= 0:
-            return b""
-        return self._view[offset : min(offset + size, self.size)]
-
-    def close(self) -> None:
-        if self._store is not None:
-            store, self._store = self._store, None
-            if self._slot is not None:
-                store._unpin(self._slot)
-
-    def __enter__(self) -> PageReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _checksum_text(value: int) -> str:
-    return f"xxh3_64:{value:016x}"
+GoneListener = Callable[[list[str]], None]
 
 
 class PageStore:
-    """The tiered page store; see the module docstring for its locking."""
+    """The tiered page store; see the module docstring."""
 
-    def __init__(self, config: StoreConfig, progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(self, config: StoreConfig, progress: Callable[[int, int], None] | None = None,
+                 *, disk_device=None) -> None:
+        """``disk_device``: the SSD tier's device (tests pass a FaultyDevice); by default the
+        arena file in ``config.disk_dir``."""
         self.config = config
         self._lock = threading.Lock()
-        self._index = PageIndex()
         # Slabs as large as the largest page, but at least 8 of them, so that a small RAM tier
         # does not hold a single size class at a time; larger pages bypass RAM (see reserve).
         slab = min(config.memory_bytes, max(_MiB, min(size_class(config.max_page_size), config.memory_bytes // 8)))
         self._ram = RamTier(config.memory_bytes, slab, LruPolicy())
-        self._ssd: SsdTier | None = None
+        self._tiers: list[Tier] = [self._ram]
+        self._index = PageIndex(tiers=1 + (config.disk_dir is not None))
+        self._listeners: list[GoneListener] = []
+        self._gone: list[str] = []
         self._misses = 0
         if config.disk_dir is not None:
-            self._ssd = SsdTier(config.disk_dir, config.disk_bytes, config.max_page_size)
-            self._recover(progress)
+            position = len(self._tiers)
+            ssd = SsdTier(config.disk_dir, config.disk_bytes, config.max_page_size,
+                          on_reclaim=lambda start, end: self._reclaimed(position, start, end),
+                          device=disk_device)
+            self._tiers.append(ssd)
+            for record in ssd.recover(progress):
+                older = self._index.find(record.name)
+                if older >= 0:  # the process died between writing a newer copy and invalidating this one
+                    self._drop(older)
+                self._index.add(record.name, record.size, record.checksum, record.mtime_ns, position, record.offset)
 
-    def _recover(self, progress: Callable[[int, int], None] | None) -> None:
-        ssd, index = self._ssd, self._index
+    def on_gone(self, listener: GoneListener) -> None:
+        """Call ``listener(names)`` with pages that left the store on its own initiative. It is
+        called with the store's lock held: it must be quick and must not call the store."""
+        self._listeners.append(listener)
 
-        def corrupt() -> None:
-            ssd.counters.checksum_failures += 1
-
-        for record in ssd.log.scan(corrupt, progress):
-            older = index.find(record.name)
-            if older >= 0:  # the process died between writing a newer copy and invalidating this one
-                self._drop(older)
-            index.add(record.name, record.size, record.checksum, record.mtime_ns, -1, record.offset)
+    def tier(self, name: str) -> Tier | None:
+        return next((t for t in self._tiers if t.name == name), None)
 
     # -- writing -----------------------------------------------------------------------
 
     def reserve(self, size: int) -> Draft:
         """Room for a page of exactly ``size`` bytes, made by demoting or evicting LRU pages.
         A page larger than a RAM slab (memory_bytes / 8, at most the max page size) is staged
-        in private memory and published to the disk tier only."""
+        in private memory and published to a lower tier only."""
         if size > self.config.max_page_size:
             raise PageTooLarge(f"page of {size} bytes exceeds max_page_size {self.config.max_page_size}")
-        if size_class(size) > self._ram.arena.max_slot:
-            # Larger than a RAM slab: the page is staged in private memory and goes to disk only.
-            if self._ssd is None or not self._ssd.fits_any_name(size):
-                raise StoreFull(f"page of {size} bytes does not fit the RAM tier's {self._ram.arena.max_slot}-byte slabs")
+        if not self._ram.fits(b"", size):
+            if not any(t.fits(_LONGEST_NAME, size) for t in self._tiers[1:]):
+                raise StoreFull(f"page of {size} bytes fits neither a RAM slab nor a lower tier")
             return Draft(None, size, memoryview(bytearray(size)))
-        with self._lock:
+        with self._lock, self._reporting():
             offset = self._make_room(size)
         return Draft(offset, size, self._ram.view(offset, size))
 
     def publish(self, draft: Draft, name: str, mtime_ns: int | None = None) -> PageInfo:
         """Checksum the draft and make it visible under ``name``, replacing any page of that
-        name atomically; with write_through it is on the SSD tier when this returns."""
-        checksum = draft._checksum()
-        offset = draft._consume()
-        mtime_ns = time.time_ns() if mtime_ns is None else mtime_ns
-        with self._lock:
-            disk = -1
-            encoded = name.encode()
-            if (offset is None or self.config.write_through) and self._ssd.fits(encoded, draft.size):
-                # The new record goes down before the old one is invalidated, so that a kill in
-                # between leaves one of the two versions (the scan keeps the newer), never none.
-                disk = self._ssd.write(encoded, draft.buffer, checksum, mtime_ns, self._reclaim)
-            if offset is None and disk < 0:
-                raise StoreFull(f"page name {name!r} is too long for the disk tier's regions")
+        name atomically; with write_through it is on the next tier when this returns. On any
+        failure the draft is given back and the store is as it was (an old page stays)."""
+        checksum = draft.checksum()
+        slot = draft.consume()
+        page = PageMeta(name, draft.size, checksum, time.time_ns() if mtime_ns is None else mtime_ns)
+        with self._lock, self._reporting():
+            try:
+                lower = -1, -1
+                if slot is None or self.config.write_through:
+                    # The new copy goes down before the old page is dropped, so that a kill in
+                    # between leaves one of the two versions (recovery keeps the newer), never none.
+                    lower = self._write_below(page, draft.buffer, RAM)
+                    if slot is None and lower[0] < 0:
+                        raise StoreFull(f"page name {name!r} is too long for the lower tiers' regions")
+            except BaseException:
+                if slot is not None:
+                    self._ram.retire(slot)
+                raise
             old = self._index.find(name)
             if old >= 0:
                 self._drop(old)
-            row = self._index.add(name, draft.size, checksum, mtime_ns, -1 if offset is None else offset, disk)
-            if offset is not None:
+            if slot is None:
+                row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower)
+            else:
+                row = self._index.add(name, page.size, checksum, page.mtime_ns, RAM, slot)
+                if lower[0] >= 0:
+                    self._index.loc[row, lower[0]] = lower[1]
                 self._ram.policy.admit(row)
-                self._ram.counters.bytes_in += draft.size
+                self._ram.counters.bytes_in += page.size
             return self._info(row)
 
     def abandon(self, draft: Draft) -> None:
-        offset = draft._consume()
+        offset = draft.consume()
         if offset is not None:
             with self._lock:
                 self._ram.retire(offset)
@@ -219,81 +157,101 @@ class PageStore:
     # -- reading -----------------------------------------------------------------------
 
     def open(self, name: str, *, memory_only: bool = False) -> PageReader | None:
-        """Pin the page for reading. A disk page is read and verified here (blocking I/O) and
-        promoted to RAM when room can be made. Raises PageNotFound or PageCorrupt.
+        """Pin the page for reading. A lower tier's page is read and verified here (blocking
+        I/O) and promoted to RAM on its second read when room can be made. Raises PageNotFound,
+        PageCorrupt or DeviceError.
 
-        With ``memory_only`` a page that would need disk I/O is not read: None is returned, so
-        an event loop can serve RAM pages inline and send only disk reads to a thread."""
-        for _ in range(3):  # a disk read can race with a replace or reclaim; then look again
+        With ``memory_only`` a page that would need I/O is not read: None is returned, so an
+        event loop can serve RAM pages inline and send only lower-tier reads to a thread."""
+        for _ in range(3):  # a read can race with a replace or reclaim; then look again
             with self._lock:
                 row = self._index.find(name)
                 if row < 0:
                     self._misses += 1
-                    self._ram.counters.misses += 1
-                    if self._ssd is not None:
-                        self._ssd.counters.misses += 1
+                    for tier in self._tiers:
+                        tier.counters.misses += 1
                     raise PageNotFound(name)
                 index = self._index
                 index.atime[row] = time.time_ns()
-                size = int(index.size[row])
-                slot = int(index.ram[row])
+                slot = int(index.loc[row, RAM])
                 if slot >= 0:
                     index.hits[row] += 1
                     self._ram.counters.hits += 1
-                    self._ram.counters.bytes_out += size
+                    self._ram.counters.bytes_out += int(index.size[row])
                     self._ram.policy.touch(row)
-                    self._ram.pin(slot)
-                    return PageReader(self, self._info(row), self._ram.view(slot, size), slot)
+                    return self._pinned_reader(row, slot)
                 if memory_only:
                     return None
                 self._ram.counters.misses += 1
-                info = self._info(row)
-                offset, checksum = int(index.disk[row]), int(index.checksum[row])
-                # Promote on the second read only: a page read once from disk is often never
-                # read again, and promoting it would push another page down (a disk write).
-                slot = self._slot_for_promotion(size) if index.hits[row] > 0 else None
-            buffer = self._ram.view(slot, size) if slot is not None else memoryview(bytearray(size))
-            result = self._ssd.log.read_into(offset, name.encode(), checksum, buffer)
-            with self._lock:
+                position = index.top_tier(row)
+                tier, location, page, info = self._tiers[position], int(index.loc[row, position]), self._meta(row), self._info(row)
+                # Promote on the second read only: a page read once from a lower tier is often
+                # never read again, and promoting it would push another page down (a write).
+                slot = self._slot_for_promotion(page.size) if index.hits[row] > 0 else None
+            buffer = self._ram.view(slot, page.size) if slot is not None else memoryview(bytearray(page.size))
+            try:
+                result = tier.read_into(page, location, buffer)
+            except OSError as exc:
+                if slot is not None:
+                    self._give_back(slot)
+                raise DeviceError(f"{name}: the {tier.name} tier failed to read it: {exc}") from exc
+            with self._lock, self._reporting():
                 row = self._index.find(name)
-                unchanged = row >= 0 and self._index.disk[row] == offset and self._index.checksum[row] == checksum
+                unchanged = row >= 0 and self._index.loc[row, position] == location and self._index.checksum[row] == page.checksum
                 if result is ReadResult.OK:
-                    self._ssd.counters.hits += 1
-                    self._ssd.counters.bytes_out += size
                     if unchanged:
                         self._index.hits[row] += 1
                         info = self._info(row)
+                    release = None
                     if slot is not None:
-                        if unchanged and self._index.ram[row] < 0:
-                            self._index.ram[row] = slot
+                        if unchanged and self._index.loc[row, RAM] < 0:
+                            self._index.loc[row, RAM] = slot
                             self._ram.policy.admit(row)
                             self._ram.counters.promotions += 1
-                            self._ram.counters.bytes_in += size
+                            self._ram.counters.bytes_in += page.size
                         else:  # a private copy for this reader only
                             self._ram.retire(slot)
-                    return PageReader(self, info, buffer, slot)
+                        release = self._unpinner(slot)
+                    return PageReader(info, page, buffer, release)
                 if slot is not None:
                     self._ram.retire(slot)
                     self._ram.unpin(slot)
-                if unchanged:  # the record is where the index says, and it is bad
-                    self._ssd.counters.checksum_failures += 1
-                    self._drop(row)
-                    raise PageCorrupt(f"{name}: checksum mismatch on the disk tier; page dropped")
+                if unchanged:  # the copy is where the index says, and it is bad
+                    tier.counters.checksum_failures += 1
+                    self._index.loc[row, position] = -1
+                    tier.drop(page, location)
+                    if self._index.top_tier(row) < 0:
+                        self._forget(row)
+                        raise PageCorrupt(f"{name}: checksum mismatch on the {tier.name} tier; page dropped")
         raise PageNotFound(name)
 
+    def _pinned_reader(self, row: int, slot: int) -> PageReader:
+        self._ram.pin(slot)
+        size = int(self._index.size[row])
+        return PageReader(self._info(row), self._meta(row), self._ram.view(slot, size), self._unpinner(slot))
+
+    def _unpinner(self, slot: int) -> Callable[[], None]:
+        def release() -> None:
+            with self._lock:
+                self._ram.unpin(slot)
+
+        return release
+
     def _slot_for_promotion(self, size: int) -> int | None:
-        """A pinned RAM slot to read a disk page into, or None to read into private memory."""
-        if size_class(size) > self._ram.arena.max_slot:
+        """A pinned RAM slot to read a page into, or None to read into private memory."""
+        if not self._ram.fits(b"", size):
             return None
         try:
-            slot = self._make_room(size)
+            with self._reporting():
+                slot = self._make_room(size)
         except StoreFull:
             return None
         self._ram.pin(slot)
         return slot
 
-    def _unpin(self, slot: int) -> None:
+    def _give_back(self, slot: int) -> None:
         with self._lock:
+            self._ram.retire(slot)
             self._ram.unpin(slot)
 
     # -- names -------------------------------------------------------------------------
@@ -305,7 +263,7 @@ class PageStore:
             return self._info(row) if row >= 0 else None
 
     def delete(self, name: str) -> bool:
-        """Remove the page (its disk record is invalidated in place); open readers keep it."""
+        """Remove the page (lower tiers' copies are invalidated in place); open readers keep it."""
         with self._lock:
             row = self._index.find(name)
             if row < 0:
@@ -336,59 +294,80 @@ class PageStore:
     # -- accounting and shutdown -------------------------------------------------------
 
     def statistics(self) -> dict:
-        """The totals at the top level, and ``tiers``: {'memory': ..., 'disk': ...} (disk only
-        when configured). A tier: capacity_bytes, used_bytes (slot / record bytes), pages, and
-        TierCounters. A page may be on both tiers; the total ``pages`` counts it once, the total
-        ``misses`` counts names not found at all."""
+        """The totals at the top level, and ``tiers``: {'memory': ..., 'disk': ...}. A tier:
+        capacity_bytes, used_bytes (slot / record bytes), pages, and its TierCounters.
+
+        A page may be in several tiers; the total ``pages`` counts it once, and the total
+        ``used_bytes`` counts its size once (what ``du`` adds up), so ``free_bytes`` is what can
+        still be stored: a copy of a page that is also in a lower tier can be dropped at no cost.
+        The total ``misses`` counts names not found at all."""
         with self._lock:
             live = self._index.live_rows()
-            ram_pages = int(np.count_nonzero(self._index.ram[live] >= 0))
-            tiers = {"memory": self._tier_stats(self._ram.capacity, self._ram.used_bytes, ram_pages, self._ram.counters)}
-            ssd = self._ssd
-            if ssd is not None:
-                disk_pages = int(np.count_nonzero(self._index.disk[live] >= 0))
-                tiers["disk"] = self._tier_stats(ssd.capacity, ssd.used_bytes, disk_pages, ssd.counters)
+            tiers = {}
+            for position, tier in enumerate(self._tiers):
+                facts = tier.statistics()
+                facts["pages"] = int(np.count_nonzero(self._index.loc[live, position] >= 0))
+                tiers[tier.name] = facts
             totals = {key: sum(t[key] for t in tiers.values()) for key in tiers["memory"]}
             totals["pages"] = len(live)
+            totals["used_bytes"] = int(self._index.size[live].sum())
             totals["misses"] = self._misses  # a lookup that no tier could serve
-            totals["free_bytes"] = totals["capacity_bytes"] - totals["used_bytes"]
+            totals["free_bytes"] = max(0, totals["capacity_bytes"] - totals["used_bytes"])
             return {**totals, "tiers": tiers}
 
-    @staticmethod
-    def _tier_stats(capacity: int, used: int, pages: int, counters: TierCounters) -> dict:
-        return {"capacity_bytes": capacity, "used_bytes": used, "pages": pages, **counters.as_dict()}
+    def sync(self) -> None:
+        """Make the persistent tiers' writes durable (fsync)."""
+        with self._lock:
+            for tier in self._tiers[1:]:
+                tier.sync()
 
     def close(self) -> None:
-        """Write RAM-only pages down (the most recent ones, as room allows), fsync, release."""
-        with self._lock:
-            if self._ssd is not None:
-                budget = self._ssd.capacity - self._ssd.log.region_bytes
-                rows = [r for r in self._ram.policy.oldest_first() if self._index.disk[r] < 0]
-                keep = []
-                for row in reversed(rows):
-                    budget -= int(self._index.size[row]) + 4096
-                    if budget < 0:
-                        break
-                    keep.append(row)
-                for row in reversed(keep):
-                    if self._index.disk[row] < 0:  # a reclaim may not have touched it; a write may have
-                        self._write_down(row, self._index.name(row).encode())
-                self._ssd.close()
-            self._ram.close()
+        """Write RAM-only pages down (the most recent ones, as room allows), make the persistent
+        tiers durable, release everything. A failing device stops the write-down, not the close."""
+        with self._lock, self._reporting():
+            try:
+                if len(self._tiers) > 1:
+                    self._write_down_for_restart()
+            finally:
+                for tier in reversed(self._tiers):
+                    try:
+                        tier.close()
+                    except OSError as exc:
+                        log.warning("closing the %s tier failed: %s", tier.name, exc)
 
     # -- internals (lock held) ---------------------------------------------------------
+
+    def _write_down_for_restart(self) -> None:
+        budget = self._tiers[1].retention_bytes()
+        rows = [r for r in self._ram.policy.oldest_first() if self._index.top_tier(r) == RAM
+                and not (self._index.loc[r, 1:] >= 0).any()]
+        keep = []
+        for row in reversed(rows):
+            budget -= int(self._index.size[row]) + 4096
+            if budget < 0:
+                break
+            keep.append(row)
+        for row in reversed(keep):
+            if self._index.dir[row] >= 0 and not (self._index.loc[row, 1:] >= 0).any():
+                slot = int(self._index.loc[row, RAM])
+                if self._write_below(self._meta(row), self._ram.view(slot, int(self._index.size[row])), RAM, row)[0] < 0:
+                    break  # the device fails: what is left stays unwritten
 
     def _info(self, row: int) -> PageInfo:
         index = self._index
         return PageInfo(
             name=index.name(row),
             size=int(index.size[row]),
-            tier="memory" if index.ram[row] >= 0 else "disk",
-            checksum=_checksum_text(int(index.checksum[row])),
+            tier=self._tiers[index.top_tier(row)].name,
+            checksum=checksum_text(int(index.checksum[row])),
             hits=int(index.hits[row]),
             mtime_ns=int(index.mtime[row]),
             atime_ns=int(index.atime[row]),
         )
+
+    def _meta(self, row: int) -> PageMeta:
+        index = self._index
+        return PageMeta(index.name(row), int(index.size[row]), int(index.checksum[row]), int(index.mtime[row]))
 
     def _make_room(self, size: int) -> int:
         """A RAM slot for ``size`` bytes, evicting least recently used pages until one frees.
@@ -404,46 +383,87 @@ class PageStore:
             self._evict_from_ram(row)
 
     def _evict_from_ram(self, row: int) -> None:
+        """Move the page out of RAM: down to a lower tier unless one holds it already, else
+        out of the store."""
         index = self._index
+        slot = int(index.loc[row, RAM])
         self._ram.policy.forget(row)
-        if index.disk[row] < 0 and self._ssd is not None:
-            self._write_down(row, index.name(row).encode())
-        slot = int(index.ram[row])
-        index.ram[row] = -1
+        if not (index.loc[row, 1:] >= 0).any():
+            self._write_below(self._meta(row), self._ram.view(slot, int(index.size[row])), RAM, row)
+        index.loc[row, RAM] = -1
         self._ram.retire(slot)
-        if index.disk[row] >= 0:
+        if index.top_tier(row) >= 0:
             self._ram.counters.demotions += 1
         else:
             self._ram.counters.evictions += 1
-            index.remove(row)
+            self._forget(row)
 
-    def _write_down(self, row: int, name: bytes) -> None:
-        """Copy a RAM page to the SSD tier, if it fits a region."""
-        index = self._index
-        size = int(index.size[row])
-        if self._ssd is None or not self._ssd.fits(name, size):
-            return
-        slot = int(index.ram[row])
-        index.disk[row] = self._ssd.write(
-            name, self._ram.view(slot, size), int(index.checksum[row]), int(index.mtime[row]), self._reclaim
-        )
+    def _write_below(self, page: PageMeta, payload, above: int, row: int = -1) -> tuple[int, int]:
+        """Write the page to the first tier below ``above`` that takes it: (tier, location),
+        or (-1, -1). With ``row`` the index records it; without, a device failure is raised
+        (a publish must fail), with it the page simply stays where it was."""
+        encoded = page.name.encode()
+        for position in range(above + 1, len(self._tiers)):
+            tier = self._tiers[position]
+            if not tier.fits(encoded, page.size):
+                continue
+            try:
+                location = tier.write(page, payload)
+            except OSError as exc:
+                if row < 0:
+                    raise DeviceError(f"{page.name}: the {tier.name} tier failed to write it: {exc}") from exc
+                log.warning("cannot write %s down to the %s tier: %s", page.name, tier.name, exc)
+                continue
+            if row >= 0 and self._index.dir[row] >= 0:
+                self._index.loc[row, position] = location
+            return position, location
+        return -1, -1
 
-    def _reclaim(self, start: int, end: int) -> None:
-        """The SSD tier is about to overwrite [start, end): forget what lives only there."""
+    def _reclaimed(self, position: int, start: int, end: int) -> None:
+        """Tier ``position`` is about to overwrite [start, end): forget what lives only there."""
         index = self._index
-        for row in index.rows_on_disk_between(start, end).tolist():
-            index.disk[row] = -1
-            if index.ram[row] < 0:
-                self._ssd.counters.evictions += 1
-                index.remove(row)
+        for row in index.rows_located_between(position, start, end).tolist():
+            index.loc[row, position] = -1
+            if index.top_tier(row) < 0:
+                self._tiers[position].counters.evictions += 1
+                self._forget(row)
 
     def _drop(self, row: int) -> None:
-        """Remove a page from the store: by name now, its RAM slot when its readers are done."""
-        index = self._index
-        slot = int(index.ram[row])
-        if slot >= 0:
-            self._ram.policy.forget(row)
-            self._ram.retire(slot)
-        if index.disk[row] >= 0:
-            self._ssd.invalidate(int(index.disk[row]), index.name(row).encode(), int(index.size[row]))
-        index.remove(row)
+        """Remove a page from the store at the caller's request: by name now, its RAM slot
+        when its readers are done, its lower copies invalidated."""
+        page = self._meta(row)
+        for position, location in enumerate(self._index.loc[row].tolist()):
+            if location < 0:
+                continue
+            if position == RAM:
+                self._ram.policy.forget(row)
+            self._tiers[position].drop(page, location)
+        self._index.remove(row)
+
+    def _forget(self, row: int) -> None:
+        """The page left its last tier on the store's own initiative: tell the listeners."""
+        self._gone.append(self._index.name(row))
+        self._index.remove(row)
+
+    def _reporting(self):
+        return _GoneReport(self)
+
+
+class _GoneReport:
+    """Hands the names gathered in ``_gone`` during one locked operation to the listeners."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: PageStore) -> None:
+        self.store = store
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        store = self.store
+        if store._gone:
+            names, store._gone = store._gone, []
+            for listener in store._listeners:
+                listener(names)
+

@@ -66,9 +66,17 @@ class Tier(ABC):
     def drop(self, page: PageMeta, location: int) -> None:
         """Forget the page at ``location``; no later recovery brings it back."""
 
+    def retention_bytes(self) -> int:
+        """How many bytes can be written here before the first of them may be dropped to make
+        room (a ring reclaims its oldest region before it is full)."""
+        return self.capacity_bytes
+
     def statistics(self) -> dict:
         return {"capacity_bytes": self.capacity_bytes, "used_bytes": self.used_bytes,
                 **self.counters.as_dict()}
+
+    def sync(self) -> None:
+        """Make what was written durable, as far as the tier promises."""
 
     def close(self) -> None:
         """Make what the tier holds durable, as far as it promises, and release it."""

@@ -1,0 +1,114 @@
+"""What the store hands out: facts about a page, a page being written, an open page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import xxhash
+
+from hicachefs.store.errors import StoreError
+
+if TYPE_CHECKING:
+    from hicachefs.store.tier import PageMeta
+
+
+@dataclass(frozen=True, slots=True)
+class PageInfo:
+    name: str
+    size: int
+    tier: str  # the fastest tier holding it: 'memory', 'disk' or 'shared'
+    checksum: str  # 'xxh3_64:<16 hex>'
+    hits: int
+    mtime_ns: int
+    atime_ns: int
+
+
+def checksum_text(value: int) -> str:
+    return f"xxh3_64:{value:016x}"
+
+
+class Draft:
+    """A reserved RAM slot of exactly ``size`` bytes; write the page into ``buffer``, then
+    publish or abandon it (once). Only its creator touches it."""
+
+    __slots__ = ("size", "buffer", "_offset", "_live", "_hasher", "_hashed")
+
+    def __init__(self, offset: int | None, size: int, buffer: memoryview) -> None:
+        self.size = size
+        self.buffer = buffer
+        self._offset = offset  # RAM arena offset; None for a page too large for a RAM slot
+        self._live = True
+        self._hasher = xxhash.xxh3_64()
+        self._hashed = 0  # bytes fed to the hasher, in order from the start
+
+    def write(self, offset: int, data) -> None:
+        """Copy ``data`` into the page at ``offset``. Writes in order from the start are
+        checksummed as they arrive, while the bytes are still in the CPU cache, which saves
+        publish a second pass over the page."""
+        if self._hasher is not None and offset != self._hashed:
+            self._zero_unwritten()
+        end = offset + len(data)
+        self.buffer[offset:end] = data
+        if self._hasher is not None:
+            self._hasher.update(data)
+            self._hashed = end
+
+    def view(self) -> memoryview:
+        """The page's bytes as written so far; bytes never written read as zeros."""
+        if self._hasher is not None and self._hashed < self.size:
+            self._zero_unwritten()
+        return self.buffer
+
+    def _zero_unwritten(self) -> None:
+        """Leave in-order mode: the slot still holds an earlier page's bytes past what was
+        written, and those must never be seen, so they become zeros."""
+        self.buffer[self._hashed :] = bytes(self.size - self._hashed)
+        self._hasher = None
+
+    def checksum(self) -> int:
+        if self._hasher is not None and self._hashed == self.size:
+            return self._hasher.intdigest()
+        return xxhash.xxh3_64_intdigest(self.view())
+
+    def consume(self) -> int | None:
+        """End the draft (the store takes its slot over or frees it); returns the slot."""
+        if not self._live:
+            raise StoreError("draft already published or abandoned")
+        self._live = False
+        return self._offset
+
+
+class PageReader:
+    """An open page: reads return views of bytes pinned until ``close`` (no copy for RAM pages).
+    Safe to read from several threads; close once (later closes do nothing)."""
+
+    __slots__ = ("info", "meta", "size", "_view", "_release")
+
+    def __init__(self, info: PageInfo, meta: PageMeta, view: memoryview,
+                 release: Callable[[], None] | None) -> None:
+        self.info = info
+        self.meta = meta
+        self.size = info.size
+        self._view = view
+        self._release = release
+
+    def read(self, offset: int, size: int) -> memoryview | bytes:
+        if offset >= self.size or size <= 0:
+            return b""
+        return self._view[offset : min(offset + size, self.size)]
+
+    def view(self) -> memoryview:
+        """The whole page (valid until ``close``)."""
+        return self._view[: self.size]
+
+    def close(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> PageReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
