@@ -1,0 +1,160 @@
+"""A failing SSD device under the store (EIO, ENOSPC, short writes, latency, bit flips).
+
+Under each fault: the store stays consistent (every page it names reads back exactly, no slot
+leaks), the failure is counted in the disk tier's ``io_errors`` (or ``checksum_failures``) and
+surfaces as DeviceError (EIO) or PageCorrupt, and RAM pages keep being served.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+
+import pytest
+from store_helpers import KiB, MiB, content, page_name, read_all
+
+from hicachefs.store import DeviceError, PageCorrupt, PageStore, StoreConfig
+from hicachefs.store.device import FileDevice
+from hicachefs.store.faults import Fault, FaultyDevice
+from hicachefs.store.ssd_tier import ARENA_NAME
+
+PAGE = 256 * KiB
+
+
+@pytest.fixture
+def faulty_store(tmp_path):
+    """make(**config) -> (store, device): a store whose SSD arena sits on a FaultyDevice."""
+    made: list[PageStore] = []
+
+    def make(memory=4 * MiB, disk=64 * MiB, **kwargs):
+        (tmp_path / "disk").mkdir(exist_ok=True)
+        device = FaultyDevice(FileDevice(tmp_path / "disk" / ARENA_NAME), seed=len(made))
+        config = StoreConfig(memory_bytes=memory, disk_dir=tmp_path / "disk", disk_bytes=disk,
+                             max_page_size=PAGE, **kwargs)
+        store = PageStore(config, disk_device=device)
+        made.append(store)
+        return store, device
+
+    yield make
+    for store in made:
+        try:
+            store.close()
+        except Exception:
+            pass
+
+
+def assert_consistent(store: PageStore, expected: dict[str, bytes]) -> None:
+    """Every page the store names reads back as written, and the RAM tier's bytes add up."""
+    for name, data in expected.items():
+        if store.info(name) is not None:
+            assert read_all(store, name) == data, f"{name}: wrong bytes"
+    stats = store.statistics()
+    memory = stats["tiers"]["memory"]
+    assert memory["used_bytes"] == memory["pages"] * PAGE  # no slot leaked
+    assert stats["pages"] == sum(store.info(n) is not None for n in expected)
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC])
+def test_a_failing_write_through_publishes_nothing_and_keeps_the_old_page(faulty_store, err):
+    store, device = faulty_store(write_through=True)
+    store.put(page_name(1), content("old", PAGE))
+    device.inject(Fault("pwritev", errno=err))
+    with pytest.raises(DeviceError):
+        store.put(page_name(1), content("new", PAGE))
+    with pytest.raises(DeviceError):
+        store.put(page_name(2), content(2, PAGE))
+    assert store.info(page_name(2)) is None
+    assert_consistent(store, {page_name(1): content("old", PAGE)})
+    assert store.statistics()["tiers"]["disk"]["io_errors"] == 2
+    device.clear()
+    store.put(page_name(2), content(2, PAGE))  # the device works again: so does the store
+    assert_consistent(store, {page_name(1): content("old", PAGE), page_name(2): content(2, PAGE)})
+
+
+@pytest.mark.parametrize("fault", [Fault("pwritev", errno=errno.EIO), Fault("pwritev", errno=errno.ENOSPC),
+                                   Fault("pwritev", short=True)], ids=["EIO", "ENOSPC", "short"])
+def test_ram_keeps_serving_when_pages_cannot_be_written_down(faulty_store, fault):
+    store, device = faulty_store()
+    device.inject(fault)
+    written = {}
+    for i in range(40):  # 10 MiB through a 4 MiB RAM tier: demotions fail, pages are evicted
+        written[page_name(i)] = content(i, PAGE)
+        store.put(page_name(i), written[page_name(i)])
+    stats = store.statistics()
+    assert stats["tiers"]["disk"]["io_errors"] > 0 and stats["tiers"]["disk"]["pages"] == 0
+    assert stats["tiers"]["memory"]["evictions"] > 0
+    recent = [page_name(i) for i in range(40 - 8, 40)]
+    assert all(store.info(name).tier == "memory" for name in recent)
+    assert_consistent(store, written)
+
+
+def test_a_short_write_is_not_recovered_after_a_restart(tmp_path, faulty_store):
+    store, device = faulty_store(write_through=True)
+    store.put(page_name(1), content(1, PAGE))
+    device.inject(Fault("pwritev", short=True, count=1))
+    with pytest.raises(DeviceError):
+        store.put(page_name(2), content(2, PAGE))
+    store.put(page_name(3), content(3, PAGE))  # written over the torn record
+    store.close()
+    reopened = PageStore(store.config)
+    try:
+        assert reopened.info(page_name(2)) is None
+        assert read_all(reopened, page_name(1)) == content(1, PAGE)
+        assert read_all(reopened, page_name(3)) == content(3, PAGE)
+    finally:
+        reopened.close()
+
+
+def test_a_failing_read_surfaces_as_eio_and_loses_nothing(faulty_store):
+    store, device = faulty_store()
+    written = {page_name(i): content(i, PAGE) for i in range(24)}
+    for name, data in written.items():
+        store.put(name, data)
+    on_disk = [n for n in written if store.info(n).tier == "disk"]
+    assert on_disk
+    read_all(store, on_disk[0])  # a first read: the second would promote it into a RAM slot
+    device.inject(Fault("preadv", errno=errno.EIO))
+    for name in on_disk[:3]:
+        with pytest.raises(DeviceError):
+            read_all(store, name)
+    assert store.statistics()["tiers"]["disk"]["io_errors"] == 3
+    device.clear()
+    assert_consistent(store, written)
+    assert all(store.info(n) is not None for n in on_disk)
+
+
+def test_a_flipped_bit_on_read_is_caught_and_the_page_dropped(faulty_store):
+    store, device = faulty_store()
+    written = {page_name(i): content(i, PAGE) for i in range(24)}
+    for name, data in written.items():
+        store.put(name, data)
+    victim = next(n for n in written if store.info(n).tier == "disk")
+    device.inject(Fault("preadv", flip=True, count=1))
+    with pytest.raises(PageCorrupt):
+        read_all(store, victim)
+    assert store.info(victim) is None
+    assert store.statistics()["tiers"]["disk"]["checksum_failures"] == 1
+    del written[victim]
+    assert_consistent(store, written)
+
+
+def test_a_slow_disk_read_does_not_hold_up_ram_pages(faulty_store):
+    store, device = faulty_store()
+    written = {page_name(i): content(i, PAGE) for i in range(24)}
+    for name, data in written.items():
+        store.put(name, data)
+    on_disk = next(n for n in written if store.info(n).tier == "disk")
+    in_ram = [n for n in written if store.info(n).tier == "memory"]
+    device.inject(Fault("preadv", delay_s=2.0, count=1))
+    slow = threading.Thread(target=read_all, args=(store, on_disk))
+    slow.start()
+    try:
+        time.sleep(0.2)  # the slow read is under way
+        assert slow.is_alive()
+        served = [read_all(store, name) == written[name] for name in in_ram]
+        assert served and all(served) and slow.is_alive()  # RAM answered while the disk stalled
+    finally:
+        slow.join()
+    assert device.injected["preadv:delay"] == 1
+    assert_consistent(store, written)
