@@ -28,9 +28,9 @@ class LruPolicy:
         """A page left the tier."""
         self._order.pop(row, None)
 
-    def victim(self) -> int | None:
-        """The page to evict next, or None when the tier holds no evictable page."""
-        return next(iter(self._order), None)
+    def in_order(self) -> Iterator[int]:
+        """The pages, the next victim first (lazily: stop iterating before changing the policy)."""
+        return iter(self._order)
 
     def oldest_first(self) -> Iterator[int]:
         """A snapshot of the pages, the next victim first."""

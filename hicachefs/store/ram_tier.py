@@ -78,6 +78,9 @@ class RamTier(Tier):
             self._retired.discard(offset)
             self.arena.free(offset)
 
+    def is_pinned(self, offset: int) -> bool:
+        return offset in self._pins
+
     def retire(self, offset: int) -> None:
         """The slot's page (or draft) is gone: free it now, or when its last reader closes."""
         if offset in self._pins:

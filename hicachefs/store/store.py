@@ -156,13 +156,15 @@ class PageStore:
 
     # -- reading -----------------------------------------------------------------------
 
-    def open(self, name: str, *, memory_only: bool = False) -> PageReader | None:
+    def open(self, name: str, *, memory_only: bool = False, counted: bool = True) -> PageReader | None:
         """Pin the page for reading. A lower tier's page is read and verified here (blocking
         I/O) and promoted to RAM on its second read when room can be made. Raises PageNotFound,
         PageCorrupt or DeviceError.
 
         With ``memory_only`` a page that would need I/O is not read: None is returned, so an
-        event loop can serve RAM pages inline and send only lower-tier reads to a thread."""
+        event loop can serve RAM pages inline and send only lower-tier reads to a thread.
+        ``counted=False`` opens it for the store's own purposes: no hit, no access time, no
+        change to the eviction order."""
         for _ in range(3):  # a read can race with a replace or reclaim; then look again
             with self._lock:
                 row = self._index.find(name)
@@ -172,8 +174,10 @@ class PageStore:
                         tier.counters.misses += 1
                     raise PageNotFound(name)
                 index = self._index
-                index.atime[row] = time.time_ns()
                 slot = int(index.loc[row, RAM])
+                if not counted and (slot >= 0 or memory_only):
+                    return self._pinned_reader(row, slot) if slot >= 0 else None
+                index.atime[row] = time.time_ns()
                 if slot >= 0:
                     index.hits[row] += 1
                     self._ram.counters.hits += 1
@@ -372,15 +376,23 @@ class PageStore:
     def _make_room(self, size: int) -> int:
         """A RAM slot for ``size`` bytes, evicting least recently used pages until one frees.
         Evicting in strict LRU order may take out a few pages of other sizes first, as they
-        are older; that is the order a user expects."""
+        are older; that is the order a user expects. Pages open for reading are passed over:
+        evicting them would free nothing and take the page from under its reader."""
         while True:
             offset = self._ram.allocate(size)
             if offset is not None:
                 return offset
-            row = self._ram.policy.victim()
-            if row is None:
+            row = self._next_victim()
+            if row < 0:
                 raise StoreFull(f"no room for a page of {size} bytes: the RAM tier is pinned by readers and drafts")
             self._evict_from_ram(row)
+
+    def _next_victim(self) -> int:
+        loc = self._index.loc
+        for row in self._ram.policy.in_order():
+            if not self._ram.is_pinned(int(loc[row, RAM])):
+                return row
+        return -1
 
     def _evict_from_ram(self, row: int) -> None:
         """Move the page out of RAM: down to a lower tier unless one holds it already, else

@@ -81,27 +81,32 @@ def test_pages_larger_than_a_ram_slab_go_to_disk(make_store):
     assert info.tier == "disk" and read_all(store, "d/big") == content(5, 3 * MiB)
 
 
-def test_a_reader_keeps_the_old_bytes(make_store):
+def test_a_reader_keeps_the_old_bytes_and_its_page_stays_in_ram(make_store):
     store = make_store(memory=1 * MiB, disk=16 * MiB, max_page_size=64 * KiB)
     store.put("d/deleted", content(1, 64 * KiB))
     store.put("d/replaced", content(2, 64 * KiB))
-    store.put("d/evicted", content(3, 64 * KiB))
-    deleted, replaced, evicted = store.open("d/deleted"), store.open("d/replaced"), store.open("d/evicted")
+    store.put("d/open", content(3, 64 * KiB))
+    deleted, replaced, held = store.open("d/deleted"), store.open("d/replaced"), store.open("d/open")
     store.delete("d/deleted")
     store.put("d/replaced", content(22, 64 * KiB))
     for i in range(40):  # floods the RAM tier several times over
         store.put(page_name(i), content(100 + i, 64 * KiB))
-    assert store.info("d/evicted").tier == "disk"
+    assert store.info("d/open").tier == "memory"  # the oldest page, but open: not evicted
     assert store.statistics()["tiers"]["memory"]["used_bytes"] <= 1 * MiB
     assert bytes(deleted.read(0, 64 * KiB)) == content(1, 64 * KiB)
     assert bytes(replaced.read(0, 64 * KiB)) == content(2, 64 * KiB)
-    assert bytes(evicted.read(0, 64 * KiB)) == content(3, 64 * KiB)
+    assert bytes(held.read(0, 64 * KiB)) == content(3, 64 * KiB)
     assert read_all(store, "d/replaced") == content(22, 64 * KiB)
     used = store.statistics()["tiers"]["memory"]["used_bytes"]
-    for reader in (deleted, replaced, evicted):
+    for reader in (deleted, replaced):
         reader.close()
     assert store.statistics()["tiers"]["memory"]["used_bytes"] < used  # the retired slots are free now
     assert store.info("d/deleted") is None
+    held.close()
+    for i in range(40, 80):
+        store.put(page_name(i), content(100 + i, 64 * KiB))
+    assert store.info("d/open").tier == "disk"  # closed: it moves down like any other
+    assert read_all(store, "d/open") == content(3, 64 * KiB)
 
 
 def test_restart_after_clean_close_is_warm(tmp_path):
