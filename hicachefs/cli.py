@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--disk", help="directory for the SSD tier's arena file")
     mount.add_argument("--disk-size", help="SSD tier size, required with --disk")
     mount.add_argument("--write-through", action="store_true", help="also write every page to disk at publish")
+    mount.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false",
+                       help="serve every read from the daemon; the kernel keeps no copy of pages")
     mount.add_argument("--max-page-size", help="largest page accepted (default 64M, or 1/8 of --memory if smaller)")
     mount.add_argument("--foreground", action="store_true", help="stay attached; log to stderr")
     mount.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -103,6 +105,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         log_level=args.log_level,
         log_file=log_file,
         temp_timeout_s=args.temp_timeout,
+        kernel_cache=args.kernel_cache,
     )
 
 

@@ -5,6 +5,11 @@ the store (looked up by path, so the namespace holds no per-page state except fo
 pages the kernel currently knows by inode). Files being written are ``PendingFile``s
 until a rename (or, for a file created under a key, its last close) publishes them.
 
+Published pages may be cached by the kernel (entries, attributes, data): whatever changes
+what a name means without a request from the kernel (a page the store evicts, a replace
+racing an open) is reported to a ``KernelNotices`` object, and the data of a page just
+published is pushed to the kernel's page cache, so that its first read is a warm one.
+
 Not thread-safe: the daemon calls it from its trio thread only. Every method is
 synchronous and never blocks on I/O, except ``open_reader`` which the caller may run in
 a worker thread (it only calls the thread-safe store).
@@ -20,6 +25,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from .. import names
 from ..store import PageInfo, PageNotFound, PageReader, PageStore
@@ -37,6 +43,22 @@ RENAME_EXCHANGE = 2
 DIR_MODE = stat.S_IFDIR | 0o755
 PAGE_MODE = stat.S_IFREG | 0o444
 PENDING_MODE = stat.S_IFREG | 0o644
+
+
+def _version(info: PageInfo) -> tuple[str, int]:
+    return info.checksum, info.mtime_ns
+
+
+class KernelNotices(Protocol):
+    """Where the namespace reports what the kernel must learn (see ``kernel_notifier``)."""
+
+    def push(self, inode: int, reader: PageReader) -> bool: ...
+
+    def forget_entry(self, parent_inode: int, name: bytes) -> None: ...
+
+    def forget_inode(self, inode: int) -> None: ...
+
+    def forget_attributes(self, inode: int) -> None: ...
 
 
 class PageHandle:
@@ -77,14 +99,20 @@ class PendingHandle:
 class Namespace:
     """Directories, inode numbers, open handles and the publish rules of DESIGN.md."""
 
-    def __init__(self, store: PageStore, control: ControlFiles, temp_timeout_s: float = 60.0):
+    def __init__(self, store: PageStore, control: ControlFiles, notices: KernelNotices,
+                 temp_timeout_s: float = 60.0, kernel_cache: bool = True):
+        """``kernel_cache``: the kernel may keep published pages' data (and is given new
+        pages' bytes at publish); without it every read comes to the daemon."""
         self.store = store
         self.control = control
+        self.notices = notices
         self.temp_timeout_s = temp_timeout_s
+        self.kernel_cache = kernel_cache
         self.root = Directory(ROOT_INODE, "", 0, None)
         self._inodes = itertools.count(max(CONTROL_INODES) + 1)
         self._handles_ids = itertools.count(1)
         self._dirs: dict[int, Directory] = {ROOT_INODE: self.root}
+        self._dirs_by_path: dict[str, Directory] = {"": self.root}
         self._pages: dict[int, PageNode] = {}
         self._page_by_name: dict[tuple[int, str], PageNode] = {}
         self._pending: dict[int, PendingFile] = {}
@@ -117,7 +145,7 @@ class Namespace:
         info = None if page is None else self.store.info(page)
         if info is None:
             raise FsError(errno.ENOENT, "no such page")
-        node = self._page_node(parent, text)
+        node = self._page_node(parent, text, info)
         node.nlookup += 1
         return self._page_stat(node.inode, info)
 
@@ -143,9 +171,12 @@ class Namespace:
         if inode in self._pending:
             return self._pending_stat(self._pending[inode])
         info = self.page_info(inode)
-        if info is None:
+        if info is not None:
+            return self._page_stat(inode, info)
+        node = self._pages.get(inode)
+        if node is None:
             raise FsError(errno.ENOENT, "page no longer stored")
-        return self._page_stat(inode, info)
+        return self._page_stat(inode, node.info, nlink=0)  # open files keep what they had
 
     def page_info(self, inode: int) -> PageInfo | None:
         """The store's facts about the page an inode names, or None."""
@@ -174,6 +205,7 @@ class Namespace:
         if child.children or child.pending or self.store.list_dir(child.path):
             raise FsError(errno.ENOTEMPTY, "directory not empty")
         del parent.children[child.path.rsplit("/", 1)[-1]]
+        del self._dirs_by_path[child.path]
         child.removed = True
         parent.mtime_ns = time.time_ns()
 
@@ -211,7 +243,7 @@ class Namespace:
         return self._pending_stat(pending)
 
     def _listed_page(self, directory: Directory, key: str, info: PageInfo, counted: bool) -> Stat:
-        node = self._page_node(directory, key)
+        node = self._page_node(directory, key, info)
         node.nlookup += counted
         return self._page_stat(node.inode, info)
 
@@ -263,8 +295,18 @@ class Namespace:
         except PageNotFound:
             raise FsError(errno.ENOENT, "page no longer stored") from None
 
-    def add_page_handle(self, reader: PageReader) -> int:
-        return self.add_handle(PageHandle(reader))
+    def add_page_handle(self, inode: int, reader: PageReader) -> tuple[int, bool]:
+        """Register an open page: (handle id, whether the kernel may serve it from its cache).
+
+        The kernel may hold data of the version it first saw behind this inode; an open that
+        finds another version there (it raced a replace) reads past the cache, and the stale
+        data is dropped."""
+        cacheable = self.kernel_cache
+        node = self._pages.get(inode)
+        if node is not None and _version(node.info) != _version(reader.info):
+            cacheable = False
+            self.notices.forget_inode(inode)
+        return self.add_handle(PageHandle(reader)), cacheable
 
     def is_control(self, inode: int) -> bool:
         return inode in CONTROL_INODES
@@ -359,24 +401,52 @@ class Namespace:
     def pending_count(self) -> int:
         return sum(1 for p in self._pending.values() if not p.gone)
 
+    def pages_gone(self, names: list[str]) -> None:
+        """The store dropped these pages on its own (eviction, a failed checksum): the kernel
+        forgets their names, and the inodes it knows for them stop naming pages."""
+        for name in names:
+            path, _, key = name.rpartition("/")
+            directory = self._dirs_by_path.get(path)
+            if directory is None:
+                continue
+            self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
+            node = self._page_by_name.pop((directory.inode, key), None)
+            if node is not None:
+                node.directory = None
+                self.notices.forget_inode(node.inode)
+
     # ---- internals -----------------------------------------------------------------
 
     def _publish(self, pending: PendingFile, directory: Directory, key: str) -> None:
         draft = pending.filled_draft()
-        self.store.publish(draft, directory.page_name(key), pending.mtime_ns)
+        info = self.store.publish(draft, directory.page_name(key), pending.mtime_ns)
         directory.last_page_size = draft.size
         pending.directory.pending.pop(pending.name, None)
         pending.gone = True
         # The kernel may have resolved the key to the old inode just before this rename; an
-        # open of it then gets the new page (replaced atomically), so the old node keeps its name.
-        self._page_by_name.pop((directory.inode, key), None)
-        node = PageNode(pending.inode, directory, key, pending.nlookup)
+        # open of it then gets the new page (replaced atomically), so the old node keeps its
+        # name, and its cached data, of the old page, goes.
+        old = self._page_by_name.pop((directory.inode, key), None)
+        if old is not None:
+            self.notices.forget_inode(old.inode)
+        node = PageNode(pending.inode, directory, key, info, pending.nlookup)
         if node.nlookup > 0:
             self._pages[node.inode] = node
             self._page_by_name[(directory.inode, key)] = node
+            self._warm_kernel_cache(node.inode, info.name)
         pending.nlookup = 0
         self._drop_pending_if_unused(pending)
         directory.mtime_ns = time.time_ns()
+
+    def _warm_kernel_cache(self, inode: int, name: str) -> None:
+        """Give the kernel the new page's bytes and its read-only attributes now, so that its
+        first read is served from memory (the inode was the file being written)."""
+        self.notices.forget_attributes(inode)
+        if not self.kernel_cache:
+            return
+        reader = self.store.open(name, memory_only=True, counted=False)  # too large for RAM: not pushed
+        if reader is not None:
+            self.notices.push(inode, reader)
 
     def _move_page(self, source: Directory, old: str, target: Directory, new: str) -> None:
         source_name = self._stored_name(source, old)
@@ -415,10 +485,10 @@ class Namespace:
         if node is not None:
             node.directory = None
 
-    def _page_node(self, directory: Directory, key: str) -> PageNode:
+    def _page_node(self, directory: Directory, key: str, info: PageInfo) -> PageNode:
         node = self._page_by_name.get((directory.inode, key))
         if node is None:
-            node = PageNode(next(self._inodes), directory, key)
+            node = PageNode(next(self._inodes), directory, key, info)
             self._pages[node.inode] = node
             self._page_by_name[(directory.inode, key)] = node
         return node
@@ -463,6 +533,7 @@ class Namespace:
         parent.children[name] = child
         parent.mtime_ns = child.mtime_ns
         self._dirs[child.inode] = child
+        self._dirs_by_path[path] = child
         return child
 
     def _make_dirs(self, path: str) -> None:
@@ -476,8 +547,8 @@ class Namespace:
                     directory.mtime_ns, directory.mtime_ns)
 
     @staticmethod
-    def _page_stat(inode: int, info: PageInfo) -> Stat:
-        return Stat(inode, PAGE_MODE, info.size, 1, info.mtime_ns, info.atime_ns)
+    def _page_stat(inode: int, info: PageInfo, nlink: int = 1) -> Stat:
+        return Stat(inode, PAGE_MODE, info.size, nlink, info.mtime_ns, info.atime_ns)
 
     @staticmethod
     def _pending_stat(pending: PendingFile) -> Stat:

@@ -11,7 +11,7 @@ import errno
 import time
 from dataclasses import dataclass, field
 
-from ..store import Draft, PageStore
+from ..store import Draft, PageInfo, PageStore
 from .errors import FsError
 
 
@@ -47,11 +47,18 @@ class Directory:
 
 @dataclass(eq=False, slots=True)
 class PageNode:
-    """The kernel's handle on a published page; the page itself lives in the store."""
+    """The kernel's handle on a published page; the page itself lives in the store.
+
+    ``info`` is the version of the page the kernel first saw behind this inode: the kernel may
+    cache its data, so an open that finds another version under the name (it raced a
+    replace) bypasses the cache; and once the name no longer leads to a page, files still
+    open keep these attributes, as an unlinked file does.
+    """
 
     inode: int
-    directory: Directory | None  # None once unlinked or replaced
+    directory: Directory | None  # None once unlinked, evicted or replaced
     key: str
+    info: PageInfo
     nlookup: int = 0
 
     @property
@@ -79,6 +86,8 @@ class PendingFile:
     opens: int = 0
     nlookup: int = 0
     last_close: float = field(default_factory=time.monotonic)
+    # Fixed at creation, not moved by writes: the kernel drops an inode's cached data when
+    # its mtime changes, and the page this file becomes is pushed into that cache at publish.
     mtime_ns: int = field(default_factory=time.time_ns)
     gone: bool = False
 
@@ -95,7 +104,6 @@ class PendingFile:
             else:
                 self.staging.extend(bytes(size - len(self.staging)))
         self.size = size
-        self.mtime_ns = time.time_ns()
 
     def write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
@@ -115,7 +123,6 @@ class PendingFile:
                 self.staging.extend(bytes(end - len(self.staging)))
             self.staging[offset:end] = data
         self.size = max(self.size, end)
-        self.mtime_ns = time.time_ns()
         return len(data)
 
     def read(self, offset: int, size: int):

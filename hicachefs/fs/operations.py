@@ -6,12 +6,13 @@ leave a dead mount), so store and namespace errors are mapped here and anything
 unexpected is logged and answered with EIO.
 
 Kernel caching (see ``_entry``): attributes and entries are cached, for a minute for files
-and five for directories, because they only change through requests the kernel itself
-sends (write, truncate, rename, unlink), after which it drops or updates what it cached. A
+and five for directories, because they change through requests the kernel itself sends
+(write, truncate, rename, unlink), after which it drops or updates what it cached; what the
+store changes on its own (evictions) the namespace reports through the kernel notifier. A
 lookup that finds nothing is cached as a negative entry, which is safe for the same reason:
-every page is published by a create or rename that passes through the kernel. A page that
-the store evicts stays visible to ``stat`` until its entry times out; opening it then
-fails with ENOENT.
+every page is published by a create or rename that passes through the kernel. Published
+pages are immutable, so their data is served through the kernel's page cache (reads of a
+cached page never reach the daemon); files being written and control files use direct I/O.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ class Operations(pyfuse3.Operations):
             reader = self.namespace.open_reader(target, memory_only=True)
             if reader is None:  # on the disk tier: read and verify it off the event loop
                 reader = await trio.to_thread.run_sync(self.namespace.open_reader, target)
-            target = self.namespace.add_page_handle(reader)
+            fh, cacheable = self.namespace.add_page_handle(inode, reader)
+            return pyfuse3.FileInfo(fh=fh, direct_io=not cacheable, keep_cache=cacheable)
         return pyfuse3.FileInfo(fh=target, direct_io=True, keep_cache=False)
 
     @_replying

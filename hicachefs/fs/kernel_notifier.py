@@ -1,0 +1,129 @@
+"""Tells the kernel what changed behind its back, from a thread of its own.
+
+The kernel caches entries, attributes and (for published pages) data. Most changes reach it
+through the requests it sends itself, but a page the store evicts or drops, and the data of a
+page just published, do not. pyfuse3's notifications for those can block, or deadlock when
+sent from a request handler while the kernel holds a lock that handler's request needs, so
+they are queued here and sent by one worker thread, in order:
+
+- ``push``: a published page's bytes into the kernel's page cache (``notify_store``), so the
+  first read of a new page is served from memory. Bounded by the bytes queued: past the
+  budget a push is skipped (that page's first read fills the cache the usual way).
+- ``forget_entry``: a name no longer names a page (``invalidate_entry``).
+- ``forget_inode``: an inode's cached attributes and data are stale (``invalidate_inode``);
+  ``forget_attributes``: only its attributes are (a file just published became read-only).
+
+Thread-safe: any thread may queue; the kernel calls happen in the worker thread only.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import queue
+import threading
+from collections import Counter
+
+import pyfuse3
+
+from ..store import PageReader
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+#: Errors that only mean the kernel no longer knows what we tell it about.
+_FORGOTTEN = {errno.ENOENT, errno.ENOTCONN, errno.EBADF}
+
+
+class KernelNotifier:
+    """A queue of kernel cache notifications and the thread that sends them."""
+
+    def __init__(self, push_budget_bytes: int) -> None:
+        self.push_budget_bytes = push_budget_bytes
+        self.counters: Counter[str] = Counter()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued_bytes = 0
+        self._thread = threading.Thread(target=self._run, name="kernel-notifier", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Send what is queued, then end the thread (it must run before the session closes)."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the kernel notifier did not finish within %.0f s", timeout)
+        while True:  # release what was never sent
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP and item[0] == "push":
+                item[2].close()
+
+    def push(self, inode: int, reader: PageReader) -> bool:
+        """Queue the page's bytes for ``inode``'s page cache; the reader is closed once sent."""
+        with self._lock:
+            if self._queued_bytes + reader.size > self.push_budget_bytes:
+                self.counters["pushes_skipped"] += 1
+                skip = True
+            else:
+                self._queued_bytes += reader.size
+                skip = False
+        if skip:
+            reader.close()
+            return False
+        self._queue.put(("push", inode, reader))
+        return True
+
+    def forget_entry(self, parent_inode: int, name: bytes) -> None:
+        self._queue.put(("entry", parent_inode, name))
+
+    def forget_inode(self, inode: int) -> None:
+        self._queue.put(("inode", inode, False))
+
+    def forget_attributes(self, inode: int) -> None:
+        self._queue.put(("inode", inode, True))
+
+    def statistics(self) -> dict[str, int]:
+        with self._lock:
+            return {**self.counters, "push_queue_bytes": self._queued_bytes}
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            kind, inode, arg = item
+            try:
+                if kind == "push":
+                    self._push(inode, arg)
+                elif kind == "entry":
+                    pyfuse3.invalidate_entry(inode, arg)
+                    self._count("entries_invalidated")
+                else:
+                    pyfuse3.invalidate_inode(inode, attr_only=arg)
+                    self._count("attributes_invalidated" if arg else "inodes_invalidated")
+            except OSError as exc:
+                if exc.errno not in _FORGOTTEN:
+                    log.warning("kernel notification %s(%s) failed: %s", kind, inode, exc)
+                    self._count("notify_failures")
+            except Exception:  # never let the thread die: later notifications still matter
+                log.exception("kernel notification %s(%s) failed", kind, inode)
+                self._count("notify_failures")
+
+    def _push(self, inode: int, reader: PageReader) -> None:
+        try:
+            pyfuse3.notify_store(inode, 0, reader.view())
+            self._count("pushes")
+        finally:
+            with self._lock:
+                self._queued_bytes -= reader.size
+            reader.close()
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.counters[what] += 1

@@ -1,0 +1,133 @@
+"""Published pages through the kernel's page cache: warm from publish, never a stale byte.
+
+Reads of a cached page never reach the daemon, so the daemon's READ counter tells whether a
+read was served by the kernel. Other processes read, as other ranks would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pages import pattern, publish, read_page
+
+PAGE = 1 << 20
+POOL = "model/bfloat16-page_first-64/tp0of1/kv"
+
+
+def daemon_reads(mount, action) -> int:
+    """READ requests the daemon served while ``action()`` ran (not counting the reads of
+    ``.hicachefs/stats`` that measure it)."""
+
+    def counted() -> int:
+        return mount.stats()["requests"].get("read", 0)
+
+    first = counted()
+    second = counted()
+    action()
+    return counted() - second - (second - first)
+
+
+def read_elsewhere(path) -> bytes:
+    """Read a page in another process (another rank), as bytes."""
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())",
+                          str(path)], capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def exists(root, rel: str) -> str:
+    fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
+    try:
+        os.write(fd, rel.encode() + b"\n")
+        return os.read(fd, 10).decode().strip()
+    finally:
+        os.close(fd)
+
+
+def until(condition, seconds: float = 1.0) -> float:
+    """Wait until ``condition()`` holds; returns the seconds it took (fails past ``seconds``)."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < seconds, "not within the time allowed"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_a_new_page_is_read_from_the_kernel_cache_from_the_first_read(mounted):
+    pool = mounted.page_dir()
+    pages = {f"k{i}": pattern(PAGE, i) for i in range(8)}
+    for key, data in pages.items():
+        publish(pool, key, data, size_hint=False)
+    until(lambda: mounted.stats()["kernel_cache"].get("pushes", 0) == len(pages), 10)
+
+    def read_all_pages() -> None:
+        for key, data in pages.items():
+            assert read_elsewhere(pool / key) == data
+
+    assert daemon_reads(mounted, read_all_pages) == 0  # every byte came from the kernel's cache
+
+
+def test_without_the_kernel_cache_every_read_reaches_the_daemon(mount_factory):
+    mount = mount_factory("--memory", "256M", "--no-kernel-cache")
+    pool = mount.page_dir()
+    data = pattern(PAGE, 1)
+    publish(pool, "k", data)
+    for _ in range(3):
+        assert daemon_reads(mount, lambda: read_page(pool / "k")) >= 1
+    assert "pushes" not in mount.stats()["kernel_cache"]
+
+
+def test_a_replaced_page_read_by_another_process_gives_the_new_bytes(mounted):
+    pool = mounted.page_dir()
+    for version in range(5):
+        data = pattern(PAGE, 100 + version)
+        publish(pool, "same-key", data)
+        assert read_elsewhere(pool / "same-key") == data
+        assert read_page(pool / "same-key") == data
+
+
+def test_a_reader_with_the_page_open_keeps_the_old_bytes(mounted):
+    pool = mounted.page_dir()
+    old, new = pattern(PAGE, 1), pattern(PAGE, 2)
+    publish(pool, "k", old)
+    fd = os.open(pool / "k", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 0) == old[:4096]
+        publish(pool, "k", new)
+        assert read_elsewhere(pool / "k") == new
+        assert os.pread(fd, PAGE + 1, 0) == old
+        os.unlink(pool / "k")
+        assert os.pread(fd, PAGE + 1, 0) == old
+        assert os.fstat(fd).st_size == PAGE
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-kernel-cache"]], ids=["cache", "no-cache"])
+def test_stat_getfattr_and_exists_agree_within_a_second_of_an_eviction(mount_factory, flags):
+    mount = mount_factory("--memory", "16M", *flags)  # 2 MiB pages at most; no disk tier
+    pool = mount.page_dir()
+    publish(pool, "first", pattern(PAGE, 0))
+    assert os.stat(pool / "first").st_size == PAGE  # the kernel now caches its entry
+    assert os.getxattr(pool / "first", "user.hicachefs.tier") == b"memory"
+    for i in range(20):  # 20 MiB through a 16 MiB RAM tier: "first" is evicted
+        publish(pool, f"more{i}", pattern(PAGE, i + 1))
+    assert exists(mount.path, f"{POOL}/first") == "0"
+
+    def gone() -> bool:
+        try:
+            os.stat(pool / "first")
+        except FileNotFoundError:
+            return True
+        return False
+
+    until(gone, 1.0)
+    with pytest.raises(OSError):
+        os.getxattr(pool / "first", "user.hicachefs.tier")
+    assert "first" not in os.listdir(pool)
+    assert mount.stats()["tiers"]["memory"]["evictions"] >= 1
