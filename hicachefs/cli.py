@@ -7,7 +7,6 @@ stderr with exit code 2 (bad input) or 1 (the operation failed).
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import re
@@ -20,6 +19,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from . import mount_table
 from .daemon import DaemonConfig
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -70,18 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def daemon_config(args: argparse.Namespace) -> DaemonConfig:
-    """Validate the mount command's arguments; raises UsageError naming the first problem."""
+def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonConfig:
+    """Validate the mount command's arguments; raises UsageError naming the first problem.
+    A ``dead_mount`` at the mountpoint hides the directory, which is checked once it is gone."""
     mountpoint = Path(args.mountpoint).resolve()
-    if not mountpoint.is_dir():
-        raise UsageError(f"mountpoint {args.mountpoint} is not an existing directory")
-    if os.path.ismount(mountpoint):
-        raise UsageError(f"mountpoint {args.mountpoint} is already a mount point")
-    if any(mountpoint.iterdir()):
-        raise UsageError(f"mountpoint {args.mountpoint} is not empty")
+    if not dead_mount:
+        check_mountpoint(mountpoint, args.mountpoint)
     memory = parse_size(args.memory)
     if memory < MIN_MEMORY:
         raise UsageError(f"--memory {args.memory} is below the minimum of 16M")
+    _check_memory_available(memory, args.memory)
     # The RAM arena is cut into slabs of at most 1/8 of it, and a page must fit in one slab.
     max_page = parse_size(args.max_page_size) if args.max_page_size else min(DEFAULT_MAX_PAGE, memory // 8)
     if not 0 < max_page <= memory // 8:
@@ -104,6 +102,43 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         log_file=log_file,
         temp_timeout_s=args.temp_timeout,
     )
+
+
+def check_mountpoint(mountpoint: Path, given: str) -> None:
+    """An empty directory with nothing mounted on it."""
+    fstype = mount_table.filesystem_type(mountpoint)
+    if fstype is not None:
+        dead = " whose daemon is gone" if mount_table.is_dead(mountpoint) else ""
+        raise UsageError(f"mountpoint {given} is already a mount point ({fstype}{dead})")
+    if not mountpoint.is_dir():
+        raise UsageError(f"mountpoint {given} is not an existing directory")
+    if any(mountpoint.iterdir()):
+        raise UsageError(f"mountpoint {given} is not empty")
+
+
+def _is_dead_hicachefs_mount(mountpoint: Path) -> bool:
+    return mount_table.filesystem_type(mountpoint) == mount_table.FSTYPE and mount_table.is_dead(mountpoint)
+
+
+def _check_memory_available(memory: int, given: str) -> None:
+    """The RAM tier is mapped and populated at start; more than the host can give would kill
+    the daemon after this command returned."""
+    available = _meminfo_bytes("MemAvailable")
+    if available is not None and memory > available:
+        raise UsageError(f"--memory {given} is more than the {available / (1 << 30):.1f} GiB "
+                         f"of memory this host has available")
+
+
+def _meminfo_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                name, _, value = line.partition(":")
+                if name == field:
+                    return int(value.split()[0]) << 10  # kB
+    except OSError:
+        pass
+    return None
 
 
 def _disk_tier(args: argparse.Namespace, max_page: int) -> tuple[str | None, int]:
@@ -141,7 +176,15 @@ def _default_log_file(mountpoint: Path) -> str:
 
 
 def mount(args: argparse.Namespace) -> int:
-    config = daemon_config(args)
+    dead_mount = _is_dead_hicachefs_mount(Path(args.mountpoint).resolve())
+    config = daemon_config(args, dead_mount)
+    if dead_mount:
+        try:
+            mount_table.remove(config.mountpoint)
+        except OSError as exc:
+            raise UsageError(f"cannot remove the dead mount at {args.mountpoint}: {exc.strerror}") from None
+        print(f"hicachefs: removed the dead mount at {config.mountpoint} (its daemon was gone)")
+        check_mountpoint(Path(config.mountpoint), args.mountpoint)
     if args.foreground:
         from . import daemon
 
@@ -161,7 +204,7 @@ def mount(args: argparse.Namespace) -> int:
             print(f"hicachefs: the daemon exited with status {child.returncode}; see {config.log_file}",
                   file=sys.stderr)
             return 1
-        if os.path.ismount(config.mountpoint) and control.exists():
+        if mount_table.filesystem_type(config.mountpoint) == mount_table.FSTYPE and control.exists():
             print(f"hicachefs: mounted {config.mountpoint} (pid {child.pid}, log {config.log_file})")
             return 0
         time.sleep(0.05)
@@ -172,20 +215,27 @@ def mount(args: argparse.Namespace) -> int:
 
 def umount(args: argparse.Namespace) -> int:
     mountpoint = str(Path(args.mountpoint).resolve())
-    if not os.path.ismount(mountpoint):
+    fstype = mount_table.filesystem_type(mountpoint)
+    if fstype is None:
         raise UsageError(f"{args.mountpoint} is not mounted")
+    if fstype != mount_table.FSTYPE:
+        raise UsageError(f"{args.mountpoint} is a {fstype} mount, not hicachefs")
     try:
         pid = json.loads(Path(mountpoint, ".hicachefs", "config").read_text())["pid"]
     except OSError as exc:
-        if exc.errno != errno.ENOTCONN:
-            raise UsageError(f"{args.mountpoint} is not a hicachefs mount ({exc.strerror})") from None
-        subprocess.run(["fusermount3", "-u", mountpoint], check=False)  # the daemon is gone
-        print(f"hicachefs: removed the dead mount at {mountpoint}")
+        if exc.errno not in mount_table.DEAD_ERRNOS:
+            raise UsageError(f"cannot read the daemon's config in {args.mountpoint}: {exc.strerror}") from None
+        try:
+            mount_table.remove(mountpoint)
+        except OSError as failure:
+            print(f"hicachefs: cannot remove the dead mount at {mountpoint}: {failure.strerror}", file=sys.stderr)
+            return 1
+        print(f"hicachefs: removed the dead mount at {mountpoint} (its daemon was gone)")
         return 0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + UMOUNT_TIMEOUT_S
     while time.monotonic() < deadline:
-        if not _alive(pid) and not os.path.ismount(mountpoint):
+        if not _alive(pid) and mount_table.filesystem_type(mountpoint) is None:
             print(f"hicachefs: unmounted {mountpoint}")
             return 0
         time.sleep(0.05)
