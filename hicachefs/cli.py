@@ -21,6 +21,7 @@ from pathlib import Path
 
 from . import mount_table
 from .daemon import DaemonConfig
+from .metrics_endpoint import check_can_listen, parse_listen_address
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MIN_MEMORY = 16 << 20
@@ -62,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--log-file", help="where a background daemon logs (default: in the temp dir)")
     mount.add_argument("--temp-timeout", type=float, default=60.0, metavar="SECONDS",
                        help="discard an unpublished temporary file this long after its last close (default 60)")
+    mount.add_argument("--metrics-listen", metavar="HOST:PORT",
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (PORT alone: 127.0.0.1)")
     umount = commands.add_parser("umount", help="unmount cleanly (RAM tier written down to disk)")
     umount.add_argument("mountpoint")
     stats = commands.add_parser("stats", help="print the store's statistics")
@@ -89,6 +92,7 @@ def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonC
         raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
     if not 0 < args.temp_timeout <= 60:
         raise UsageError("--temp-timeout must be above 0 and at most 60 seconds")
+    metrics_listen = None if args.metrics_listen is None else _metrics_listen(args.metrics_listen)
     _check_fuse()
     log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
     return DaemonConfig(
@@ -101,6 +105,7 @@ def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonC
         log_level=args.log_level,
         log_file=log_file,
         temp_timeout_s=args.temp_timeout,
+        metrics_listen=metrics_listen,
     )
 
 
@@ -139,6 +144,18 @@ def _meminfo_bytes(field: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+def _metrics_listen(address: str) -> str:
+    """The address in full (``127.0.0.1:9100`` for ``9100``), once it is known to be free."""
+    try:
+        host, port = parse_listen_address(address)
+        check_can_listen(host, port)
+    except ValueError as exc:
+        raise UsageError(f"--metrics-listen {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--metrics-listen {address}: cannot listen there ({exc.strerror})") from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _disk_tier(args: argparse.Namespace, max_page: int) -> tuple[str | None, int]:

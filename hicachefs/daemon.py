@@ -22,6 +22,7 @@ import trio
 from .fs.control import ControlFiles
 from .fs.namespace import Namespace
 from .fs.operations import Operations
+from .metrics_endpoint import MetricsEndpoint
 from .store import PageStore, StoreConfig
 
 log = logging.getLogger("hicachefs")
@@ -42,6 +43,7 @@ class DaemonConfig:
     log_level: str
     log_file: str | None
     temp_timeout_s: float = 60.0
+    metrics_listen: str | None = None
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(
@@ -70,7 +72,7 @@ def run(config: DaemonConfig) -> int:
     """Serve the mount until a signal or unmount; returns the process exit code."""
     log.info("starting: %s", json.dumps(asdict(config)))
     store = PageStore(config.store_config(), progress=_recovery_progress)
-    operations = None
+    operations = endpoint = None
     try:
         effective = {**asdict(config), "pid": os.getpid()}
         statistics = lambda: {  # noqa: E731 - wiring, read at every open of .hicachefs/stats
@@ -81,23 +83,29 @@ def run(config: DaemonConfig) -> int:
         }
         namespace = Namespace(store, ControlFiles(store, statistics, effective), config.temp_timeout_s)
         operations = Operations(namespace, store)
+        if config.metrics_listen:  # bound before mounting: a port in use fails the start
+            endpoint = MetricsEndpoint(config.metrics_listen, statistics)
         # No default_permissions (pyfuse3's default): Operations checks who may change what.
         options = {"fsname=hicachefs", "subtype=hicachefs"}
         if os.getuid() == 0:
             options.add("allow_other")
         pyfuse3.init(operations, config.mountpoint, options)
         try:
-            trio.run(_serve, namespace)
+            trio.run(_serve, namespace, endpoint)
         finally:
             pyfuse3.close(unmount=True)
         log.info("unmounted %s", config.mountpoint)
     finally:
+        if endpoint is not None:
+            endpoint.close()
         store.close()
         log.info("store closed")
     return 0
 
 
-async def _serve(namespace: Namespace) -> None:
+async def _serve(namespace: Namespace, endpoint: MetricsEndpoint | None) -> None:
+    if endpoint is not None:
+        endpoint.attach(trio.lowlevel.current_trio_token())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal)
         nursery.start_soon(_reap_abandoned, namespace)
