@@ -1,7 +1,9 @@
 """``hicachefs mount | umount | stats``: validate everything, then act.
 
 Every check that can fail runs before anything is mounted, and each failure is one line on
-stderr with exit code 2 (bad input) or 1 (the operation failed).
+stderr with exit code 2 (bad input) or 1 (the operation failed). ``hicachefs SOURCE
+MOUNTPOINT -o OPTIONS``, the form mount(8) and fstab use through ``mount.fuse3``, is the
+mount command (``mount_options``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import mount_table
+from . import mount_options, mount_table
 from .daemon import DaemonConfig
 from .metrics_endpoint import check_can_listen, parse_listen_address
 
@@ -52,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     mount = commands.add_parser("mount", help="mount a store (returns once the mount is live)")
     mount.add_argument("mountpoint")
+    # For --help only: parse_args has already turned every -o into the flags below.
+    mount.add_argument("-o", metavar="OPTIONS", dest="options_", action="append",
+                       help="the flags below as name=value options, comma-separated, like mount(8) "
+                            "takes them: memory=8G,disk=/nvme/hc,disk_size=200G,write_through")
     mount.add_argument("--memory", default="1G", help="RAM tier size (default 1G)")
     mount.add_argument("--disk", help="directory for the SSD tier's arena file")
     mount.add_argument("--disk-size", help="SSD tier size, required with --disk")
@@ -65,12 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
                        help="discard an unpublished temporary file this long after its last close (default 60)")
     mount.add_argument("--metrics-listen", metavar="HOST:PORT",
                        help="serve Prometheus metrics at http://HOST:PORT/metrics (PORT alone: 127.0.0.1)")
+    mount.set_defaults(fuse_options=())
     umount = commands.add_parser("umount", help="unmount cleanly (RAM tier written down to disk)")
     umount.add_argument("mountpoint")
     stats = commands.add_parser("stats", help="print the store's statistics")
     stats.add_argument("mountpoint")
     stats.add_argument("--json", action="store_true", help="print the raw JSON")
     return parser
+
+
+def _mount_flags(parser: argparse.ArgumentParser) -> dict[str, bool]:
+    """The mount command's flags as -o option names (``disk_size``), each with whether it
+    takes a value. argparse has no public listing of a parser's options: ``_actions`` it is."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        option[2:].replace("-", "_"): action.nargs != 0
+        for action in commands.choices["mount"]._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
 
 
 def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonConfig:
@@ -106,6 +125,7 @@ def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonC
         log_file=log_file,
         temp_timeout_s=args.temp_timeout,
         metrics_listen=metrics_listen,
+        fuse_options=tuple(args.fuse_options),
     )
 
 
@@ -310,9 +330,25 @@ def _human(value: int, is_bytes: bool) -> str:
     return str(value)
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, with the mount.fuse3 form and every -o list turned into flags."""
+    parser = build_parser()
+    argv = mount_options.as_mount_command(argv)
+    kernel: list[str] = []
+    if argv[:1] == ["mount"]:
+        try:
+            argv, kernel = mount_options.expand(argv, _mount_flags(parser))
+        except mount_options.OptionError as exc:
+            raise UsageError(str(exc)) from None
+    args = parser.parse_args(argv)
+    if args.command == "mount":
+        args.fuse_options = kernel
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(sys.argv[1:] if argv is None else argv)
         return {"mount": mount, "umount": umount, "stats": stats}[args.command](args)
     except UsageError as exc:
         print(f"hicachefs: {exc}", file=sys.stderr)

@@ -3,7 +3,9 @@
 Run in the foreground by ``hicachefs mount --foreground``, or as ``python -m
 hicachefs.daemon CONFIG_JSON`` by the background form of the same command. SIGTERM,
 SIGINT and SIGHUP end the loop after the requests in flight (``pyfuse3.terminate``);
-then the mount is removed and the store closed, which writes the RAM tier down to disk.
+then the mount is removed and the store closed, which writes the RAM tier down to disk
+(further stop signals are ignored meanwhile). An unmount from outside (``umount``,
+``fusermount3 -u``) ends the loop the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class DaemonConfig:
     log_file: str | None
     temp_timeout_s: float = 60.0
     metrics_listen: str | None = None
+    #: Kernel mount flags given with ``-o`` (nosuid, noatime...), passed on with the mount.
+    fuse_options: tuple[str, ...] = ()
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(
@@ -86,10 +90,15 @@ def run(config: DaemonConfig) -> int:
         if config.metrics_listen:  # bound before mounting: a port in use fails the start
             endpoint = MetricsEndpoint(config.metrics_listen, statistics)
         # No default_permissions (pyfuse3's default): Operations checks who may change what.
-        options = {"fsname=hicachefs", "subtype=hicachefs"}
+        options = {"fsname=hicachefs", "subtype=hicachefs", *config.fuse_options}
         if os.getuid() == 0:
             options.add("allow_other")
         pyfuse3.init(operations, config.mountpoint, options)
+        # From here on a stop signal is only heard while the loop listens for it, and ignored
+        # after: a second one (systemd signals a mount's processes again after umount) must
+        # not cut short the RAM tier's write-down below.
+        for signum in HANDLED_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
         try:
             trio.run(_serve, namespace, endpoint)
         finally:
@@ -115,10 +124,10 @@ async def _serve(namespace: Namespace, endpoint: MetricsEndpoint | None) -> None
 
 async def _stop_on_signal() -> None:
     with trio.open_signal_receiver(*HANDLED_SIGNALS) as signals:
-        async for signum in signals:
-            log.info("%s: finishing requests in flight, then unmounting", signal.Signals(signum).name)
-            pyfuse3.terminate()
-            return
+        signum = await signals.__anext__()
+        log.info("%s: finishing requests in flight, then unmounting", signal.Signals(signum).name)
+        pyfuse3.terminate()
+        await trio.sleep_forever()  # still listening, so later stop signals are swallowed
 
 
 async def _reap_abandoned(namespace: Namespace) -> None:
