@@ -5,7 +5,8 @@ hicachefs.daemon CONFIG_JSON`` by the background form of the same command. SIGTE
 SIGINT and SIGHUP end the loop after the requests in flight (``pyfuse3.terminate``);
 then the mount is removed and the store closed, which writes the RAM tier down to disk
 (further stop signals are ignored meanwhile). An unmount from outside (``umount``,
-``fusermount3 -u``) ends the loop the same way.
+``fusermount3 -u``) ends the loop the same way. Under systemd (``Type=notify``) the daemon
+reports ready once the mount is live.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .fs.control import ControlFiles
 from .fs.namespace import Namespace
 from .fs.operations import Operations
 from .metrics_endpoint import MetricsEndpoint
+from .sd_notify import notify
 from .store import PageStore, StoreConfig
 
 log = logging.getLogger("hicachefs")
@@ -94,6 +96,7 @@ def run(config: DaemonConfig) -> int:
         if os.getuid() == 0:
             options.add("allow_other")
         pyfuse3.init(operations, config.mountpoint, options)
+        notify("READY=1")
         # From here on a stop signal is only heard while the loop listens for it, and ignored
         # after: a second one (systemd signals a mount's processes again after umount) must
         # not cut short the RAM tier's write-down below.
