@@ -1,4 +1,4 @@
-"""``hicachefs mount | umount | stats``: validate everything, then act.
+"""``hicachefs mount | umount | stats | top``: validate everything, then act.
 
 Every check that can fail runs before anything is mounted, and each failure is one line on
 stderr with exit code 2 (bad input) or 1 (the operation failed). ``hicachefs SOURCE
@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     stats = commands.add_parser("stats", help="print the store's statistics")
     stats.add_argument("mountpoint")
     stats.add_argument("--json", action="store_true", help="print the raw JSON")
+    top = commands.add_parser("top", help="a live view of rates, tiers and requests (Ctrl-C quits)")
+    top.add_argument("mountpoint")
+    top.add_argument("--count", type=int, metavar="N", help="print N views as plain text, then exit")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                     help="seconds between views (default 1)")
     return parser
 
 
@@ -330,6 +335,19 @@ def _human(value: int, is_bytes: bool) -> str:
     return str(value)
 
 
+def top(args: argparse.Namespace) -> int:
+    from . import top as live_view  # rich is only needed here
+
+    if args.count is not None and args.count < 1:
+        raise UsageError("--count must be at least 1")
+    if not 0.1 <= args.interval <= 3600:
+        raise UsageError("--interval must be from 0.1 to 3600 seconds")
+    try:
+        return live_view.run(Path(args.mountpoint), args.count, args.interval)
+    except live_view.StatsUnreadable as exc:
+        raise UsageError(str(exc)) from None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line, with the mount.fuse3 form and every -o list turned into flags."""
     parser = build_parser()
@@ -349,7 +367,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
-        return {"mount": mount, "umount": umount, "stats": stats}[args.command](args)
+        return {"mount": mount, "umount": umount, "stats": stats, "top": top}[args.command](args)
     except UsageError as exc:
         print(f"hicachefs: {exc}", file=sys.stderr)
         return 2

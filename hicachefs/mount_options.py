@@ -24,7 +24,7 @@ IGNORED = frozenset({"defaults", "auto", "noauto", "user", "nouser", "users", "o
                      "nostrictatime", "atime", "diratime", "lazytime", "nolazytime"})
 IGNORED_PREFIXES = ("x-", "comment=")
 #: The command line's subcommands; any other first word is the helper form's SOURCE.
-COMMANDS = frozenset({"mount", "umount", "stats"})
+COMMANDS = frozenset({"mount", "umount", "stats", "top"})
 
 
 class OptionError(ValueError):
