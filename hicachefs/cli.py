@@ -1,13 +1,14 @@
-"""``hicachefs mount | umount | stats``: validate everything, then act.
+"""``hicachefs mount | umount | stats | top``: validate everything, then act.
 
 Every check that can fail runs before anything is mounted, and each failure is one line on
-stderr with exit code 2 (bad input) or 1 (the operation failed).
+stderr with exit code 2 (bad input) or 1 (the operation failed). ``hicachefs SOURCE
+MOUNTPOINT -o OPTIONS``, the form mount(8) and fstab use through ``mount.fuse3``, is the
+mount command (``mount_options``).
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import re
@@ -20,7 +21,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from . import mount_options, mount_table
 from .daemon import DaemonConfig
+from .metrics_endpoint import check_can_listen, parse_listen_address
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MIN_MEMORY = 16 << 20
@@ -51,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     mount = commands.add_parser("mount", help="mount a store (returns once the mount is live)")
     mount.add_argument("mountpoint")
+    # For --help only: parse_args has already turned every -o into the flags below.
+    mount.add_argument("-o", metavar="OPTIONS", dest="options_", action="append",
+                       help="the flags below as name=value options, comma-separated, like mount(8) "
+                            "takes them: memory=8G,disk=/nvme/hc,disk_size=200G,write_through")
     mount.add_argument("--memory", default="1G", help="RAM tier size (default 1G)")
     mount.add_argument("--disk", help="directory for the SSD tier's arena file")
     mount.add_argument("--disk-size", help="SSD tier size, required with --disk")
@@ -64,26 +71,44 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--log-file", help="where a background daemon logs (default: in the temp dir)")
     mount.add_argument("--temp-timeout", type=float, default=60.0, metavar="SECONDS",
                        help="discard an unpublished temporary file this long after its last close (default 60)")
+    mount.add_argument("--metrics-listen", metavar="HOST:PORT",
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (PORT alone: 127.0.0.1)")
+    mount.set_defaults(fuse_options=())
     umount = commands.add_parser("umount", help="unmount cleanly (RAM tier written down to disk)")
     umount.add_argument("mountpoint")
     stats = commands.add_parser("stats", help="print the store's statistics")
     stats.add_argument("mountpoint")
     stats.add_argument("--json", action="store_true", help="print the raw JSON")
+    top = commands.add_parser("top", help="a live view of rates, tiers and requests (Ctrl-C quits)")
+    top.add_argument("mountpoint")
+    top.add_argument("--count", type=int, metavar="N", help="print N views as plain text, then exit")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                     help="seconds between views (default 1)")
     return parser
 
 
-def daemon_config(args: argparse.Namespace) -> DaemonConfig:
-    """Validate the mount command's arguments; raises UsageError naming the first problem."""
+def _mount_flags(parser: argparse.ArgumentParser) -> dict[str, bool]:
+    """The mount command's flags as -o option names (``disk_size``), each with whether it
+    takes a value. argparse has no public listing of a parser's options: ``_actions`` it is."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        option[2:].replace("-", "_"): action.nargs != 0
+        for action in commands.choices["mount"]._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
+
+
+def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonConfig:
+    """Validate the mount command's arguments; raises UsageError naming the first problem.
+    A ``dead_mount`` at the mountpoint hides the directory, which is checked once it is gone."""
     mountpoint = Path(args.mountpoint).resolve()
-    if not mountpoint.is_dir():
-        raise UsageError(f"mountpoint {args.mountpoint} is not an existing directory")
-    if os.path.ismount(mountpoint):
-        raise UsageError(f"mountpoint {args.mountpoint} is already a mount point")
-    if any(mountpoint.iterdir()):
-        raise UsageError(f"mountpoint {args.mountpoint} is not empty")
+    if not dead_mount:
+        check_mountpoint(mountpoint, args.mountpoint)
     memory = parse_size(args.memory)
     if memory < MIN_MEMORY:
         raise UsageError(f"--memory {args.memory} is below the minimum of 16M")
+    _check_memory_available(memory, args.memory)
     # The RAM arena is cut into slabs of at most 1/8 of it, and a page must fit in one slab.
     max_page = parse_size(args.max_page_size) if args.max_page_size else min(DEFAULT_MAX_PAGE, memory // 8)
     if not 0 < max_page <= memory // 8:
@@ -93,6 +118,7 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
     if not 0 < args.temp_timeout <= 60:
         raise UsageError("--temp-timeout must be above 0 and at most 60 seconds")
+    metrics_listen = None if args.metrics_listen is None else _metrics_listen(args.metrics_listen)
     _check_fuse()
     log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
     return DaemonConfig(
@@ -106,7 +132,58 @@ def daemon_config(args: argparse.Namespace) -> DaemonConfig:
         log_file=log_file,
         temp_timeout_s=args.temp_timeout,
         kernel_cache=args.kernel_cache,
+        metrics_listen=metrics_listen,
+        fuse_options=tuple(args.fuse_options),
     )
+
+
+def check_mountpoint(mountpoint: Path, given: str) -> None:
+    """An empty directory with nothing mounted on it."""
+    fstype = mount_table.filesystem_type(mountpoint)
+    if fstype is not None:
+        dead = " whose daemon is gone" if mount_table.is_dead(mountpoint) else ""
+        raise UsageError(f"mountpoint {given} is already a mount point ({fstype}{dead})")
+    if not mountpoint.is_dir():
+        raise UsageError(f"mountpoint {given} is not an existing directory")
+    if any(mountpoint.iterdir()):
+        raise UsageError(f"mountpoint {given} is not empty")
+
+
+def _is_dead_hicachefs_mount(mountpoint: Path) -> bool:
+    return mount_table.filesystem_type(mountpoint) == mount_table.FSTYPE and mount_table.is_dead(mountpoint)
+
+
+def _check_memory_available(memory: int, given: str) -> None:
+    """The RAM tier is mapped and populated at start; more than the host can give would kill
+    the daemon after this command returned."""
+    available = _meminfo_bytes("MemAvailable")
+    if available is not None and memory > available:
+        raise UsageError(f"--memory {given} is more than the {available / (1 << 30):.1f} GiB "
+                         f"of memory this host has available")
+
+
+def _meminfo_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                name, _, value = line.partition(":")
+                if name == field:
+                    return int(value.split()[0]) << 10  # kB
+    except OSError:
+        pass
+    return None
+
+
+def _metrics_listen(address: str) -> str:
+    """The address in full (``127.0.0.1:9100`` for ``9100``), once it is known to be free."""
+    try:
+        host, port = parse_listen_address(address)
+        check_can_listen(host, port)
+    except ValueError as exc:
+        raise UsageError(f"--metrics-listen {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--metrics-listen {address}: cannot listen there ({exc.strerror})") from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _disk_tier(args: argparse.Namespace, max_page: int) -> tuple[str | None, int]:
@@ -144,7 +221,15 @@ def _default_log_file(mountpoint: Path) -> str:
 
 
 def mount(args: argparse.Namespace) -> int:
-    config = daemon_config(args)
+    dead_mount = _is_dead_hicachefs_mount(Path(args.mountpoint).resolve())
+    config = daemon_config(args, dead_mount)
+    if dead_mount:
+        try:
+            mount_table.remove(config.mountpoint)
+        except OSError as exc:
+            raise UsageError(f"cannot remove the dead mount at {args.mountpoint}: {exc.strerror}") from None
+        print(f"hicachefs: removed the dead mount at {config.mountpoint} (its daemon was gone)")
+        check_mountpoint(Path(config.mountpoint), args.mountpoint)
     if args.foreground:
         from . import daemon
 
@@ -164,7 +249,7 @@ def mount(args: argparse.Namespace) -> int:
             print(f"hicachefs: the daemon exited with status {child.returncode}; see {config.log_file}",
                   file=sys.stderr)
             return 1
-        if os.path.ismount(config.mountpoint) and control.exists():
+        if mount_table.filesystem_type(config.mountpoint) == mount_table.FSTYPE and control.exists():
             print(f"hicachefs: mounted {config.mountpoint} (pid {child.pid}, log {config.log_file})")
             return 0
         time.sleep(0.05)
@@ -175,20 +260,27 @@ def mount(args: argparse.Namespace) -> int:
 
 def umount(args: argparse.Namespace) -> int:
     mountpoint = str(Path(args.mountpoint).resolve())
-    if not os.path.ismount(mountpoint):
+    fstype = mount_table.filesystem_type(mountpoint)
+    if fstype is None:
         raise UsageError(f"{args.mountpoint} is not mounted")
+    if fstype != mount_table.FSTYPE:
+        raise UsageError(f"{args.mountpoint} is a {fstype} mount, not hicachefs")
     try:
         pid = json.loads(Path(mountpoint, ".hicachefs", "config").read_text())["pid"]
     except OSError as exc:
-        if exc.errno != errno.ENOTCONN:
-            raise UsageError(f"{args.mountpoint} is not a hicachefs mount ({exc.strerror})") from None
-        subprocess.run(["fusermount3", "-u", mountpoint], check=False)  # the daemon is gone
-        print(f"hicachefs: removed the dead mount at {mountpoint}")
+        if exc.errno not in mount_table.DEAD_ERRNOS:
+            raise UsageError(f"cannot read the daemon's config in {args.mountpoint}: {exc.strerror}") from None
+        try:
+            mount_table.remove(mountpoint)
+        except OSError as failure:
+            print(f"hicachefs: cannot remove the dead mount at {mountpoint}: {failure.strerror}", file=sys.stderr)
+            return 1
+        print(f"hicachefs: removed the dead mount at {mountpoint} (its daemon was gone)")
         return 0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + UMOUNT_TIMEOUT_S
     while time.monotonic() < deadline:
-        if not _alive(pid) and not os.path.ismount(mountpoint):
+        if not _alive(pid) and mount_table.filesystem_type(mountpoint) is None:
             print(f"hicachefs: unmounted {mountpoint}")
             return 0
         time.sleep(0.05)
@@ -246,10 +338,39 @@ def _human(value: int, is_bytes: bool) -> str:
     return str(value)
 
 
+def top(args: argparse.Namespace) -> int:
+    from . import top as live_view  # rich is only needed here
+
+    if args.count is not None and args.count < 1:
+        raise UsageError("--count must be at least 1")
+    if not 0.1 <= args.interval <= 3600:
+        raise UsageError("--interval must be from 0.1 to 3600 seconds")
+    try:
+        return live_view.run(Path(args.mountpoint), args.count, args.interval)
+    except live_view.StatsUnreadable as exc:
+        raise UsageError(str(exc)) from None
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, with the mount.fuse3 form and every -o list turned into flags."""
+    parser = build_parser()
+    argv = mount_options.as_mount_command(argv)
+    kernel: list[str] = []
+    if argv[:1] == ["mount"]:
+        try:
+            argv, kernel = mount_options.expand(argv, _mount_flags(parser))
+        except mount_options.OptionError as exc:
+            raise UsageError(str(exc)) from None
+    args = parser.parse_args(argv)
+    if args.command == "mount":
+        args.fuse_options = kernel
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        return {"mount": mount, "umount": umount, "stats": stats}[args.command](args)
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        return {"mount": mount, "umount": umount, "stats": stats, "top": top}[args.command](args)
     except UsageError as exc:
         print(f"hicachefs: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,10 @@
 Run in the foreground by ``hicachefs mount --foreground``, or as ``python -m
 hicachefs.daemon CONFIG_JSON`` by the background form of the same command. SIGTERM,
 SIGINT and SIGHUP end the loop after the requests in flight (``pyfuse3.terminate``);
-then the mount is removed and the store closed, which writes the RAM tier down to disk.
+then the mount is removed and the store closed, which writes the RAM tier down to disk
+(further stop signals are ignored meanwhile). An unmount from outside (``umount``,
+``fusermount3 -u``) ends the loop the same way. Under systemd (``Type=notify``) the daemon
+reports ready once the mount is live.
 
 As root, the mount's readahead is raised once it is live, so that a page the kernel does not
 hold yet is filled by 1 MiB requests in flight together rather than 128 KiB ones in turn.
@@ -26,6 +29,8 @@ from .fs.control import ControlFiles
 from .fs.kernel_notifier import KernelNotifier
 from .fs.namespace import Namespace
 from .fs.operations import Operations
+from .metrics_endpoint import MetricsEndpoint
+from .sd_notify import notify
 from .store import PageStore, StoreConfig
 
 log = logging.getLogger("hicachefs")
@@ -51,6 +56,9 @@ class DaemonConfig:
     log_file: str | None
     temp_timeout_s: float = 60.0
     kernel_cache: bool = True
+    metrics_listen: str | None = None
+    #: Kernel mount flags given with ``-o`` (nosuid, noatime...), passed on with the mount.
+    fuse_options: tuple[str, ...] = ()
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(
@@ -79,7 +87,7 @@ def run(config: DaemonConfig) -> int:
     """Serve the mount until a signal or unmount; returns the process exit code."""
     log.info("starting: %s", json.dumps(asdict(config)))
     store = PageStore(config.store_config(), progress=_recovery_progress)
-    operations = None
+    operations = endpoint = None
     try:
         effective = {**asdict(config), "pid": os.getpid()}
         notifier = KernelNotifier(min(PUSH_BUDGET, config.memory_bytes // 4))
@@ -93,26 +101,39 @@ def run(config: DaemonConfig) -> int:
         namespace = Namespace(store, ControlFiles(store, statistics, effective), notifier,
                               config.temp_timeout_s, config.kernel_cache)
         operations = Operations(namespace, store)
+        if config.metrics_listen:  # bound before mounting: a port in use fails the start
+            endpoint = MetricsEndpoint(config.metrics_listen, statistics)
         # No default_permissions (pyfuse3's default): Operations checks who may change what.
-        options = {"fsname=hicachefs", "subtype=hicachefs"}
+        options = {"fsname=hicachefs", "subtype=hicachefs", *config.fuse_options}
         if os.getuid() == 0:
             options.add("allow_other")
         pyfuse3.init(operations, config.mountpoint, options)
         notifier.start()
+        notify("READY=1")
+        # From here on a stop signal is only heard while the loop listens for it, and ignored
+        # after: a second one (systemd signals a mount's processes again after umount) must
+        # not cut short the RAM tier's write-down below.
+        for signum in HANDLED_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
         try:
-            trio.run(_serve, namespace, store, config.mountpoint)
+            trio.run(_serve, namespace, store, endpoint, config.mountpoint)
         finally:
             notifier.stop()
             pyfuse3.close(unmount=True)
         log.info("unmounted %s", config.mountpoint)
     finally:
+        if endpoint is not None:
+            endpoint.close()
         store.close()
         log.info("store closed")
     return 0
 
 
-async def _serve(namespace: Namespace, store: PageStore, mountpoint: str) -> None:
+async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoint | None,
+                 mountpoint: str) -> None:
     token = trio.lowlevel.current_trio_token()
+    if endpoint is not None:
+        endpoint.attach(token)
 
     def pages_gone(names: list[str]) -> None:  # any thread, store lock held: hand over to trio
         try:
@@ -142,10 +163,10 @@ def _raise_readahead(mountpoint: str) -> None:
 
 async def _stop_on_signal() -> None:
     with trio.open_signal_receiver(*HANDLED_SIGNALS) as signals:
-        async for signum in signals:
-            log.info("%s: finishing requests in flight, then unmounting", signal.Signals(signum).name)
-            pyfuse3.terminate()
-            return
+        signum = await signals.__anext__()
+        log.info("%s: finishing requests in flight, then unmounting", signal.Signals(signum).name)
+        pyfuse3.terminate()
+        await trio.sleep_forever()  # still listening, so later stop signals are swallowed
 
 
 async def _reap_abandoned(namespace: Namespace) -> None:

@@ -1,41 +1,83 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh Debian machine: OS packages, .venv, the project and its test extras.
+# Prints one line per step. apt's and pip's own output goes to a log, which is named (and its
+# end shown) only if a step fails. When nothing changed it returns at once (a stamp in .venv).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-# Debian's own Python 3.11: built with PGO and LTO, it runs the daemon's per-request Python
-# about 1.5x faster than an unoptimised build (such as a default pyenv one).
-py=/usr/bin/python3.11
+log="${TMPDIR:-/tmp}/hicachefs-setup.log"
+log_started=no
+
+# Run a step with its output in the log; on failure name the log and stop.
+quietly() {
+  local what=$1
+  shift
+  if [ "$log_started" = no ]; then
+    : >"$log"
+    log_started=yes
+  fi
+  echo "\$ $*" >>"$log"
+  if ! "$@" >>"$log" 2>&1; then
+    echo "setup: $what failed; the last lines of $log:" >&2
+    tail -n 15 "$log" >&2
+    exit 1
+  fi
+}
+
+# Debian packages, one per line.
+os_packages=(
+  fuse3
+  libfuse3-dev
+  pkg-config
+  attr
+  fio
+  python3.11
+  python3.11-venv
+  python3.11-dev
+  systemd     # systemd-analyze checks contrib/systemd/hicachefs@.service
+  prometheus  # promtool checks the metrics
+)
 need_pkgs=()
-for p in fuse3 libfuse3-dev pkg-config attr fio python3.11 python3.11-venv python3.11-dev; do
+for p in "${os_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "setup: installing OS packages: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+  quietly "apt-get update" apt-get update
+  quietly "apt-get install" apt-get install -y --no-install-recommends "${need_pkgs[@]}"
 fi
 
+# Debian's own Python 3.11: built with PGO and LTO, it runs the daemon's per-request Python
+# about 1.5x faster than an unoptimised build (such as a default pyenv one).
+py=/usr/bin/python3.11
 if [ -f .venv/pyvenv.cfg ] && ! grep -qx "home = $(dirname "$py")" .venv/pyvenv.cfg; then
   echo "setup: .venv was made by another Python; making it again with $py"
   rm -rf .venv
 fi
-[ -x .venv/bin/python ] || "$py" -m venv .venv
-pip=(.venv/bin/python -m pip -q --disable-pip-version-check)
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: making .venv with $py"
+  quietly "making .venv" "$py" -m venv .venv
+fi
 
 stamp=.venv/.hicachefs-setup
 want=$(cat pyproject.toml scripts/setup.sh scripts/sglang-requirements.txt | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "setup: installing Python packages into .venv"
-# torch first, pinned to this machine's local CPU build, so nothing pulls a CUDA build.
-"${pip[@]}" install torch==2.13.0
-"${pip[@]}" install -e ".[test]"
-# SGLang only for tests and benchmarks: its storage modules, without its serving stack.
-"${pip[@]}" install --no-deps sglang==0.5.23
-"${pip[@]}" install -r scripts/sglang-requirements.txt
-echo "$want" > "$stamp"
+# --no-warn-conflicts: SGLang is installed without its serving stack on purpose (below), and
+# pip would otherwise report every missing piece of that stack as a conflict.
+pip=(.venv/bin/python -m pip --disable-pip-version-check --no-input install --no-warn-conflicts
+     --root-user-action=ignore)
+echo "setup: installing torch 2.13 (CPU build) into .venv"
+# First, pinned to this machine's local CPU build, so nothing pulls a CUDA build.
+quietly "installing torch" "${pip[@]}" torch==2.13.0
+echo "setup: installing hicachefs (editable) and its test tools"
+quietly "installing hicachefs" "${pip[@]}" -e ".[test]"
+echo "setup: installing SGLang 0.5.23's storage modules (for the comparison tests and benchmarks)"
+# What those modules import, then SGLang itself without its serving stack.
+quietly "installing SGLang's requirements" "${pip[@]}" -r scripts/sglang-requirements.txt
+quietly "installing SGLang" "${pip[@]}" --no-deps sglang==0.5.23
+echo "$want" >"$stamp"
 echo "setup: done"

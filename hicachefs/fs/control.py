@@ -14,9 +14,7 @@ import stat
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
+from .. import metrics
 from ..store import PageStore
 from .errors import FsError
 from .nodes import Stat
@@ -26,8 +24,6 @@ _FILES = {b"stats": 3, b"metrics": 4, b"config": 5, b"exists": 6}
 CONTROL_INODES = frozenset({CONTROL_DIR_INODE, *_FILES.values()})
 #: The largest exists request one handle accepts (about 300,000 page paths).
 MAX_EXISTS_REQUEST = 64 << 20
-
-_GAUGES = {"capacity_bytes", "used_bytes", "free_bytes", "pages", "pending_files"}
 
 
 class SnapshotHandle:
@@ -140,47 +136,9 @@ class ControlFiles:
         if inode == _FILES[b"stats"]:
             return SnapshotHandle(render_json(self.statistics()))
         if inode == _FILES[b"metrics"]:
-            return SnapshotHandle(render_metrics(self.statistics()))
+            return SnapshotHandle(metrics.render(self.statistics()))
         return SnapshotHandle(render_json(self.config))
 
 
 def render_json(facts: dict) -> bytes:
     return (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode()
-
-
-def render_metrics(facts: dict) -> bytes:
-    """The statistics in Prometheus text format, rendered by prometheus_client."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_StatisticsCollector(facts))
-    return generate_latest(registry)
-
-
-class _StatisticsCollector:
-    """Turns the nested statistics dict into metric families, one per counter name."""
-
-    def __init__(self, facts: dict):
-        self.facts = facts
-
-    def collect(self):
-        by_name: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-
-        def family(field: str, labels: list[str]):
-            if field not in by_name:
-                name = f"hicachefs_{field}"
-                doc = f"hicachefs {field.replace('_', ' ')}"
-                cls = GaugeMetricFamily if field in _GAUGES else CounterMetricFamily
-                by_name[field] = cls(name, doc, labels=labels)
-            return by_name[field]
-
-        for tier, counters in self.facts.get("tiers", {}).items():
-            for field, value in counters.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    family(f"tier_{field}", ["tier"]).add_metric([tier], value)
-        for kind, count in self.facts.get("errors", {}).items():
-            family("errors", ["kind"]).add_metric([kind], count)
-        for op, count in self.facts.get("requests", {}).items():
-            family("requests", ["op"]).add_metric([op], count)
-        for field, value in self.facts.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                family(field, []).add_metric([], value)
-        yield from by_name.values()

@@ -1,0 +1,82 @@
+"""What ``hicachefs mount`` and ``umount`` check first: a mount whose daemon was killed
+(``umount`` removes it, ``mount`` cleans it and mounts), a live mount, the host's memory."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from hicachefs.testing import mounting
+from pages import pattern, publish, read_page
+
+
+def hicachefs(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hicachefs.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def kill_daemon(mount: mounting.Mount) -> None:
+    os.kill(mount.pid, signal.SIGKILL)
+    assert mounting.wait_gone(mount.pid, 10)
+    assert mounting.is_mounted(mount.path)
+    with pytest.raises(OSError) as dead:
+        os.listdir(mount.path)
+    assert dead.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+
+
+def test_umount_removes_a_dead_mount(mount_factory):
+    mount = mount_factory("--memory", "32M")
+    kill_daemon(mount)
+    result = hicachefs("umount", str(mount.path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"hicachefs: removed the dead mount at {mount.path} (its daemon was gone)\n"
+    assert not mounting.is_mounted(mount.path)
+    again = hicachefs("umount", str(mount.path))
+    assert again.returncode == 2 and again.stderr == f"hicachefs: {mount.path} is not mounted\n"
+
+
+def test_mount_over_a_dead_mount_cleans_it_and_serves_the_disk_tier(mount_factory, tmp_path):
+    flags = ["--memory", "32M", "--disk", str(tmp_path / "ssd"), "--disk-size", "128M", "--write-through"]
+    mount = mount_factory(*flags)
+    pool = mount.page_dir()
+    pages = {f"k{i}": pattern(1 << 20, i) for i in range(4)}
+    for key, data in pages.items():
+        publish(pool, key, data)
+    kill_daemon(mount)
+
+    log = tmp_path / "again.log"
+    result = hicachefs("mount", str(mount.path), *flags, "--log-file", str(log))
+    again = mounting.Mount(mount.path, log, flags)
+    try:
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
+        lines = result.stdout.splitlines()
+        assert lines[0] == f"hicachefs: removed the dead mount at {mount.path} (its daemon was gone)"
+        assert lines[1].startswith(f"hicachefs: mounted {mount.path}") and len(lines) == 2
+        again.pid = int(lines[1].split("pid ")[1].split(",")[0])
+        for key, data in pages.items():
+            assert read_page(pool / key) == data
+    finally:
+        mounting.stop(again)
+    assert not mounting.unexpected_log_lines(again)
+
+
+def test_mount_over_a_live_mount_is_refused(mounted):
+    result = hicachefs("mount", str(mounted.path), "--memory", "32M")
+    assert result.returncode == 2
+    assert result.stderr == f"hicachefs: mountpoint {mounted.path} is already a mount point (fuse.hicachefs)\n"
+
+
+def test_memory_beyond_what_the_host_has_is_refused_up_front(tmp_path):
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    log = tmp_path / "daemon.log"
+    result = hicachefs("mount", str(mountpoint), "--memory", "10T", "--log-file", str(log))
+    assert result.returncode == 2
+    assert result.stderr.startswith("hicachefs: --memory 10T is more than the ")
+    assert result.stderr.endswith(" GiB of memory this host has available\n") and result.stderr.count("\n") == 1
+    assert not mounting.is_mounted(mountpoint) and not log.exists()  # no daemon was started

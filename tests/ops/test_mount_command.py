@@ -1,0 +1,120 @@
+"""``mount -t fuse.hicachefs`` and fstab lines, through mount(8) and fuse3's mount.fuse3."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hicachefs.testing import mounting
+from pages import pattern, publish, read_page
+
+
+def wait_gone(pid: int) -> None:
+    assert mounting.wait_gone(pid, 60), f"daemon {pid} still runs after the unmount"
+
+
+def test_mount_t_and_fstab_line_mount_and_umount_cleanly(mount_namespace, tmp_path):
+    ns = mount_namespace
+    mnt, disk = tmp_path / "mnt", tmp_path / "ssd"
+    mnt.mkdir()
+    log = ns.log_dir / "daemon.log"
+    options = f"memory=64M,disk={disk},disk_size=256M,max_page_size=4M,log_file={log}"
+
+    result = ns.run("mount", "-t", "fuse.hicachefs", "hicachefs", str(mnt), "-o", options + ",nosuid,noatime")
+    assert result.returncode == 0, result.stderr
+    fstype, mount_flags = ns.mounts()[str(mnt)]
+    assert fstype == "fuse.hicachefs"
+    assert {"nosuid", "noatime"} <= set(mount_flags.split(","))
+    config = json.loads((ns.outside(mnt) / ".hicachefs" / "config").read_text())
+    assert (config["memory_bytes"], config["disk_bytes"], config["max_page_size"]) == (64 << 20, 256 << 20, 4 << 20)
+    pool = ns.outside(mnt) / "m" / "bfloat16-page_first-64" / "tp0of1" / "kv"
+    pool.mkdir(parents=True)
+    pages = {f"k{i}": pattern(1 << 20, i) for i in range(8)}
+    for key, data in pages.items():
+        publish(pool, key, data)
+    pid = ns.daemon_pid(mnt)
+
+    # umount(8) from outside: the daemon sees the mount go, writes RAM down and exits.
+    result = ns.run("umount", str(mnt))
+    assert result.returncode == 0, result.stderr
+    wait_gone(pid)
+    assert str(mnt) not in ns.mounts()
+    assert "store closed" in log.read_text()
+
+    # The same mount as an fstab line, with the options mount(8), systemd and fstab add.
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"# a comment\nhicachefs {mnt} fuse.hicachefs "
+                     f"defaults,_netdev,nofail,x-systemd.requires=network-online.target,relatime,"
+                     f"allow_other,{options} 0 0\n")
+    result = ns.run("mount", "--fstab", str(fstab), str(mnt))
+    assert result.returncode == 0, result.stderr
+    pid = ns.daemon_pid(mnt)
+    stats = json.loads((ns.outside(mnt) / ".hicachefs" / "stats").read_text())
+    assert stats["tiers"]["disk"]["pages"] == len(pages) and stats["tiers"]["memory"]["pages"] == 0
+    for key, data in pages.items():
+        assert read_page(pool / key) == data
+    result = ns.run("umount", str(mnt))
+    assert result.returncode == 0, result.stderr
+    wait_gone(pid)
+    assert str(mnt) not in ns.mounts()
+
+
+@pytest.mark.parametrize("options, message", [
+    ("memory=64M,bogus=1", "unknown mount option bogus"),
+    ("memory=64M,disk-size=1G", "write it disk_size"),
+    ("memory", "takes a value"),
+    ("memory=64M,write_through=yes", "takes no value"),
+    ("memory=64M,ro", "always writable"),
+    ("memory=lots", "bad size"),
+    ("memory=64M,log_level=LOUD", "invalid choice: 'LOUD'"),
+    ("memory=10T", "--memory 10T is more than the"),
+])
+def test_bad_mount_options_give_one_line_and_mount_nothing(mount_namespace, tmp_path, options, message):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = mount_namespace.run("mount", "-t", "fuse.hicachefs", "hicachefs", str(mnt), "-o", options)
+    assert result.returncode != 0
+    assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert str(mnt) not in mount_namespace.mounts()
+    # The command mount.fuse3 runs, by itself: usage errors exit with 2.
+    direct = subprocess.run([sys.executable, "-m", "hicachefs.cli", "hicachefs", str(mnt), "-o", options],
+                            capture_output=True, text=True, timeout=60)
+    assert direct.returncode == 2 and message in direct.stderr and direct.stderr.count("\n") == 1
+    assert not mounting.is_mounted(mnt)
+
+
+def test_o_options_and_flags_combine_on_the_mount_command(mount_factory):
+    mount = mount_factory("-o", "memory=32M,max_page_size=1M", "--temp-timeout", "30")
+    config = json.loads((mount.path / ".hicachefs" / "config").read_text())
+    assert (config["memory_bytes"], config["max_page_size"], config["temp_timeout_s"]) == (32 << 20, 1 << 20, 30)
+
+
+def test_stop_signals_during_the_write_down_do_not_cut_it_short(mount_factory, tmp_path):
+    """systemd stops an fstab mount with umount, then SIGTERM to what is left of its processes."""
+    flags = ["--memory", "256M", "--disk", str(tmp_path / "ssd"), "--disk-size", "512M"]
+    mount = mount_factory(*flags)
+    pool = mount.page_dir()
+    pages = {f"k{i}": pattern(1 << 20, i) for i in range(160)}
+    for key, data in pages.items():
+        publish(pool, key, data)
+    assert mount.stats()["tiers"]["disk"]["pages"] == 0  # all of them only in RAM
+    subprocess.run(["umount", str(mount.path)], check=True)
+    signals = 0
+    while mounting.alive(mount.pid):
+        try:
+            os.kill(mount.pid, signal.SIGTERM)
+            signals += 1
+        except ProcessLookupError:
+            break
+        time.sleep(0.002)
+    assert signals > 1 and "store closed" in mount.log_text()
+    again = mount_factory(*flags, path=mount.path)
+    assert again.stats()["tiers"]["disk"]["pages"] == len(pages)
+    for key, data in pages.items():
+        assert read_page(pool / key) == data
