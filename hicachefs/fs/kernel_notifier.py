@@ -10,8 +10,7 @@ they are queued here and sent by one worker thread, in order:
   first read of a new page is served from memory. Bounded by the bytes queued: past the
   budget a push is skipped (that page's first read fills the cache the usual way).
 - ``forget_entry``: a name no longer names a page (``invalidate_entry``).
-- ``forget_inode``: an inode's cached attributes and data are stale (``invalidate_inode``);
-  ``forget_attributes``: only its attributes are (a file just published became read-only).
+- ``forget_inode``: an inode's cached attributes and data are stale (``invalidate_inode``).
 
 Thread-safe: any thread may queue; the kernel calls happen in the worker thread only.
 """
@@ -83,10 +82,7 @@ class KernelNotifier:
         self._queue.put(("entry", parent_inode, name))
 
     def forget_inode(self, inode: int) -> None:
-        self._queue.put(("inode", inode, False))
-
-    def forget_attributes(self, inode: int) -> None:
-        self._queue.put(("inode", inode, True))
+        self._queue.put(("inode", inode, None))
 
     def statistics(self) -> dict[str, int]:
         with self._lock:
@@ -105,8 +101,8 @@ class KernelNotifier:
                     pyfuse3.invalidate_entry(inode, arg)
                     self._count("entries_invalidated")
                 else:
-                    pyfuse3.invalidate_inode(inode, attr_only=arg)
-                    self._count("attributes_invalidated" if arg else "inodes_invalidated")
+                    pyfuse3.invalidate_inode(inode)
+                    self._count("inodes_invalidated")
             except OSError as exc:
                 if exc.errno not in _FORGOTTEN:
                     log.warning("kernel notification %s(%s) failed: %s", kind, inode, exc)

@@ -41,8 +41,10 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
 DIR_MODE = stat.S_IFDIR | 0o755
-PAGE_MODE = stat.S_IFREG | 0o444
-PENDING_MODE = stat.S_IFREG | 0o644
+#: Pages and files being written alike: a file's attributes stay what the kernel cached
+#: while it was written, so publishing it needs no round trip to refresh them (the
+#: daemon, not the mode, decides who may write).
+FILE_MODE = stat.S_IFREG | 0o444
 
 
 def _version(info: PageInfo) -> tuple[str, int]:
@@ -57,8 +59,6 @@ class KernelNotices(Protocol):
     def forget_entry(self, parent_inode: int, name: bytes) -> None: ...
 
     def forget_inode(self, inode: int) -> None: ...
-
-    def forget_attributes(self, inode: int) -> None: ...
 
 
 class PageHandle:
@@ -439,9 +439,8 @@ class Namespace:
         directory.mtime_ns = time.time_ns()
 
     def _warm_kernel_cache(self, inode: int, name: str) -> None:
-        """Give the kernel the new page's bytes and its read-only attributes now, so that its
-        first read is served from memory (the inode was the file being written)."""
-        self.notices.forget_attributes(inode)
+        """Give the kernel the new page's bytes now (the inode was the file being written), so
+        that its first read is served from memory."""
         if not self.kernel_cache:
             return
         reader = self.store.open(name, memory_only=True, counted=False)  # too large for RAM: not pushed
@@ -548,9 +547,9 @@ class Namespace:
 
     @staticmethod
     def _page_stat(inode: int, info: PageInfo, nlink: int = 1) -> Stat:
-        return Stat(inode, PAGE_MODE, info.size, nlink, info.mtime_ns, info.atime_ns)
+        return Stat(inode, FILE_MODE, info.size, nlink, info.mtime_ns, info.atime_ns)
 
     @staticmethod
     def _pending_stat(pending: PendingFile) -> Stat:
-        return Stat(pending.inode, PENDING_MODE, pending.size, 1, pending.mtime_ns, pending.mtime_ns)
+        return Stat(pending.inode, FILE_MODE, pending.size, 1, pending.mtime_ns, pending.mtime_ns)
 
