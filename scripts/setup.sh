@@ -7,8 +7,21 @@ cd "$root"
 # Debian's own Python 3.11: built with PGO and LTO, it runs the daemon's per-request Python
 # about 1.5x faster than an unoptimised build (such as a default pyenv one).
 py=/usr/bin/python3.11
+# One package per line.
+os_pkgs=(
+  fuse3
+  libfuse3-dev
+  pkg-config
+  attr
+  fio
+  python3.11
+  python3.11-venv
+  python3.11-dev
+  glusterfs-server  # the shared tier's tests and benchmark run on a real GlusterFS volume
+  glusterfs-client
+)
 need_pkgs=()
-for p in fuse3 libfuse3-dev pkg-config attr fio python3.11 python3.11-venv python3.11-dev; do
+for p in "${os_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
