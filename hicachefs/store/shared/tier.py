@@ -111,6 +111,7 @@ class SharedTier(Tier):
         self._recent: collections.OrderedDict[str, _Opened] = collections.OrderedDict()
         self._to_close: list[int] = []
         self._full_until = 0.0
+        self._free_wanted = 0  # bytes to free after ENOSPC, on a tier without a size bound
         self._fs_free: int | None = None
         self._fs_checked = 0.0
         self._token = secrets.token_hex(6)  # names this writer's temporary files
@@ -361,6 +362,7 @@ class SharedTier(Tier):
             if error.errno in _FULL:
                 with self._lock:
                     self._full_until = time.monotonic() + self._retry_s
+                    self._free_wanted += 4 * _stored_size(page)  # room for a few more like it
                 self._sweep_wanted = True
             self._count_failure(error)
             raise
@@ -409,8 +411,8 @@ class SharedTier(Tier):
             self._defer_close(opened.fd)
 
     def _evict(self, budget: int) -> None:
-        """Remove up to ``budget`` of the oldest pages while the tier is over its bound (or
-        the filesystem said it is full)."""
+        """Remove up to ``budget`` of the oldest pages while the tier is over its bound, or
+        until a few pages' room is free after the filesystem said it is full."""
         if not self._evicting.acquire(blocking=False):
             return  # an earlier eviction is still stuck in the filesystem
         try:
@@ -430,22 +432,27 @@ class SharedTier(Tier):
             where = place(candidate.name)
             if not self._presence.contains(where.directory, where.key_hash):
                 continue  # already gone
+            removed = True
             try:
                 self._device.unlink(self._layout.page_path(where))
             except OSError as error:
                 if error.errno not in _GONE:
                     candidates.appendleft(candidate)
                     raise
+                removed = False  # another host evicted it first
             self._presence.update(where.directory, where.key_hash, candidate.size, False)
-            self._journal.announce(False, candidate.size, candidate.name)
             self._forget_recent(candidate.name)
-            self._count(evictions=1)
+            with self._lock:
+                self._free_wanted = max(0, self._free_wanted - candidate.size)
+            if removed:
+                self._journal.announce(False, candidate.size, candidate.name)
+                self._count(evictions=1)
 
     def _over_capacity(self) -> bool:
         if self._limit is not None and self.used_bytes > self._limit:
             return True
         with self._lock:
-            return time.monotonic() < self._full_until
+            return self._free_wanted > 0
 
     def _refresh_free_space(self) -> None:
         stat = self._device.statvfs(str(self.root))
