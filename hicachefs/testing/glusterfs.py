@@ -67,7 +67,8 @@ def up(directory: Path) -> GlusterVolume:
 
 
 def down(directory: Path) -> None:
-    subprocess.run([str(SCRIPT), "down", str(directory)], check=True, capture_output=True, text=True, timeout=180)
+    """Take it down; removing a brick of 100 k pages takes minutes on a busy machine."""
+    subprocess.run([str(SCRIPT), "down", str(directory)], check=True, capture_output=True, text=True, timeout=3600)
 
 
 @contextlib.contextmanager
