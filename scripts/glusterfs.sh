@@ -27,6 +27,18 @@ alive() {
   [ -n "$state" ] && [ "$state" != Z ]
 }
 
+# A gluster command, retried for a few seconds: glusterd refuses commands for a moment after
+# another ("Another transaction is in progress").
+gluster_retried() {
+  local out
+  for _ in $(seq 20); do
+    out=$("${gluster[@]}" "$@" 2>&1) && return 0
+    sleep 0.5
+  done
+  echo "glusterfs.sh: gluster $*: $out" >&2
+  return 1
+}
+
 glusterd_pid() {
   local pid
   pid=$(cat "$dir/glusterd.pid" 2>/dev/null) || return 1
@@ -42,6 +54,15 @@ brick_pids() {
     alive "$pid" && grep -qa -- "$dir/brick" "/proc/$pid/cmdline" && echo "$pid"
   done
   return 0
+}
+
+# Whether a mount answers within 10 s (a client reconnects to a restarted volume in about 3 s).
+answers() {
+  for _ in $(seq 20); do
+    timeout -k 1 5 ls "$1" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  return 1
 }
 
 mounted() { awk -v m="$1" '$2 == m {found=1} END {exit !found}' /proc/self/mounts; }
@@ -69,12 +90,17 @@ up() {
   start_glusterd
   mkdir -p "$dir/brick"
   if ! "${gluster[@]}" volume info "$volume" >/dev/null 2>&1; then
-    "${gluster[@]}" volume create "$volume" "$host:$dir/brick" force >/dev/null
+    gluster_retried volume create "$volume" "$host:$dir/brick" force
   fi
   # "start force" also restarts a brick that died, and succeeds on a started volume.
-  "${gluster[@]}" volume start "$volume" force >/dev/null
+  gluster_retried volume start "$volume" force
   for view in a b; do
-    mounted "$dir/$view" && continue  # a mount of a stopped volume reconnects by itself
+    if mounted "$dir/$view"; then
+      # A mount of a stopped volume reconnects by itself once it starts; one whose client
+      # process died never does, and is replaced.
+      answers "$dir/$view" && continue
+      umount -l "$dir/$view"
+    fi
     mkdir -p "$dir/$view"
     mount -t glusterfs -o "log-file=$dir/log/mount-$view.log" "$host:/$volume" "$dir/$view"
   done

@@ -61,14 +61,20 @@ class GlusterVolume:
             os.kill(pid, signal.SIGCONT)
 
 
+def _script(action: str, directory: Path, timeout: float) -> None:
+    done = subprocess.run([str(SCRIPT), action, str(directory)], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"glusterfs.sh {action} {directory} exited {done.returncode}: {done.stderr.strip()}")
+
+
 def up(directory: Path) -> GlusterVolume:
-    subprocess.run([str(SCRIPT), "up", str(directory)], check=True, capture_output=True, text=True, timeout=120)
+    _script("up", directory, timeout=120)
     return GlusterVolume(Path(directory))
 
 
 def down(directory: Path) -> None:
     """Take it down; removing a brick of 100 k pages takes minutes on a busy machine."""
-    subprocess.run([str(SCRIPT), "down", str(directory)], check=True, capture_output=True, text=True, timeout=3600)
+    _script("down", directory, timeout=3600)
 
 
 @contextlib.contextmanager
