@@ -168,6 +168,19 @@ def test_the_write_behind_queue_is_bounded_in_pages_and_bytes_and_counts_drops(t
     assert tier.statistics()["lag_s"] == 0.0
 
 
+def test_write_behind_admits_only_what_it_can_write_within_its_lag_bound(tmp_path, make_tier):
+    device = FaultyDevice(DirectoryDevice())
+    device.inject(Fault("pwritev", delay_s=0.2))  # a filesystem slower than publishing
+    tier = make_tier(tmp_path / "shared", device=device, writers=1, queue_lag_s=0.5)
+    first, first_data = make_page(0)
+    tier.offer(first, memoryview(first_data), lambda: None)
+    wait_until(lambda: tier.statistics()["written"] == 1)  # the pace is known: ~0.2 s a page
+    accepted = [tier.offer(page, memoryview(data), lambda: None) for page, data in map(make_page, range(1, 21))]
+    assert 2 <= accepted.count(True) <= 4  # about 0.5 s of writes
+    assert tier.statistics()["dropped_queue_full"] == accepted.count(False)
+    wait_until(lambda: tier.statistics()["written"] == 1 + accepted.count(True))
+
+
 def test_write_behind_releases_the_payload_before_it_writes(tmp_path, make_tier):
     device = FaultyDevice(DirectoryDevice())
     device.inject(Fault("pwritev", delay_s=0.5))

@@ -74,7 +74,7 @@ def parse(data: bytes) -> tuple[list[Announcement], int]:
 
 class Journal:
     def __init__(self, device, layout: Layout, writer: str, rotate_bytes: int = 8 << 20,
-                 keep_s: float = 600.0, poll_bytes: int = 4 << 20) -> None:
+                 keep_s: float = 600.0, poll_bytes: int = 1 << 20) -> None:
         self._device = device
         self._layout = layout
         self.writer = writer

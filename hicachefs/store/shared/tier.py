@@ -84,13 +84,21 @@ class SharedTier(Tier):
 
     def __init__(self, root: Path, capacity_bytes: int | None, *, device=None, deadline_s: float = 0.5,
                  io_threads: int = 4, writers: int = 2, queue_pages: int = 256, queue_bytes: int = 256 * _MiB,
-                 tick_s: float = 0.1, poll_s: float = 0.2, retry_s: float = 1.0, sweep_interval_s: float = 60.0,
-                 sweep_budget_s: float = 0.05, journal_keep_s: float = 600.0, oldest_kept: int = 4096,
-                 evictions_per_tick: int = 64, min_bandwidth: float = 32 * _MiB, recent_opens: int = 64) -> None:
-        """``deadline_s``: the longest a metadata call may take (a data call adds its size at
+                 queue_lag_s: float = 1.0, tick_s: float = 0.1, poll_s: float = 0.2, retry_s: float = 1.0,
+                 sweep_interval_s: float = 60.0, sweep_budget_s: float = 0.02, journal_keep_s: float = 600.0,
+                 oldest_kept: int = 4096, evictions_per_tick: int = 64, min_bandwidth: float = 32 * _MiB,
+                 recent_opens: int = 64) -> None:
+        """``root``: the directory on the distributed filesystem (made if missing).
+        ``capacity_bytes``: the size bound; None leaves the filesystem's free space as the limit.
+        ``device``: the object making the filesystem calls (tests pass a ``FaultyDevice``).
+        ``deadline_s``: the longest a metadata call may take (a data call adds its size at
         ``min_bandwidth``). ``queue_pages``/``queue_bytes`` bound write-behind (and the RAM it
-        keeps pinned). ``tick_s``: the maintenance period; ``poll_s``: how often other hosts'
-        journals are read; ``sweep_interval_s``: the pause between two sweeps."""
+        keeps pinned), ``queue_lag_s`` the time a page may wait in that queue. ``tick_s``: the
+        maintenance period; ``poll_s``: how often other hosts' journals are read; ``retry_s``:
+        how often an unavailable filesystem is probed; ``sweep_interval_s``: the pause between
+        two sweeps; ``sweep_budget_s``: the time a tick may spend sweeping (at least one
+        directory), which keeps the sweep's share of the interpreter small beside the daemon's
+        event loop. ``oldest_kept``: eviction candidates a sweep notes."""
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive or None, got {capacity_bytes}")
         self.root = Path(root)
@@ -123,7 +131,8 @@ class SharedTier(Tier):
         self._sweeper = Sweeper(self._device, self._layout, self._presence, oldest_kept)
         self._sweep_wanted = True
         self._evicting = threading.Lock()
-        self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queue_bytes)
+        self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queue_bytes,
+                                         queue_lag_s)
         try:
             self._guard.call(self._probe, timeout=deadline_s, probe=True)
         except OSError as error:
