@@ -64,11 +64,11 @@ class Sweeper:
     def in_cycle(self) -> bool:
         return bool(self._queue)
 
-    def step(self) -> bool:
-        """List the next directory; return True when that finished a cycle. Returns False at
+    def step(self) -> bool | None:
+        """List the next directory; return True when that finished a cycle. Returns None at
         once while an earlier step is still stuck in the filesystem."""
         if not self._busy.acquire(blocking=False):
-            return False
+            return None
         try:
             return self._step()
         finally:

@@ -481,7 +481,8 @@ class SharedTier(Tier):
                         self._guarded(self._probe, probe=True)
                     continue
                 self._close_stale(now)
-                self._guarded(self._journal.flush)
+                if self._journal.pending():
+                    self._guarded(self._journal.flush)
                 if now >= next_poll:
                     next_poll = now + self._poll_s
                     self._apply(self._guarded(self._journal.poll, timeout=4 * self._deadline_s) or [])
@@ -513,7 +514,7 @@ class SharedTier(Tier):
         end = now + self._sweep_budget_s
         while time.monotonic() < end and not self._stop.is_set():
             finished = self._guarded(self._sweeper.step, timeout=max(5.0, 10 * self._deadline_s))
-            if finished or finished is None:
+            if finished is not False:  # a cycle ended, the step failed, or one is still stuck
                 return
 
     def _apply(self, announcements) -> None:
