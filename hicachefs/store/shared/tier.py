@@ -159,8 +159,10 @@ class SharedTier(Tier):
             return [False] * len(names)
 
     def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
-        """Queue ``page`` for write-behind; never blocks. ``release`` is called once, when the
-        payload is no longer needed (at once when the page is dropped). False: dropped."""
+        """Queue ``page`` for write-behind; never blocks. ``release`` is called exactly once,
+        when the payload is no longer needed: in the caller's thread when the page is dropped
+        (False), else from a write-behind thread once the payload is copied (so it must be
+        thread-safe). The payload must stay unchanged until then."""
         return self._write_behind.offer(page, payload, release)
 
     def find(self, name: str) -> PageMeta | None:
