@@ -84,7 +84,7 @@ class SharedTier(Tier):
 
     def __init__(self, root: Path, capacity_bytes: int | None, *, device=None, deadline_s: float = 0.5,
                  io_threads: int = 4, writers: int = 2, queue_pages: int = 256, queue_bytes: int = 256 * _MiB,
-                 queue_lag_s: float = 1.0, tick_s: float = 0.1, poll_s: float = 0.2, retry_s: float = 1.0,
+                 queue_lag_s: float = 0.5, tick_s: float = 0.1, poll_s: float = 0.2, retry_s: float = 1.0,
                  sweep_interval_s: float = 60.0, sweep_budget_s: float = 0.02, journal_keep_s: float = 600.0,
                  oldest_kept: int = 4096, evictions_per_tick: int = 64, min_bandwidth: float = 32 * _MiB,
                  recent_opens: int = 64) -> None:
