@@ -35,8 +35,10 @@ os_packages=(
   python3.11
   python3.11-venv
   python3.11-dev
-  systemd     # systemd-analyze checks contrib/systemd/hicachefs@.service
-  prometheus  # promtool checks the metrics
+  systemd           # systemd-analyze checks contrib/systemd/hicachefs@.service
+  prometheus        # promtool checks the metrics
+  glusterfs-server  # the shared tier's tests and benchmark run on a real GlusterFS volume
+  glusterfs-client
 )
 need_pkgs=()
 for p in "${os_packages[@]}"; do

@@ -1,0 +1,82 @@
+"""Every filesystem call the shared tier makes, in one small class (its "device").
+
+Tests wrap a ``DirectoryDevice`` in ``faults.FaultyDevice`` to make any of these calls fail
+with an errno (ENOTCONN, ESTALE, EIO, ENOSPC), hang, write short or read back flipped bits,
+the same way the SSD tier's ``FileDevice`` is tested. Data-carrying methods take their buffers
+first, which is the shape ``FaultyDevice`` expects for short writes and flipped reads.
+
+Paths are absolute. Every method may block for as long as the filesystem takes (a dead
+distributed filesystem: forever) and raises ``OSError``; callers bound them with
+``guard.CallGuard``. Thread-safe: it holds no state.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import NamedTuple
+
+
+class Entry(NamedTuple):
+    """One name in a directory listing, with what the listing learned about it."""
+
+    name: str
+    is_dir: bool
+    size: int
+    mtime_ns: int
+
+
+class DirectoryDevice:
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        return os.open(path, flags | os.O_CLOEXEC, mode)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        return os.pread(fd, size, offset)
+
+    def preadv(self, buffers: list, fd: int, offset: int) -> int:
+        return os.preadv(fd, buffers, offset)
+
+    def pwritev(self, buffers: list, fd: int, offset: int) -> int:
+        return os.pwritev(fd, buffers, offset)
+
+    def write(self, data: bytes, fd: int) -> int:
+        return os.write(fd, data)
+
+    def rename(self, source: str, target: str) -> None:
+        os.rename(source, target)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def stat(self, path: str) -> os.stat_result:
+        return os.stat(path)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def scandir(self, path: str) -> list[Entry]:
+        """The directory's entries with size and mtime. On FUSE filesystems the listing
+        (READDIRPLUS) fills the kernel's attribute cache, so the per-entry stat is local."""
+        entries = []
+        with os.scandir(path) as listing:
+            for item in listing:
+                try:
+                    stat = item.stat(follow_symlinks=False)
+                except OSError as error:
+                    if error.errno in (errno.ENOENT, errno.ESTALE):
+                        continue  # removed since the listing (another host evicted it)
+                    raise
+                entries.append(Entry(item.name, item.is_dir(follow_symlinks=False), stat.st_size, stat.st_mtime_ns))
+        return entries
+
+    def statvfs(self, path: str) -> os.statvfs_result:
+        return os.statvfs(path)

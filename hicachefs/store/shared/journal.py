@@ -1,0 +1,264 @@
+"""Announcements: how a host learns within a second which pages other hosts added or removed.
+
+Listing every fan-out directory again and again would cost O(pages in the tier) per refresh.
+Instead each host appends one line per page it writes (``+<size> <name>``) or removes
+(``-<size> <name>``) to its own journal file in ``<root>/.journal``, a batch per flush, and
+reads the other hosts' journals from where it left off: the cost of a refresh is the number of
+hosts plus the pages that changed. Listings (``sweep.Sweeper``) stay the ground truth for what
+the journals do not say (pages older than the journals, removals by other means).
+
+Reads use O_DIRECT where the filesystem allows it: a FUSE client caches a file's size for about
+a second, and a buffered read would not see appended bytes until it expires (measured on
+GlusterFS: ~1 s buffered, ~2 ms direct).
+
+A writer starts a new file when its file passes ``rotate_bytes`` or half of ``keep_s`` in age;
+any host removes journal files older than ``keep_s`` (removals are idempotent). A name holding a
+newline is not announced (the sweep finds it). A torn or damaged line is skipped.
+
+Methods that touch the filesystem block; the tier calls them through its ``CallGuard``. Each
+side has its own lock; a call that finds the previous one still stuck in the filesystem returns
+at once instead of queuing behind it.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+import time
+from typing import NamedTuple
+
+from hicachefs.store.shared.layout import Layout
+
+_ALIGN = 4096
+_CHUNK = 1 << 20
+_GONE = (errno.ENOENT, errno.ESTALE)
+
+
+class Announcement(NamedTuple):
+    present: bool
+    size: int
+    name: str
+
+
+class _Source:
+    __slots__ = ("fd", "offset", "finished")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.offset = 0
+        self.finished = False  # a rotated-away file that was read to its end
+
+
+def _file_name(writer: str, number: int) -> str:
+    return f"{writer}.{number:08d}"
+
+
+def _writer_of(file_name: str) -> tuple[str, int] | None:
+    writer, _, number = file_name.rpartition(".")
+    return (writer, int(number)) if writer and number.isdigit() else None
+
+
+def parse(data: bytes) -> tuple[list[Announcement], int]:
+    """The announcements in ``data`` and how many bytes they took (whole lines only)."""
+    end = data.rfind(b"\n") + 1
+    found = []
+    for line in data[:end].split(b"\n")[:-1]:
+        sign, _, rest = line.partition(b" ")
+        if sign[:1] not in (b"+", b"-") or not sign[1:].isdigit() or not rest:
+            continue  # damaged: the sweep will correct what it said
+        found.append(Announcement(sign[:1] == b"+", int(sign[1:]), rest.decode("utf-8", "surrogateescape")))
+    return found, end
+
+
+class Journal:
+    def __init__(self, device, layout: Layout, writer: str, rotate_bytes: int = 8 << 20,
+                 keep_s: float = 600.0, poll_bytes: int = 1 << 20) -> None:
+        self._device = device
+        self._layout = layout
+        self.writer = writer
+        self._rotate_bytes = rotate_bytes
+        self._keep_s = keep_s
+        self._poll_bytes = poll_bytes
+        self._pending: list[bytes] = []
+        self._pending_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._fd: int | None = None
+        self._number = 0
+        self._written = 0
+        self._opened_at = 0.0
+        self._read_lock = threading.Lock()
+        self._sources: dict[str, _Source] = {}
+        self._buffer = mmap.mmap(-1, _CHUNK + _ALIGN)  # page-aligned, as O_DIRECT wants
+        self.announced = 0
+        self.received = 0
+
+    # -- writing -------------------------------------------------------------------------
+
+    def announce(self, present: bool, size: int, name: str) -> None:
+        """Queue one line for the next ``flush``; never blocks."""
+        if "\n" in name:
+            return
+        line = f"{'+' if present else '-'}{size} {name}\n".encode("utf-8", "surrogateescape")
+        with self._pending_lock:
+            self._pending.append(line)
+
+    def pending(self) -> int:
+        with self._pending_lock:
+            return len(self._pending)
+
+    def flush(self) -> None:
+        """Append what was announced since the last flush, in one write. On failure the lines
+        are kept for the next flush (unless there are too many: the sweep makes up for them)."""
+        if not self._write_lock.acquire(blocking=False):
+            return
+        try:
+            with self._pending_lock:
+                lines, self._pending = self._pending, []
+            if not lines:
+                return
+            data = b"".join(lines)
+            try:
+                fd = self._writable()
+                written = self._device.write(data, fd)
+                if written != len(data):
+                    raise OSError(errno.EIO, f"journal append wrote {written} of {len(data)} bytes")
+            except OSError:
+                self._drop_file()
+                with self._pending_lock:
+                    if len(self._pending) + len(lines) <= 65536:
+                        self._pending[:0] = lines
+                raise
+            self._written += written
+            self.announced += len(lines)
+        finally:
+            self._write_lock.release()
+
+    def _writable(self) -> int:
+        if self._fd is not None and (self._written >= self._rotate_bytes
+                                     or time.monotonic() - self._opened_at > self._keep_s / 2):
+            self._drop_file()
+        if self._fd is None:
+            self._device.makedirs(self._layout.journal)
+            self._number += 1
+            path = os.path.join(self._layout.journal, _file_name(self.writer, self._number))
+            self._fd = self._device.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._written = 0
+            self._opened_at = time.monotonic()
+        return self._fd
+
+    def _drop_file(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                self._device.close(fd)
+            except OSError:
+                pass  # the file is left as it is; readers take whole lines only
+
+    # -- reading -------------------------------------------------------------------------
+
+    def poll(self) -> list[Announcement]:
+        """What other writers announced since the last poll (at most ``poll_bytes`` of it)."""
+        if not self._read_lock.acquire(blocking=False):
+            return []
+        try:
+            try:
+                names = self._device.listdir(self._layout.journal)
+            except FileNotFoundError:
+                names = []
+            latest: dict[str, int] = {}
+            for name in names:
+                parsed = _writer_of(name)
+                if parsed is not None and parsed[0] != self.writer:
+                    latest[parsed[0]] = max(latest.get(parsed[0], 0), parsed[1])
+            for gone in set(self._sources) - set(names):
+                self._forget(gone)
+            found: list[Announcement] = []
+            budget = self._poll_bytes
+            for name in sorted(names):
+                parsed = _writer_of(name)
+                if parsed is None or parsed[0] == self.writer or budget <= 0:
+                    continue
+                source = self._sources.get(name)
+                if source is None:
+                    try:
+                        source = self._sources[name] = _Source(self._open_direct(name))
+                    except OSError as error:
+                        if error.errno in _GONE:
+                            continue
+                        raise
+                if source.finished:
+                    continue
+                budget -= self._read_new(name, source, found)
+                if parsed[1] < latest[parsed[0]] and budget > 0:
+                    source.finished = True  # rotated away: it never grows again
+                    self._device.close(source.fd)
+            self.received += len(found)
+            return found
+        finally:
+            self._read_lock.release()
+
+    def _open_direct(self, name: str) -> int:
+        path = os.path.join(self._layout.journal, name)
+        try:
+            return self._device.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError as error:
+            if error.errno != errno.EINVAL:  # a filesystem without O_DIRECT (tmpfs)
+                raise
+            return self._device.open(path, os.O_RDONLY)
+
+    def _read_new(self, name: str, source: _Source, found: list[Announcement]) -> int:
+        """Read ``source`` from its offset to its end; return the bytes consumed."""
+        consumed = 0
+        while True:
+            start = source.offset - source.offset % _ALIGN
+            skip = source.offset - start
+            try:
+                got = self._device.preadv([memoryview(self._buffer)[:_CHUNK]], source.fd, start)
+            except OSError as error:
+                if error.errno in _GONE:
+                    self._forget(name)
+                    return consumed
+                raise
+            if got <= skip:
+                return consumed
+            announcements, used = parse(self._buffer[skip:got])
+            found.extend(announcements)
+            source.offset += used
+            consumed += used
+            if got < _CHUNK or used == 0 or consumed >= self._poll_bytes:
+                return consumed
+
+    def _forget(self, name: str) -> None:
+        source = self._sources.pop(name, None)
+        if source is not None and not source.finished:
+            try:
+                self._device.close(source.fd)
+            except OSError:
+                pass
+
+    def expire(self) -> int:
+        """Remove every writer's journal files older than ``keep_s``; return how many."""
+        try:
+            entries = self._device.scandir(self._layout.journal)
+        except FileNotFoundError:
+            return 0
+        cutoff = time.time_ns() - int(self._keep_s * 1e9)
+        removed = 0
+        for entry in entries:
+            if entry.is_dir or entry.mtime_ns >= cutoff or _writer_of(entry.name) is None:
+                continue
+            try:
+                self._device.unlink(os.path.join(self._layout.journal, entry.name))
+                removed += 1
+            except OSError as error:
+                if error.errno not in _GONE:
+                    raise
+        return removed
+
+    def close(self) -> None:
+        """Close the files (no flush: the tier flushes through its guard first)."""
+        self._drop_file()
+        for name in list(self._sources):
+            self._forget(name)

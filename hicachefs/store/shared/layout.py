@@ -1,0 +1,75 @@
+"""Where the shared tier keeps things under its root directory.
+
+A page ``<model>/<format>/<shard>/<pool>/<key>`` lives at
+``<root>/<model>/<format>/<shard>/<pool>/<fan>/<key>``: the namespace, then one fan-out
+directory of 256, named by the top byte of the key's xxh3_64 (two hex digits), so that no
+directory grows past a few hundred thousand names even at hundreds of millions of pages per
+pool (SGLang's flat-directory file backend hit ext4's per-directory limit at ~7.5 M files).
+A hash rather than the key's own first characters: keys need not be hex, and any key spreads
+evenly. The same hash identifies the page in the presence index.
+
+Temporary files are ``.<key>.<writer>.<n>`` beside their page (a rename within one directory),
+and the hosts' announcement journals live in ``<root>/.journal``. Names starting with ``.``
+are never pages: the namespace refuses them.
+
+Pure functions and an immutable class; thread-safe.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import xxhash
+
+JOURNAL_DIR = ".journal"
+FANOUT_NAMES = frozenset(f"{byte:02x}" for byte in range(256))
+
+
+class Place(NamedTuple):
+    """A page's directory (relative to the root, fan-out included), its key and key hash."""
+
+    directory: str
+    key: str
+    key_hash: int
+
+
+def key_hash(key: str) -> int:
+    return xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogateescape"))
+
+
+def fanout_name(hashed: int) -> str:
+    return f"{hashed >> 56:02x}"
+
+
+def place(name: str) -> Place:
+    parent, _, key = name.rpartition("/")
+    hashed = key_hash(key)
+    fan = fanout_name(hashed)
+    return Place(f"{parent}/{fan}" if parent else fan, key, hashed)
+
+
+def page_name(directory: str, key: str) -> str | None:
+    """The page name a file ``key`` in ``directory`` (relative) stands for, or None when the
+    file is not a page in its right place (a temporary file, a stray, a misplaced file)."""
+    parent, _, fan = directory.rpartition("/")
+    if key.startswith(".") or fan not in FANOUT_NAMES or fanout_name(key_hash(key)) != fan:
+        return None
+    return f"{parent}/{key}" if parent else key
+
+
+class Layout:
+    """Absolute paths under one root directory."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.fspath(root)
+        self.journal = os.path.join(self.root, JOURNAL_DIR)
+
+    def directory(self, relative: str) -> str:
+        return os.path.join(self.root, relative) if relative else self.root
+
+    def page_path(self, where: Place) -> str:
+        return os.path.join(self.root, where.directory, where.key)
+
+    def temp_path(self, where: Place, writer: str, number: int) -> str:
+        return os.path.join(self.root, where.directory, f".{where.key}.{writer}.{number}")

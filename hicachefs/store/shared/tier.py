@@ -1,0 +1,591 @@
+"""The shared tier: pages in a directory on a distributed filesystem that several hosts mount.
+
+hicachefs rides on the operator's filesystem (GlusterFS, CephFS, NFS, Lustre, JuiceFS, 3FS)
+instead of becoming a cluster itself: every host's daemon writes the pages it publishes there
+(write-behind), answers "is it there?" from memory (``presence``, kept fresh by the hosts'
+``journal`` announcements and a slow ``sweep``), and reads a page it lacks from there, checked
+against its checksum. Pages are found by name, so the ``location`` arguments of the ``Tier``
+interface are ignored.
+
+The filesystem may be slow, full or gone. Every filesystem call runs on a ``CallGuard`` thread
+with a deadline, so no caller waits past it; a call that hangs or keeps failing marks the tier
+unavailable, and then ``contains_many`` answers misses at once, ``find`` and ``read_into`` miss,
+``offer`` drops, and the maintenance thread probes the filesystem every ``retry_s`` until it
+answers. A full filesystem (ENOSPC) only pauses writes for ``retry_s`` and makes the evictor
+free room; reads go on.
+
+With ``capacity_bytes`` set, each host removes the oldest pages (by file mtime) when the tier
+holds more, a bounded number per tick. Removals are idempotent: two hosts evicting the same
+page, or a page another host removed (ENOENT, ESTALE), is a plain miss.
+
+Thread-safe. ``contains_many``, ``offer`` and ``statistics`` never block and never raise (the
+engine calls them on its event loop). ``find``, ``read_into``, ``write`` and ``drop`` block up
+to their deadline (call them from a worker thread). ``close`` returns within a few deadlines
+even when the filesystem hangs.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import logging
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hicachefs.store.shared import format as page_format
+from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.store.shared.guard import CallGuard, Refused
+from hicachefs.store.shared.journal import Journal
+from hicachefs.store.shared.layout import Layout, Place, place
+from hicachefs.store.shared.presence import PresenceIndex
+from hicachefs.store.shared.sweep import Sweeper
+from hicachefs.store.shared.write_behind import WriteBehind
+from hicachefs.store.stats import TierCounters
+from hicachefs.store.tier import PageMeta, ReadResult, Tier
+
+_log = logging.getLogger(__name__)
+
+_GONE = (errno.ENOENT, errno.ESTALE)  # another host removed or replaced it: a plain miss
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_MiB = 1 << 20
+
+
+def _stored_size(page: PageMeta) -> int:
+    """Bytes the page's file takes (what the tier's capacity counts)."""
+    return page_format.header_length(page.name) + page.size
+
+
+class _Opened:
+    """A page file ``find`` opened and checked, kept for the ``read_into`` that usually follows,
+    which then skips the open and the header read (two network round trips)."""
+
+    __slots__ = ("fd", "page", "payload_offset", "at")
+
+    def __init__(self, fd: int, page: PageMeta, payload_offset: int) -> None:
+        self.fd = fd
+        self.page = page
+        self.payload_offset = payload_offset
+        self.at = time.monotonic()
+
+
+class _Corrupt(Exception):
+    """Raised inside a guarded call: the file is damaged (and was removed)."""
+
+
+class SharedTier(Tier):
+    name = "shared"
+
+    def __init__(self, root: Path, capacity_bytes: int | None, *, device=None, deadline_s: float = 0.5,
+                 io_threads: int = 4, writers: int = 2, queue_pages: int = 256, queue_bytes: int = 256 * _MiB,
+                 queue_lag_s: float = 0.5, tick_s: float = 0.1, poll_s: float = 0.2, retry_s: float = 1.0,
+                 sweep_interval_s: float = 60.0, sweep_budget_s: float = 0.02, journal_keep_s: float = 600.0,
+                 oldest_kept: int = 4096, evictions_per_tick: int = 64, min_bandwidth: float = 32 * _MiB,
+                 recent_opens: int = 64) -> None:
+        """``root``: the directory on the distributed filesystem (made if missing).
+        ``capacity_bytes``: the size bound; None leaves the filesystem's free space as the limit.
+        ``device``: the object making the filesystem calls (tests pass a ``FaultyDevice``).
+        ``deadline_s``: the longest a metadata call may take (a data call adds its size at
+        ``min_bandwidth``). ``queue_pages``/``queue_bytes`` bound write-behind (and the RAM it
+        keeps pinned), ``queue_lag_s`` the time a page may wait in that queue. ``tick_s``: the
+        maintenance period; ``poll_s``: how often other hosts' journals are read; ``retry_s``:
+        how often an unavailable filesystem is probed; ``sweep_interval_s``: the pause between
+        two sweeps; ``sweep_budget_s``: the time a tick may spend sweeping (at least one
+        directory), which keeps the sweep's share of the interpreter small beside the daemon's
+        event loop. ``oldest_kept``: eviction candidates a sweep notes."""
+        if capacity_bytes is not None and capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive or None, got {capacity_bytes}")
+        self.root = Path(root)
+        self._device = device if device is not None else DirectoryDevice()
+        self._layout = Layout(self.root)
+        self._limit = capacity_bytes
+        self._deadline_s = deadline_s
+        self._min_bandwidth = min_bandwidth
+        self._tick_s = tick_s
+        self._poll_s = poll_s
+        self._retry_s = retry_s
+        self._sweep_interval_s = sweep_interval_s
+        self._sweep_budget_s = sweep_budget_s
+        self._evictions_per_tick = evictions_per_tick
+        self._recent_max = recent_opens
+        self.counters = TierCounters()
+        self._lock = threading.Lock()  # counters, recent opens, fds to close, full state
+        self._recent: collections.OrderedDict[str, _Opened] = collections.OrderedDict()
+        self._to_close: list[int] = []
+        self._full_until = 0.0
+        self._free_wanted = 0  # bytes to free after ENOSPC, on a tier without a size bound
+        self._fs_free: int | None = None
+        self._fs_checked = 0.0
+        self._token = secrets.token_hex(6)  # names this writer's temporary files
+        self._temp_numbers = itertools.count()
+        writer = re.sub(r"[^A-Za-z0-9_-]", "_", f"{socket.gethostname()}-{os.getpid()}")[:100]
+        self._guard = CallGuard(io_threads)
+        self._presence = PresenceIndex()
+        self._journal = Journal(self._device, self._layout, f"{writer}-{self._token}", keep_s=journal_keep_s)
+        self._sweeper = Sweeper(self._device, self._layout, self._presence, oldest_kept)
+        self._sweep_wanted = True
+        self._evicting = threading.Lock()
+        self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queue_bytes,
+                                         queue_lag_s)
+        try:
+            self._guard.call(self._probe, timeout=deadline_s, probe=True)
+        except OSError as error:
+            self._guard.mark_unavailable(f"{type(error).__name__}: {error}")
+            _log.warning("shared tier %s unavailable at start: %s", self.root, error)
+        self._stop = threading.Event()
+        self._maintenance = threading.Thread(target=self._maintain, name="hicachefs-shared-maintenance", daemon=True)
+        self._maintenance.start()
+
+    # -- the engine's questions ------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        return self._guard.available
+
+    def contains_many(self, names: list[str]) -> list[bool]:
+        """Whether each page is on the shared tier, from memory: never blocks, never raises."""
+        if not self._guard.available:
+            return [False] * len(names)
+        try:
+            return self._presence.contains_many(names)
+        except Exception:  # a name the hash cannot take: a miss, as for any bad input
+            _log.exception("shared tier: contains_many failed")
+            return [False] * len(names)
+
+    def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
+        """Queue ``page`` for write-behind; never blocks. ``release`` is called exactly once,
+        when the payload is no longer needed: in the caller's thread when the page is dropped
+        (False), else from a write-behind thread once the payload is copied (so it must be
+        thread-safe). The payload must stay unchanged until then."""
+        return self._write_behind.offer(page, payload, release)
+
+    def find(self, name: str) -> PageMeta | None:
+        """The page's size, checksum and publish time from its file's header; None on a miss,
+        a damaged file (counted and removed), a timeout or an unavailable tier. Blocks up to
+        the deadline."""
+        where = place(name)
+        try:
+            opened = self._guard.call(self._open_page, name, where, timeout=self._deadline_s, expected=_GONE,
+                                      discard=self._discard_opened)
+        except OSError as error:
+            if error.errno in _GONE:
+                self._presence.update(where.directory, where.key_hash, 0, False)
+            else:
+                self._count_failure(error)
+            self._count(misses=1)
+            return None
+        except _Corrupt:
+            self._count(misses=1)
+            return None
+        if opened is None:  # another format version
+            self._count(misses=1)
+            return None
+        self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), True)
+        self._remember(opened)
+        return opened.page
+
+    def read_into(self, page: PageMeta, location: int, out: memoryview) -> ReadResult:
+        """Copy ``page``'s payload into ``out``, checked against the header and checksum.
+        CORRUPT: a damaged or short file (counted and removed). MISMATCH: not that page there
+        (removed or replaced by another host), a timeout, or the tier unavailable. Blocks up to
+        the deadline; ``out`` is written only by the calling thread, after the read succeeded."""
+        where = place(page.name)
+        opened = self._take_recent(page)
+        try:
+            payload = self._guard.call(self._read_page, page, where, opened,
+                                       timeout=self._data_deadline(page.size), expected=_GONE)
+        except Refused as error:
+            if opened is not None:  # the read never ran: its file is still ours to close
+                self._defer_close(opened.fd)
+            self._count_failure(error)
+            self._count(misses=1)
+            return ReadResult.MISMATCH
+        except OSError as error:
+            if error.errno in _GONE:
+                self._presence.update(where.directory, where.key_hash, _stored_size(page), False)
+            else:
+                self._count_failure(error)
+            self._count(misses=1)
+            return ReadResult.MISMATCH
+        except _Corrupt:
+            return ReadResult.CORRUPT
+        if payload is None:
+            self._count(misses=1)
+            return ReadResult.MISMATCH
+        out[: page.size] = payload
+        self._count(hits=1, bytes_out=page.size)
+        return ReadResult.OK
+
+    def write(self, page: PageMeta, payload) -> int:
+        """Write ``page`` now (blocking, up to its deadline): a temporary file renamed to the
+        page's name. Raises ``OSError`` (ENOTCONN while unavailable, ETIMEDOUT, ENOSPC, EIO)."""
+        self._write_copy(page, memoryview(bytes(payload)))  # a call that times out keeps its own copy
+        return 0
+
+    def drop(self, page: PageMeta, location: int) -> None:
+        """Remove the page's file; idempotent, never raises. Blocks up to the deadline."""
+        where = place(page.name)
+        self._forget_recent(page.name)
+        stored = _stored_size(page)
+        self._presence.update(where.directory, where.key_hash, stored, False)
+        self._journal.announce(False, stored, page.name)
+        try:
+            self._guard.call(self._device.unlink, self._layout.page_path(where),
+                             timeout=self._deadline_s, expected=_GONE)
+        except OSError as error:
+            if error.errno not in _GONE:
+                self._count_failure(error)
+
+    def fits(self, name: bytes, size: int) -> bool:
+        return self._limit is None or page_format.HEADER_BYTES + len(name) + size <= self._limit
+
+    @property
+    def capacity_bytes(self) -> int:
+        if self._limit is not None:
+            return self._limit
+        return self.used_bytes + (self._fs_free or 0)
+
+    @property
+    def used_bytes(self) -> int:
+        return self._presence.totals()[1]
+
+    def statistics(self) -> dict:
+        pages, used = self._presence.totals()
+        with self._lock:
+            counters = self.counters.as_dict()
+            full = time.monotonic() < self._full_until
+        guard = self._guard.statistics()
+        return {
+            "capacity_bytes": self._limit if self._limit is not None else used + (self._fs_free or 0),
+            "used_bytes": used,
+            **counters,
+            "writable": guard["available"] and not full,
+            "pages": pages,
+            "size_bound": self._limit is not None,
+            "fs_free_bytes": self._fs_free,
+            **self._write_behind.statistics(),
+            **guard,
+            "journal_announced": self._journal.announced,
+            "journal_received": self._journal.received,
+            "journal_pending": self._journal.pending(),
+            **self._sweeper.statistics(),
+        }
+
+    def close(self) -> None:
+        """Write what is queued for up to a few deadlines, then stop; never hangs on a dead
+        filesystem (threads stuck in it are left behind as daemon threads)."""
+        self._write_behind.close(deadline_s=4 * self._deadline_s)
+        self._stop.set()
+        self._maintenance.join(timeout=self._tick_s + 8 * self._deadline_s)
+        try:
+            self._guard.call(self._journal.flush, timeout=self._deadline_s)
+        except OSError:
+            pass  # the sweep of other hosts finds the pages it would have announced
+        with self._lock:
+            fds = self._to_close + [opened.fd for opened in self._recent.values()]
+            self._to_close, self._recent = [], collections.OrderedDict()
+        try:
+            self._guard.call(self._close_all, fds, timeout=self._deadline_s, probe=True)
+        except OSError:
+            pass
+        self._guard.close()
+
+    # -- filesystem work, run on guard threads -------------------------------------------
+
+    def _probe(self) -> None:
+        """Whether the filesystem answers: a listing always reaches it (a stat may not)."""
+        self._device.makedirs(self._layout.journal)
+        self._device.listdir(self._layout.journal)
+
+    def _open_page(self, name: str, where: Place) -> _Opened | None:
+        path = self._layout.page_path(where)
+        fd = self._device.open(path, os.O_RDONLY)
+        try:
+            head = self._device.pread(fd, page_format.header_length(name), 0)
+            decoded = page_format.decode(head, name)
+            if decoded.verdict is page_format.Verdict.CORRUPT:
+                self._remove_damaged(fd, path, where, name)
+                raise _Corrupt(path)
+            if decoded.verdict is page_format.Verdict.FOREIGN:
+                self._device.close(fd)
+                return None
+        except BaseException:
+            self._close_quietly(fd)
+            raise
+        return _Opened(fd, decoded.page, decoded.payload_offset)
+
+    def _read_page(self, page: PageMeta, where: Place, opened: _Opened | None) -> bytearray | None:
+        if opened is None:
+            opened = self._open_page(page.name, where)
+            if opened is None:
+                return None
+        fd = opened.fd
+        try:
+            if opened.page.size != page.size or opened.page.checksum != page.checksum:
+                return None  # replaced by another version since it was found
+            payload = bytearray(page.size)
+            view = memoryview(payload)
+            filled = 0
+            while filled < page.size:
+                got = self._device.preadv([view[filled:]], fd, opened.payload_offset + filled)
+                if got <= 0:
+                    break
+                filled += got
+            if filled < page.size or page_format.checksum(payload) != page.checksum:
+                self._remove_damaged(fd, self._layout.page_path(where), where, page.name)
+                raise _Corrupt(page.name)
+            return payload
+        finally:
+            self._close_quietly(fd)
+
+    def _remove_damaged(self, fd: int, path: str, where: Place, name: str) -> None:
+        """Count a damaged page file and remove it, unless another host already replaced it
+        (its inode changed) or removed it."""
+        self._count(checksum_failures=1)
+        _log.warning("shared tier: damaged page file %s removed", path)
+        size = 0
+        try:
+            stat = self._device.fstat(fd)
+            size = stat.st_size
+            if stat.st_ino == self._device.stat(path).st_ino:
+                self._device.unlink(path)
+                self._journal.announce(False, size, name)
+        except OSError as error:
+            if error.errno not in _GONE:
+                self._count(io_errors=1)
+        self._presence.update(where.directory, where.key_hash, size, False)
+
+    def _write_copy(self, page: PageMeta, payload: memoryview) -> None:
+        """Write a page from a buffer nobody else changes; raise ``OSError`` on failure."""
+        if not self._accepting():
+            raise Refused(errno.ENOTCONN, "shared tier not taking writes")
+        where = place(page.name)
+        try:
+            self._guard.call(self._write_file, page, where, payload,
+                             timeout=4 * self._data_deadline(page.size), expected=_FULL)
+        except OSError as error:
+            if error.errno in _FULL:
+                with self._lock:
+                    self._full_until = time.monotonic() + self._retry_s
+                    self._free_wanted += 4 * _stored_size(page)  # room for a few more like it
+                self._sweep_wanted = True
+            self._count_failure(error)
+            raise
+        stored = _stored_size(page)
+        self._presence.update(where.directory, where.key_hash, stored, True)
+        self._journal.announce(True, stored, page.name)
+        self._count(bytes_in=page.size)
+
+    def _write_file(self, page: PageMeta, where: Place, payload: memoryview) -> None:
+        temp = self._layout.temp_path(where, self._token, next(self._temp_numbers))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            fd = self._device.open(temp, flags, 0o644)
+        except FileNotFoundError:
+            self._device.makedirs(os.path.dirname(temp))
+            fd = self._device.open(temp, flags, 0o644)
+        try:
+            try:
+                header = page_format.encode(page)
+                written = self._device.pwritev([header, payload], fd, 0)
+                if written != len(header) + page.size:
+                    raise OSError(errno.EIO, f"short write: {written} of {len(header) + page.size} bytes")
+            finally:
+                self._device.close(fd)  # a distributed filesystem reports write errors here too
+            self._device.rename(temp, self._layout.page_path(where))
+        except BaseException:
+            try:
+                self._device.unlink(temp)
+            except OSError:
+                pass  # the sweep removes it later
+            raise
+
+    def _close_quietly(self, fd: int) -> None:
+        try:
+            self._device.close(fd)
+        except OSError:
+            pass
+
+    def _close_all(self, fds: list[int]) -> None:
+        for fd in fds:
+            self._close_quietly(fd)
+
+    def _discard_opened(self, opened: _Opened | None) -> None:
+        """A find that finished after its caller gave up: close what it opened."""
+        if opened is not None:
+            self._defer_close(opened.fd)
+
+    def _evict(self, budget: int) -> None:
+        """Remove up to ``budget`` of the oldest pages while the tier is over its bound, or
+        until a few pages' room is free after the filesystem said it is full."""
+        if not self._evicting.acquire(blocking=False):
+            return  # an earlier eviction is still stuck in the filesystem
+        try:
+            self._evict_some(budget)
+        finally:
+            self._evicting.release()
+
+    def _evict_some(self, budget: int) -> None:
+        candidates = self._sweeper.candidates
+        for _ in range(budget):
+            if not self._over_capacity():
+                return
+            if not candidates:
+                self._sweep_wanted = True
+                return
+            candidate = candidates.popleft()
+            where = place(candidate.name)
+            if not self._presence.contains(where.directory, where.key_hash):
+                continue  # already gone
+            removed = True
+            try:
+                self._device.unlink(self._layout.page_path(where))
+            except OSError as error:
+                if error.errno not in _GONE:
+                    candidates.appendleft(candidate)
+                    raise
+                removed = False  # another host evicted it first
+            self._presence.update(where.directory, where.key_hash, candidate.size, False)
+            self._forget_recent(candidate.name)
+            with self._lock:
+                self._free_wanted = max(0, self._free_wanted - candidate.size)
+            if removed:
+                self._journal.announce(False, candidate.size, candidate.name)
+                self._count(evictions=1)
+
+    def _over_capacity(self) -> bool:
+        if self._limit is not None and self.used_bytes > self._limit:
+            return True
+        with self._lock:
+            return self._free_wanted > 0
+
+    def _refresh_free_space(self) -> None:
+        stat = self._device.statvfs(str(self.root))
+        self._fs_free = stat.f_bavail * stat.f_frsize
+
+    # -- background maintenance ---------------------------------------------------------------
+
+    def _maintain(self) -> None:
+        next_poll = next_probe = next_expire = 0.0
+        while not self._stop.wait(self._tick_s):
+            now = time.monotonic()
+            try:
+                if not self._guard.available:
+                    self._write_behind.drop_queued()
+                    if now >= next_probe:
+                        next_probe = now + self._retry_s
+                        self._guarded(self._probe, probe=True)
+                    continue
+                self._close_stale(now)
+                if self._journal.pending():
+                    self._guarded(self._journal.flush)
+                if now >= next_poll:
+                    next_poll = now + self._poll_s
+                    self._apply(self._guarded(self._journal.poll, timeout=4 * self._deadline_s) or [])
+                if now >= next_expire:
+                    next_expire = now + 60.0
+                    self._guarded(self._journal.expire, timeout=4 * self._deadline_s)
+                if now - self._fs_checked >= 5.0:
+                    self._fs_checked = now
+                    self._guarded(self._refresh_free_space)
+                self._sweep(now)
+                if self._over_capacity():
+                    self._guarded(self._evict, self._evictions_per_tick, timeout=8 * self._deadline_s)
+            except Exception:  # a bug: keep the thread, say so
+                _log.exception("shared tier maintenance failed")
+
+    def _guarded(self, fn: Callable, *args, timeout: float | None = None, probe: bool = False):
+        """Run background work through the guard; failures are counted, not raised."""
+        try:
+            return self._guard.call(fn, *args, timeout=timeout or self._deadline_s, probe=probe)
+        except OSError as error:
+            self._count_failure(error)
+            return None
+
+    def _sweep(self, now: float) -> None:
+        due = now - self._sweeper.last_cycle_end >= self._sweep_interval_s or self._sweeper.cycles == 0
+        if not (self._sweeper.in_cycle or due or self._sweep_wanted):
+            return
+        self._sweep_wanted = False
+        end = now + self._sweep_budget_s
+        while time.monotonic() < end and not self._stop.is_set():
+            finished = self._guarded(self._sweeper.step, timeout=max(5.0, 10 * self._deadline_s))
+            if finished is not False:  # a cycle ended, the step failed, or one is still stuck
+                return
+
+    def _apply(self, announcements) -> None:
+        for announcement in announcements:
+            where = place(announcement.name)
+            self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
+            if not announcement.present:
+                self._forget_recent(announcement.name)
+
+    def _close_stale(self, now: float) -> None:
+        with self._lock:
+            while self._recent:
+                name, opened = next(iter(self._recent.items()))
+                if now - opened.at < 2.0:
+                    break
+                del self._recent[name]
+                self._to_close.append(opened.fd)
+            fds, self._to_close = self._to_close, []
+        if not fds:
+            return
+        try:
+            self._guard.call(self._close_all, fds, timeout=self._deadline_s)
+        except Refused:
+            with self._lock:
+                self._to_close.extend(fds)  # never ran: try again later
+        except OSError as error:  # timed out: some may be closed, and their numbers reused
+            self._count_failure(error)
+
+    # -- small helpers ------------------------------------------------------------------------
+
+    def _accepting(self) -> bool:
+        if not self._guard.available:
+            return False
+        with self._lock:
+            return time.monotonic() >= self._full_until
+
+    def _data_deadline(self, size: int) -> float:
+        return self._deadline_s + size / self._min_bandwidth
+
+    def _remember(self, opened: _Opened) -> None:
+        with self._lock:
+            old = self._recent.pop(opened.page.name, None)
+            if old is not None:
+                self._to_close.append(old.fd)
+            self._recent[opened.page.name] = opened
+            while len(self._recent) > self._recent_max:
+                self._to_close.append(self._recent.popitem(last=False)[1].fd)
+
+    def _take_recent(self, page: PageMeta) -> _Opened | None:
+        with self._lock:
+            return self._recent.pop(page.name, None)
+
+    def _defer_close(self, fd: int) -> None:
+        with self._lock:
+            self._to_close.append(fd)
+
+    def _forget_recent(self, name: str) -> None:
+        with self._lock:
+            opened = self._recent.pop(name, None)
+            if opened is not None:
+                self._to_close.append(opened.fd)
+
+    def _count(self, **amounts: int) -> None:
+        with self._lock:
+            for field, amount in amounts.items():
+                setattr(self.counters, field, getattr(self.counters, field) + amount)
+
+    def _count_failure(self, error: OSError) -> None:
+        """A device call failed or overran its deadline (refusals while unavailable are not
+        device calls and are not counted)."""
+        if not isinstance(error, Refused):
+            self._count(io_errors=1)

@@ -1,0 +1,178 @@
+"""Write-behind: published pages are copied to the shared tier behind the client's back.
+
+``offer`` is called on the daemon's event loop at publish and never blocks: it puts the page in
+a queue bounded in pages and bytes, or drops it (counted) when the queue is full or the tier
+cannot take writes now. The queue is also bounded in time: a page is admitted only while the
+queue ahead of it would be written within ``max_lag_s`` at the pace writes have been taking
+(a moving average), so a page that is taken reaches the shared tier within about that long of
+its publish even when publishing outruns the filesystem; the rest are dropped, not delayed. Worker threads take pages in order, copy each into a private buffer,
+call ``release`` (the engine keeps the page's RAM slot pinned until then), and only then write
+the copy. So a write stuck in a hung filesystem holds no engine memory, and the bytes it
+eventually writes can never be those of a slot reused meanwhile. ``release`` is called exactly
+once per offered page, whatever happens.
+
+Thread-safe. ``close`` waits for the queue to drain up to a deadline, then drops the rest.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from hicachefs.store.tier import PageMeta
+
+_log = logging.getLogger(__name__)
+
+WriteFn = Callable[[PageMeta, memoryview], None]
+
+
+class _Queued:
+    __slots__ = ("page", "payload", "release", "offered")
+
+    def __init__(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> None:
+        self.page = page
+        self.payload = payload
+        self.release = release
+        self.offered = time.monotonic()
+
+
+def _release(item: _Queued) -> None:
+    item.payload = None
+    item.release()
+
+
+class WriteBehind:
+    def __init__(self, write: WriteFn, accepting: Callable[[], bool], workers: int = 2,
+                 max_pages: int = 256, max_bytes: int = 256 << 20, max_lag_s: float = 1.0) -> None:
+        """``write(page, payload)`` writes one page (blocking, raising ``OSError``);
+        ``accepting()`` says whether the tier takes writes now."""
+        self._write = write
+        self._accepting = accepting
+        self.max_pages = max_pages
+        self.max_bytes = max_bytes
+        self.max_lag_s = max_lag_s
+        self._workers = workers
+        self._write_s = 0.0  # moving average of one page's write time; 0 until one is written
+        self._lock = threading.Condition()
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._queued_bytes = 0
+        self._in_progress = 0
+        self._closed = False
+        self.written = 0
+        self.written_bytes = 0
+        self.dropped_queue_full = 0
+        self.dropped_unavailable = 0
+        self.failed = 0
+        self.last_lag_s = 0.0
+        self._threads = [threading.Thread(target=self._serve, name=f"hicachefs-shared-writer-{n}", daemon=True)
+                         for n in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
+        item = _Queued(page, payload, release)
+        with self._lock:
+            ahead = len(self._queue) + self._in_progress
+            fits = (len(self._queue) < self.max_pages and self._queued_bytes + page.size <= self.max_bytes
+                    and ahead * self._write_s <= self.max_lag_s * self._workers)
+            if not fits:
+                self.dropped_queue_full += 1
+            elif self._closed or not self._accepting():
+                self.dropped_unavailable += 1
+            else:
+                self._queue.append(item)
+                self._queued_bytes += page.size
+                self._lock.notify()
+                return True
+        _release(item)
+        return False
+
+    def drop_queued(self) -> int:
+        """Drop every queued page (the tier became unavailable); return how many."""
+        with self._lock:
+            items, self._queue = list(self._queue), collections.deque()
+            self._queued_bytes = 0
+            self.dropped_unavailable += len(items)
+        for item in items:
+            _release(item)
+        return len(items)
+
+    def _serve(self) -> None:
+        buffer = bytearray()
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._lock.wait()
+                if not self._queue:
+                    return
+                item = self._queue.popleft()
+                self._queued_bytes -= item.page.size
+                self._in_progress += 1
+            size = item.page.size
+            started = time.monotonic()
+            try:
+                if len(buffer) < size:
+                    buffer = bytearray(size)
+                copy = memoryview(buffer)[:size]
+                copy[:] = item.payload
+                _release(item)
+                self._write(item.page, copy)
+                ok = True
+            except OSError:
+                ok = False
+                buffer = bytearray()  # a write that timed out may still be reading it
+            except Exception:  # a bug: keep the worker, lose the page, and say so
+                ok = False
+                buffer = bytearray()
+                _log.exception("write-behind of %s failed", item.page.name)
+            finally:
+                if item.payload is not None:
+                    _release(item)
+            with self._lock:
+                self._in_progress -= 1
+                if ok:
+                    now = time.monotonic()
+                    self.written += 1
+                    self.written_bytes += size
+                    self.last_lag_s = now - item.offered
+                    took = now - started
+                    self._write_s = took if not self._write_s else 0.8 * self._write_s + 0.2 * took
+                else:
+                    self.failed += 1
+                self._lock.notify_all()
+
+    def statistics(self) -> dict:
+        with self._lock:
+            oldest = self._queue[0].offered if self._queue else None
+            return {
+                "queue_pages": len(self._queue),
+                "queue_bytes": self._queued_bytes,
+                "queue_max_pages": self.max_pages,
+                "queue_max_bytes": self.max_bytes,
+                "writing": self._in_progress,
+                "written": self.written,
+                "written_bytes": self.written_bytes,
+                "dropped": self.dropped_queue_full + self.dropped_unavailable,
+                "dropped_queue_full": self.dropped_queue_full,
+                "dropped_unavailable": self.dropped_unavailable,
+                "write_s_avg": round(self._write_s, 4),
+                "write_failures": self.failed,
+                "lag_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
+                "last_lag_s": round(self.last_lag_s, 3),
+            }
+
+    def close(self, deadline_s: float) -> None:
+        """Let the workers write what is queued for up to ``deadline_s``, drop the rest, and
+        stop them; a worker stuck in a write is left behind (daemon thread)."""
+        end = time.monotonic() + deadline_s
+        with self._lock:
+            while (self._queue or self._in_progress) and time.monotonic() < end:
+                self._lock.wait(max(0.0, end - time.monotonic()))
+            self._closed = True
+            self._lock.notify_all()
+        self.drop_queued()
+        for thread in self._threads:
+            thread.join(max(0.0, end - time.monotonic()))

@@ -1,0 +1,62 @@
+"""Pages and waits for the shared tier's tests."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+
+import numpy as np
+import xxhash
+
+from hicachefs.store.tier import PageMeta
+
+KiB, MiB = 1 << 10, 1 << 20
+POOL = "m/bf16-page_first-64/tp0of1/kv"
+
+
+def content(seed: int, size: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def page_name(i: int, pool: str = POOL) -> str:
+    return f"{pool}/{hashlib.sha256(str(i).encode()).hexdigest()}"
+
+
+def make_page(i: int, size: int = 64 * KiB, pool: str = POOL) -> tuple[PageMeta, bytes]:
+    data = content(i, size)
+    return PageMeta(page_name(i, pool), size, xxhash.xxh3_64_intdigest(data), time.time_ns()), data
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.01) -> float:
+    """Wait for ``predicate``; return the seconds it took. Fails the test after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(step)
+    return time.monotonic() - start
+
+
+class Releases:
+    """Counts ``release`` calls per offered page, to check each is called exactly once."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def __call__(self, name: str) -> Callable[[], None]:
+        def release() -> None:
+            self.calls[name] = self.calls.get(name, 0) + 1
+
+        return release
+
+
+def read_page(tier, name: str) -> bytes | None:
+    """find + read_into, as the engine does; None for any miss."""
+    from hicachefs.store.tier import ReadResult
+
+    page = tier.find(name)
+    if page is None:
+        return None
+    out = bytearray(page.size)
+    return bytes(out) if tier.read_into(page, 0, memoryview(out)) is ReadResult.OK else None

@@ -1,0 +1,191 @@
+"""The shared tier under a failing filesystem, injected through ``FaultyDevice``: answers stay
+fast and are right or a miss, the tier is marked unavailable, and it recovers."""
+
+import errno
+import os
+import threading
+import time
+
+import pytest
+from conftest import FAST
+from shared_helpers import KiB, Releases, make_page, read_page, wait_until
+
+from hicachefs.store.faults import Fault, FaultyDevice
+from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.store.shared.layout import Layout, place
+from hicachefs.store.tier import ReadResult
+
+OPS = [name for name in vars(DirectoryDevice) if not name.startswith("_")]
+#: A call that hangs is abandoned at its deadline; "fast" is this, with room for a busy machine.
+PROMPT_S = FAST["deadline_s"] + 0.5
+HANG_S = 3.0
+
+
+def faulty_tier(make_tier, root, **options):
+    device = FaultyDevice(DirectoryDevice())
+    return make_tier(root, device=device, **options), device
+
+
+def page_files(root):
+    return sorted(name for _, _, names in os.walk(root) for name in names if not name.startswith("hicachefs"))
+
+
+def assert_refuses_without_touching_the_filesystem(tier, device, page, data):
+    """While unavailable: every answer is a miss or a refusal, and none calls the filesystem."""
+    calls_before = sum(device.injected.values())
+    assert tier.contains_many([page.name] * 128) == [False] * 128
+    assert tier.find(page.name) is None
+    assert tier.read_into(page, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH
+    released = threading.Event()
+    assert not tier.offer(page, memoryview(data), released.set) and released.is_set()
+    with pytest.raises(OSError):
+        tier.write(page, data)
+    assert sum(device.injected.values()) - calls_before <= 2  # at most the background probe
+
+
+@pytest.mark.parametrize("code", [errno.ENOTCONN, errno.EIO, errno.ESTALE])
+def test_a_failing_filesystem_marks_the_tier_unavailable_until_it_answers_again(tmp_path, make_tier, code):
+    tier, device = faulty_tier(make_tier, tmp_path / "shared")
+    page, data = make_page(1)
+    tier.write(page, data)
+    assert tier.contains_many([page.name]) == [True]
+    for op in OPS:
+        device.inject(Fault(op, errno=code))
+    wait_until(lambda: not tier.statistics()["available"], timeout=5)
+    assert_refuses_without_touching_the_filesystem(tier, device, page, data)
+    stats = tier.statistics()
+    assert stats["io_errors"] > 0 and os.strerror(code) in stats["last_error"]
+    device.clear()
+    wait_until(lambda: tier.statistics()["available"], timeout=5)
+    assert read_page(tier, page.name) == data
+    later, later_data = make_page(2)
+    assert tier.offer(later, memoryview(later_data), lambda: None)
+    wait_until(lambda: tier.contains_many([later.name]) == [True])
+
+
+def test_stale_handles_on_page_files_are_plain_misses(tmp_path, make_tier):
+    tier, device = faulty_tier(make_tier, tmp_path / "shared")
+    page, data = make_page(1)
+    tier.write(page, data)
+    found = tier.find(page.name)
+    tier.close()  # forget what it opened
+    tier, device = faulty_tier(make_tier, tmp_path / "shared")
+    device.inject(Fault("open", errno=errno.ESTALE))  # another host replaced or removed it
+    for _ in range(5):
+        assert tier.find(page.name) is None
+        assert tier.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH
+    stats = tier.statistics()
+    assert stats["available"] and stats["io_errors"] == 0 and stats["checksum_failures"] == 0
+
+
+def test_a_full_filesystem_pauses_writes_frees_room_and_keeps_reads(tmp_path, make_tier):
+    root = tmp_path / "shared"
+    tier, device = faulty_tier(make_tier, root)
+    pages = [make_page(i) for i in range(10)]
+    for number, (page, data) in enumerate(pages):
+        tier.write(page, data)
+        os.utime(Layout(root).page_path(place(page.name)), (time.time() - 100 + number,) * 2)
+    wait_until(lambda: tier.statistics()["eviction_candidates"] == 10)
+    device.inject(Fault("pwritev", errno=errno.ENOSPC))
+    new, new_data = make_page(100)
+    with pytest.raises(OSError) as raised:
+        tier.write(new, new_data)
+    assert raised.value.errno == errno.ENOSPC
+    stats = tier.statistics()
+    assert stats["available"] and not stats["writable"]
+    assert not tier.offer(new, memoryview(new_data), lambda: None)  # dropped while full
+    wait_until(lambda: tier.statistics()["evictions"] == 4)  # room for four pages like it
+    assert [read_page(tier, page.name) == data for page, data in pages] == [False] * 4 + [True] * 6
+    assert not [name for name in page_files(root) if name.startswith(".")]  # no temporary file left
+    device.clear()
+    wait_until(lambda: tier.statistics()["writable"], timeout=5)
+    tier.write(new, new_data)
+    assert read_page(tier, new.name) == new_data
+
+
+def test_a_hung_filesystem_never_holds_a_caller_past_its_deadline(tmp_path, make_tier):
+    tier, device = faulty_tier(make_tier, tmp_path / "shared", io_threads=4)
+    pages = [make_page(i) for i in range(3)]
+    for page, data in pages:
+        tier.write(page, data)
+    for op in OPS:
+        device.inject(Fault(op, delay_s=HANG_S))
+    results, took = [], []
+
+    def ask(page):
+        start = time.monotonic()
+        results.append(tier.find(page.name))
+        took.append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=ask, args=(pages[i % 3][0],)) for i in range(24)]
+    for thread in threads:
+        thread.start()
+    start = time.monotonic()
+    answers = tier.contains_many([page.name for page, _ in pages] * 40)
+    contains_took = time.monotonic() - start
+    for thread in threads:
+        thread.join()
+    assert results == [None] * 24 and max(took) < PROMPT_S
+    assert contains_took < PROMPT_S and set(answers) <= {True, False}
+    stats = tier.statistics()
+    assert not stats["available"] and stats["timeouts"] >= 1
+    assert stats["io_threads_busy"] <= 4  # stuck calls never pile up beyond the fixed threads
+    assert tier.contains_many([pages[0][0].name]) == [False]
+    start = time.monotonic()
+    assert not tier.offer(pages[0][0], memoryview(pages[0][1]), lambda: None)
+    assert time.monotonic() - start < PROMPT_S
+    device.clear()
+    wait_until(lambda: tier.statistics()["available"], timeout=HANG_S + 5)
+    assert [read_page(tier, page.name) for page, _ in pages] == [data for _, data in pages]
+
+
+def test_closing_on_a_hung_filesystem_returns(tmp_path, make_tier):
+    tier, device = faulty_tier(make_tier, tmp_path / "shared")
+    pages = [make_page(i) for i in range(8)]
+    for op in OPS:
+        device.inject(Fault(op, delay_s=HANG_S))
+    releases = Releases()
+    for page, data in pages:
+        tier.offer(page, memoryview(data), releases(page.name))
+    start = time.monotonic()
+    tier.close()
+    assert time.monotonic() - start < HANG_S
+    assert releases.calls == {page.name: 1 for page, _ in pages}  # every page released once
+
+
+def test_a_short_write_never_becomes_a_page(tmp_path, make_tier):
+    root = tmp_path / "shared"
+    a, device = faulty_tier(make_tier, root)
+    b = make_tier(root)
+    device.inject(Fault("pwritev", short=True))
+    page, data = make_page(1)
+    with pytest.raises(OSError):
+        a.write(page, data)
+    assert a.offer(page, memoryview(data), lambda: None)
+    wait_until(lambda: a.statistics()["write_failures"] == 1)
+    assert page_files(root) == [] and b.find(page.name) is None
+    assert a.contains_many([page.name]) == [False]
+
+
+@pytest.mark.parametrize("op", ["pread", "preadv"])
+def test_a_read_that_comes_back_flipped_is_caught(tmp_path, make_tier, op):
+    root = tmp_path / "shared"
+    a = make_tier(root)
+    b, device = faulty_tier(make_tier, root)
+    page, data = make_page(1, 256 * KiB)
+    a.write(page, data)
+    device.inject(Fault(op, flip=True, count=1))
+    assert read_page(b, page.name) is None
+    assert b.statistics()["checksum_failures"] == 1 and device.injected[f"{op}:flip"] == 1
+    assert b.find(page.name) is None  # a damaged copy is removed, not served later
+
+
+def test_read_errors_are_misses_and_counted(tmp_path, make_tier):
+    tier, device = faulty_tier(make_tier, tmp_path / "shared")
+    page, data = make_page(1)
+    tier.write(page, data)
+    device.inject(Fault("preadv", errno=errno.EIO, count=1))
+    assert read_page(tier, page.name) is None
+    stats = tier.statistics()
+    assert stats["io_errors"] == 1 and stats["checksum_failures"] == 0 and stats["available"]
+    assert read_page(tier, page.name) == data  # the file was not touched

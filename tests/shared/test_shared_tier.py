@@ -1,0 +1,261 @@
+"""The shared tier alone, two hosts on one local directory: write-behind, read-through, damaged
+files, capacity and stale temporary files."""
+
+import os
+import shutil
+import threading
+import time
+
+import pytest
+from shared_helpers import KiB, Releases, make_page, page_name, read_page, wait_until
+
+from hicachefs.store.faults import Fault, FaultyDevice
+from hicachefs.store.shared import format as page_format
+from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.store.shared.layout import JOURNAL_DIR, Layout, place
+from hicachefs.store.tier import ReadResult
+
+
+def page_path(root, name):
+    return Layout(root).page_path(place(name))
+
+
+def publish(tier, pages, releases=None):
+    releases = releases or Releases()
+    for page, data in pages:
+        assert tier.offer(page, memoryview(data), releases(page.name))
+    return releases
+
+
+def test_pages_offered_on_one_host_are_found_and_read_on_another(tmp_path, make_tier):
+    a, b = make_tier(tmp_path / "shared"), make_tier(tmp_path / "shared")
+    pages = [make_page(i, size) for i, size in enumerate([0, 1, 4 * KiB, 64 * KiB + 3, 1 << 20])]
+    releases = publish(a, pages)
+    names = [page.name for page, _ in pages]
+    wait_until(lambda: all(b.contains_many(names)))
+    for page, data in pages:
+        assert b.find(page.name) == page
+        assert read_page(b, page.name) == data
+    assert releases.calls == {name: 1 for name in names}
+    assert b.contains_many([page_name(100), names[0]]) == [False, True]
+    assert b.statistics()["hits"] == len(pages) and b.statistics()["bytes_out"] == sum(p.size for p, _ in pages)
+    with open(page_path(tmp_path / "shared", names[4]), "rb") as file:  # one file: header, then the page
+        assert file.read()[page_format.header_length(names[4]) :] == pages[4][1]
+
+
+def test_pages_already_there_are_found_by_the_sweep_without_any_journal(tmp_path, make_tier):
+    root = tmp_path / "shared"
+    a = make_tier(root)
+    pages = [make_page(i) for i in range(50)]
+    for page, data in pages:
+        a.write(page, data)
+    a.close()
+    shutil.rmtree(root / JOURNAL_DIR)
+    b = make_tier(root)
+    names = [page.name for page, _ in pages]
+    wait_until(lambda: all(b.contains_many(names)))
+    assert b.statistics()["pages"] == 50 and b.statistics()["journal_received"] == 0
+
+
+def test_a_page_removed_on_one_host_goes_from_the_others(tmp_path, make_tier):
+    a, b = make_tier(tmp_path / "shared"), make_tier(tmp_path / "shared")
+    page, data = make_page(1)
+    a.write(page, data)
+    wait_until(lambda: b.contains_many([page.name]) == [True])
+    found = b.find(page.name)
+    a.drop(page, 0)
+    a.drop(page, 0)  # idempotent
+    wait_until(lambda: b.contains_many([page.name]) == [False])
+    assert b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH
+    assert b.find(page.name) is None and read_page(b, page.name) is None
+    stats = b.statistics()
+    assert stats["checksum_failures"] == 0 and stats["io_errors"] == 0
+
+
+def test_a_page_removed_between_find_and_read_is_a_plain_miss(tmp_path, make_tier):
+    a, b = make_tier(tmp_path / "shared"), make_tier(tmp_path / "shared")
+    page, data = make_page(1)
+    a.write(page, data)
+    found = b.find(page.name)
+    b.close()  # forget the file it opened: the read must open it again
+    b = make_tier(tmp_path / "shared")
+    os.unlink(page_path(tmp_path / "shared", page.name))
+    assert b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH
+    stats = b.statistics()
+    assert stats["checksum_failures"] == 0 and stats["io_errors"] == 0 and stats["misses"] == 1
+
+
+def test_a_page_replaced_by_another_version_is_a_mismatch_not_corruption(tmp_path, make_tier):
+    tier = make_tier(tmp_path / "shared")
+    page, data = make_page(1)
+    tier.write(page, data)
+    found = tier.find(page.name)
+    newer = page._replace(checksum=page_format.checksum(data[::-1]), mtime_ns=page.mtime_ns + 1)
+    tier.write(newer, data[::-1])
+    assert tier.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.OK  # the file it opened
+    assert tier.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH
+    assert read_page(tier, page.name) == data[::-1]
+    assert tier.statistics()["checksum_failures"] == 0
+
+
+def _damage_payload(path):
+    with open(path, "r+b") as file:
+        file.seek(-1, os.SEEK_END)
+        last = file.read(1)
+        file.seek(-1, os.SEEK_END)
+        file.write(bytes([last[0] ^ 0x40]))
+
+
+def _truncate(path):
+    os.truncate(path, os.path.getsize(path) - 100)
+
+
+def _damage_header(path):
+    with open(path, "r+b") as file:
+        file.seek(10)
+        file.write(b"\xff\xff")
+
+
+@pytest.mark.parametrize("damage", [_damage_payload, _truncate, _damage_header])
+def test_damaged_files_are_caught_counted_and_removed(tmp_path, make_tier, damage):
+    a, b = make_tier(tmp_path / "shared"), make_tier(tmp_path / "shared")
+    page, data = make_page(1)
+    a.write(page, data)
+    path = page_path(tmp_path / "shared", page.name)
+    damage(path)
+    wait_until(lambda: b.contains_many([page.name]) == [True])
+    found = b.find(page.name)
+    if damage is _damage_header:
+        assert found is None
+    else:
+        assert b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.CORRUPT
+    assert b.statistics()["checksum_failures"] == 1
+    assert not os.path.exists(path) and b.contains_many([page.name]) == [False]
+    wait_until(lambda: a.contains_many([page.name]) == [False])  # announced to the other host
+
+
+def test_another_versions_file_is_neither_served_nor_removed(tmp_path, make_tier):
+    tier = make_tier(tmp_path / "shared")
+    page, data = make_page(1)
+    tier.write(page, data)
+    path = page_path(tmp_path / "shared", page.name)
+    with open(path, "r+b") as file:
+        file.seek(4)
+        file.write((page_format.VERSION + 1).to_bytes(2, "little"))
+    assert tier.find(page.name) is None
+    assert os.path.exists(path) and tier.statistics()["checksum_failures"] == 0
+
+
+def test_the_write_behind_queue_is_bounded_in_pages_and_bytes_and_counts_drops(tmp_path, make_tier):
+    device = FaultyDevice(DirectoryDevice())
+    device.inject(Fault("pwritev", delay_s=0.3))  # the workers are slow; the queue fills
+    tier = make_tier(tmp_path / "shared", device=device, writers=1, queue_pages=4, queue_bytes=10 * 64 * KiB)
+    releases = Releases()
+    pages = [make_page(i) for i in range(12)]
+    accepted = [tier.offer(page, memoryview(data), releases(page.name)) for page, data in pages]
+    stats = tier.statistics()
+    assert stats["queue_pages"] <= 4 and stats["queue_bytes"] <= 4 * 64 * KiB
+    assert accepted.count(True) in (4, 5) and stats["dropped"] == accepted.count(False)  # 4 queued + 1 writing
+    for (page, _), ok in zip(pages, accepted):
+        if not ok:
+            assert releases.calls[page.name] == 1  # a dropped page is released at once
+    big, big_data = make_page(99, 11 * 64 * KiB)
+    assert not tier.offer(big, memoryview(big_data), releases(big.name))  # more than the queue's bytes
+    device.clear()
+    wait_until(lambda: tier.statistics()["written"] == accepted.count(True))
+    assert releases.calls == {page.name: 1 for page, _ in pages} | {big.name: 1}
+    assert all(tier.contains_many([page.name for (page, _), ok in zip(pages, accepted) if ok]))
+    assert tier.statistics()["lag_s"] == 0.0
+
+
+def test_write_behind_admits_only_what_it_can_write_within_its_lag_bound(tmp_path, make_tier):
+    device = FaultyDevice(DirectoryDevice())
+    device.inject(Fault("pwritev", delay_s=0.2))  # a filesystem slower than publishing
+    tier = make_tier(tmp_path / "shared", device=device, writers=1, queue_lag_s=0.5)
+    first, first_data = make_page(0)
+    tier.offer(first, memoryview(first_data), lambda: None)
+    wait_until(lambda: tier.statistics()["written"] == 1)  # the pace is known: ~0.2 s a page
+    accepted = [tier.offer(page, memoryview(data), lambda: None) for page, data in map(make_page, range(1, 21))]
+    assert 2 <= accepted.count(True) <= 4  # about 0.5 s of writes
+    assert tier.statistics()["dropped_queue_full"] == accepted.count(False)
+    wait_until(lambda: tier.statistics()["written"] == 1 + accepted.count(True))
+
+
+def test_write_behind_releases_the_payload_before_it_writes(tmp_path, make_tier):
+    device = FaultyDevice(DirectoryDevice())
+    device.inject(Fault("pwritev", delay_s=0.5))
+    tier = make_tier(tmp_path / "shared", device=device)
+    page, data = make_page(1)
+    payload = bytearray(data)
+    released = threading.Event()
+    tier.offer(page, memoryview(payload), released.set)
+    assert released.wait(0.4)  # while the write is still sleeping in the filesystem
+    payload[:] = bytes(len(payload))  # the engine reuses its slot
+    wait_until(lambda: tier.statistics()["written"] == 1)
+    assert read_page(tier, page.name) == data
+
+
+def test_close_writes_what_is_queued(tmp_path, make_tier):
+    a = make_tier(tmp_path / "shared")
+    pages = [make_page(i) for i in range(20)]
+    publish(a, pages)
+    a.close()
+    b = make_tier(tmp_path / "shared")
+    assert all(read_page(b, page.name) == data for page, data in pages)
+
+
+def _write_aged(tier, root, count, size, first_mtime_s):
+    pages = []
+    for i in range(count):
+        page, data = make_page(i, size)
+        tier.write(page, data)
+        os.utime(page_path(root, page.name), (first_mtime_s + i, first_mtime_s + i))
+        pages.append(page)
+    return pages
+
+
+def _present(root, pages):
+    return [os.path.exists(page_path(root, page.name)) for page in pages]
+
+
+def test_the_size_bound_holds_by_removing_the_oldest_pages(tmp_path, make_tier):
+    root = tmp_path / "shared"
+    file_size = page_format.header_length(page_name(0)) + 16 * KiB
+    writer = make_tier(root)
+    pages = _write_aged(writer, root, 60, 16 * KiB, time.time() - 1000)
+    bounded = make_tier(root, capacity=20 * file_size)
+    wait_until(lambda: sum(_present(root, pages)) <= 20)
+    time.sleep(0.2)  # a few more ticks: nothing more may go
+    assert _present(root, pages) == [False] * 40 + [True] * 20  # the 40 oldest went
+    assert bounded.statistics()["used_bytes"] == 20 * file_size
+    assert bounded.statistics()["evictions"] == 40
+    wait_until(lambda: writer.contains_many([pages[0].name, pages[-1].name]) == [False, True])
+
+
+def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
+    root = tmp_path / "shared"
+    file_size = page_format.header_length(page_name(0)) + 16 * KiB
+    writer = make_tier(root)
+    pages = _write_aged(writer, root, 80, 16 * KiB, time.time() - 1000)
+    writer.close()
+    a, b = make_tier(root, capacity=30 * file_size), make_tier(root, capacity=30 * file_size)
+    wait_until(lambda: sum(_present(root, pages)) <= 30)
+    time.sleep(0.2)
+    assert _present(root, pages) == [False] * 50 + [True] * 30
+    stats = [a.statistics(), b.statistics()]
+    assert stats[0]["evictions"] + stats[1]["evictions"] == 50  # each page removed once
+    assert all(s["io_errors"] == 0 and s["available"] for s in stats)
+
+
+def test_temporary_files_of_dead_writers_are_removed(tmp_path, make_tier):
+    root = tmp_path / "shared"
+    tier = make_tier(root)
+    page, data = make_page(1)
+    tier.write(page, data)
+    directory = os.path.dirname(page_path(root, page.name))
+    stale, fresh = os.path.join(directory, ".dead.writer.1"), os.path.join(directory, ".live.writer.1")
+    for path in (stale, fresh):
+        open(path, "wb").close()
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    wait_until(lambda: not os.path.exists(stale))
+    assert os.path.exists(fresh) and tier.find(page.name) == page
