@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,6 +31,8 @@ MIN_MEMORY = 16 << 20
 DEFAULT_MAX_PAGE = 64 << 20
 MOUNT_TIMEOUT_S = 60.0
 UMOUNT_TIMEOUT_S = 60.0
+#: How long mount waits for the shared filesystem to answer a test write.
+SHARED_PROBE_TIMEOUT_S = 5.0
 
 
 class UsageError(Exception):
@@ -62,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--disk", help="directory for the SSD tier's arena file")
     mount.add_argument("--disk-size", help="SSD tier size, required with --disk")
     mount.add_argument("--write-through", action="store_true", help="also write every page to disk at publish")
+    mount.add_argument("--shared", metavar="DIR",
+                       help="a directory on a distributed filesystem that other hosts' daemons use too")
+    mount.add_argument("--shared-size", metavar="SIZE",
+                       help="the shared tier's size bound (default: the filesystem's free space)")
     mount.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false",
                        help="serve every read from the daemon; the kernel keeps no copy of pages")
     mount.add_argument("--max-page-size", help="largest page accepted (default 64M, or 1/8 of --memory if smaller)")
@@ -114,6 +121,7 @@ def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonC
     if not 0 < max_page <= memory // 8:
         raise UsageError(f"--max-page-size {args.max_page_size} must be above 0 and at most 1/8 of --memory")
     disk_dir, disk_bytes = _disk_tier(args, max_page)
+    shared_dir, shared_bytes = _shared_tier(args, max_page, mountpoint)
     if args.write_through and disk_dir is None:
         raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
     if not 0 < args.temp_timeout <= 60:
@@ -127,6 +135,8 @@ def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonC
         disk_dir=disk_dir,
         disk_bytes=disk_bytes,
         write_through=args.write_through,
+        shared_dir=shared_dir,
+        shared_bytes=shared_bytes,
         max_page_size=max_page,
         log_level=args.log_level,
         log_file=log_file,
@@ -206,6 +216,47 @@ def _disk_tier(args: argparse.Namespace, max_page: int) -> tuple[str | None, int
     if size > free + existing:
         raise UsageError(f"--disk-size {args.disk_size} is more than the {free >> 30} GiB free in {args.disk}")
     return str(disk), size
+
+
+def _shared_tier(args: argparse.Namespace, max_page: int, mountpoint: Path) -> tuple[str | None, int | None]:
+    """The shared directory, made if missing and checked writable. A filesystem that does not
+    answer in time is not an error: the tier starts unavailable and the daemon retries it."""
+    if args.shared is None:
+        if args.shared_size is not None:
+            raise UsageError("--shared-size needs --shared")
+        return None, None
+    size = None if args.shared_size is None else parse_size(args.shared_size)
+    if size is not None and size < max_page:
+        raise UsageError(f"--shared-size {args.shared_size} is smaller than --max-page-size")
+    shared = Path(args.shared).resolve()
+    if shared == mountpoint or mountpoint in shared.parents:
+        raise UsageError(f"--shared {args.shared} is inside the mountpoint")
+    probe = _ProbeWrite(shared)
+    probe.start()
+    probe.join(SHARED_PROBE_TIMEOUT_S)
+    if probe.is_alive():
+        print(f"hicachefs: the shared filesystem at {args.shared} does not answer; the shared tier "
+              "starts unavailable and is retried", file=sys.stderr)
+    elif probe.error is not None:
+        raise UsageError(f"shared directory {args.shared} cannot be written: {probe.error.strerror}")
+    return str(shared), size
+
+
+class _ProbeWrite(threading.Thread):
+    """Make the directory and a file in it, in a thread: a hung filesystem must not hang us."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(daemon=True)
+        self.directory = directory
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".hicachefs-probe-"):
+                pass
+        except OSError as exc:
+            self.error = exc
 
 
 def _check_fuse() -> None:

@@ -55,6 +55,8 @@ class DaemonConfig:
     log_level: str
     log_file: str | None
     temp_timeout_s: float = 60.0
+    shared_dir: str | None = None
+    shared_bytes: int | None = None
     kernel_cache: bool = True
     metrics_listen: str | None = None
     #: Kernel mount flags given with ``-o`` (nosuid, noatime...), passed on with the mount.
@@ -67,6 +69,8 @@ class DaemonConfig:
             disk_bytes=self.disk_bytes,
             write_through=self.write_through,
             max_page_size=self.max_page_size,
+            shared_dir=Path(self.shared_dir) if self.shared_dir else None,
+            shared_bytes=self.shared_bytes,
         )
 
 

@@ -180,7 +180,7 @@ def bench_write_behind(volume: glusterfs.GlusterVolume, rows: list) -> None:
         time.sleep(0.01)
     took = time.monotonic() - start
     stats = a.statistics()
-    rows.append(("write-behind burst, 1 MiB pages offered every ms", stats["written"], *percentiles(lags),
+    rows.append(("write-behind burst, 1 MiB pages offered every ms", stats["written_behind"], *percentiles(lags),
                  f"publish-to-written lag; {stats['written'] / took:.0f} pages/s, "
                  f"{stats['written_bytes'] / took / 1e6:.0f} MB/s, {stats['dropped']} of {offered} dropped"))
     for per_second in (20, 50):

@@ -134,7 +134,7 @@ class Namespace:
         if name == b".":
             return self._dir_stat(parent)
         text = name.decode("utf-8", "surrogateescape")
-        child = parent.children.get(text)
+        child = parent.children.get(text) or self._shared_directory(parent, text)
         if child is not None:
             return self._dir_stat(child)
         pending = parent.pending.get(text)
@@ -148,6 +148,18 @@ class Namespace:
         node = self._page_node(parent, text, info)
         node.nlookup += 1
         return self._page_stat(node.inode, info)
+
+    def _shared_directory(self, parent: Directory, name: str) -> Directory | None:
+        """A directory that exists only on the shared tier (pages published by another host),
+        made here on first lookup, as mkdir would."""
+        if parent.depth >= names.POOL_DEPTH:
+            return None
+        try:
+            names.check_component(name.encode("utf-8", "surrogateescape"))
+        except (names.BadName, UnicodeEncodeError):
+            return None
+        path = f"{parent.path}/{name}" if parent.path else name
+        return self._add_dir(parent, name) if self.store.shared_has_directory(path) else None
 
     def forget(self, inode: int, nlookup: int) -> None:
         node = self._pages.get(inode)
@@ -333,7 +345,9 @@ class Namespace:
         pending.truncate(size)
         return self._pending_stat(pending)
 
-    def unlink(self, parent_inode: int, name: bytes) -> None:
+    def unlink(self, parent_inode: int, name: bytes) -> str | None:
+        """Remove a file; for a page, return its name, whose copy on the shared tier the
+        caller removes too (off the event loop), so that it does not come back from there."""
         parent = self._writable_dir(parent_inode)
         text = name.decode("utf-8", "surrogateescape")
         if text in parent.children:
@@ -343,11 +357,22 @@ class Namespace:
             pending.gone = True
             pending.discard()
             self._drop_pending_if_unused(pending)
-            return
+            return None
         page = self._stored_name(parent, text)
-        if page is None or not self.store.delete(page):
+        if page is None or not (self.store.delete(page) or self.store.may_be_shared(page)):
             raise FsError(errno.ENOENT, "no such page")
         self._detach_page(parent, text)
+        return page
+
+    def shared_candidate(self, parent_inode: int, name: bytes) -> str | None:
+        """The page name ``name`` would have in this directory if the shared tier may hold
+        it (asked from memory), else None. The caller then finds it there off the event loop
+        (``PageStore.find_shared``), after which ``lookup`` resolves it."""
+        directory = self._dirs.get(parent_inode)
+        if directory is None or directory.removed:
+            return None
+        page = self._stored_name(directory, name.decode("utf-8", "surrogateescape"))
+        return page if page is not None and self.store.may_be_shared(page) else None
 
     def rename(self, old_parent: int, old: bytes, new_parent: int, new: bytes, flags: int) -> None:
         """Publish a temporary file under its key, or move a page; directories are not moved."""

@@ -91,6 +91,7 @@ class Operations(pyfuse3.Operations):
         self.errors: collections.Counter[str] = collections.Counter()
         self.requests: collections.Counter[str] = collections.Counter()
         self.uid, self.gid = os.getuid(), os.getgid()
+        self.has_shared_tier = store.tier("shared") is not None
         self._listings: dict[int, list] = {}
 
     def _require_writer(self, ctx) -> None:
@@ -131,9 +132,13 @@ class Operations(pyfuse3.Operations):
         except FsError as exc:
             if exc.errno != errno.ENOENT:
                 raise
+        candidate = self.namespace.shared_candidate(parent_inode, name)
+        if candidate is not None and await trio.to_thread.run_sync(self.store.find_shared, candidate):
+            return self._entry(self.namespace.lookup(parent_inode, name))
         negative = pyfuse3.EntryAttributes()
         negative.st_ino = 0
-        negative.entry_timeout = CACHE_TIMEOUT_S
+        # A page may appear on the shared tier at any time: then no negative entry is kept.
+        negative.entry_timeout = 0 if self.has_shared_tier else CACHE_TIMEOUT_S
         return negative
 
     async def forget(self, inode_list):
@@ -242,7 +247,9 @@ class Operations(pyfuse3.Operations):
     @_replying
     async def unlink(self, parent_inode, name, ctx):
         self._require_writer(ctx)
-        self.namespace.unlink(parent_inode, name)
+        page = self.namespace.unlink(parent_inode, name)
+        if page is not None and self.has_shared_tier:
+            await trio.to_thread.run_sync(self.store.delete_shared, page)
 
     @_replying
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):

@@ -13,6 +13,12 @@ resources back. Such failures are counted by the tier and surface as ``DeviceErr
 page cannot be written down while RAM makes room, it is evicted instead (it is a cache), so
 the RAM tier keeps serving while a disk fails.
 
+Behind the local tiers an optional shared tier (a directory on a distributed filesystem that
+other hosts' daemons use too) is addressed by name, not indexed: every page published here is
+offered to it (write-behind), and a name missing locally is looked for there, read, checked and
+promoted into RAM. Asking it whether it holds a page costs no I/O; finding and reading one
+blocks up to its deadline, so callers on an event loop run those in a worker thread.
+
 Pages that leave the store on its own initiative (eviction from their last tier, reclaim,
 a failed checksum) are reported to ``on_gone`` listeners, so the daemon can tell the kernel.
 
@@ -28,6 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -39,6 +46,7 @@ from hicachefs.store.eviction import LruPolicy
 from hicachefs.store.index import PageIndex
 from hicachefs.store.pages import Draft, PageInfo, PageReader, checksum_text
 from hicachefs.store.ram_tier import RamTier
+from hicachefs.store.shared import SharedTier
 from hicachefs.store.ssd_tier import SsdTier
 from hicachefs.store.tier import PageMeta, ReadResult, Tier
 
@@ -47,6 +55,9 @@ log = logging.getLogger(__name__)
 _MiB = 1 << 20
 RAM = 0  # the RAM tier's position in the tier list and the index's location columns
 _LONGEST_NAME = bytes(4096)  # longer than any valid page name (five components of 200 bytes)
+#: Pages found on the shared tier whose facts are kept for ``info`` (a lookup is followed by
+#: getattr, getxattr and open of the same name).
+_FOUND_KEPT = 4096
 
 GoneListener = Callable[[list[str]], None]
 
@@ -55,9 +66,10 @@ class PageStore:
     """The tiered page store; see the module docstring."""
 
     def __init__(self, config: StoreConfig, progress: Callable[[int, int], None] | None = None,
-                 *, disk_device=None) -> None:
-        """``disk_device``: the SSD tier's device (tests pass a FaultyDevice); by default the
-        arena file in ``config.disk_dir``."""
+                 *, disk_device=None, shared_device=None) -> None:
+        """``disk_device``/``shared_device``: the SSD and shared tiers' devices (tests pass
+        FaultyDevices); by default the arena file in ``config.disk_dir`` and the plain files
+        of ``config.shared_dir``."""
         self.config = config
         self._lock = threading.Lock()
         # Slabs as large as the largest page, but at least 8 of them, so that a small RAM tier
@@ -80,6 +92,13 @@ class PageStore:
                 if older >= 0:  # the process died between writing a newer copy and invalidating this one
                     self._drop(older)
                 self._index.add(record.name, record.size, record.checksum, record.mtime_ns, position, record.offset)
+        self._shared: SharedTier | None = None
+        self._found: OrderedDict[str, PageMeta] = OrderedDict()
+        if config.shared_dir is not None:
+            # Write-behind copies each page before it lets go of its RAM slot; a queue of at
+            # most an eighth of the RAM tier keeps what it pins small.
+            self._shared = SharedTier(config.shared_dir, config.shared_bytes, device=shared_device,
+                                      queue_bytes=max(config.max_page_size, min(256 * _MiB, config.memory_bytes // 8)))
 
     def on_gone(self, listener: GoneListener) -> None:
         """Call ``listener(names)`` with pages that left the store on its own initiative. It is
@@ -87,6 +106,8 @@ class PageStore:
         self._listeners.append(listener)
 
     def tier(self, name: str) -> Tier | None:
+        if self._shared is not None and name == self._shared.name:
+            return self._shared
         return next((t for t in self._tiers if t.name == name), None)
 
     # -- writing -----------------------------------------------------------------------
@@ -128,6 +149,7 @@ class PageStore:
             old = self._index.find(name)
             if old >= 0:
                 self._drop(old)
+            self._found.pop(name, None)
             if slot is None:
                 row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower)
             else:
@@ -136,7 +158,11 @@ class PageStore:
                     self._index.loc[row, lower[0]] = lower[1]
                 self._ram.policy.admit(row)
                 self._ram.counters.bytes_in += page.size
-            return self._info(row)
+            info = self._info(row)
+            shared_copy = self._pinned_reader(row, slot) if self._shared is not None and slot is not None else None
+        if shared_copy is not None:  # outside the lock: a refused offer releases at once
+            self._shared.offer(page, shared_copy.view(), shared_copy.close)
+        return info
 
     def abandon(self, draft: Draft) -> None:
         offset = draft.consume()
@@ -164,34 +190,44 @@ class PageStore:
         With ``memory_only`` a page that would need I/O is not read: None is returned, so an
         event loop can serve RAM pages inline and send only lower-tier reads to a thread.
         ``counted=False`` opens it for the store's own purposes: no hit, no access time, no
-        change to the eviction order."""
+        change to the eviction order.
+
+        A name no local tier holds is looked for on the shared tier (blocking), then read,
+        checked and promoted into RAM."""
         for _ in range(3):  # a read can race with a replace or reclaim; then look again
             with self._lock:
                 row = self._index.find(name)
                 if row < 0:
-                    self._misses += 1
-                    for tier in self._tiers:
-                        tier.counters.misses += 1
-                    raise PageNotFound(name)
-                index = self._index
-                slot = int(index.loc[row, RAM])
-                if not counted and (slot >= 0 or memory_only):
-                    return self._pinned_reader(row, slot) if slot >= 0 else None
-                index.atime[row] = time.time_ns()
-                if slot >= 0:
-                    index.hits[row] += 1
-                    self._ram.counters.hits += 1
-                    self._ram.counters.bytes_out += int(index.size[row])
-                    self._ram.policy.touch(row)
-                    return self._pinned_reader(row, slot)
-                if memory_only:
-                    return None
-                self._ram.counters.misses += 1
-                position = index.top_tier(row)
-                tier, location, page, info = self._tiers[position], int(index.loc[row, position]), self._meta(row), self._info(row)
-                # Promote on the second read only: a page read once from a lower tier is often
-                # never read again, and promoting it would push another page down (a write).
-                slot = self._slot_for_promotion(page.size) if index.hits[row] > 0 else None
+                    if not self.may_be_shared(name):
+                        self._count_miss()
+                        raise PageNotFound(name)
+                    if memory_only:
+                        return None
+                else:
+                    index = self._index
+                    slot = int(index.loc[row, RAM])
+                    if not counted and (slot >= 0 or memory_only):
+                        return self._pinned_reader(row, slot) if slot >= 0 else None
+                    index.atime[row] = time.time_ns()
+                    if slot >= 0:
+                        index.hits[row] += 1
+                        self._ram.counters.hits += 1
+                        self._ram.counters.bytes_out += int(index.size[row])
+                        self._ram.policy.touch(row)
+                        return self._pinned_reader(row, slot)
+                    if memory_only:
+                        return None
+                    self._ram.counters.misses += 1
+                    position = index.top_tier(row)
+                    tier, location, page, info = self._tiers[position], int(index.loc[row, position]), self._meta(row), self._info(row)
+                    # Promote on the second read only: a page read once from a lower tier is often
+                    # never read again, and promoting it would push another page down (a write).
+                    slot = self._slot_for_promotion(page.size) if index.hits[row] > 0 else None
+            if row < 0:
+                reader = self._open_shared(name)
+                if reader is not None:
+                    return reader
+                continue  # published or promoted here meanwhile: read the local copy
             buffer = self._ram.view(slot, page.size) if slot is not None else memoryview(bytearray(page.size))
             try:
                 result = tier.read_into(page, location, buffer)
@@ -229,6 +265,47 @@ class PageStore:
                         raise PageCorrupt(f"{name}: checksum mismatch on the {tier.name} tier; page dropped")
         raise PageNotFound(name)
 
+    def _open_shared(self, name: str) -> PageReader | None:
+        """Find the page on the shared tier, read and check it into a RAM slot and index it
+        there (a promotion); None if it appeared locally meanwhile. Blocking."""
+        page = self._shared.find(name)
+        if page is None:
+            with self._lock:
+                self._count_miss()
+            raise PageNotFound(name)
+        with self._lock, self._reporting():
+            slot = self._slot_for_promotion(page.size)
+        buffer = self._ram.view(slot, page.size) if slot is not None else memoryview(bytearray(page.size))
+        result = self._shared.read_into(page, 0, buffer)  # counts its own hits and failures
+        if result is not ReadResult.OK:
+            if slot is not None:
+                self._give_back(slot)
+            if result is ReadResult.CORRUPT:
+                raise PageCorrupt(f"{name}: checksum mismatch on the shared tier; its file was removed")
+            with self._lock:
+                self._count_miss()
+            raise PageNotFound(name)
+        with self._lock, self._reporting():
+            self._found.pop(name, None)
+            if self._index.find(name) >= 0:
+                if slot is not None:
+                    self._ram.retire(slot)
+                    self._ram.unpin(slot)
+                return None
+            if slot is None:  # no room in RAM: a private copy for this reader only
+                return PageReader(self._shared_info(page), page, buffer, None)
+            row = self._index.add(name, page.size, page.checksum, page.mtime_ns, RAM, slot)
+            self._index.hits[row] = 1
+            self._ram.policy.admit(row)
+            self._ram.counters.promotions += 1
+            self._ram.counters.bytes_in += page.size
+            return PageReader(self._info(row), page, buffer, self._unpinner(slot))
+
+    def _count_miss(self) -> None:
+        self._misses += 1
+        for tier in self._tiers:
+            tier.counters.misses += 1
+
     def _pinned_reader(self, row: int, slot: int) -> PageReader:
         self._ram.pin(slot)
         size = int(self._index.size[row])
@@ -261,19 +338,61 @@ class PageStore:
     # -- names -------------------------------------------------------------------------
 
     def info(self, name: str) -> PageInfo | None:
-        """The page's facts, or None; no I/O, no hit counted."""
+        """The page's facts, or None; no I/O, no hit counted. A page found on the shared tier
+        lately (``find_shared``) but not read yet is described too."""
         with self._lock:
             row = self._index.find(name)
-            return self._info(row) if row >= 0 else None
+            if row >= 0:
+                return self._info(row)
+            page = self._found.get(name)
+            return None if page is None else self._shared_info(page)
+
+    def may_be_shared(self, name: str) -> bool:
+        """Whether the shared tier says it holds ``name``, from memory (no I/O)."""
+        return self._shared is not None and self._shared.contains_many([name])[0]
+
+    def shared_has_directory(self, path: str) -> bool:
+        """Whether the shared tier holds pages under directory ``path``, from memory (no I/O):
+        such a directory exists here too, so that its pages can be opened by path."""
+        return self._shared is not None and self._shared.has_directory(path)
+
+    def find_shared(self, name: str) -> PageInfo | None:
+        """The facts of a page on the shared tier, read from its file; None if it is not
+        there or the tier does not answer in time. Blocking; ``info`` knows it afterwards."""
+        if not self.may_be_shared(name):
+            return None
+        page = self._shared.find(name)
+        if page is None:
+            return None
+        with self._lock:
+            self._found[name] = page
+            self._found.move_to_end(name)
+            while len(self._found) > _FOUND_KEPT:
+                self._found.popitem(last=False)
+            row = self._index.find(name)
+            return self._info(row) if row >= 0 else self._shared_info(page)
 
     def delete(self, name: str) -> bool:
-        """Remove the page (lower tiers' copies are invalidated in place); open readers keep it."""
+        """Remove the page (lower tiers' copies are invalidated in place); open readers keep it.
+        Its copy on the shared tier, if any, is removed by ``delete_shared``."""
         with self._lock:
+            self._found.pop(name, None)
             row = self._index.find(name)
             if row < 0:
                 return False
             self._drop(row)
             return True
+
+    def delete_shared(self, name: str) -> bool:
+        """Remove the page's copy from the shared tier (blocking, idempotent): a page removed
+        here must not come back from there. Whether there was one to remove."""
+        if not self.may_be_shared(name):
+            return False
+        page = self._shared.find(name)
+        if page is None:
+            return False
+        self._shared.drop(page, 0)
+        return True
 
     def delete_tree(self, prefix: str) -> int:
         with self._lock:
@@ -291,9 +410,16 @@ class PageStore:
             return self._index.directories()
 
     def exists_many(self, names: Iterable[str]) -> list[bool]:
+        """Whether each page is held here or on the shared tier; no I/O."""
+        names = list(names)
         prepared = PageIndex.prepare_many(names)
         with self._lock:
-            return self._index.find_many(prepared).tolist()
+            found = self._index.find_many(prepared).tolist()
+        if self._shared is not None and not all(found):
+            missing = [i for i, there in enumerate(found) if not there]
+            for i, there in zip(missing, self._shared.contains_many([names[i] for i in missing])):
+                found[i] = there
+        return found
 
     # -- accounting and shutdown -------------------------------------------------------
 
@@ -317,7 +443,9 @@ class PageStore:
             totals["used_bytes"] = int(self._index.size[live].sum())
             totals["misses"] = self._misses  # a lookup that no tier could serve
             totals["free_bytes"] = max(0, totals["capacity_bytes"] - totals["used_bytes"])
-            return {**totals, "tiers": tiers}
+        if self._shared is not None:  # not in the totals: its room is every host's, not ours
+            tiers[self._shared.name] = self._shared.statistics()
+        return {**totals, "tiers": tiers}
 
     def sync(self) -> None:
         """Make the persistent tiers' writes durable (fsync)."""
@@ -328,6 +456,8 @@ class PageStore:
     def close(self) -> None:
         """Write RAM-only pages down (the most recent ones, as room allows), make the persistent
         tiers durable, release everything. A failing device stops the write-down, not the close."""
+        if self._shared is not None:  # first: its write-behind releases pages, which takes the lock
+            self._shared.close()
         with self._lock, self._reporting():
             try:
                 if len(self._tiers) > 1:
@@ -368,6 +498,11 @@ class PageStore:
             mtime_ns=int(index.mtime[row]),
             atime_ns=int(index.atime[row]),
         )
+
+    @staticmethod
+    def _shared_info(page: PageMeta) -> PageInfo:
+        return PageInfo(name=page.name, size=page.size, tier=SharedTier.name, checksum=checksum_text(page.checksum),
+                        hits=0, mtime_ns=page.mtime_ns, atime_ns=page.mtime_ns)
 
     def _meta(self, row: int) -> PageMeta:
         index = self._index

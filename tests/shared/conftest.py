@@ -12,9 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from hicachefs.store.shared import SharedTier  # noqa: E402
 from hicachefs.testing import glusterfs  # noqa: E402
+from shared_helpers import FAST  # noqa: E402
 
-#: Short periods and deadlines, so that faults and recoveries play out in a fraction of a second.
-FAST = dict(deadline_s=0.25, tick_s=0.02, poll_s=0.02, retry_s=0.1, sweep_interval_s=0.3, sweep_budget_s=0.05)
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ import xxhash
 from hicachefs.store.tier import PageMeta
 
 KiB, MiB = 1 << 10, 1 << 20
+#: Short periods and deadlines, so that faults and recoveries play out in a fraction of a second.
+FAST = dict(deadline_s=0.25, tick_s=0.02, poll_s=0.02, retry_s=0.1, sweep_interval_s=0.3, sweep_budget_s=0.05)
 POOL = "m/bf16-page_first-64/tp0of1/kv"
 
 

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import FAST
+from shared_helpers import FAST
 from shared_helpers import KiB, Releases, make_page, read_page, wait_until
 
 from hicachefs.store.faults import Fault, FaultyDevice

@@ -5,7 +5,7 @@ that stops or freezes under a host leaves its answers fast misses until it is ba
 import os
 import time
 
-from conftest import FAST
+from shared_helpers import FAST
 from shared_helpers import KiB, make_page, read_page, wait_until
 
 from hicachefs.store.shared import format as page_format
@@ -32,7 +32,7 @@ def test_pages_published_on_one_host_are_read_byte_exact_on_the_other(make_tier,
     assert [read_page(b, page.name) for page, _ in pages] == [data for _, data in pages]
     stats = b.statistics()
     assert stats["hits"] == len(pages) and stats["checksum_failures"] == 0 and stats["io_errors"] == 0
-    assert a.statistics()["written"] == len(pages) and b.statistics()["journal_received"] == len(pages)
+    assert a.statistics()["written_behind"] == len(pages) and b.statistics()["journal_received"] == len(pages)
 
 
 def test_a_damaged_file_on_the_volume_is_caught_and_removed(make_tier, gluster_root):

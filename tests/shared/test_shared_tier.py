@@ -162,7 +162,7 @@ def test_the_write_behind_queue_is_bounded_in_pages_and_bytes_and_counts_drops(t
     big, big_data = make_page(99, 11 * 64 * KiB)
     assert not tier.offer(big, memoryview(big_data), releases(big.name))  # more than the queue's bytes
     device.clear()
-    wait_until(lambda: tier.statistics()["written"] == accepted.count(True))
+    wait_until(lambda: tier.statistics()["written_behind"] == accepted.count(True))
     assert releases.calls == {page.name: 1 for page, _ in pages} | {big.name: 1}
     assert all(tier.contains_many([page.name for (page, _), ok in zip(pages, accepted) if ok]))
     assert tier.statistics()["lag_s"] == 0.0
@@ -174,11 +174,11 @@ def test_write_behind_admits_only_what_it_can_write_within_its_lag_bound(tmp_pat
     tier = make_tier(tmp_path / "shared", device=device, writers=1, queue_lag_s=0.5)
     first, first_data = make_page(0)
     tier.offer(first, memoryview(first_data), lambda: None)
-    wait_until(lambda: tier.statistics()["written"] == 1)  # the pace is known: ~0.2 s a page
+    wait_until(lambda: tier.statistics()["written_behind"] == 1)  # the pace is known: ~0.2 s a page
     accepted = [tier.offer(page, memoryview(data), lambda: None) for page, data in map(make_page, range(1, 21))]
     assert 2 <= accepted.count(True) <= 4  # about 0.5 s of writes
     assert tier.statistics()["dropped_queue_full"] == accepted.count(False)
-    wait_until(lambda: tier.statistics()["written"] == 1 + accepted.count(True))
+    wait_until(lambda: tier.statistics()["written_behind"] == 1 + accepted.count(True))
 
 
 def test_write_behind_releases_the_payload_before_it_writes(tmp_path, make_tier):
@@ -191,7 +191,7 @@ def test_write_behind_releases_the_payload_before_it_writes(tmp_path, make_tier)
     tier.offer(page, memoryview(payload), released.set)
     assert released.wait(0.4)  # while the write is still sleeping in the filesystem
     payload[:] = bytes(len(payload))  # the engine reuses its slot
-    wait_until(lambda: tier.statistics()["written"] == 1)
+    wait_until(lambda: tier.statistics()["written_behind"] == 1)
     assert read_page(tier, page.name) == data
 
 

@@ -158,6 +158,12 @@ class SharedTier(Tier):
             _log.exception("shared tier: contains_many failed")
             return [False] * len(names)
 
+    def has_directory(self, path: str) -> bool:
+        """Whether some page the tier knows of lies under directory ``path`` (a namespace
+        prefix such as ``model/format``), from memory: never blocks, never raises."""
+        prefix = path + "/"
+        return self._guard.available and any(d.startswith(prefix) for d in self._presence.directories())
+
     def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
         """Queue ``page`` for write-behind; never blocks. ``release`` is called exactly once,
         when the payload is no longer needed: in the caller's thread when the page is dropped

@@ -1,0 +1,187 @@
+"""Two hosts' daemons on the two mounts of one GlusterFS volume, driven as SGLang drives them.
+
+Host A and host B each mount hicachefs with ``--shared`` on their own view of the volume. What A
+publishes through the client, B finds with ``batch_exists`` and reads byte-exact with
+``batch_get_v1``; B keeps serving when A is killed and when the volume stops under it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+from hicachefs.testing import mounting
+from hicachefs.testing.host_pools import MHAHostPool
+from hicachefs_client import HiCacheFS
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+POOL_DIR = "Qwen--Qwen2.5-0.5B-Instruct/bfloat16-page_first-16/tp0of1/kv"
+PAGES = 16
+
+
+def client(mount: mounting.Mount, pool: MHAHostPool) -> HiCacheFS:
+    config = HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        enable_storage_metrics=False, is_page_first_layout=True, model_name=MODEL,
+        extra_config={"mountpoint": str(mount.path)})
+    backend = HiCacheFS(config, {})
+    backend.register_mem_pool_host(pool)
+    return backend
+
+
+def keys(tag: str, count: int = PAGES) -> list[str]:
+    return [hashlib.sha256(f"{tag}/{i}".encode()).hexdigest() for i in range(count)]
+
+
+def indices(pool: MHAHostPool, pages) -> torch.Tensor:
+    return torch.cat([pool.page_indices(p) for p in pages])
+
+
+def page_bytes(pool: MHAHostPool, page: int) -> bytes:
+    return pool.get_data_page(page * pool.page_size, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def wait_for(condition, seconds: float):
+    deadline = time.monotonic() + seconds
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def two_hosts(mount_factory, gluster_root):
+    """make(*flags) -> (host A, host B): daemons on the volume's two mounts."""
+
+    def make(*flags: str) -> tuple[mounting.Mount, mounting.Mount]:
+        a, b = gluster_root
+        return (mount_factory("--memory", "256M", "--shared", str(a / "hc"), *flags),
+                mount_factory("--memory", "256M", "--shared", str(b / "hc"), *flags))
+
+    return make
+
+
+def publish_on(host: mounting.Mount, names: list[str], seed: int) -> MHAHostPool:
+    pool = MHAHostPool(pages=PAGES)
+    pool.fill_random(seed)
+    writer = client(host, pool)
+    assert writer.batch_set_v1(names, indices(pool, range(PAGES))) == [True] * PAGES
+    return pool
+
+
+def test_pages_published_on_a_are_found_and_read_byte_exact_on_b(two_hosts):
+    a, b = two_hosts()
+    names = keys("a-publishes")
+    source = publish_on(a, names, seed=1)
+    target = MHAHostPool(pages=PAGES)
+    target.zero()
+    reader = client(b, target)
+    assert wait_for(lambda: reader.batch_exists(names) == PAGES, 2.0)  # within 2 s
+    assert reader.batch_get_v1(names, indices(target, range(PAGES))) == [True] * PAGES
+    assert all(page_bytes(target, p) == page_bytes(source, p) for p in range(PAGES))
+    tiers = b.stats()["tiers"]
+    assert tiers["shared"]["hits"] == PAGES and tiers["memory"]["promotions"] == PAGES
+    assert os.getxattr(b.path / POOL_DIR / names[0], "user.hicachefs.tier") == b"memory"  # promoted
+
+
+def test_a_page_known_only_on_the_shared_tier_says_so(two_hosts):
+    a, b = two_hosts()
+    names = keys("only-shared", 2)
+    pool = MHAHostPool(pages=2)
+    assert client(a, pool).batch_set_v1(names, indices(pool, range(2))) == [True, True]
+    path = b.path / POOL_DIR / names[0]
+    assert wait_for(lambda: client(b, MHAHostPool(pages=2)).batch_exists(names) == 2, 2.0)
+    assert path.stat().st_size == len(page_bytes(pool, 0))
+    assert os.getxattr(path, "user.hicachefs.tier") == b"shared"
+    assert path.name not in os.listdir(path.parent)  # ls shows the pages held here
+
+
+def test_b_serves_after_a_is_killed(two_hosts):
+    a, b = two_hosts()
+    names = keys("a-dies")
+    source = publish_on(a, names, seed=2)
+    target = MHAHostPool(pages=PAGES)
+    reader = client(b, target)
+    assert wait_for(lambda: reader.batch_exists(names) == PAGES, 2.0)
+    mounting.kill(a)
+    assert reader.batch_exists(names) == PAGES
+    assert reader.batch_get_v1(names, indices(target, range(PAGES))) == [True] * PAGES
+    assert all(page_bytes(target, p) == page_bytes(source, p) for p in range(PAGES))
+
+
+def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts, gluster):
+    a, b = two_hosts()
+    local = keys("b-local", 4)
+    pool_b = publish_on_pages(b, local, seed=3)
+    shared_only = keys("a-shared", 4)
+    publish_on_pages(a, shared_only, seed=4)
+    reader = client(b, MHAHostPool(pages=4))
+    assert wait_for(lambda: reader.batch_exists(shared_only) == 4, 2.0)
+    gluster.stop()
+    try:
+        assert wait_for(lambda: not b.stats()["tiers"]["shared"]["available"], 5.0)
+        target = MHAHostPool(pages=4)
+        reader = client(b, target)
+        assert reader.batch_get_v1(local, indices(target, range(4))) == [True] * 4  # local pages
+        assert all(page_bytes(target, p) == page_bytes(pool_b, p) for p in range(4))
+        started = time.monotonic()
+        assert reader.batch_exists(shared_only) == 0  # misses, at once
+        assert time.monotonic() - started < 0.05
+        assert reader.batch_get_v1(shared_only, indices(target, range(4))) == [False] * 4
+    finally:
+        gluster.start()
+    assert wait_for(lambda: b.stats()["tiers"]["shared"]["available"], 15.0)
+    assert wait_for(lambda: reader.batch_exists(shared_only) == 4, 5.0)  # retried in the background
+    b.expected_log_errors.append("shared tier")
+
+
+def publish_on_pages(host: mounting.Mount, names: list[str], seed: int) -> MHAHostPool:
+    pool = MHAHostPool(pages=len(names))
+    pool.fill_random(seed)
+    assert client(host, pool).batch_set_v1(names, indices(pool, range(len(names)))) == [True] * len(names)
+    return pool
+
+
+def test_a_corrupt_file_on_the_shared_tier_is_caught_and_never_served(two_hosts, gluster_root):
+    a, b = two_hosts()
+    names = keys("corrupt", 2)
+    publish_on_pages(a, names, seed=5)
+    assert wait_for(lambda: a.stats()["tiers"]["shared"]["written_behind"] == 2, 5.0)
+    files = [p for p in (gluster_root[0] / "hc").rglob(names[0]) if p.is_file()]
+    assert len(files) == 1
+    with open(files[0], "r+b") as f:  # flip a byte in the middle of the payload
+        f.seek(files[0].stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+    target = MHAHostPool(pages=2)
+    reader = client(b, target)
+    assert wait_for(lambda: reader.batch_exists(names) == 2, 2.0)
+    assert reader.batch_get_v1(names, indices(target, range(2))) == [False, True]
+    stats = b.stats()["tiers"]["shared"]
+    assert stats["checksum_failures"] == 1
+    assert not files[0].exists()  # removed from the shared tier
+    b.expected_log_errors.append("checksum")
+
+
+def test_the_shared_size_bound_holds(two_hosts, gluster_root):
+    a, _ = two_hosts("--shared-size", "4M", "--max-page-size", "1M")
+    names = keys("bounded", 12)
+    pool = MHAHostPool(pages=12, layer_num=32, head_num=8, head_dim=32)  # 512 KiB pages: 6 MiB in all
+    assert client(a, pool).batch_set_v1(names, indices(pool, range(12))) == [True] * 12
+
+    def within_bound():
+        used = sum(p.stat().st_size for p in (gluster_root[0] / "hc").rglob("*") if p.is_file()
+                   and ".journal" not in p.parts)
+        return used <= 4 << 20
+
+    assert wait_for(within_bound, 10.0)
+    assert a.stats()["tiers"]["shared"]["evictions"] >= 4
