@@ -27,9 +27,9 @@ LEVELS = frozenset({"capacity_bytes", "used_bytes", "free_bytes", "pages", "pend
                     "available", "queue_length", "in_flight",
                     # the shared tier's write-behind, call guard and sweep
                     "queue_pages", "queue_bytes", "queue_max_pages", "queue_max_bytes", "writing",
-                    "lag_s", "last_lag_s", "write_s_avg", "io_threads_busy", "io_calls_waiting",
-                    "unavailable_s", "journal_pending", "eviction_candidates", "fs_free_bytes",
-                    "sweep_last_cycle_s"})
+                    "lag_seconds", "last_lag_seconds", "write_seconds_avg", "io_threads_busy",
+                    "io_calls_waiting", "unavailable_seconds", "journal_pending", "eviction_candidates",
+                    "fs_free_bytes", "sweep_last_cycle_seconds"})
 LEVEL_SUFFIXES = ("_capacity_bytes", "_used_bytes", "_free_bytes", "_pages", "_queue_length", "_queue_bytes",
                   "_in_flight", "_pending", "_available")
 

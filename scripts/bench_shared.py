@@ -172,7 +172,7 @@ def bench_write_behind(volume: glusterfs.GlusterVolume, rows: list) -> None:
     while time.monotonic() - start < 5.0:
         a.offer(page(10**7 + offered, data), view, lambda: None)
         offered += 1
-        lag = a.statistics()["last_lag_s"]
+        lag = a.statistics()["last_lag_seconds"]
         if lag:
             lags.append(lag)
         time.sleep(0.001)
@@ -195,7 +195,7 @@ def bench_write_behind(volume: glusterfs.GlusterVolume, rows: list) -> None:
                     break
                 time.sleep(0.002)
             visible.append(time.monotonic() - offered_at)
-            written_lag.append(a.statistics()["last_lag_s"])
+            written_lag.append(a.statistics()["last_lag_seconds"])
             time.sleep(max(0.0, 1 / per_second - (time.monotonic() - offered_at)))
         p50, p99 = percentiles(visible)
         rows.append((f"publish on A -> visible on B, 1 MiB at {per_second}/s", count, p50, p99,

@@ -69,7 +69,8 @@ def traffic(mount: mounting.Mount) -> None:
 
 
 def test_levels_are_gauges_and_totals_counters(mount_factory, tmp_path):
-    mount = mount_factory("--memory", "16M", "--disk", str(tmp_path / "ssd"), "--disk-size", "64M")
+    mount = mount_factory("--memory", "16M", "--disk", str(tmp_path / "ssd"), "--disk-size", "64M",
+                          "--shared", str(tmp_path / "shared"))
     traffic(mount)
     text = (mount.path / ".hicachefs" / "metrics").read_text()
     assert promtool_problems(text) == ""
@@ -89,6 +90,9 @@ def test_levels_are_gauges_and_totals_counters(mount_factory, tmp_path):
     assert sample(found, "hicachefs_tier_written_bytes", tier="memory") == PAGES << 20
     assert sample(found, "hicachefs_errors", errno="EPERM") == 1
     assert sample(found, "hicachefs_fuse_requests", operation="rename") == PAGES
+    for level in ("hicachefs_tier_available", "hicachefs_tier_queue_bytes", "hicachefs_tier_lag_seconds"):
+        assert found[level].type == "gauge", level  # the shared tier's levels too
+    assert sample(found, "hicachefs_tier_available", tier="shared") == 1
 
 
 def test_metrics_endpoint_serves_what_the_file_shows(mount_factory, tmp_path):

@@ -154,7 +154,7 @@ class CallGuard:
             since = self._unavailable_since
             return {
                 "available": self.available,
-                "unavailable_s": round(time.monotonic() - since, 3) if since is not None else 0.0,
+                "unavailable_seconds": round(time.monotonic() - since, 3) if since is not None else 0.0,
                 "last_error": self._last_error,
                 "timeouts": self._timeouts,
                 "failures": self._failures,

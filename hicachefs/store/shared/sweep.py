@@ -158,7 +158,7 @@ class Sweeper:
     def statistics(self) -> dict:
         return {
             "sweep_cycles": self.cycles,
-            "sweep_last_cycle_s": round(self.last_cycle_s, 3),
+            "sweep_last_cycle_seconds": round(self.last_cycle_s, 3),
             "sweep_directories_listed": self.directories_listed,
             "sweep_temp_removed": self.temp_removed,
             "eviction_candidates": len(self.candidates),

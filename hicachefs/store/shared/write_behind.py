@@ -158,10 +158,10 @@ class WriteBehind:
                 "dropped": self.dropped_queue_full + self.dropped_unavailable,
                 "dropped_queue_full": self.dropped_queue_full,
                 "dropped_unavailable": self.dropped_unavailable,
-                "write_s_avg": round(self._write_s, 4),
+                "write_seconds_avg": round(self._write_s, 4),
                 "write_failures": self.failed,
-                "lag_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
-                "last_lag_s": round(self.last_lag_s, 3),
+                "lag_seconds": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
+                "last_lag_seconds": round(self.last_lag_s, 3),
             }
 
     def close(self, deadline_s: float) -> None:
