@@ -39,7 +39,7 @@ from hicachefs.store.eviction import LruPolicy
 from hicachefs.store.index import PageIndex
 from hicachefs.store.pages import Draft, PageInfo, PageReader, checksum_text
 from hicachefs.store.ram_tier import RamTier
-from hicachefs.store.ssd_tier import SsdTier
+from hicachefs.store.ssd_tier import RecoveryListener, SsdTier
 from hicachefs.store.tier import PageMeta, ReadResult, Tier
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,10 @@ GoneListener = Callable[[list[str]], None]
 class PageStore:
     """The tiered page store; see the module docstring."""
 
-    def __init__(self, config: StoreConfig, progress: Callable[[int, int], None] | None = None,
+    def __init__(self, config: StoreConfig, progress: RecoveryListener | None = None,
                  *, disk_device=None) -> None:
-        """``disk_device``: the SSD tier's device (tests pass a FaultyDevice); by default the
+        """``progress``: told how rebuilding the SSD tier's index goes (``RecoveryProgress``).
+        ``disk_device``: the SSD tier's device (tests pass a FaultyDevice); by default the
         arena file in ``config.disk_dir``."""
         self.config = config
         self._lock = threading.Lock()
@@ -69,17 +70,14 @@ class PageStore:
         self._listeners: list[GoneListener] = []
         self._gone: list[str] = []
         self._misses = 0
+        self._closed = False
         if config.disk_dir is not None:
             position = len(self._tiers)
             ssd = SsdTier(config.disk_dir, config.disk_bytes, config.max_page_size,
                           on_reclaim=lambda start, end: self._reclaimed(position, start, end),
                           device=disk_device)
             self._tiers.append(ssd)
-            for record in ssd.recover(progress):
-                older = self._index.find(record.name)
-                if older >= 0:  # the process died between writing a newer copy and invalidating this one
-                    self._drop(older)
-                self._index.add(record.name, record.size, record.checksum, record.mtime_ns, position, record.offset)
+            ssd.recover(self._index, position, progress)  # from its snapshot after a clean close, else by a scan
 
     def on_gone(self, listener: GoneListener) -> None:
         """Call ``listener(names)`` with pages that left the store on its own initiative. It is
@@ -326,12 +324,20 @@ class PageStore:
                 tier.sync()
 
     def close(self) -> None:
-        """Write RAM-only pages down (the most recent ones, as room allows), make the persistent
-        tiers durable, release everything. A failing device stops the write-down, not the close."""
+        """Write RAM-only pages down (the most recent ones, as room allows), save the SSD tier's
+        index snapshot (so the next start need not scan), make the persistent tiers durable,
+        release everything. A failing device stops the write-down, not the close. A second close
+        does nothing: the tiers' files may belong to a new store by then."""
         with self._lock, self._reporting():
+            if self._closed:
+                return
+            self._closed = True
             try:
                 if len(self._tiers) > 1:
                     self._write_down_for_restart()
+                    for position, tier in enumerate(self._tiers):
+                        if isinstance(tier, SsdTier):
+                            tier.write_snapshot(self._index, position)
             finally:
                 for tier in reversed(self._tiers):
                     try:
