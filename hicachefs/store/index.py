@@ -53,7 +53,7 @@ def _hash_one(dir_id: int, kid: bytes) -> int:
 def _hash_many(dir_ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """``_hash_one`` over arrays (uint64 arithmetic wraps exactly as the masked Python ints)."""
     mix = np.array(_MIX, np.uint64)
-    h = (keys * mix[:4]).sum(axis=1, dtype=np.uint64) ^ (dir_ids.astype(np.uint64) * mix[4])
+    h = (keys @ mix[:4]) ^ (dir_ids.astype(np.uint64) * mix[4])  # integer matmul: no (n, 4) temporary
     h ^= h >> np.uint64(33)
     h *= np.uint64(_FINAL)
     return h ^ (h >> np.uint64(33))
@@ -323,20 +323,24 @@ class PageIndex:
         self.loc = loc
 
     def _rebuild(self, table_size: int) -> None:
-        """Re-insert every live row into a fresh table, vectorised: each round, one claimant per
-        empty slot wins it and the others move one slot on (a valid linear-probing layout)."""
+        """Re-insert every live row into a fresh table, vectorised. Rows inserted in the order of
+        their home slots each land in the first free slot at or after their home: the later of
+        their home and the slot after the previous row's, a running maximum. The few pushed past
+        the end wrap round to the first free slots from the start, where a probe finds them."""
         table = np.full(table_size, _EMPTY, np.int32)
-        mask = np.uint64(table_size - 1)
-        pending = np.nonzero(self.dir[: self._rows] != _FREE_DIR)[0]
-        pos = (self.hash[pending] & mask).astype(np.int64)
-        while pending.size:
-            empty = np.nonzero(table[pos] == _EMPTY)[0]
-            _, first = np.unique(pos[empty], return_index=True)
-            winners = empty[first]
-            table[pos[winners]] = pending[winners]
-            lose = np.ones(pending.size, bool)
-            lose[winners] = False
-            pending, pos = pending[lose], (pos[lose] + 1) & int(mask)
+        rows = np.nonzero(self.dir[: self._rows] != _FREE_DIR)[0]
+        home = (self.hash[rows] & np.uint64(table_size - 1)).astype(np.int64)
+        order = np.argsort(home)
+        rows, home = rows[order], home[order]
+        steps = np.arange(len(rows), dtype=np.int64)
+        slots = np.maximum.accumulate(home - steps) + steps
+        inside = slots < table_size
+        table[slots[inside]] = rows[inside]
+        free = 0
+        for row in rows[~inside].tolist():
+            while table[free] != _EMPTY:
+                free += 1
+            table[free] = row
         self._table = table
         self._tombs = 0
 

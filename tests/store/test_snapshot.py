@@ -15,7 +15,7 @@ import pytest
 from store_helpers import KiB, MiB, content, crash_after, page_name, read_all, reopen
 
 from hicachefs.store import PageStore, StoreConfig
-from hicachefs.store.index import PageIndex
+from hicachefs.store.index import PageIndex, _hash_one
 from hicachefs.store.snapshot import SNAPSHOT_NAME
 from hicachefs.store.ssd_tier import ARENA_NAME
 
@@ -300,3 +300,28 @@ def test_index_columns_round_trip_into_an_empty_index():
     for i in range(5000):
         loaded.add(f"more/{i}", 1, 2, 3, 1, 5)
     assert all(loaded.find(n) >= 0 for n in (names[4], "more/4999", names[7], "x/odd key", "plain"))
+
+
+def test_rows_whose_home_slots_run_past_the_end_of_the_table_wrap_round():
+    """Names whose hashes all point at the table's last slot: the bulk build wraps them round to
+    its start, where lookups, removals and adds still find them."""
+    table_slots = 2048  # the table of an index of up to 1024 rows
+    names = []
+    for i in range(200_000):
+        key = page_name(i).rpartition("/")[2]
+        if _hash_one(0, bytes.fromhex(key)) % table_slots == table_slots - 1:
+            names.append(f"d/{key}")
+            if len(names) == 6:
+                break
+    source = PageIndex(tiers=1)
+    for i, name in enumerate(names):
+        source.add(name, i, i, i, 0, i)
+    loaded = PageIndex(tiers=1)
+    loaded.load(0, source.pages_in(0))
+    assert len(loaded._table) == table_slots and loaded._table[-1] >= 0 and (loaded._table[:5] >= 0).all()
+    assert [int(loaded.size[loaded.find(name)]) for name in names] == list(range(6))
+    assert loaded.find_many(PageIndex.prepare_many(names)).all()
+    loaded.remove(loaded.find(names[2]))
+    assert loaded.find(names[2]) < 0 and all(loaded.find(n) >= 0 for n in names if n != names[2])
+    loaded.add(names[2], 9, 9, 9, 0, 9)
+    assert int(loaded.size[loaded.find(names[2])]) == 9
