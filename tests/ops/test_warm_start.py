@@ -1,15 +1,20 @@
 """A start after a crash scans the disk arena and shows how it goes on the terminal of
 ``hicachefs mount`` and in the log; a start after ``hicachefs umount`` loads the index snapshot
-and says so in one line. Either way every page reads back."""
+and says so in one line. Either way every page reads back. Off a terminal (a log, a pipe), a
+long scan prints its progress every few seconds."""
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import re
 import subprocess
 import sys
 import time
 
+from hicachefs import recovery_progress
+from hicachefs.store.ssd_tier import RecoveryProgress
 from hicachefs.testing import mounting
 from pages import pattern, publish, read_page
 
@@ -100,3 +105,45 @@ def test_a_crash_scans_with_progress_and_umount_makes_the_next_start_warm(mount_
     finally:
         mounting.stop(warm)
     assert not mounting.unexpected_log_lines(warm)
+
+
+class Clock:
+    """Stands in for ``time`` in recovery_progress: the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_off_a_terminal_a_long_scan_prints_progress_every_few_seconds(monkeypatch, caplog):
+    clock = Clock()
+    monkeypatch.setattr(recovery_progress, "time", clock)
+    caplog.set_level(logging.INFO, "hicachefs")
+    read_end, write_end = os.pipe()
+    reporter, out = recovery_progress.Reporter(write_end), io.StringIO()
+    display = recovery_progress.Display(read_end, out)
+    gib = 1 << 30
+    reporter(RecoveryProgress("scan", "its index snapshot is missing", 0, 0, 0, 0.0, False))
+    for second in range(1, 21):  # a 20 s scan of 20 GiB, one report a second
+        clock.now += 1
+        reporter(RecoveryProgress("scan", "its index snapshot is missing", 1000 * second, second * gib, 20 * gib,
+                                  float(second), False))
+        display.poll()
+    reporter(RecoveryProgress("scan", "its index snapshot is missing", 20_000, 20 * gib, 20 * gib, 20.0, True))
+    reporter.close()
+    display.close()
+    assert out.getvalue().splitlines() == [
+        "hicachefs: rebuilding the disk index by scanning the arena: its index snapshot is missing",
+        "hicachefs: scanning: 5,000 pages found, 25% done, about 15 s left",
+        "hicachefs: scanning: 10,000 pages found, 50% done, about 10 s left",
+        "hicachefs: scanning: 15,000 pages found, 75% done, about 5 s left",
+        "hicachefs: scanning: 20,000 pages found, 100% done, about 0 s left",
+        "hicachefs: scanned the disk arena: 20,000 pages in 20.0 s",
+    ]
+    logged = [r.getMessage() for r in caplog.records if r.name == "hicachefs.recovery_progress"]
+    assert logged[0] == "rebuilding the disk index by scanning the arena: its index snapshot is missing"
+    assert logged[1:-1] == [f"scanning: {n:,} pages found, {n // 200}% done, about {20 - n // 1000} s left"
+                            for n in (1000, 6000, 11000, 16000)]
+    assert logged[-1] == "scanned the disk arena: 20,000 pages in 20.0 s"
