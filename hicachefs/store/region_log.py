@@ -190,7 +190,8 @@ class RegionLog:
     def restore(self, state: LogState) -> None:
         """Take up writing where ``state`` says (from a snapshot that describes this arena)."""
         self.region_live = state.region_live.tolist()
-        self.used_bytes, self.current, self.tail, self.next_seq = state.used_bytes, state.current, state.tail, state.next_seq
+        self.used_bytes, self.current = state.used_bytes, state.current
+        self.tail, self.next_seq = state.tail, state.next_seq
 
     # -- recovery ----------------------------------------------------------------------
 

@@ -135,7 +135,8 @@ def _check_agrees(log: RegionLog, state: LogState, pages: PageColumns) -> None:
     count = len(pages.size)
     if count and not (pages.dir.min() >= 0 and pages.dir.max() < len(pages.directories)):
         raise SnapshotInvalid("its index snapshot names directories it does not hold")
-    if not 0 <= state.current < log.regions or not log.region_start(state.current) <= state.tail <= log.region_start(state.current + 1):
+    if not (0 <= state.current < log.regions
+            and log.region_start(state.current) <= state.tail <= log.region_start(state.current + 1)):
         raise SnapshotInvalid("its index snapshot has a write position outside the arena")
     lengths = record_lengths(pages.name_lengths(), pages.size)
     region = (pages.location - log.region_start(0)) // log.region_bytes

@@ -78,7 +78,8 @@ def test_a_crash_scans_with_progress_and_umount_makes_the_next_start_warm(mount_
         log = scan_log.read_text()
         assert "INFO hicachefs.recovery_progress: rebuilding the disk index by scanning the arena: " \
                "it was not unmounted cleanly\n" in log
-        assert re.search(r" INFO hicachefs.recovery_progress: scanning: [\d,]+ pages found, \d+% done, about \d+ s left\n", log)
+        assert re.search(r" INFO hicachefs.recovery_progress: scanning: [\d,]+ pages found, \d+% done, "
+                         r"about \d+ s left\n", log)
         assert f"INFO hicachefs.recovery_progress: scanned the disk arena: {PAGES} pages in " in log
         for key, data in pages.items():
             assert read_page(pool / key) == data
