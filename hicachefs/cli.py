@@ -3,7 +3,8 @@
 Every check that can fail runs before anything is mounted, and each failure is one line on
 stderr with exit code 2 (bad input) or 1 (the operation failed). ``hicachefs SOURCE
 MOUNTPOINT -o OPTIONS``, the form mount(8) and fstab use through ``mount.fuse3``, is the
-mount command (``mount_options``).
+mount command (``mount_options``). While it waits for the mount, ``mount`` shows how the daemon
+rebuilds the disk index (``recovery_progress``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from . import mount_options, mount_table
 from .daemon import DaemonConfig
 from .metrics_endpoint import check_can_listen, parse_listen_address
+from .recovery_progress import Display
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MIN_MEMORY = 16 << 20
@@ -286,24 +288,34 @@ def mount(args: argparse.Namespace) -> int:
 
         daemon.setup_logging(config)
         return daemon.run(config)
-    with open(config.log_file, "ab") as log:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "hicachefs.daemon", json.dumps(asdict(config))],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )
+    progress_read, progress_write = os.pipe()  # the daemon tells how rebuilding the disk index goes
+    try:
+        with open(config.log_file, "ab") as log:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "hicachefs.daemon", json.dumps(asdict(config)), str(progress_write)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                pass_fds=(progress_write,),
+            )
+    finally:
+        os.close(progress_write)
+    progress = Display(progress_read)
     # Populating the RAM arena and scanning the disk tier take time in proportion to their size.
     timeout = MOUNT_TIMEOUT_S + (config.memory_bytes + config.disk_bytes) / (1 << 30)
     deadline = time.monotonic() + timeout
     control = Path(config.mountpoint, ".hicachefs", "config")
     while time.monotonic() < deadline:
+        progress.poll()
         if child.poll() is not None:
+            progress.close()
             print(f"hicachefs: the daemon exited with status {child.returncode}; see {config.log_file}",
                   file=sys.stderr)
             return 1
         if mount_table.filesystem_type(config.mountpoint) == mount_table.FSTYPE and control.exists():
+            progress.close()
             print(f"hicachefs: mounted {config.mountpoint} (pid {child.pid}, log {config.log_file})")
             return 0
         time.sleep(0.05)
+    progress.close()
     print(f"hicachefs: the mount did not come up within {timeout:.0f} s; see {config.log_file}",
           file=sys.stderr)
     return 1

@@ -1,10 +1,12 @@
 """The daemon process: open the store, mount, serve until told to stop, shut down cleanly.
 
 Run in the foreground by ``hicachefs mount --foreground``, or as ``python -m
-hicachefs.daemon CONFIG_JSON`` by the background form of the same command. SIGTERM,
-SIGINT and SIGHUP end the loop after the requests in flight (``pyfuse3.terminate``);
-then the mount is removed and the store closed, which writes the RAM tier down to disk
-(further stop signals are ignored meanwhile). An unmount from outside (``umount``,
+hicachefs.daemon CONFIG_JSON [PROGRESS_FD]`` by the background form of the same command, which
+shows on its terminal how rebuilding the disk index goes from what the daemon writes to
+PROGRESS_FD (``recovery_progress``). SIGTERM, SIGINT and SIGHUP end the loop after the requests
+in flight (``pyfuse3.terminate``); then the mount is removed and the store closed, which writes
+the RAM tier down to disk and the disk tier's index snapshot (further stop signals are ignored
+meanwhile). An unmount from outside (``umount``,
 ``fusermount3 -u``) ends the loop the same way. Under systemd (``Type=notify``) the daemon
 reports ready once the mount is live.
 
@@ -30,6 +32,7 @@ from .fs.kernel_notifier import KernelNotifier
 from .fs.namespace import Namespace
 from .fs.operations import Operations
 from .metrics_endpoint import MetricsEndpoint
+from .recovery_progress import Reporter
 from .sd_notify import notify
 from .store import PageStore, StoreConfig
 
@@ -82,15 +85,15 @@ def setup_logging(config: DaemonConfig) -> None:
     root.setLevel(config.log_level.upper())
 
 
-def _recovery_progress(done: int, total: int) -> None:
-    if total:
-        log.info("rebuilding the disk index: %d of %d MiB scanned", done >> 20, total >> 20)
-
-
-def run(config: DaemonConfig) -> int:
-    """Serve the mount until a signal or unmount; returns the process exit code."""
+def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
+    """Serve the mount until a signal or unmount; returns the process exit code. How the disk
+    index is rebuilt is logged, and sent to ``progress_fd`` (closed once the store is open)."""
     log.info("starting: %s", json.dumps(asdict(config)))
-    store = PageStore(config.store_config(), progress=_recovery_progress)
+    reporter = Reporter(progress_fd)
+    try:
+        store = PageStore(config.store_config(), progress=reporter)
+    finally:
+        reporter.close()
     operations = endpoint = None
     try:
         effective = {**asdict(config), "pid": os.getpid()}
@@ -180,12 +183,13 @@ async def _reap_abandoned(namespace: Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the background daemon: one argument, the DaemonConfig as JSON."""
+    """Entry point of the background daemon: the DaemonConfig as JSON, and optionally the file
+    descriptor to report recovery progress to."""
     argv = sys.argv[1:] if argv is None else argv
     config = DaemonConfig(**json.loads(argv[0]))
     setup_logging(config)
     try:
-        return run(config)
+        return run(config, int(argv[1]) if len(argv) > 1 else None)
     except Exception:
         log.exception("daemon failed")
         return 1

@@ -13,6 +13,9 @@ are hashes already); the mix is plain 64-bit arithmetic, so a batch of names is 
 probed with numpy in a few vector operations (``find_many``). Deletes leave tombstones,
 swept by a vectorised rebuild when the table gets crowded.
 
+A tier's rows leave and enter in bulk as ``PageColumns`` (``pages_in``, ``load``): that is what
+the SSD tier's index snapshot holds, so a warm start does no Python work per page.
+
 Not thread-safe: the store's lock guards every call.
 """
 
@@ -23,6 +26,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,7 +53,7 @@ def _hash_one(dir_id: int, kid: bytes) -> int:
 def _hash_many(dir_ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """``_hash_one`` over arrays (uint64 arithmetic wraps exactly as the masked Python ints)."""
     mix = np.array(_MIX, np.uint64)
-    h = (keys * mix[:4]).sum(axis=1, dtype=np.uint64) ^ (dir_ids.astype(np.uint64) * mix[4])
+    h = (keys @ mix[:4]) ^ (dir_ids.astype(np.uint64) * mix[4])  # integer matmul: no (n, 4) temporary
     h ^= h >> np.uint64(33)
     h *= np.uint64(_FINAL)
     return h ^ (h >> np.uint64(33))
@@ -84,6 +88,28 @@ def _key_id(key: str) -> tuple[bytes, bool]:
             if raw.hex() == key:
                 return raw, True
     return hashlib.blake2b(key.encode(), digest_size=32).digest(), False
+
+
+class PageColumns(NamedTuple):
+    """The pages of one tier, column by column; ``dir`` indexes ``directories``, ``odd_keys``
+    maps a position to the text of a key that is not 64 lowercase hex chars."""
+
+    directories: list[str]
+    dir: np.ndarray  # int32
+    keys: np.ndarray  # (n, 4) uint64: the keys' 32-byte identities
+    odd_keys: dict[int, str]
+    size: np.ndarray  # uint32
+    checksum: np.ndarray  # uint64
+    mtime: np.ndarray  # int64, ns
+    location: np.ndarray  # int64: where each page is in the tier
+
+    def name_lengths(self) -> np.ndarray:
+        """The UTF-8 length of each page's name (what its record on disk holds), int64."""
+        per_dir = np.array([len(d.encode()) + bool(d) for d in self.directories], np.int64)
+        lengths = per_dir[self.dir] + 64
+        for position, key in self.odd_keys.items():
+            lengths[position] += len(key.encode()) - 64
+        return lengths
 
 
 class PageIndex:
@@ -238,6 +264,50 @@ class PageIndex:
         self._odd_keys.pop(row, None)
         self._free_rows.append(row)
 
+    def pages_in(self, tier: int) -> PageColumns:
+        """The rows located in ``tier``, as columns (copies), with only the directories they use."""
+        rows = np.nonzero((self.loc[: self._rows, tier] >= 0) & (self.dir[: self._rows] != _FREE_DIR))[0]
+        used, dirs = np.unique(self.dir[rows], return_inverse=True)
+        odd_rows = np.fromiter(self._odd_keys, np.int64, len(self._odd_keys))
+        odd_rows = odd_rows[np.isin(odd_rows, rows)]
+        odd_keys = dict(zip(np.searchsorted(rows, odd_rows).tolist(), map(self._odd_keys.get, odd_rows.tolist())))
+        return PageColumns(
+            directories=[self._dir_names[i] for i in used.tolist()],
+            dir=dirs.astype(np.int32),
+            keys=self.keys[rows],
+            odd_keys=odd_keys,
+            size=self.size[rows],
+            checksum=self.checksum[rows],
+            mtime=self.mtime[rows],
+            location=self.loc[rows, tier],
+        )
+
+    def load(self, tier: int, pages: PageColumns) -> None:
+        """Fill this empty index with ``pages``, located in ``tier``: the columns are copied in
+        whole and the hash table built vectorised. Names must be distinct, ``dir`` in range."""
+        if self._rows:
+            raise ValueError("load needs an empty index")
+        n = len(pages.size)
+        capacity = max(n, len(self.size))
+        for column, dtype in self._COLUMNS.items():
+            setattr(self, column, np.zeros(capacity, dtype))
+        self.dir[n:] = _FREE_DIR
+        self.keys = np.zeros((capacity, 4), np.uint64)
+        self.loc = np.full((capacity, self.loc.shape[1]), -1, np.int64)
+        self.dir[:n] = pages.dir
+        self.keys[:n] = pages.keys
+        self.hash[:n] = _hash_many(self.dir[:n], self.keys[:n])
+        self.size[:n] = pages.size
+        self.checksum[:n] = pages.checksum
+        self.mtime[:n] = self.atime[:n] = pages.mtime
+        self.loc[:n, tier] = pages.location
+        self._dir_names = list(pages.directories)
+        self._dir_ids = {name: i for i, name in enumerate(self._dir_names)}
+        self._dir_pages = np.bincount(pages.dir, minlength=len(self._dir_names)).tolist()
+        self._odd_keys = dict(pages.odd_keys)
+        self._rows = self._live = n
+        self._rebuild(1 << max(4, (2 * capacity - 1).bit_length()))
+
     def _grow(self) -> None:
         new = 2 * len(self.size)
         for column in self._COLUMNS:
@@ -253,20 +323,24 @@ class PageIndex:
         self.loc = loc
 
     def _rebuild(self, table_size: int) -> None:
-        """Re-insert every live row into a fresh table, vectorised: each round, one claimant per
-        empty slot wins it and the others move one slot on (a valid linear-probing layout)."""
+        """Re-insert every live row into a fresh table, vectorised. Rows inserted in the order of
+        their home slots each land in the first free slot at or after their home: the later of
+        their home and the slot after the previous row's, a running maximum. The few pushed past
+        the end wrap round to the first free slots from the start, where a probe finds them."""
         table = np.full(table_size, _EMPTY, np.int32)
-        mask = np.uint64(table_size - 1)
-        pending = np.nonzero(self.dir[: self._rows] != _FREE_DIR)[0]
-        pos = (self.hash[pending] & mask).astype(np.int64)
-        while pending.size:
-            empty = np.nonzero(table[pos] == _EMPTY)[0]
-            _, first = np.unique(pos[empty], return_index=True)
-            winners = empty[first]
-            table[pos[winners]] = pending[winners]
-            lose = np.ones(pending.size, bool)
-            lose[winners] = False
-            pending, pos = pending[lose], (pos[lose] + 1) & int(mask)
+        rows = np.nonzero(self.dir[: self._rows] != _FREE_DIR)[0]
+        home = (self.hash[rows] & np.uint64(table_size - 1)).astype(np.int64)
+        order = np.argsort(home)
+        rows, home = rows[order], home[order]
+        steps = np.arange(len(rows), dtype=np.int64)
+        slots = np.maximum.accumulate(home - steps) + steps
+        inside = slots < table_size
+        table[slots[inside]] = rows[inside]
+        free = 0
+        for row in rows[~inside].tolist():
+            while table[free] != _EMPTY:
+                free += 1
+            table[free] = row
         self._table = table
         self._tombs = 0
 

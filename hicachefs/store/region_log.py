@@ -1,18 +1,24 @@
 """The SSD tier's on-disk format: a preallocated file of equal regions, written append-only
 as a ring, of self-describing records (CacheLib Navy's block cache, simplified).
 
-File layout: a 4 KiB superblock (magic, version, file size, region size, a random file id),
-then ``regions`` regions of ``region_bytes``. A record is a 56-byte header, the page name
-(UTF-8), the payload; records start 64-byte aligned. The header holds a magic (live or
-dead), the file id, a global sequence number, the payload length and xxh3_64, the publish
-time, and an xxh32 over the header fields and the name (not the magic, so that a delete can
-flip the magic in place and the region stays walkable).
+File layout: a 4 KiB superblock (magic, version, file size, region size, a random file id;
+at byte 512 the clean mark), then ``regions`` regions of ``region_bytes``. A record is a
+56-byte header, the page name (UTF-8), the payload; records start 64-byte aligned. The header
+holds a magic (live or dead), the file id, a global sequence number, the payload length and
+xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
+that a delete can flip the magic in place and the region stays walkable).
 
 Recovery needs no other database: regions are sorted by the sequence number of their first
 record and walked; a region's walk ends at the first record whose header does not check,
 whose file id differs (left over from an earlier file of another size), or whose sequence
 number is not larger than the one before (left over from the region's previous use). Live
 records whose payload checks are reported; the others are counted as corrupt.
+
+The clean mark says that the arena has not changed since the last clean close, and names the
+index snapshot that close wrote (a random token, see ``snapshot.py``): a start may then load
+that snapshot instead of scanning. The mark is erased, durably, before the first write after
+it (``append`` and ``invalidate`` do it themselves), so after a crash, or once anything was
+written, no snapshot matches and the start scans. A session that only reads leaves it in place.
 
 Writing appends to the current region; when it is full the next region in the ring (always
 the oldest) is reclaimed: its records are handed to a callback so the index can drop them,
@@ -34,6 +40,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
+import numpy as np
 import xxhash
 
 from hicachefs.store.device import FileDevice
@@ -44,6 +51,9 @@ _SUPER = struct.Struct("<8sIIQQQ")  # magic, version, reserved, file bytes, regi
 _SUPER_MAGIC = b"HICACHE\x01"
 _SUPER_BYTES = 4096
 _VERSION = 1
+_CLEAN = struct.Struct("<8s16sQ")  # magic, snapshot token, xxh3_64 of the two
+_CLEAN_MAGIC = b"HCclean1"
+_CLEAN_AT = 512  # a sector of its own: written alone, it cannot tear the superblock's fields
 
 HEADER = struct.Struct("<4sHHQQQQqI4x")  # magic, name len, reserved, file id, seq, size, checksum, mtime, hcheck
 LIVE = b"HCr1"
@@ -56,6 +66,11 @@ def record_length(name_len: int, size: int) -> int:
     return (HEADER.size + name_len + size + _ALIGN - 1) & ~(_ALIGN - 1)
 
 
+def record_lengths(name_lens: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``record_length`` over arrays (int64)."""
+    return (HEADER.size + name_lens.astype(np.int64) + sizes.astype(np.int64) + _ALIGN - 1) & ~(_ALIGN - 1)
+
+
 def payload_checksum(data) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
@@ -64,6 +79,16 @@ def _header_check(header: bytes | bytearray | memoryview, name: bytes | memoryvi
     h = xxhash.xxh32(header[4 : HEADER.size - 8])
     h.update(name)
     return h.intdigest()
+
+
+class LogState(NamedTuple):
+    """Where writing stands: what a scan works out, and what a snapshot saves instead."""
+
+    region_live: np.ndarray  # int64 per region: bytes of live records
+    used_bytes: int
+    current: int  # the region being written
+    tail: int  # file offset where the next record goes
+    next_seq: int
 
 
 class Record(NamedTuple):
@@ -84,6 +109,9 @@ class RegionLog:
             raise StoreError(f"disk tier of {file_bytes} bytes is too small for one {region_bytes}-byte region")
         self.device = device
         self.path = device.path
+        self.file_bytes = file_bytes
+        self.formatted = False  # True when this open made a new arena
+        self._clean_token: bytes | None = None
         self._open_or_format(file_bytes, region_bytes)
         self.regions = (file_bytes - _SUPER_BYTES) // self.region_bytes
         self.capacity = self.regions * self.region_bytes
@@ -101,6 +129,7 @@ class RegionLog:
             _, version, _, old_bytes, old_region, file_id = _SUPER.unpack(raw)
             if version == _VERSION and old_bytes == file_bytes and self.device.size() == file_bytes:
                 self.region_bytes, self.file_id = old_region, file_id
+                self._clean_token = self._read_clean_mark()
                 return
         elif raw.strip(b"\0"):
             raise StoreError(f"{self.path} exists and is not a hicachefs disk arena; refusing to overwrite it")
@@ -110,8 +139,44 @@ class RegionLog:
             raise StoreError(f"cannot preallocate {file_bytes} bytes for {self.path}: {e}") from e
         # A new file id makes records of any earlier file invalid without wiping it.
         self.region_bytes, self.file_id = region_bytes, int.from_bytes(os.urandom(8), "little")
-        self.device.pwrite(_SUPER.pack(_SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, self.file_id), 0)
+        superblock = _SUPER.pack(_SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, self.file_id)
+        self.device.pwrite(superblock.ljust(_SUPER_BYTES, b"\0"), 0)  # no clean mark of an earlier file
         self.device.fsync()
+        self.formatted = True
+
+    # -- the clean mark ----------------------------------------------------------------
+
+    def _read_clean_mark(self) -> bytes | None:
+        raw = self.device.pread(_CLEAN.size, _CLEAN_AT)
+        if len(raw) != _CLEAN.size:
+            return None
+        magic, token, check = _CLEAN.unpack(raw)
+        if magic != _CLEAN_MAGIC or check != xxhash.xxh3_64_intdigest(raw[:-8]):
+            return None
+        return token
+
+    def clean_token(self) -> bytes | None:
+        """The token of the snapshot the last clean close wrote, while nothing has been written
+        since; None when the arena may have changed since a snapshot (or never had one)."""
+        return self._clean_token
+
+    def mark_clean(self, token: bytes) -> None:
+        """Durably record that the snapshot with ``token`` describes the arena as it is now. The
+        caller makes the records and the snapshot durable first; nothing may be written after."""
+        mark = bytearray(_CLEAN.pack(_CLEAN_MAGIC, token, 0))
+        _CLEAN.pack_into(mark, 0, _CLEAN_MAGIC, token, xxhash.xxh3_64_intdigest(mark[:-8]))
+        self.device.pwrite(mark, _CLEAN_AT)
+        self.device.fsync()
+        self._clean_token = token
+
+    def _mark_dirty(self) -> None:
+        """Erase the clean mark, durably, before a write changes what the snapshot describes."""
+        if self._clean_token is None:
+            return
+        if self.device.pwrite(bytes(_CLEAN.size), _CLEAN_AT) != _CLEAN.size:
+            raise OSError(errno.EIO, f"short write of the superblock of {self.path}")
+        self.device.fsync()
+        self._clean_token = None
 
     def region_start(self, region: int) -> int:
         return _SUPER_BYTES + region * self.region_bytes
@@ -119,13 +184,23 @@ class RegionLog:
     def fits(self, name_len: int, size: int) -> bool:
         return record_length(name_len, size) <= self.region_bytes
 
+    def state(self) -> LogState:
+        return LogState(np.array(self.region_live, np.int64), self.used_bytes, self.current, self.tail, self.next_seq)
+
+    def restore(self, state: LogState) -> None:
+        """Take up writing where ``state`` says (from a snapshot that describes this arena)."""
+        self.region_live = state.region_live.tolist()
+        self.used_bytes, self.current = state.used_bytes, state.current
+        self.tail, self.next_seq = state.tail, state.next_seq
+
     # -- recovery ----------------------------------------------------------------------
 
     def scan(
-        self, on_corrupt: Callable[[], None], progress: Callable[[int, int], None] | None = None
+        self, on_corrupt: Callable[[], None], progress: Callable[[int, int, int], None] | None = None
     ) -> Iterator[Record]:
         """Yield every live, checking record in sequence order, and leave the write position
-        after the newest one. ``on_corrupt`` is called per live record that fails its checksum."""
+        after the newest one. ``on_corrupt`` is called per live record that fails its checksum;
+        ``progress(scanned_bytes, total_bytes, records_found)`` after each region."""
         firsts = []
         for region in range(self.regions):
             header = self.device.pread(HEADER.size, self.region_start(region))
@@ -133,7 +208,7 @@ class RegionLog:
             if first is not None:
                 firsts.append((first[3], region))
         firsts.sort()
-        total, done = len(firsts) * self.region_bytes, 0
+        total, done, found = len(firsts) * self.region_bytes, 0, 0
         buf = bytearray(self.region_bytes)
         view = memoryview(buf)
         for _, region in firsts:
@@ -157,6 +232,7 @@ class RegionLog:
                     if payload_checksum(payload) == checksum:
                         self.region_live[region] += length
                         self.used_bytes += length
+                        found += 1
                         yield Record(start + pos, seq, bytes(name).decode(), size, checksum, mtime)
                     else:
                         on_corrupt()
@@ -164,7 +240,7 @@ class RegionLog:
             self.current, self.tail, self.next_seq = region, start + pos, max(self.next_seq, seq + 1)
             done += self.region_bytes
             if progress is not None:
-                progress(done, total)
+                progress(done, total, found)
         view.release()
 
     def _parse(self, header, prev_seq: int):
@@ -186,6 +262,7 @@ class RegionLog:
     ) -> int:
         """Write a live record and return its offset. When the current region is full, the next
         one is reclaimed first: ``reclaim(start, end)`` must forget every record in that range."""
+        self._mark_dirty()
         size = len(payload)
         length = record_length(len(name), size)
         if self.tail + length > self.region_start(self.current) + self.region_bytes:
@@ -214,6 +291,7 @@ class RegionLog:
         length = record_length(name_len, size)
         self.region_live[(offset - _SUPER_BYTES) // self.region_bytes] -= length
         self.used_bytes -= length
+        self._mark_dirty()
         self.device.pwrite(DEAD, offset)
 
     # -- reading -----------------------------------------------------------------------

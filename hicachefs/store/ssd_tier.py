@@ -8,20 +8,52 @@ tier (a small tier gets smaller regions, and pages too large for them stay in RA
 Making room is the tier's own business: when the ring wraps, the oldest region is reclaimed
 and ``on_reclaim(start, end)`` tells the store which locations are about to be overwritten.
 Writes are serialised by the store's lock; ``read_into`` may run outside it (see RegionLog).
+
+So is its recovery: at start the tier fills its location column of the store's index, from
+the index snapshot that the last clean close wrote (``write_snapshot``) when that still
+describes the arena exactly, else by scanning the arena (see ``snapshot.py`` for when a
+snapshot is trusted). A snapshot spares the scan, not the checks: every read still verifies
+the record's header and payload checksum, so a block that went bad while the daemon was down
+is caught at its first read, as it is in a running store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+from hicachefs.store import snapshot
 from hicachefs.store.device import FileDevice
-from hicachefs.store.region_log import Record, RegionLog, record_length
+from hicachefs.store.index import PageIndex
+from hicachefs.store.region_log import RegionLog, record_length
 from hicachefs.store.stats import TierCounters
 from hicachefs.store.tier import PageMeta, ReadResult, Tier
 
+log = logging.getLogger(__name__)
+
 ARENA_NAME = "hicachefs.arena"
 _MiB = 1 << 20
+
+
+class RecoveryProgress(NamedTuple):
+    """How far rebuilding the tier's index has come: by ``method`` 'snapshot' or 'scan' (then
+    ``reason`` says why no snapshot served); ``pages`` found so far; for a scan, arena bytes
+    scanned of ``total_bytes``; ``seconds`` since it began. The last report has ``finished``."""
+
+    method: str
+    reason: str
+    pages: int
+    scanned_bytes: int
+    total_bytes: int
+    seconds: float
+    finished: bool
+
+
+RecoveryListener = Callable[[RecoveryProgress], None]
 
 
 def region_size(capacity: int, max_page_size: int) -> int:
@@ -38,6 +70,7 @@ class SsdTier(Tier):
                  on_reclaim: Callable[[int, int], None], device: FileDevice | None = None) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
         device = device or FileDevice(directory / ARENA_NAME)
         try:
             self.log = RegionLog(device, capacity, region_size(capacity, max_page_size))
@@ -61,13 +94,59 @@ class SsdTier(Tier):
     def retention_bytes(self) -> int:
         return self.log.capacity - self.log.region_bytes
 
-    def recover(self, progress: Callable[[int, int], None] | None = None) -> Iterator[Record]:
-        """The live records found by scanning the arena, oldest first (see RegionLog.scan)."""
+    def recover(self, index: PageIndex, position: int, progress: RecoveryListener | None = None) -> None:
+        """Fill the empty ``index``'s column ``position`` with this tier's pages: loaded from the
+        snapshot if it describes the arena exactly, else scanned (then a name found twice, when
+        a process died between writing a newer copy and invalidating the older, keeps the newer).
+        ``progress`` hears how it goes; its last report has ``finished`` set."""
+        started = time.monotonic()
+        report = progress or (lambda _: None)
+        try:
+            if self.log.formatted:
+                raise snapshot.SnapshotInvalid("the arena is new")
+            loaded = snapshot.read(self.directory, self.log)
+        except snapshot.SnapshotInvalid as exc:
+            reason = str(exc)
+            if self.log.clean_token() is not None:  # unmounted cleanly, yet no usable snapshot
+                log.warning("%s: %s; scanning the arena instead", self.directory / snapshot.SNAPSHOT_NAME, reason)
+        else:
+            self.log.restore(loaded.log)
+            index.load(position, loaded.pages)
+            report(RecoveryProgress("snapshot", "", len(loaded.pages.size), 0, 0, time.monotonic() - started, True))
+            return
+        report(RecoveryProgress("scan", reason, 0, 0, 0, time.monotonic() - started, False))
+        pages = 0
 
         def corrupt() -> None:
             self.counters.checksum_failures += 1
 
-        return self.log.scan(corrupt, progress)
+        extent = [0]  # bytes the scan walks: the regions holding records
+
+        def scanned(done: int, total: int, found: int) -> None:
+            extent[0] = total
+            report(RecoveryProgress("scan", reason, found, done, total, time.monotonic() - started, False))
+
+        for record in self.log.scan(corrupt, scanned):
+            older = index.find(record.name)
+            if older >= 0:
+                self.drop(PageMeta(record.name, int(index.size[older]), int(index.checksum[older]), 0),
+                          int(index.loc[older, position]))
+                index.remove(older)
+                pages -= 1
+            index.add(record.name, record.size, record.checksum, record.mtime_ns, position, record.offset)
+            pages += 1
+        report(RecoveryProgress("scan", reason, pages, extent[0], extent[0], time.monotonic() - started, True))
+
+    def write_snapshot(self, index: PageIndex, position: int) -> None:
+        """Save the index's pages in this tier and the log's state, then mark the arena clean, so
+        the next start loads them instead of scanning. A failure is logged: that start scans."""
+        try:
+            self.log.sync()  # the records first: a snapshot never names a record that is not durable
+            token = os.urandom(16)
+            snapshot.write(self.directory, token, self.log, index.pages_in(position))
+            self.log.mark_clean(token)
+        except OSError as exc:
+            log.warning("could not write the disk tier's index snapshot (the next start scans): %s", exc)
 
     def write(self, page: PageMeta, payload) -> int:
         try:

@@ -47,7 +47,7 @@ from hicachefs.store.index import PageIndex
 from hicachefs.store.pages import Draft, PageInfo, PageReader, checksum_text
 from hicachefs.store.ram_tier import RamTier
 from hicachefs.store.shared import SharedTier
-from hicachefs.store.ssd_tier import SsdTier
+from hicachefs.store.ssd_tier import RecoveryListener, SsdTier
 from hicachefs.store.tier import PageMeta, ReadResult, Tier
 
 log = logging.getLogger(__name__)
@@ -65,9 +65,10 @@ GoneListener = Callable[[list[str]], None]
 class PageStore:
     """The tiered page store; see the module docstring."""
 
-    def __init__(self, config: StoreConfig, progress: Callable[[int, int], None] | None = None,
+    def __init__(self, config: StoreConfig, progress: RecoveryListener | None = None,
                  *, disk_device=None, shared_device=None) -> None:
-        """``disk_device``/``shared_device``: the SSD and shared tiers' devices (tests pass
+        """``progress``: told how rebuilding the SSD tier's index goes (``RecoveryProgress``).
+        ``disk_device``/``shared_device``: the SSD and shared tiers' devices (tests pass
         FaultyDevices); by default the arena file in ``config.disk_dir`` and the plain files
         of ``config.shared_dir``."""
         self.config = config
@@ -81,17 +82,14 @@ class PageStore:
         self._listeners: list[GoneListener] = []
         self._gone: list[str] = []
         self._misses = 0
+        self._closed = False
         if config.disk_dir is not None:
             position = len(self._tiers)
             ssd = SsdTier(config.disk_dir, config.disk_bytes, config.max_page_size,
                           on_reclaim=lambda start, end: self._reclaimed(position, start, end),
                           device=disk_device)
             self._tiers.append(ssd)
-            for record in ssd.recover(progress):
-                older = self._index.find(record.name)
-                if older >= 0:  # the process died between writing a newer copy and invalidating this one
-                    self._drop(older)
-                self._index.add(record.name, record.size, record.checksum, record.mtime_ns, position, record.offset)
+            ssd.recover(self._index, position, progress)  # from its snapshot after a clean close, else by a scan
         self._shared: SharedTier | None = None
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
         if config.shared_dir is not None:
@@ -454,14 +452,22 @@ class PageStore:
                 tier.sync()
 
     def close(self) -> None:
-        """Write RAM-only pages down (the most recent ones, as room allows), make the persistent
-        tiers durable, release everything. A failing device stops the write-down, not the close."""
-        if self._shared is not None:  # first: its write-behind releases pages, which takes the lock
-            self._shared.close()
+        """Write RAM-only pages down (the most recent ones, as room allows), save the SSD tier's
+        index snapshot (so the next start need not scan), make the persistent tiers durable,
+        release everything. A failing device stops the write-down, not the close. A second close
+        does nothing: the tiers' files may belong to a new store by then."""
+        if self._shared is not None and not self._closed:
+            self._shared.close()  # first: its write-behind releases pages, which takes the lock
         with self._lock, self._reporting():
+            if self._closed:
+                return
+            self._closed = True
             try:
                 if len(self._tiers) > 1:
                     self._write_down_for_restart()
+                    for position, tier in enumerate(self._tiers):
+                        if isinstance(tier, SsdTier):
+                            tier.write_snapshot(self._index, position)
             finally:
                 for tier in reversed(self._tiers):
                     try:

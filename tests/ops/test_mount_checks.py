@@ -56,8 +56,10 @@ def test_mount_over_a_dead_mount_cleans_it_and_serves_the_disk_tier(mount_factor
         assert result.stderr == ""
         lines = result.stdout.splitlines()
         assert lines[0] == f"hicachefs: removed the dead mount at {mount.path} (its daemon was gone)"
-        assert lines[1].startswith(f"hicachefs: mounted {mount.path}") and len(lines) == 2
-        again.pid = int(lines[1].split("pid ")[1].split(",")[0])
+        assert lines[1] == "hicachefs: rebuilding the disk index by scanning the arena: it was not unmounted cleanly"
+        assert lines[2].startswith("hicachefs: scanned the disk arena: 4 pages in ")
+        assert lines[3].startswith(f"hicachefs: mounted {mount.path}") and len(lines) == 4
+        again.pid = int(lines[3].split("pid ")[1].split(",")[0])
         for key, data in pages.items():
             assert read_page(pool / key) == data
     finally:

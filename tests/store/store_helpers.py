@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import traceback
+from collections.abc import Callable
 
 import numpy as np
 
-from hicachefs.store import PageStore
+from hicachefs.store import PageStore, StoreConfig
+from hicachefs.store.ssd_tier import RecoveryProgress
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -29,3 +33,28 @@ def page_name(i: int, directory: str = "m/bf16-page_first-64/tp0of1/kv") -> str:
 def read_all(store: PageStore, name: str) -> bytes:
     with store.open(name) as reader:
         return bytes(reader.read(0, reader.size + 1))
+
+
+def crash_after(config: StoreConfig, work: Callable[[PageStore], None]) -> None:
+    """Open a store on ``config`` in a child process, run ``work`` on it, and let the child die
+    without closing the store: the disk tier is left as a SIGKILL leaves it."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            work(PageStore(config))
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the work before the crash failed"
+
+
+def reopen(config: StoreConfig) -> tuple[PageStore, RecoveryProgress]:
+    """A store on ``config``, and the last report of its recovery (how it rebuilt its index)."""
+    reports: list[RecoveryProgress] = []
+    store = PageStore(config, progress=reports.append)
+    assert reports and reports[-1].finished and not any(r.finished for r in reports[:-1])
+    return store, reports[-1]

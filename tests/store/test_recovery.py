@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from store_helpers import KiB, MiB, content, page_name, read_all
+from store_helpers import KiB, MiB, content, crash_after, page_name, read_all, reopen
 
 from hicachefs.store import PageCorrupt, PageStore, StoreConfig, StoreError
 from hicachefs.store.ssd_tier import ARENA_NAME
@@ -84,12 +84,22 @@ def test_sigkill_during_a_write_storm_loses_nothing_that_returned(tmp_path):
     assert cut_short >= 2, "the kills should land inside operations"
 
 
-def _write_and_close(tmp_path: Path, pages: dict[str, bytes]) -> StoreConfig:
-    config = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=32 * MiB, max_page_size=256 * KiB)
-    store = PageStore(config)
-    for name, data in pages.items():
-        store.put(name, data)
-    store.close()
+def _write_and_close(tmp_path: Path, pages: dict[str, bytes], crash: bool = False) -> StoreConfig:
+    """Write the pages through to disk, then close the store (it leaves an index snapshot) or
+    let its process die (the next start scans)."""
+    config = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=32 * MiB, max_page_size=256 * KiB,
+                         write_through=True)
+
+    def write(store: PageStore) -> None:
+        for name, data in pages.items():
+            store.put(name, data)
+
+    if crash:
+        crash_after(config, write)
+    else:
+        store = PageStore(config)
+        write(store)
+        store.close()
     return config
 
 
@@ -101,12 +111,18 @@ def _flip(path: Path, needle: bytes, at: int) -> None:
         m[where + at] ^= 0xFF
 
 
-def test_a_flipped_payload_byte_is_found_at_recovery(tmp_path):
+@pytest.mark.parametrize("crash", [True, False], ids=["scan after a crash", "snapshot after a clean close"])
+def test_a_flipped_payload_byte_is_never_served(tmp_path, crash):
     pages = {page_name(i): content(i, 64 * KiB) for i in range(20)}
-    config = _write_and_close(tmp_path, pages)
+    config = _write_and_close(tmp_path, pages, crash)
     _flip(tmp_path / ARENA_NAME, pages[page_name(7)][:64], 1000)
-    store = PageStore(config)
+    store, recovery = reopen(config)
     try:
+        assert recovery.method == ("scan" if crash else "snapshot")
+        if not crash:  # the snapshot lists it; its first read checks it
+            assert store.info(page_name(7)) is not None
+            with pytest.raises(PageCorrupt):
+                store.open(page_name(7))
         assert store.info(page_name(7)) is None
         assert store.statistics()["tiers"]["disk"]["checksum_failures"] == 1
         for i in set(range(20)) - {7}:
@@ -139,13 +155,18 @@ def test_a_flipped_byte_under_a_running_store_is_never_served(tmp_path):
         store.close()
 
 
-def test_a_flipped_header_byte_loses_pages_but_serves_no_wrong_bytes(tmp_path):
+@pytest.mark.parametrize("crash", [True, False], ids=["scan after a crash", "snapshot after a clean close"])
+def test_a_flipped_header_byte_loses_pages_but_serves_no_wrong_bytes(tmp_path, crash):
     pages = {page_name(i): content(i, 64 * KiB) for i in range(20)}
-    config = _write_and_close(tmp_path, pages)
+    config = _write_and_close(tmp_path, pages, crash)
     name = page_name(5).encode()
     _flip(tmp_path / ARENA_NAME, name, -20)  # inside the header (its copy of the payload checksum)
-    store = PageStore(config)
+    store, recovery = reopen(config)
     try:
+        assert recovery.method == ("scan" if crash else "snapshot")
+        if not crash:
+            with pytest.raises(PageCorrupt):
+                store.open(page_name(5))
         assert store.info(page_name(5)) is None
         for page, data in pages.items():
             if store.info(page) is not None:

@@ -118,9 +118,9 @@ def test_restart_after_clean_close_is_warm(tmp_path):
     assert store.statistics()["tiers"]["disk"]["pages"] == 0  # write-back: all in RAM so far
     store.close()
     progress = []
-    store = PageStore(config, progress=lambda done, total: progress.append((done, total)))
+    store = PageStore(config, progress=progress.append)
     try:
-        assert progress and progress[-1][0] == progress[-1][1] > 0
+        assert [(p.method, p.pages, p.finished) for p in progress] == [("snapshot", 9, True)]
         assert store.info(page_name(3)) is None
         for i in set(range(10)) - {3}:
             assert store.info(page_name(i)).tier == "disk"

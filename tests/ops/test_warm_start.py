@@ -1,0 +1,150 @@
+"""A start after a crash scans the disk arena and shows how it goes on the terminal of
+``hicachefs mount`` and in the log; a start after ``hicachefs umount`` loads the index snapshot
+and says so in one line. Either way every page reads back. Off a terminal (a log, a pipe), a
+long scan prints its progress every few seconds."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+
+from hicachefs import recovery_progress
+from hicachefs.store.ssd_tier import RecoveryProgress
+from hicachefs.testing import mounting
+from pages import pattern, publish, read_page
+
+PAGES = 120
+
+
+def hicachefs(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hicachefs.cli", *args], capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+def mount_on_a_terminal(args: list[str]) -> tuple[int, str]:
+    """Run ``hicachefs mount`` with a pseudo-terminal as its terminal: (exit status, all it wrote)."""
+    controller, terminal = os.openpty()
+    command = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", *args],
+                               stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True)
+    os.close(terminal)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(controller, 1 << 16)
+            except OSError:  # EIO: the command exited and closed the terminal
+                break
+            if not chunk:
+                break
+            screen += chunk
+        status = command.wait(timeout=10)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+        os.close(controller)
+    return status, screen.decode()
+
+
+def test_a_crash_scans_with_progress_and_umount_makes_the_next_start_warm(mount_factory, tmp_path):
+    flags = ["--memory", "64M", "--disk", str(tmp_path / "ssd"), "--disk-size", "256M", "--write-through"]
+    mount = mount_factory(*flags)
+    pool = mount.page_dir()
+    pages = {f"k{i}": pattern(1 << 20, i) for i in range(PAGES)}
+    for key, data in pages.items():
+        publish(pool, key, data)
+    mounting.kill(mount)
+
+    scan_log, warm_log = tmp_path / "scan.log", tmp_path / "warm.log"
+    status, screen = mount_on_a_terminal([str(mount.path), *flags, "--log-file", str(scan_log)])
+    scanned = mounting.Mount(mount.path, scan_log, flags)
+    try:
+        assert status == 0, screen
+        scanned.pid = int(re.search(r"mounted .* \(pid (\d+),", screen)[1])
+        # Why it scans, then the progress redrawn in place (pages found, time left), the outcome over it.
+        assert screen.startswith("hicachefs: rebuilding the disk index by scanning the arena: "
+                                 "it was not unmounted cleanly\r\n"), screen
+        progress = re.findall(r"\rhicachefs: scanning: ([\d,]+) pages found, \d+% done, about \d+ s left", screen)
+        assert progress and all(0 < int(found.replace(",", "")) <= PAGES for found in progress), screen
+        outcome = re.search(r"\rhicachefs: scanned the disk arena: ([\d,]+) pages in [\d.]+ s *\r\n", screen)
+        assert outcome and int(outcome[1].replace(",", "")) == PAGES, screen
+        assert screen[outcome.end():].startswith(f"hicachefs: mounted {mount.path} (pid ")
+        log = scan_log.read_text()
+        assert "INFO hicachefs.recovery_progress: rebuilding the disk index by scanning the arena: " \
+               "it was not unmounted cleanly\n" in log
+        assert re.search(r" INFO hicachefs.recovery_progress: scanning: [\d,]+ pages found, \d+% done, "
+                         r"about \d+ s left\n", log)
+        assert f"INFO hicachefs.recovery_progress: scanned the disk arena: {PAGES} pages in " in log
+        for key, data in pages.items():
+            assert read_page(pool / key) == data
+        result = hicachefs("umount", str(mount.path))
+        assert result.returncode == 0, result.stderr
+    finally:
+        mounting.stop(scanned)
+    assert not mounting.unexpected_log_lines(scanned)
+
+    result = hicachefs("mount", str(mount.path), *flags, "--log-file", str(warm_log))
+    warm = mounting.Mount(mount.path, warm_log, flags)
+    try:
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        lines = result.stdout.splitlines()
+        assert len(lines) == 2, result.stdout
+        assert re.fullmatch(rf"hicachefs: loaded the disk index from its snapshot: {PAGES} pages in [\d.]+ s", lines[0])
+        assert lines[1].startswith(f"hicachefs: mounted {mount.path} (pid ")
+        warm.pid = int(re.search(r"\(pid (\d+),", lines[1])[1])
+        assert lines[0].removeprefix("hicachefs: ") in warm_log.read_text()
+        assert "scanning" not in warm_log.read_text()
+        for key, data in pages.items():
+            assert read_page(pool / key) == data
+        assert mounting.Mount(mount.path, warm_log, flags).stats()["tiers"]["disk"]["pages"] == PAGES
+    finally:
+        mounting.stop(warm)
+    assert not mounting.unexpected_log_lines(warm)
+
+
+class Clock:
+    """Stands in for ``time`` in recovery_progress: the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_off_a_terminal_a_long_scan_prints_progress_every_few_seconds(monkeypatch, caplog):
+    clock = Clock()
+    monkeypatch.setattr(recovery_progress, "time", clock)
+    caplog.set_level(logging.INFO, "hicachefs")
+    read_end, write_end = os.pipe()
+    reporter, out = recovery_progress.Reporter(write_end), io.StringIO()
+    display = recovery_progress.Display(read_end, out)
+    gib = 1 << 30
+    reporter(RecoveryProgress("scan", "its index snapshot is missing", 0, 0, 0, 0.0, False))
+    for second in range(1, 21):  # a 20 s scan of 20 GiB, one report a second
+        clock.now += 1
+        reporter(RecoveryProgress("scan", "its index snapshot is missing", 1000 * second, second * gib, 20 * gib,
+                                  float(second), False))
+        display.poll()
+    reporter(RecoveryProgress("scan", "its index snapshot is missing", 20_000, 20 * gib, 20 * gib, 20.0, True))
+    reporter.close()
+    display.close()
+    assert out.getvalue().splitlines() == [
+        "hicachefs: rebuilding the disk index by scanning the arena: its index snapshot is missing",
+        "hicachefs: scanning: 5,000 pages found, 25% done, about 15 s left",
+        "hicachefs: scanning: 10,000 pages found, 50% done, about 10 s left",
+        "hicachefs: scanning: 15,000 pages found, 75% done, about 5 s left",
+        "hicachefs: scanning: 20,000 pages found, 100% done, about 0 s left",
+        "hicachefs: scanned the disk arena: 20,000 pages in 20.0 s",
+    ]
+    logged = [r.getMessage() for r in caplog.records if r.name == "hicachefs.recovery_progress"]
+    assert logged[0] == "rebuilding the disk index by scanning the arena: its index snapshot is missing"
+    assert logged[1:-1] == [f"scanning: {n:,} pages found, {n // 200}% done, about {20 - n // 1000} s left"
+                            for n in (1000, 6000, 11000, 16000)]
+    assert logged[-1] == "scanned the disk arena: 20,000 pages in 20.0 s"
