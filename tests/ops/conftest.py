@@ -27,12 +27,16 @@ VENV_BIN = Path(sys.executable).parent
 
 
 class MountNamespace:
-    """A holder process (``sleep``) that keeps the namespace alive, and ways into it."""
+    """A holder process (``sleep``) that keeps the namespace alive, and ways into it.
+
+    The namespace starts with a copy of the host's mounts, other tests' hicachefs mounts
+    among them: those are not ours, and teardown leaves them and their daemons alone."""
 
     def __init__(self, holder: subprocess.Popen, log_dir: Path):
         self.holder = holder
         self.log_dir = log_dir
         self.daemon_pids: set[int] = set()
+        self.inherited = set(self.mounts())
 
     @property
     def nsenter(self) -> list[str]:
@@ -73,23 +77,26 @@ class MountNamespace:
                       if " ERROR " in line or line.startswith("Traceback")]
         return lines
 
+    def own_mounts(self) -> list[str]:
+        """The hicachefs mounts made inside the namespace."""
+        return [target for target, (fstype, _) in self.mounts().items()
+                if fstype == "fuse.hicachefs" and target not in self.inherited]
+
     def close(self) -> None:
         try:
-            for target, (fstype, _) in self.mounts().items():
-                if fstype == "fuse.hicachefs":
-                    try:
-                        self.daemon_pid(Path(target))
-                    except OSError:
-                        pass  # a dead mount: its daemon is already gone
+            for target in self.own_mounts():
+                try:
+                    self.daemon_pid(Path(target))
+                except OSError:
+                    pass  # a dead mount: its daemon is already gone
             for pid in self.daemon_pids:
                 if mounting.alive(pid):
                     os.kill(pid, signal.SIGTERM)
                     if not mounting.wait_gone(pid, mounting.STOP_TIMEOUT_S):
                         os.kill(pid, signal.SIGKILL)
                         mounting.wait_gone(pid, 10)
-            for target, (fstype, _) in self.mounts().items():
-                if fstype == "fuse.hicachefs":
-                    self.run("umount", "-l", target)
+            for target in self.own_mounts():
+                self.run("umount", "-l", target)
         finally:
             self.holder.send_signal(signal.SIGTERM)
             self.holder.wait(timeout=10)
