@@ -1,33 +1,67 @@
 #!/usr/bin/env bash
-# The main job: set up, mount hicachefs with default settings in a temporary directory, drive a
-# serving workload through the SGLang client, show the mount as a person would, unmount.
+# The main job: set up, then show what hicachefs does, on a mount in a temporary directory, with
+# a chat workload served through SGLang's client HiCacheFS (scripts/demo.py):
+#   1. one host: a RAM tier smaller than the workload over a disk tier, so pages are demoted
+#      to disk and promoted back; the mount as ls, du, df and getfattr see it;
+#   2. a warm restart: hicachefs umount (RAM written down), mount again on the same disk, serve
+#      the workload again: it hits from disk (hicachefs top and stats show it).
+# The daemon is stopped with hicachefs umount, whatever happens.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
-cd "$root"
 work=$(mktemp -d /tmp/hicachefs-demo.XXXXXX)
-mnt="$work/mnt"
-mkdir -p "$mnt"
+export TMPDIR=$work  # the daemons' logs
+export PATH="$root/.venv/bin:$root/scripts:$PATH"  # hicachefs, demo.py
+cd "$work"
+mkdir mnt
+started=$SECONDS
+
+mounted() { awk -v m="$work/$1" '$2 == m {found=1} END {exit !found}' /proc/self/mounts; }
+
 cleanup() {
-  if mountpoint -q "$mnt"; then
-    .venv/bin/hicachefs umount "$mnt" || fusermount3 -u "$mnt" || fusermount3 -uz "$mnt"
+  local status=$?
+  cd "$work"
+  for m in mnt; do
+    mounted "$m" || continue
+    hicachefs umount "$m" >/dev/null || fusermount3 -u "$m" || fusermount3 -uz "$m"
+  done
+  if [ "$status" -ne 0 ]; then
+    for log in *.log; do
+      [ -f "$log" ] && { echo "== the end of $log"; tail -n 5 "$log"; }
+    done
   fi
-  rm -rf "$work"
+  cd /
+  rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 
-.venv/bin/hicachefs mount "$mnt" --log-file "$work/daemon.log"
-.venv/bin/python scripts/demo.py --mountpoint "$mnt" "$@"
+# Show a command, then run it.
+run() {
+  echo "\$ $*"
+  "$@"
+}
+
+echo "(in $work)"
+echo
+echo "== 1. One host: a RAM tier smaller than the workload's pages, over a disk tier"
+run hicachefs mount mnt --memory 128M --disk disk --disk-size 1G
+run demo.py serve mnt "$@"
+pool=$(find mnt -mindepth 4 -maxdepth 4 -type d -print -quit)
+echo
+echo "\$ ls -l $pool | head -4"
+ls -l "$pool" | sed -n 1,4p
+run du -sh mnt/*/
+run df -h mnt
+run getfattr -d "$(find "$pool" -type f -print -quit)"
+
+echo "== 2. A warm restart: the RAM tier is written down, the disk tier's pages are served again"
+run hicachefs umount mnt
+run hicachefs mount mnt --memory 128M --disk disk --disk-size 1G
+run hicachefs stats mnt
+run demo.py serve mnt --show-top "$@"
+echo
+run hicachefs stats mnt
+run hicachefs umount mnt
 
 echo
-echo "== ls -la of one pool directory (first entries)"
-pool=$(find "$mnt" -mindepth 4 -maxdepth 4 -type d -print -quit)
-ls -la "$pool" | sed -n 1,6p
-echo "== du -sh / df -h"
-du -sh "$mnt"/*/
-df -h "$mnt"
-echo "== getfattr -d of one page"
-getfattr -d "$(find "$pool" -type f -print -quit)"
-echo "== hicachefs stats"
-.venv/bin/hicachefs stats "$mnt"
-.venv/bin/hicachefs umount "$mnt"
+echo "demo: done in $((SECONDS - started)) s"
