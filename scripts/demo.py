@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""The README's demo: a chat serving workload through SGLang's client HiCacheFS on a live mount.
+"""The README's demo: a chat serving workload through SGLang's client HiCacheFS on live mounts.
 
   demo.py serve MOUNT [--show-top]   serve every turn of the workload (scripts/demo_workload.py):
                                      the hit rate, where the hits came from, how pages moved
                                      between the tiers, GB/s
+  demo.py two-hosts MOUNT_A MOUNT_B  two hosts' mounts on one shared tier: host A serves every
+                                     turn but the last; the last turn of half the conversations
+                                     goes to host B, which loads their prefixes from the shared tier
 
-``scripts/demo.sh`` mounts, runs this, and shows the mount with the shell tools and
+``scripts/demo.sh`` mounts, runs these, and shows the mounts with the shell tools and
 ``hicachefs stats``/``top``. Exit status 0 when every loaded page held the right bytes and the
-client saw no errors.
+clients saw no errors.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from tqdm import tqdm
 
 from demo_workload import (
     MODEL_SHAPES, Conversation, Server, Tally, Workload, human, mount_stats, tier_activity, tiers_top_down)
+
+#: How long host A's write-behind, then host B's view of its pages, may take before the demo goes on.
+SHARED_WAIT_S = 30.0
 
 
 @dataclass
@@ -41,6 +47,21 @@ class PassResult:
         return self.tally.bad == 0 and not self.errors
 
 
+@dataclass
+class TwoHostsResult:
+    """What host A's turns gave, how its pages reached host B, and the last turn on each host."""
+
+    earlier_turns: PassResult  # host A, every turn but the last
+    written_behind: int  # pages host A copied to the shared tier
+    dropped: int  # pages host A's write-behind did not take (its queue was full)
+    seen_after_s: Optional[float]  # from host A's last turn until host B knew all it wrote; None: not in time
+    last_turn: Dict[str, PassResult]  # "A", "B"
+
+    @property
+    def ok(self) -> bool:
+        return self.earlier_turns.ok and all(r.ok for r in self.last_turn.values())
+
+
 def serve(mountpoint: str, workload: Workload, show_top: bool = False) -> PassResult:
     """Serve every turn of every conversation on one mount and print what happened. With
     ``show_top``, ``hicachefs top --count 1`` watches the mount from half-way through, and its
@@ -50,13 +71,13 @@ def serve(mountpoint: str, workload: Workload, show_top: bool = False) -> PassRe
     work = workload.serving_order(workload.make_conversations(), range(workload.turns))
     top: List[subprocess.Popen] = []
 
-    def start_top() -> None:
-        top.append(subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "top", mountpoint, "--count", "1"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    def before_turn(done: int) -> None:
+        if show_top and done == len(work) // 2:
+            top.append(subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "top", mountpoint, "--count", "1"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
 
     try:
-        result = serve_turns({mountpoint: server}, lambda conv: mountpoint, work,
-                             halfway=start_top if show_top else None)[mountpoint]
+        result = serve_turns({mountpoint: server}, lambda conv: mountpoint, work, before_turn)[mountpoint]
         view = top[0].communicate(timeout=60)[0] if top else None
     finally:
         for process in top:
@@ -89,10 +110,79 @@ def serve(mountpoint: str, workload: Workload, show_top: bool = False) -> PassRe
     return result
 
 
+def two_hosts(mount_a: str, mount_b: str, workload: Workload) -> TwoHostsResult:
+    """Host A serves every turn but the last; then the last turn of the first half of the
+    conversations goes to host A, of the second half to host B (as a load balancer that does
+    not know where a conversation was served would send it). Prints what each host saw."""
+    print(workload.describe())
+    conversations = workload.make_conversations()
+    hosts = {"A": Server(mount_a, workload), "B": Server(mount_b, workload)}
+    try:
+        # A real turn takes seconds to decode its reply, and meanwhile the write-behind copies
+        # the pages its prompt added; this demo decodes nothing, so it waits for that instead.
+        earlier = serve_turns({"A": hosts["A"]}, lambda conv: "A",
+                              workload.serving_order(conversations, range(workload.turns - 1)),
+                              lambda done: written_behind(mount_a))["A"]
+        last_turn_done = time.monotonic()
+        written, dropped = written_behind(mount_a)
+        seen_after = None
+        while time.monotonic() - last_turn_done < SHARED_WAIT_S:
+            if shared_pages(mount_b) >= shared_pages(mount_a):
+                seen_after = time.monotonic() - last_turn_done
+                break
+            time.sleep(0.05)
+        half = {id(conv): "A" if i < len(conversations) // 2 else "B" for i, conv in enumerate(conversations)}
+        last = serve_turns(hosts, lambda conv: half[id(conv)],
+                           workload.serving_order(conversations, range(workload.turns - 1, workload.turns)))
+    finally:
+        for host in hosts.values():
+            host.close()
+
+    t, n = earlier.tally, len(conversations)
+    print(f"host A               turns 1-{workload.turns - 1} of the {n} conversations ({t.turns} turns): "
+          f"{t.wanted} prefix pages wanted, {t.loaded} loaded (hit rate {t.hit_rate:.1%}), {t.stored} stored")
+    seen = (f"host B knows them all {seen_after:.1f} s after host A's last turn" if seen_after is not None
+            else f"host B does not know them all within {SHARED_WAIT_S:.0f} s")
+    print(f"shared tier          host A wrote {written} pages behind ({dropped} dropped); {seen}")
+    print(f"turn {workload.turns:<15} conversations 1-{n // 2} on host A, {n // 2 + 1}-{n} on host B:")
+    print("          turns  wanted  loaded  hit rate  wrong bytes  hits by tier")
+    for name, host in last.items():
+        t = host.tally
+        print(f"  host {name}  {t.turns:5d}  {t.wanted:6d}  {t.loaded:6d}  {t.hit_rate:8.1%}  {t.bad:11d}  "
+              f"{hits_by_tier(host.tiers)}")
+    a, b = last["A"].tally.hit_rate, last["B"].tally.hit_rate
+    if a == b:
+        print("host B's hit rate equals host A's: it loaded the prefixes host A computed from the shared tier")
+    else:
+        print(f"host B's hit rate differs from host A's by {100 * (b - a):+.1f} points"
+              + (f": host A's write-behind dropped {dropped} pages (its queue was full), and a prefix "
+                 "stops at its first missing page" if dropped else ""))
+    errors = {name: host.errors for name, host in [("A", earlier), *last.items()] if host.errors}
+    print(f"client errors        {errors or 'none'}")
+    return TwoHostsResult(earlier, written, dropped, seen_after, last)
+
+
+def written_behind(mountpoint: str) -> Tuple[int, int]:
+    """Once the mount's write-behind has nothing queued or in flight (or after SHARED_WAIT_S):
+    (pages written behind, pages dropped)."""
+    deadline = time.monotonic() + SHARED_WAIT_S
+    while True:
+        shared = mount_stats(mountpoint)["tiers"]["shared"]
+        idle = shared["queue_pages"] == 0 and shared["writing"] == 0
+        if idle or time.monotonic() > deadline:
+            return shared["written_behind"], shared["dropped"]
+        time.sleep(0.01)
+
+
+def shared_pages(mountpoint: str) -> int:
+    """The pages the mount's daemon knows on the shared tier (its own and other hosts')."""
+    return mount_stats(mountpoint)["tiers"]["shared"]["pages"]
+
+
 def serve_turns(hosts: Dict[str, Server], host_of: Callable[[Conversation], str], work: List[Conversation],
-                halfway: Optional[Callable[[], None]] = None) -> Dict[str, PassResult]:
-    """Serve ``work`` (conversations in turn order), each turn on ``hosts[host_of(conv)]``;
-    call ``halfway`` half-way through. Per host: what its turns took and gave."""
+                before_turn: Optional[Callable[[int], object]] = None) -> Dict[str, PassResult]:
+    """Serve ``work`` (conversations in turn order), each turn on ``hosts[host_of(conv)]``,
+    calling ``before_turn(turns done so far)`` first. Per host: what its turns took and gave."""
     before = {name: mount_stats(s.mountpoint) for name, s in hosts.items()}
     errors_before = {name: s.client_errors() for name, s in hosts.items()}
     tallies = {name: Tally() for name in hosts}
@@ -100,8 +190,8 @@ def serve_turns(hosts: Dict[str, Server], host_of: Callable[[Conversation], str]
     started = time.perf_counter()
     with tqdm(work, unit="turn", dynamic_ncols=True, disable=None, leave=False) as bar:
         for done, conv in enumerate(bar):
-            if halfway is not None and done == len(work) // 2:
-                halfway()
+            if before_turn is not None:
+                before_turn(done)
             turn = hosts[host_of(conv)].serve(conv)
             tallies[host_of(conv)].add(turn)
             everything.add(turn)
@@ -158,15 +248,29 @@ def build_parser() -> argparse.ArgumentParser:
     one = commands.add_parser("serve", parents=[shape], help="serve the workload on one mount")
     one.add_argument("mountpoint", help="a live hicachefs mount")
     one.add_argument("--show-top", action="store_true", help="show a `hicachefs top --count 1` view taken meanwhile")
+    two = commands.add_parser("two-hosts", parents=[shape],
+                              help="host B serves the last turn of half the conversations host A served")
+    two.add_argument("mount_a", help="host A's hicachefs mount, with --shared")
+    two.add_argument("mount_b", help="host B's hicachefs mount, with --shared on the same directory")
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not os.path.isdir(os.path.join(args.mountpoint, ".hicachefs")):
-        parser.error(f"{args.mountpoint} is not a live hicachefs mount (no .hicachefs/)")
-    result = serve(args.mountpoint, workload_from(args), args.show_top)
+    mounts = [args.mountpoint] if args.command == "serve" else [args.mount_a, args.mount_b]
+    for mount in mounts:
+        if not os.path.isdir(os.path.join(mount, ".hicachefs")):
+            parser.error(f"{mount} is not a live hicachefs mount (no .hicachefs/)")
+    if args.command == "serve":
+        result = serve(args.mountpoint, workload_from(args), args.show_top)
+    else:
+        if args.turns < 2:
+            parser.error("two-hosts needs --turns of at least 2: host B serves the last one")
+        for mount in mounts:
+            if "shared" not in mount_stats(mount).get("tiers", {}):
+                parser.error(f"{mount} has no shared tier: mount it with --shared")
+        result = two_hosts(args.mount_a, args.mount_b, workload_from(args))
     if not result.ok:
         print("FAILED: wrong bytes or client errors", file=sys.stderr)
         return 1

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# The main job: set up, then show what hicachefs does, on a mount in a temporary directory, with
-# a chat workload served through SGLang's client HiCacheFS (scripts/demo.py):
+# The main job: set up, then show what hicachefs does, on mounts in a temporary directory, with a
+# chat workload served through SGLang's client HiCacheFS (scripts/demo.py):
 #   1. one host: a RAM tier smaller than the workload over a disk tier, so pages are demoted
 #      to disk and promoted back; the mount as ls, du, df and getfattr see it;
 #   2. a warm restart: hicachefs umount (RAM written down), mount again on the same disk, serve
-#      the workload again: it hits from disk (hicachefs top and stats show it).
-# The daemon is stopped with hicachefs umount, whatever happens.
+#      the workload again: it hits from disk (hicachefs top and stats show it);
+#   3. two hosts on one shared tier, a throw-away GlusterFS volume (skipped, in one line, when
+#      GlusterFS cannot start here): host B serves the next turn of conversations host A served,
+#      loading their prefixes from the shared tier.
+# Whatever happens, every daemon is stopped with hicachefs umount and the volume taken down.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
-work=$(mktemp -d /tmp/hicachefs-demo.XXXXXX)
+work=$(realpath "$(mktemp -d /tmp/hicachefs-demo.XXXXXX)")
 export TMPDIR=$work  # the daemons' logs
-export PATH="$root/.venv/bin:$root/scripts:$PATH"  # hicachefs, demo.py
+export PATH="$root/.venv/bin:$root/scripts:$PATH"  # hicachefs, demo.py, glusterfs.sh
 cd "$work"
-mkdir mnt
+mkdir mnt host-a host-b
 started=$SECONDS
 
 mounted() { awk -v m="$work/$1" '$2 == m {found=1} END {exit !found}' /proc/self/mounts; }
@@ -21,10 +24,13 @@ mounted() { awk -v m="$work/$1" '$2 == m {found=1} END {exit !found}' /proc/self
 cleanup() {
   local status=$?
   cd "$work"
-  for m in mnt; do
+  for m in mnt host-a host-b; do
     mounted "$m" || continue
-    hicachefs umount "$m" >/dev/null || fusermount3 -u "$m" || fusermount3 -uz "$m"
+    hicachefs umount "$m" >/dev/null || fusermount3 -u "$m" || fusermount3 -uz "$m" || true
   done
+  if [ -d gluster ]; then
+    glusterfs.sh down gluster >/dev/null || echo "demo: glusterfs.sh down $work/gluster failed" >&2
+  fi
   if [ "$status" -ne 0 ]; then
     for log in *.log; do
       [ -f "$log" ] && { echo "== the end of $log"; tail -n 5 "$log"; }
@@ -63,5 +69,21 @@ echo
 run hicachefs stats mnt
 run hicachefs umount mnt
 
+echo
+if ! command -v glusterd >/dev/null; then
+  echo "== 3. Two hosts: skipped, GlusterFS is not installed here"
+elif ! glusterfs.sh up gluster >glusterfs-up.log 2>&1; then
+  echo "== 3. Two hosts: skipped, GlusterFS did not start here: $(tail -n 1 glusterfs-up.log)"
+else
+  echo "== 3. Two hosts, one shared tier: a GlusterFS volume both mount (at gluster/a and gluster/b)"
+  run hicachefs mount host-a --memory 512M --shared gluster/a/hicachefs
+  run hicachefs mount host-b --memory 512M --shared gluster/b/hicachefs
+  run demo.py two-hosts host-a host-b "$@"
+  echo
+  run hicachefs stats host-b
+  run hicachefs umount host-a
+  run hicachefs umount host-b
+  run glusterfs.sh down gluster
+fi
 echo
 echo "demo: done in $((SECONDS - started)) s"

@@ -77,3 +77,10 @@ def test_demo_refuses_a_directory_that_is_not_a_mount(demo, tmp_path, capsys):
         demo.main(["serve", str(tmp_path)])
     assert exit_info.value.code == 2
     assert "is not a live hicachefs mount" in capsys.readouterr().err
+
+
+def test_two_hosts_needs_shared_tiers(demo, mount_factory, capsys):
+    a, b = mount_factory("--memory", "16M"), mount_factory("--memory", "16M")
+    with pytest.raises(SystemExit):
+        demo.main(["two-hosts", str(a.path), str(b.path)])
+    assert "has no shared tier: mount it with --shared" in capsys.readouterr().err
