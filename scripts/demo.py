@@ -1,287 +1,277 @@
 #!/usr/bin/env python3
-"""A serving workload through HiCacheFS on a live hicachefs mount (issue 5, the README's demo).
+"""The README's demo: a chat serving workload through SGLang's client HiCacheFS on live mounts.
 
-Conversations share a few system prompts and grow turn by turn, as chat traffic does. Every
-turn does what SGLang's HiCache does with an L3 backend:
-  1. page keys: chained SHA-256 over each full page's token ids (SGLang's scheme: the digest of
-     the previous page's digest followed by this page's token ids as little-endian uint32);
-  2. ``batch_exists``: how long a prefix is stored;
-  3. ``batch_get_v1``: load those pages straight into a CPU host pool laid out as SGLang's MHA
-     ``page_first`` pool for a real model's shape (Qwen2.5-0.5B: 24 layers, 2 KV heads of 64,
-     bf16, 64 tokens per page), and check every byte;
-  4. "prefill" the rest (deterministic bytes derived from each page's key) and ``batch_set_v1``
-     the new pages.
-Then a summary: pages stored, hit rate, GB/s, the mount's tier use.
+  demo.py serve MOUNT [--show-top]   serve every turn of the workload (scripts/demo_workload.py):
+                                     the hit rate, where the hits came from, how pages moved
+                                     between the tiers, GB/s
+  demo.py two-hosts MOUNT_A MOUNT_B  two hosts' mounts on one shared tier: host A serves every
+                                     turn but the last; the last turn of half the conversations
+                                     goes to host B, which loads their prefixes from the shared tier
 
-Exit status 0 when every loaded page held the right bytes and the client saw no errors.
+``scripts/demo.sh`` mounts, runs these, and shows the mounts with the shell tools and
+``hicachefs stats``/``top``. Exit status 0 when every loaded page held the right bytes and the
+clients saw no errors.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
-import random
+import subprocess
 import sys
 import time
-from array import array
-from types import SimpleNamespace
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
-# The demo never hands the backend to SGLang: skip importing it (seconds of start-up).
-os.environ.setdefault("HICACHEFS_CLIENT_WITHOUT_SGLANG", "1")
-from hicachefs_client import HiCacheFS  # noqa: E402
+from demo_workload import (
+    MODEL_SHAPES, Conversation, Server, Tally, Workload, human, mount_stats, tier_activity, tiers_top_down)
 
-MODEL_SHAPES = {
-    # name: (layers, KV heads, head dim)
-    "Qwen/Qwen2.5-0.5B-Instruct": (24, 2, 64),
-    "Qwen/Qwen2.5-1.5B-Instruct": (28, 2, 128),
-    "meta-llama/Llama-3.2-1B-Instruct": (16, 8, 64),
-}
-VOCAB = 151_643
-STORAGE_BATCH_SIZE = 128  # SGLang's pages per storage call
+#: How long host A's write-behind, then host B's view of its pages, may take before the demo goes on.
+SHARED_WAIT_S = 30.0
 
 
-class PageFirstHostPool:
-    """A CPU host KV pool laid out as SGLang's MHATokenToKVPoolHost with layout="page_first".
+@dataclass
+class PassResult:
+    """One mount's share of some turns: the client's tally, per tier the hits, demotions,
+    promotions and evictions the mount counted meanwhile, and the client's errors."""
 
-    ``kv_buffer[2, tokens, layers, heads, head_dim]``; page ``p`` holds tokens
-    [p * page_size, (p + 1) * page_size). Provides what storage backends use of a host pool.
-    """
-
-    layout = "page_first"
-    device = "cpu"
-
-    def __init__(self, pages: int, page_size: int, layers: int, heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.bfloat16) -> None:
-        self.page_size, self.layer_num, self.head_num, self.head_dim = page_size, layers, heads, head_dim
-        self.dtype = dtype
-        self.size = (pages + 1) * page_size  # SGLang keeps a padding page
-        self.kv_buffer = torch.zeros((2, self.size, layers, heads, head_dim), dtype=dtype)
-        self.free_pages = list(range(pages))
+    tally: Tally
+    tiers: Dict[str, Dict[str, int]]
+    errors: Dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
 
     @property
-    def page_bytes(self) -> int:
-        return 2 * self.page_size * self.layer_num * self.head_num * self.head_dim * self.dtype.itemsize
-
-    def alloc(self, n: int) -> List[int]:
-        taken, self.free_pages = self.free_pages[:n], self.free_pages[n:]
-        return taken
-
-    def free(self, pages: List[int]) -> None:
-        self.free_pages.extend(pages)
-
-    def indices(self, pages: List[int]) -> torch.Tensor:
-        if not pages:
-            return torch.empty(0, dtype=torch.int64)
-        return torch.cat([torch.arange(p * self.page_size, (p + 1) * self.page_size) for p in pages])
-
-    def page_words(self, page: int) -> np.ndarray:
-        """Page ``page``'s bytes in storage order (K, then V) as uint64 words (no copy of K or V)."""
-        lo, hi = page * self.page_size, (page + 1) * self.page_size
-        return np.concatenate([self.kv_buffer[kv, lo:hi].reshape(-1).view(torch.int64).numpy()
-                               for kv in (0, 1)]).view(np.uint64)
-
-    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        page = self.kv_buffer[:, index:index + self.page_size]
-        return page.flatten() if flat else page
-
-    def get_dummy_flat_data_page(self) -> torch.Tensor:
-        return torch.zeros(self.page_bytes // self.dtype.itemsize, dtype=self.dtype)
-
-    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
-        self.kv_buffer[:, index:index + self.page_size] = data_page.reshape(
-            2, self.page_size, self.layer_num, self.head_num, self.head_dim)
-
-    def get_page_buffer_meta(self, indices: torch.Tensor):
-        token = self.layer_num * self.head_num * self.head_dim * self.dtype.itemsize
-        v_offset = self.size * token
-        base = self.kv_buffer.data_ptr()
-        ptrs = []
-        for start in indices.tolist()[::self.page_size]:
-            ptrs += [base + start * token, base + start * token + v_offset]
-        return ptrs, [self.page_size * token] * len(ptrs)
+    def ok(self) -> bool:
+        return self.tally.bad == 0 and not self.errors
 
 
-def page_keys(tokens: List[int], page_size: int, prior: Optional[str] = None) -> List[str]:
-    """SGLang's storage page keys: per full page, sha256(prior digest + uint32 LE token ids)."""
-    keys = []
-    digest = bytes.fromhex(prior) if prior else b""
-    for start in range(0, len(tokens) - page_size + 1, page_size):
-        h = hashlib.sha256(digest)
-        ids = array("I", tokens[start:start + page_size])
-        if sys.byteorder != "little":
-            ids.byteswap()
-        h.update(ids.tobytes())
-        digest = h.digest()
-        keys.append(digest.hex())
-    return keys
+@dataclass
+class TwoHostsResult:
+    """What host A's turns gave, how its pages reached host B, and the last turn on each host."""
+
+    earlier_turns: PassResult  # host A, every turn but the last
+    written_behind: int  # pages host A copied to the shared tier
+    dropped: int  # pages host A's write-behind did not take (its queue was full)
+    seen_after_s: Optional[float]  # from host A's last turn until host B knew all it wrote; None: not in time
+    last_turn: Dict[str, PassResult]  # "A", "B"
+
+    @property
+    def ok(self) -> bool:
+        return self.earlier_turns.ok and all(r.ok for r in self.last_turn.values())
 
 
-class PageContent:
-    """The KV bytes "prefill" computes for a page: a deterministic function of its key.
+def serve(mountpoint: str, workload: Workload, show_top: bool = False) -> PassResult:
+    """Serve every turn of every conversation on one mount and print what happened. With
+    ``show_top``, ``hicachefs top --count 1`` watches the mount from half-way through, and its
+    view is printed at the end."""
+    print(workload.describe())
+    server = Server(mountpoint, workload)
+    work = workload.serving_order(workload.make_conversations(), range(workload.turns))
+    top: List[subprocess.Popen] = []
 
-    A fixed random block XOR the page key's SHA-256 repeated, so every 32 bytes of a page name
-    its key: a page loaded into the wrong slot, or mixed from two pages, never passes.
-    """
+    def before_turn(done: int) -> None:
+        if show_top and done == len(work) // 2:
+            top.append(subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "top", mountpoint, "--count", "1"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
 
-    def __init__(self, nbytes: int, seed: int) -> None:
-        self.words = np.random.Generator(np.random.PCG64(seed)).integers(
-            0, 2**63, nbytes // 8, dtype=np.uint64)
-
-    def __call__(self, key: str) -> np.ndarray:
-        pattern = np.frombuffer(hashlib.sha256(key.encode()).digest(), dtype=np.uint64)
-        return (self.words.reshape(-1, 4) ^ pattern).reshape(-1)
-
-
-class Conversation:
-    def __init__(self, rng: random.Random, system_prompt: List[int]) -> None:
-        self.rng = rng
-        self.system_prompt = system_prompt
-        self.history: List[int] = []
-
-    def tokens(self, n: int) -> List[int]:
-        return [self.rng.randrange(VOCAB) for _ in range(n)]
-
-
-def read_json(path: str) -> Optional[dict]:
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+        result = serve_turns({mountpoint: server}, lambda conv: mountpoint, work, before_turn)[mountpoint]
+        view = top[0].communicate(timeout=60)[0] if top else None
+    finally:
+        for process in top:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        server.close()
+    t = result.tally
+    print(f"served               {t.turns} turns in {result.seconds:.1f} s")
+    print(f"prefix pages         {t.wanted} wanted, {t.loaded} loaded from hicachefs "
+          f"(hit rate {t.hit_rate:.1%}), {t.bad} with wrong bytes")
+    print(f"hits by tier         {hits_by_tier(result.tiers)}")
+    print(f"pages moved          {moves(result.tiers)}")
+    print(f"pages stored         {t.stored} new ({human(t.written_bytes)})"
+          if t.stored else "pages stored         none new: every page was there")
+    print(f"read                 {human(t.read_bytes)} in {t.read_s:.2f} s = "
+          f"{t.read_bytes / max(t.read_s, 1e-9) / 1e9:.2f} GB/s (preadv into the host pool)")
+    if t.stored:
+        print(f"write                {human(t.written_bytes)} in {t.write_s:.2f} s = "
+              f"{t.written_bytes / max(t.write_s, 1e-9) / 1e9:.2f} GB/s (exists check + pwritev + rename)")
+    print(f"client errors        {result.errors or 'none'}")
+    stats = mount_stats(mountpoint)
+    for tier in tiers_top_down(stats):
+        facts = stats["tiers"][tier]
+        print(f"tier {tier:<15} {facts['pages']} pages, "
+              f"{human(facts['used_bytes'])} of {human(facts['capacity_bytes'])} used")
+    if view is not None:
+        print(f"\n$ hicachefs top {mountpoint} --count 1      (taken half-way through the turns)")
+        print(view.rstrip())
+    return result
 
 
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
+def two_hosts(mount_a: str, mount_b: str, workload: Workload) -> TwoHostsResult:
+    """Host A serves every turn but the last; then the last turn of the first half of the
+    conversations goes to host A, of the second half to host B (as a load balancer that does
+    not know where a conversation was served would send it). Prints what each host saw."""
+    print(workload.describe())
+    conversations = workload.make_conversations()
+    hosts = {"A": Server(mount_a, workload), "B": Server(mount_b, workload)}
+    try:
+        # A real turn takes seconds to decode its reply, and meanwhile the write-behind copies
+        # the pages its prompt added; this demo decodes nothing, so it waits for that instead.
+        earlier = serve_turns({"A": hosts["A"]}, lambda conv: "A",
+                              workload.serving_order(conversations, range(workload.turns - 1)),
+                              lambda done: written_behind(mount_a))["A"]
+        last_turn_done = time.monotonic()
+        written, dropped = written_behind(mount_a)
+        seen_after = None
+        while time.monotonic() - last_turn_done < SHARED_WAIT_S:
+            if shared_pages(mount_b) >= shared_pages(mount_a):
+                seen_after = time.monotonic() - last_turn_done
+                break
+            time.sleep(0.05)
+        half = {id(conv): "A" if i < len(conversations) // 2 else "B" for i, conv in enumerate(conversations)}
+        last = serve_turns(hosts, lambda conv: half[id(conv)],
+                           workload.serving_order(conversations, range(workload.turns - 1, workload.turns)))
+    finally:
+        for host in hosts.values():
+            host.close()
+
+    t, n = earlier.tally, len(conversations)
+    print(f"host A               turns 1-{workload.turns - 1} of the {n} conversations ({t.turns} turns): "
+          f"{t.wanted} prefix pages wanted, {t.loaded} loaded (hit rate {t.hit_rate:.1%}), {t.stored} stored")
+    seen = (f"host B knows them all {seen_after:.1f} s after host A's last turn" if seen_after is not None
+            else f"host B does not know them all within {SHARED_WAIT_S:.0f} s")
+    print(f"shared tier          host A wrote {written} pages behind ({dropped} dropped); {seen}")
+    print(f"turn {workload.turns:<15} conversations 1-{n // 2} on host A, {n // 2 + 1}-{n} on host B:")
+    print("          turns  wanted  loaded  hit rate  wrong bytes  hits by tier")
+    for name, host in last.items():
+        t = host.tally
+        print(f"  host {name}  {t.turns:5d}  {t.wanted:6d}  {t.loaded:6d}  {t.hit_rate:8.1%}  {t.bad:11d}  "
+              f"{hits_by_tier(host.tiers)}")
+    a, b = last["A"].tally.hit_rate, last["B"].tally.hit_rate
+    if a == b:
+        print("host B's hit rate equals host A's: it loaded the prefixes host A computed from the shared tier")
+    else:
+        print(f"host B's hit rate differs from host A's by {100 * (b - a):+.1f} points"
+              + (f": host A's write-behind dropped {dropped} pages (its queue was full), and a prefix "
+                 "stops at its first missing page" if dropped else ""))
+    errors = {name: host.errors for name, host in [("A", earlier), *last.items()] if host.errors}
+    print(f"client errors        {errors or 'none'}")
+    return TwoHostsResult(earlier, written, dropped, seen_after, last)
+
+
+def written_behind(mountpoint: str) -> Tuple[int, int]:
+    """Once the mount's write-behind has nothing queued or in flight (or after SHARED_WAIT_S):
+    (pages written behind, pages dropped)."""
+    deadline = time.monotonic() + SHARED_WAIT_S
+    while True:
+        shared = mount_stats(mountpoint)["tiers"]["shared"]
+        idle = shared["queue_pages"] == 0 and shared["writing"] == 0
+        if idle or time.monotonic() > deadline:
+            return shared["written_behind"], shared["dropped"]
+        time.sleep(0.01)
+
+
+def shared_pages(mountpoint: str) -> int:
+    """The pages the mount's daemon knows on the shared tier (its own and other hosts')."""
+    return mount_stats(mountpoint)["tiers"]["shared"]["pages"]
+
+
+def serve_turns(hosts: Dict[str, Server], host_of: Callable[[Conversation], str], work: List[Conversation],
+                before_turn: Optional[Callable[[int], object]] = None) -> Dict[str, PassResult]:
+    """Serve ``work`` (conversations in turn order), each turn on ``hosts[host_of(conv)]``,
+    calling ``before_turn(turns done so far)`` first. Per host: what its turns took and gave."""
+    before = {name: mount_stats(s.mountpoint) for name, s in hosts.items()}
+    errors_before = {name: s.client_errors() for name, s in hosts.items()}
+    tallies = {name: Tally() for name in hosts}
+    everything = Tally()
+    started = time.perf_counter()
+    with tqdm(work, unit="turn", dynamic_ncols=True, disable=None, leave=False) as bar:
+        for done, conv in enumerate(bar):
+            if before_turn is not None:
+                before_turn(done)
+            turn = hosts[host_of(conv)].serve(conv)
+            tallies[host_of(conv)].add(turn)
+            everything.add(turn)
+            bar.set_postfix(hit=f"{everything.hit_rate:.0%}", stored=everything.stored, bad=everything.bad,
+                            refresh=False)
+    seconds = time.perf_counter() - started
+    results = {}
+    for name, s in hosts.items():
+        grown = {k: v - errors_before[name].get(k, 0) for k, v in s.client_errors().items()}
+        results[name] = PassResult(tallies[name], tier_activity(before[name], mount_stats(s.mountpoint)),
+                                   {k: v for k, v in grown.items() if v}, seconds)
+    return results
+
+
+def hits_by_tier(tiers: Dict[str, Dict[str, int]]) -> str:
+    return ", ".join(f"{name} {facts['hits']}" for name, facts in tiers.items() if facts["hits"]) or "none"
+
+
+def moves(tiers: Dict[str, Dict[str, int]]) -> str:
+    parts = []
+    for name, facts in tiers.items():
+        if facts["demotions"]:
+            parts.append(f"{facts['demotions']} demoted from {name}")
+        if facts["promotions"]:
+            parts.append(f"{facts['promotions']} promoted into {name}")
+    parts.append(f"{sum(facts['evictions'] for facts in tiers.values())} evicted")
+    return ", ".join(parts)
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    return Workload(model=args.model, conversations=args.conversations, turns=args.turns,
+                    system_prompts=args.system_prompts, system_tokens=args.system_tokens,
+                    user_tokens=args.user_tokens, reply_tokens=args.reply_tokens,
+                    page_size=args.page_size, tp_size=args.tp_size, seed=args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = Workload()
+    shape = argparse.ArgumentParser(add_help=False)
+    shape.add_argument("--model", default=defaults.model, choices=sorted(MODEL_SHAPES))
+    shape.add_argument("--conversations", type=int, default=defaults.conversations)
+    shape.add_argument("--turns", type=int, default=defaults.turns)
+    shape.add_argument("--system-prompts", type=int, default=defaults.system_prompts,
+                       help="distinct shared system prompts")
+    shape.add_argument("--system-tokens", type=int, default=defaults.system_tokens)
+    shape.add_argument("--user-tokens", type=int, default=defaults.user_tokens, help="tokens a user adds per turn")
+    shape.add_argument("--reply-tokens", type=int, default=defaults.reply_tokens,
+                       help="tokens the model replies per turn")
+    shape.add_argument("--page-size", type=int, default=defaults.page_size, help="tokens per page")
+    shape.add_argument("--tp-size", type=int, default=defaults.tp_size, help="shard as rank 0 of this many")
+    shape.add_argument("--seed", type=int, default=defaults.seed)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("serve", parents=[shape], help="serve the workload on one mount")
+    one.add_argument("mountpoint", help="a live hicachefs mount")
+    one.add_argument("--show-top", action="store_true", help="show a `hicachefs top --count 1` view taken meanwhile")
+    two = commands.add_parser("two-hosts", parents=[shape],
+                              help="host B serves the last turn of half the conversations host A served")
+    two.add_argument("mount_a", help="host A's hicachefs mount, with --shared")
+    two.add_argument("mount_b", help="host B's hicachefs mount, with --shared on the same directory")
+    return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mountpoint", required=True, help="a live hicachefs mount")
-    parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct", choices=sorted(MODEL_SHAPES))
-    parser.add_argument("--conversations", type=int, default=12)
-    parser.add_argument("--turns", type=int, default=14)
-    parser.add_argument("--system-prompts", type=int, default=4, help="distinct shared system prompts")
-    parser.add_argument("--system-tokens", type=int, default=3072)
-    parser.add_argument("--user-tokens", type=int, default=128, help="tokens a user adds per turn")
-    parser.add_argument("--reply-tokens", type=int, default=256, help="tokens the model replies per turn")
-    parser.add_argument("--page-size", type=int, default=64, help="tokens per page")
-    parser.add_argument("--tp-size", type=int, default=1, help="shard as rank 0 of this many")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = build_parser()
     args = parser.parse_args(argv)
-
-    if not os.path.isdir(os.path.join(args.mountpoint, ".hicachefs")):
-        parser.error(f"{args.mountpoint} is not a live hicachefs mount (no .hicachefs/)")
-    layers, heads, head_dim = MODEL_SHAPES[args.model]
-    max_tokens = args.system_tokens + args.turns * (args.user_tokens + args.reply_tokens)
-    pool = PageFirstHostPool(max_tokens // args.page_size + 1, args.page_size, layers, heads, head_dim)
-    config = SimpleNamespace(
-        tp_rank=0, tp_size=args.tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=False, is_storage_writer=True, enable_storage_metrics=False,
-        is_page_first_layout=True, model_name=args.model, dcp_rank=0, dcp_size=1,
-        extra_config={"backend_name": "hicachefs", "module_path": "hicachefs_client",
-                      "class_name": "HiCacheFS", "interface_v1": 1, "mountpoint": args.mountpoint})
-    fs = HiCacheFS(config, {})
-    fs.register_mem_pool_host(pool)
-
-    rng = random.Random(args.seed)
-    prompts = [[rng.randrange(VOCAB) for _ in range(args.system_tokens)] for _ in range(args.system_prompts)]
-    conversations = [Conversation(random.Random(rng.random()), prompts[i % len(prompts)])
-                     for i in range(args.conversations)]
-
-    print(f"hicachefs demo: {args.conversations} conversations x {args.turns} turns, "
-          f"{args.system_prompts} shared system prompts of {args.system_tokens} tokens, {args.model} "
-          f"({layers} layers, {heads} KV heads of {head_dim}, bf16), {args.page_size} tokens = "
-          f"{human(pool.page_bytes)} per page, mount {args.mountpoint}")
-    wanted = loaded = stored = bad = 0
-    read_bytes = written_bytes = 0
-    read_s = write_s = exists_s = 0.0
-    started = time.perf_counter()
-    content = PageContent(pool.page_bytes, args.seed)
-    work = [(turn, c) for turn in range(args.turns) for c in rng.sample(conversations, len(conversations))]
-    with tqdm(work, unit="turn", dynamic_ncols=True) as bar:
-        for turn, conv in bar:
-            prompt = conv.system_prompt + conv.history + conv.tokens(args.user_tokens)
-            keys = page_keys(prompt, args.page_size)
-            slots = pool.alloc(len(keys))
-            assert len(slots) == len(keys), "host pool too small"
-            try:
-                t0 = time.perf_counter()
-                hit = 0
-                for b in range(0, len(keys), STORAGE_BATCH_SIZE):
-                    part = fs.batch_exists(keys[b:b + STORAGE_BATCH_SIZE])
-                    hit += part
-                    if part < len(keys[b:b + STORAGE_BATCH_SIZE]):
-                        break
-                t1 = time.perf_counter()
-                ok: List[bool] = []
-                for b in range(0, hit, STORAGE_BATCH_SIZE):
-                    end = min(hit, b + STORAGE_BATCH_SIZE)
-                    ok += fs.batch_get_v1(keys[b:end], pool.indices(slots[b:end]))
-                t2 = time.perf_counter()
-                got = ok.index(False) if False in ok else len(ok)
-                for key, slot in zip(keys[:got], slots[:got]):
-                    if not np.array_equal(pool.page_words(slot), content(key)):
-                        bad += 1
-                # Prefill computes the rest; the backup thread stores it.
-                for key, slot in zip(keys[got:], slots[got:]):
-                    data = torch.from_numpy(content(key).view(np.int16)).view(torch.bfloat16)
-                    pool.set_from_flat_data_page(slot * args.page_size, data)
-                t3 = time.perf_counter()
-                new = 0
-                for b in range(got, len(keys), STORAGE_BATCH_SIZE):
-                    end = min(len(keys), b + STORAGE_BATCH_SIZE)
-                    new += sum(fs.batch_set_v1(keys[b:end], pool.indices(slots[b:end])))
-                t4 = time.perf_counter()
-            finally:
-                pool.free(slots)
-            exists_s += t1 - t0
-            read_s += t2 - t1
-            write_s += t4 - t3
-            wanted += len(keys)
-            loaded += got
-            stored += new
-            read_bytes += got * pool.page_bytes
-            written_bytes += new * pool.page_bytes
-            conv.history += prompt[len(conv.system_prompt) + len(conv.history):] + conv.tokens(args.reply_tokens)
-            bar.set_postfix(hit=f"{loaded / max(wanted, 1):.0%}", stored=stored, bad=bad,
-                            refresh=False)
-    elapsed = time.perf_counter() - started
-
-    stats = fs.statistics()
-    fs.close()
-    print()
-    print(f"turns                {len(work)} in {elapsed:.1f} s")
-    print(f"prefix pages         {wanted} wanted, {loaded} loaded from hicachefs "
-          f"(hit rate {loaded / max(wanted, 1):.1%}), {bad} with wrong bytes")
-    print(f"pages stored         {stored} new ({human(written_bytes)}), "
-          f"{stats['pages_skipped']} already there")
-    print(f"read                 {human(read_bytes)} in {read_s:.2f} s = "
-          f"{read_bytes / max(read_s, 1e-9) / 1e9:.2f} GB/s (preadv into the host pool)")
-    print(f"write                {human(written_bytes)} in {write_s:.2f} s = "
-          f"{written_bytes / max(write_s, 1e-9) / 1e9:.2f} GB/s (exists check + pwritev + rename)")
-    print(f"exists queries       {stats['exists_queries']} ({stats['exists_paths']} paths) in "
-          f"{exists_s:.2f} s, {stats['exists_stat_fallbacks']} stat fallbacks")
-    print(f"client errors        {stats['errors'] or 'none'}")
-    mount_stats = read_json(os.path.join(args.mountpoint, ".hicachefs", "stats"))
-    if mount_stats:
-        for tier, facts in mount_stats.get("tiers", {}).items():
-            print(f"tier {tier:<15} {facts.get('pages', '?')} pages, "
-                  f"{human(facts.get('used_bytes', 0))} of {human(facts.get('capacity_bytes', 0))} used")
-        shown = {k: v for k, v in mount_stats.items() if k != "tiers" and not isinstance(v, (dict, list))}
-        print("mount totals         " + ", ".join(f"{k}={v}" for k, v in sorted(shown.items())))
-    errors = {k: v for k, v in stats["errors"].items() if k != "NO_EXISTS_FILE"}
-    if bad or errors:
+    mounts = [args.mountpoint] if args.command == "serve" else [args.mount_a, args.mount_b]
+    for mount in mounts:
+        if not os.path.isdir(os.path.join(mount, ".hicachefs")):
+            parser.error(f"{mount} is not a live hicachefs mount (no .hicachefs/)")
+    if args.command == "serve":
+        result = serve(args.mountpoint, workload_from(args), args.show_top)
+    else:
+        if args.turns < 2:
+            parser.error("two-hosts needs --turns of at least 2: host B serves the last one")
+        for mount in mounts:
+            if "shared" not in mount_stats(mount).get("tiers", {}):
+                parser.error(f"{mount} has no shared tier: mount it with --shared")
+        result = two_hosts(args.mount_a, args.mount_b, workload_from(args))
+    if not result.ok:
         print("FAILED: wrong bytes or client errors", file=sys.stderr)
         return 1
     return 0

@@ -1,33 +1,89 @@
 #!/usr/bin/env bash
-# The main job: set up, mount hicachefs with default settings in a temporary directory, drive a
-# serving workload through the SGLang client, show the mount as a person would, unmount.
+# The main job: set up, then show what hicachefs does, on mounts in a temporary directory, with a
+# chat workload served through SGLang's client HiCacheFS (scripts/demo.py):
+#   1. one host: a RAM tier smaller than the workload over a disk tier, so pages are demoted
+#      to disk and promoted back; the mount as ls, du, df and getfattr see it;
+#   2. a warm restart: hicachefs umount (RAM written down), mount again on the same disk, serve
+#      the workload again: it hits from disk (hicachefs top and stats show it);
+#   3. two hosts on one shared tier, a throw-away GlusterFS volume (skipped, in one line, when
+#      GlusterFS cannot start here): host B serves the next turn of conversations host A served,
+#      loading their prefixes from the shared tier.
+# Whatever happens, every daemon is stopped with hicachefs umount and the volume taken down.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
-cd "$root"
-work=$(mktemp -d /tmp/hicachefs-demo.XXXXXX)
-mnt="$work/mnt"
-mkdir -p "$mnt"
+work=$(realpath "$(mktemp -d /tmp/hicachefs-demo.XXXXXX)")
+export TMPDIR=$work  # the daemons' logs
+export PATH="$root/.venv/bin:$root/scripts:$PATH"  # hicachefs, demo.py, glusterfs.sh
+cd "$work"
+mkdir mnt host-a host-b
+started=$SECONDS
+
+mounted() { awk -v m="$work/$1" '$2 == m {found=1} END {exit !found}' /proc/self/mounts; }
+
 cleanup() {
-  if mountpoint -q "$mnt"; then
-    .venv/bin/hicachefs umount "$mnt" || fusermount3 -u "$mnt" || fusermount3 -uz "$mnt"
+  local status=$?
+  cd "$work"
+  for m in mnt host-a host-b; do
+    mounted "$m" || continue
+    hicachefs umount "$m" >/dev/null || fusermount3 -u "$m" || fusermount3 -uz "$m" || true
+  done
+  if [ -d gluster ]; then
+    glusterfs.sh down gluster >/dev/null || echo "demo: glusterfs.sh down $work/gluster failed" >&2
   fi
-  rm -rf "$work"
+  if [ "$status" -ne 0 ]; then
+    for log in *.log; do
+      [ -f "$log" ] && { echo "== the end of $log"; tail -n 5 "$log"; }
+    done
+  fi
+  cd /
+  rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 
-.venv/bin/hicachefs mount "$mnt" --log-file "$work/daemon.log"
-.venv/bin/python scripts/demo.py --mountpoint "$mnt" "$@"
+# Show a command, then run it.
+run() {
+  echo "\$ $*"
+  "$@"
+}
+
+echo "(in $work)"
+echo
+echo "== 1. One host: a RAM tier smaller than the workload's pages, over a disk tier"
+run hicachefs mount mnt --memory 128M --disk disk --disk-size 1G
+run demo.py serve mnt "$@"
+pool=$(find mnt -mindepth 4 -maxdepth 4 -type d -print -quit)
+echo
+echo "\$ ls -l $pool | head -4"
+ls -l "$pool" | sed -n 1,4p
+run du -sh mnt/*/
+run df -h mnt
+run getfattr -d "$(find "$pool" -type f -print -quit)"
+
+echo "== 2. A warm restart: the RAM tier is written down, the disk tier's pages are served again"
+run hicachefs umount mnt
+run hicachefs mount mnt --memory 128M --disk disk --disk-size 1G
+run hicachefs stats mnt
+run demo.py serve mnt --show-top "$@"
+echo
+run hicachefs stats mnt
+run hicachefs umount mnt
 
 echo
-echo "== ls -la of one pool directory (first entries)"
-pool=$(find "$mnt" -mindepth 4 -maxdepth 4 -type d -print -quit)
-ls -la "$pool" | sed -n 1,6p
-echo "== du -sh / df -h"
-du -sh "$mnt"/*/
-df -h "$mnt"
-echo "== getfattr -d of one page"
-getfattr -d "$(find "$pool" -type f -print -quit)"
-echo "== hicachefs stats"
-.venv/bin/hicachefs stats "$mnt"
-.venv/bin/hicachefs umount "$mnt"
+if ! command -v glusterd >/dev/null; then
+  echo "== 3. Two hosts: skipped, GlusterFS is not installed here"
+elif ! glusterfs.sh up gluster >glusterfs-up.log 2>&1; then
+  echo "== 3. Two hosts: skipped, GlusterFS did not start here: $(tail -n 1 glusterfs-up.log)"
+else
+  echo "== 3. Two hosts, one shared tier: a GlusterFS volume both mount (at gluster/a and gluster/b)"
+  run hicachefs mount host-a --memory 512M --shared gluster/a/hicachefs
+  run hicachefs mount host-b --memory 512M --shared gluster/b/hicachefs
+  run demo.py two-hosts host-a host-b "$@"
+  echo
+  run hicachefs stats host-b
+  run hicachefs umount host-a
+  run hicachefs umount host-b
+  run glusterfs.sh down gluster
+fi
+echo
+echo "demo: done in $((SECONDS - started)) s"

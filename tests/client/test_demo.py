@@ -1,4 +1,6 @@
-"""scripts/demo.py: its page keys are SGLang's, and it runs clean on a live mount."""
+"""scripts/demo.py: its page keys are SGLang's, it runs clean on a live mount, and what it shows
+happens: with a RAM tier smaller than the workload, pages are demoted to disk and promoted back,
+and after a warm restart the same workload hits, from disk."""
 
 from __future__ import annotations
 
@@ -8,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from hicachefs.testing import mounting
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+#: 31 pages of 768 KiB (23 MiB): more than a 16 MiB RAM tier holds.
+SMALL = dict(conversations=3, turns=3, system_prompts=2, system_tokens=512, user_tokens=64, reply_tokens=64)
 
 
 @pytest.fixture
@@ -20,22 +26,61 @@ def demo(monkeypatch):
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_page_keys_are_sglangs(demo, page_size):
+    from demo_workload import page_keys
     from sglang.srt.mem_cache.utils import get_hash_str
 
     rng = random.Random(page_size)
     tokens = [rng.randrange(2**32) for _ in range(5 * page_size + page_size // 2)]  # + a partial page
-    keys = demo.page_keys(tokens, page_size)
+    keys = page_keys(tokens, page_size)
     assert len(keys) == 5  # full pages only: HiCache stores whole pages
     assert keys == get_hash_str(tokens[:5 * page_size], None, page_size=page_size)
     # A continuation from a parent's last key, as the radix tree chains nodes.
-    assert demo.page_keys(tokens[2 * page_size:], page_size, keys[1]) == keys[2:]
+    assert page_keys(tokens[2 * page_size:], page_size, keys[1]) == keys[2:]
 
 
-def test_demo_runs_clean(demo, hicachefs_mount, capsys):
-    code = demo.main(["--mountpoint", str(hicachefs_mount), "--conversations", "3", "--turns", "3",
-                      "--system-prompts", "2", "--system-tokens", "512", "--user-tokens", "64",
-                      "--reply-tokens", "64"])
+def small_args() -> list[str]:
+    return [f"--{name.replace('_', '-')}={value}" for name, value in SMALL.items()]
+
+
+def test_demo_runs_clean_moves_pages_between_tiers_and_hits_from_disk_after_a_warm_restart(
+        demo, mount_factory, tmp_path, capsys):
+    from demo_workload import Workload
+
+    flags = ("--memory", "16M", "--disk", str(tmp_path / "disk"), "--disk-size", "64M")
+    first = mount_factory(*flags)
+    assert demo.main(["serve", str(first.path), *small_args()]) == 0
     out = capsys.readouterr().out
-    assert code == 0, out
     assert "0 with wrong bytes" in out and "client errors        none" in out
-    assert "tier memory" in out
+    workload = Workload(**SMALL)
+    stored = workload.pages_stored()
+    assert f"pages stored         {stored} new" in out
+    memory = first.stats()["tiers"]["memory"]
+    assert memory["demotions"] > 0 and memory["promotions"] > 0  # RAM overflowed to disk and back
+    assert "demoted from memory" in out and "promoted into memory" in out
+
+    mounting.stop(first)  # SIGTERM, as hicachefs umount: the RAM tier is written down
+    again = mount_factory(*flags, path=first.path)
+    assert again.stats()["tiers"]["disk"]["pages"] == stored
+    second = demo.serve(str(again.path), workload, show_top=True)
+    out = capsys.readouterr().out
+    assert second.ok
+    assert second.tally.loaded == second.tally.wanted and second.tally.stored == 0  # every page hits
+    assert second.tiers["disk"]["hits"] > 0  # from disk: RAM started empty
+    assert second.tiers["memory"]["promotions"] > 0
+    assert sum(tier["hits"] for tier in second.tiers.values()) == second.tally.loaded
+    assert "hit rate 100.0%" in out
+    assert f"hicachefs top {again.path}" in out and "errors: none" in out  # top's view was shown
+
+
+def test_demo_refuses_a_directory_that_is_not_a_mount(demo, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["serve", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "is not a live hicachefs mount" in capsys.readouterr().err
+
+
+def test_two_hosts_needs_shared_tiers(demo, mount_factory, capsys):
+    a, b = mount_factory("--memory", "16M"), mount_factory("--memory", "16M")
+    with pytest.raises(SystemExit):
+        demo.main(["two-hosts", str(a.path), str(b.path)])
+    assert "has no shared tier: mount it with --shared" in capsys.readouterr().err

@@ -1,0 +1,41 @@
+"""scripts/demo.py two-hosts on a real GlusterFS volume: host B serves the next turn of
+conversations host A served, loads their prefixes from the shared tier, and hits as often as
+host A does on the same turn."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+#: Four conversations: the last turn of two goes to host A, of the other two to host B.
+SMALL = dict(conversations=4, turns=3, system_prompts=2, system_tokens=512, user_tokens=64, reply_tokens=64)
+
+
+@pytest.fixture
+def demo(monkeypatch):
+    monkeypatch.setenv("HICACHEFS_CLIENT_WITHOUT_SGLANG", "")  # the demo's default stays local
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    return importlib.import_module("demo")
+
+
+def test_host_b_loads_host_as_prefixes_from_the_shared_tier_and_hits_as_often(demo, mount_factory, gluster_root,
+                                                                                capsys):
+    from demo_workload import Workload
+
+    root_a, root_b = gluster_root
+    a = mount_factory("--memory", "64M", "--shared", str(root_a / "hc"))
+    b = mount_factory("--memory", "64M", "--shared", str(root_b / "hc"))
+    result = demo.two_hosts(str(a.path), str(b.path), Workload(**SMALL))
+    out = capsys.readouterr().out
+    assert result.ok, out
+    assert result.dropped == 0 and result.written_behind == result.earlier_turns.tally.stored
+    assert result.seen_after_s is not None  # host B learnt of every page host A wrote
+    on_a, on_b = result.last_turn["A"], result.last_turn["B"]
+    assert on_a.tally.turns == on_b.tally.turns == 2
+    assert 0 < on_b.tally.hit_rate == on_a.tally.hit_rate
+    assert on_b.tiers["shared"]["hits"] > 0 and on_a.tiers["shared"]["hits"] == 0
+    assert b.stats()["tiers"]["shared"]["hits"] == on_b.tiers["shared"]["hits"]
+    assert "host B's hit rate equals host A's" in out
