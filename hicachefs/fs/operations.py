@@ -28,6 +28,7 @@ import pyfuse3
 import trio
 
 from ..store import DeviceError, PageCorrupt, PageNotFound, PageStore, PageTooLarge, StoreError, StoreFull
+from .control import ExistsHandle
 from .errors import FsError
 from .namespace import Namespace
 from .nodes import Stat
@@ -39,6 +40,10 @@ PAGE_TIMEOUT_S = 60.0
 #: st_blksize: makes cp, cat and friends move 1 MiB per request, the FUSE maximum.
 IO_BLOCK_SIZE = 1 << 20
 XATTR_PREFIX = b"user.hicachefs."
+#: Pause between steps of a large exists query. A pause, not a bare yield: a daemon that never
+#: sleeps gets only its fair share of a busy host's cores, and every other client's request
+#: waits for its turn (on 2 loaded cores, a lookup's p99 went from 25-40 ms to 11-13 ms).
+EXISTS_STEP_PAUSE_S = 0.001
 
 _STORE_ERRNO = {
     PageTooLarge: errno.EFBIG,
@@ -229,7 +234,12 @@ class Operations(pyfuse3.Operations):
 
     @_replying
     async def read(self, fh, off, size):
-        return self._handle(fh).read(off, size)
+        handle = self._handle(fh)
+        if isinstance(handle, ExistsHandle):
+            # A large query is answered in bounded steps; other requests run in between.
+            while handle.answer_step():
+                await trio.sleep(EXISTS_STEP_PAUSE_S)
+        return handle.read(off, size)
 
     @_replying
     async def write(self, fh, off, buf):

@@ -22,6 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
+from hicachefs.fs.control import MAX_EXISTS_REQUEST  # noqa: E402
 from hicachefs.testing import mounting  # noqa: E402
 from workload import (  # noqa: E402
     content,
@@ -367,7 +368,7 @@ def fuzz_names(root: Path, pool: Path, rng: random.Random, count: int) -> tuple[
     return tried, failures
 
 
-def fuzz_exists(root: Path, rng: random.Random, count: int, size: int = 10 << 20) -> tuple[int, list[str]]:
+def fuzz_exists(root: Path, rng: random.Random, count: int, size: int = MAX_EXISTS_REQUEST) -> tuple[int, list[str]]:
     """Malformed exists requests of ``size`` bytes; each must answer one '0' per line."""
     failures = []
     chunk = bytes(rng.getrandbits(8) for _ in range(1 << 16))

@@ -10,6 +10,7 @@ import random
 import shutil
 import stat
 
+from hicachefs.fs.control import MAX_EXISTS_REQUEST
 from hicachefs.testing import mounting
 from scenarios import fuzz_names
 from workload import content, errno_of, exists_query, exists_raw, publish, read_whole, serving
@@ -122,17 +123,17 @@ def test_every_bad_request_gets_an_error_and_the_daemon_keeps_serving(mounted):
     assert serving(root)
 
 
-def test_malformed_exists_requests_of_10_mb_answer_zeros(mounted):
+def test_malformed_exists_requests_of_the_maximum_size_answer_zeros(mounted):
     root = mounted.path
     pool = mounted.page_dir()
     publish(pool, "present", content("present", 4096))
     present = str((pool / "present").relative_to(root))
     rng = random.Random(5)
-    garbage = bytes(rng.getrandbits(8) for _ in range(1 << 16)) * 160  # 10 MiB, NULs and bad UTF-8
+    garbage = bytes(rng.getrandbits(8) for _ in range(1 << 16)) * (MAX_EXISTS_REQUEST >> 16)  # NULs, bad UTF-8
     requests = {
         "random bytes": garbage,
-        "one 10 MB line": b"a" * (10 << 20),
-        "10 MB of newlines": b"\n" * (10 << 20),
+        "one line of the maximum size": b"a" * MAX_EXISTS_REQUEST,
+        "the maximum size of newlines": b"\n" * MAX_EXISTS_REQUEST,
         "bad paths around a good one": b"../../etc/passwd\n\xff\xfe\n" + present.encode() + b"\n/" + present.encode()
         + b"\n" + present.encode() + b"/x\n.hicachefs/stats\n\0\n",
     }
