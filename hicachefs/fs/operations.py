@@ -158,10 +158,18 @@ class Operations(pyfuse3.Operations):
         self._require_writer(ctx)
         if fields.update_size:
             return self._entry(self.namespace.truncate(inode, attr.st_size))
-        changes_owner_or_mode = fields.update_mode or fields.update_uid or fields.update_gid
-        if changes_owner_or_mode and not self.namespace.is_pending(inode):
+        current = self.namespace.getattr(inode)
+        changes = (
+            (fields.update_mode and stat.S_IMODE(attr.st_mode) != stat.S_IMODE(current.mode))
+            or (fields.update_uid and attr.st_uid != self.uid)
+            or (fields.update_gid and attr.st_gid != self.gid)
+        )
+        if changes and not self.namespace.is_pending(inode):
+            # A chown or chmod to what is already there succeeds: tar x and cp -a restore both.
             raise FsError(errno.EPERM, "published pages and directories keep their owner and mode")
-        return self._entry(self.namespace.getattr(inode))  # times are the store's: publish, last read
+        # Times are the store's (publish, last read): setting them is accepted and changes nothing,
+        # so that tar x and cp -p, which set them, succeed.
+        return self._entry(current)
 
     @_replying
     async def statfs(self, ctx):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
+
+import pytest
 
 from pages import pattern, publish, read_page
 
@@ -68,3 +71,36 @@ def test_rm_evicts_and_rm_r_removes_a_tree(mounted):
     assert mounted.stats()["pages"] == 0
     pool = mounted.page_dir("gone", "f", "tp0of1", "kv")  # the names are free again
     assert os.listdir(pool) == []
+
+
+def test_tar_of_a_pool_extracts_into_another_mount_and_exits_0(mount_factory, tmp_path):
+    """tar x (as root) sets each directory's and page's owner and mode to what they already are;
+    those no-op changes succeed, so the restore exits 0. Changes that would change something
+    are still refused."""
+    source = mount_factory("--memory", "64M")
+    pool_parts = ("m", "bfloat16-page_first-64", "tp0of1", "kv")
+    pages = {f"{i:064x}": pattern(256 << 10, i) for i in range(6)}
+    for key, data in pages.items():
+        publish(source.page_dir(*pool_parts), key, data)
+    archive = tmp_path / "pool.tar"
+    sh("tar", "-C", str(source.path), "-cf", str(archive), "m")
+
+    target = mount_factory("--memory", "64M")
+    result = subprocess.run(["tar", "-C", str(target.path), "-xf", str(archive)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    pool = target.path.joinpath(*pool_parts)
+    assert sorted(os.listdir(pool)) == sorted(pages)
+    for key, data in pages.items():
+        assert read_page(pool / key) == data
+        assert stat.S_IMODE(os.stat(pool / key).st_mode) == 0o444
+    page = pool / next(iter(pages))
+    for path, mode in ((pool, 0o755), (page, 0o444)):
+        os.chmod(path, mode)
+        os.chown(path, os.getuid(), os.getgid())
+        os.utime(path)
+    for call, args in ((os.chmod, (pool, 0o700)), (os.chmod, (page, 0o644)), (os.chown, (page, 1234, -1)),
+                       (os.chown, (target.path / "m", -1, 1234))):
+        with pytest.raises(PermissionError):
+            call(*args)
+    assert stat.S_IMODE(os.stat(pool).st_mode) == 0o755 and os.stat(page).st_uid == os.getuid()

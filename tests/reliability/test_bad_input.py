@@ -113,13 +113,20 @@ def test_every_bad_request_gets_an_error_and_the_daemon_keeps_serving(mounted):
         assert os.pread(page_fd, 4096, len(data)) == b""
         assert os.pread(page_fd, 4096, 1 << 40) == b""
         assert os.pread(page_fd, 0, 0) == b""
-        assert os.pread(temp_fd, 10, 1 << 40) == b""
+        # the temporary file had failed writes: it will never be a page, its bytes are gone
+        assert errno_of(os.pread, temp_fd, 10, 0) == errno.EIO
+        assert errno_of(os.rename, pool / ".writing", pool / "from-a-failed-file") == errno.EIO
+        fresh = os.open(pool / ".fresh", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            assert os.pread(fresh, 10, 1 << 40) == b""
+        finally:
+            os.close(fresh)
     finally:
         os.close(temp_fd)
         os.close(page_fd)
     assert not wrong, f"{len(wrong)} of {len(cases)} bad requests got the wrong answer:\n" + "\n".join(wrong)
     assert read_whole(good) == data and stat.S_IMODE(good.stat().st_mode) == 0o444
-    assert sorted(os.listdir(pool)) == [".writing", "good"]
+    assert sorted(os.listdir(pool)) == [".fresh", ".writing", "good"]
     assert serving(root)
 
 
