@@ -219,10 +219,9 @@ class Namespace:
         if inode == self.control.dir_inode:
             return [(n, functools.partial(self._fixed, self.control.stat(i))) for n, i in self.control.entries()]
         directory = self._dir(inode)
+        # The control directory is reached by name, never listed: find, du and tar c of the mount
+        # see pages only.
         entries: list[tuple[bytes, Callable[..., Stat]]] = []
-        if directory is self.root:
-            control = self.control.stat(self.control.dir_inode)
-            entries.append((names.CONTROL_DIR.encode(), functools.partial(self._fixed, control)))
         for text, child in sorted(directory.children.items()):
             entries.append((text.encode("utf-8", "surrogateescape"),
                             functools.partial(self._fixed, self._dir_stat(child))))

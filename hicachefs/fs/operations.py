@@ -27,6 +27,7 @@ import stat
 import pyfuse3
 import trio
 
+from .. import names
 from ..store import DeviceError, PageCorrupt, PageNotFound, PageStore, PageTooLarge, StoreError, StoreFull
 from .control import ExistsHandle
 from .errors import FsError
@@ -182,7 +183,7 @@ class Operations(pyfuse3.Operations):
         pages = facts.get("pages", 0)
         result.f_files = pages + result.f_bfree
         result.f_ffree = result.f_favail = result.f_bfree
-        result.f_namemax = 255
+        result.f_namemax = names.MAX_NAME_BYTES  # the longest key or directory name
         return result
 
     # ---- directories ---------------------------------------------------------------

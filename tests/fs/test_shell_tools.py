@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -23,8 +24,8 @@ def test_ls_du_df_find_getfattr_cat(mounted):
 
     listing = sh("ls", "-la", str(pool))
     assert listing.count("-r--r--r--") == 3 and "key2" in listing and "1048576" in listing
-    assert ".hicachefs" not in sh("ls", str(mounted.path))
-    assert ".hicachefs" in sh("ls", "-a", str(mounted.path))
+    assert ".hicachefs" not in sh("ls", "-a", str(mounted.path))  # reachable by name only
+    assert sh("ls", str(mounted.path / ".hicachefs")).split() == ["config", "exists", "metrics", "stats"]
 
     assert int(sh("du", "-sb", str(mounted.path / "m")).split()[0]) >= 3 << 20
     assert int(sh("du", "-sk", str(pool)).split()[0]) >= 3 * 1024
@@ -104,3 +105,37 @@ def test_tar_of_a_pool_extracts_into_another_mount_and_exits_0(mount_factory, tm
         with pytest.raises(PermissionError):
             call(*args)
     assert stat.S_IMODE(os.stat(pool).st_mode) == 0o755 and os.stat(page).st_uid == os.getuid()
+
+
+def test_df_and_du_agree_for_write_through_pages(mount_factory, tmp_path):
+    """With --write-through every page is in RAM and on disk; df counts it once, as du does."""
+    mount = mount_factory("--memory", "256M", "--disk", str(tmp_path / "disk"), "--disk-size", "256M",
+                          "--write-through")
+    pool = mount.page_dir()
+    for i in range(100):
+        publish(pool, f"{i:064x}", pattern(1 << 20, i))
+    assert mount.stats()["tiers"]["disk"]["pages"] == 100  # really in both tiers
+    df = sh("df", "-B1", str(mount.path)).splitlines()[1].split()
+    total, used = int(df[1]), int(df[2])
+    du = int(sh("du", "-sB1", str(mount.path)).split()[0])
+    assert total == mount.stats()["capacity_bytes"] // 4096 * 4096  # RAM and disk
+    assert du == 100 << 20
+    assert abs(used - du) <= 1 << 20, f"df says {used} bytes used, du {du}"
+
+
+def test_find_counts_pages_and_the_name_limit_is_the_key_limit(mounted):
+    """find -type f counts pages only (the control directory is reachable by name but not
+    listed), and statfs's name limit is the 200 bytes a key may have."""
+    pools = [mounted.page_dir("m", "bfloat16-page_first-64", f"tp{r}of2", "kv") for r in range(2)]
+    for r, pool in enumerate(pools):
+        for i in range(7):
+            publish(pool, f"key{i}", pattern(4096, r * 10 + i))
+    found = sh("find", str(mounted.path), "-type", "f").split()
+    assert len(found) == 14 == mounted.stats()["pages"]
+    assert sh("stat", "-f", "-c", "%l", str(mounted.path)).strip() == "200"
+    longest = "k" * 200
+    publish(pools[0], longest, b"x")
+    with pytest.raises(OSError) as info:
+        publish(pools[0], longest + "k", b"x")
+    assert info.value.errno == errno.ENAMETOOLONG
+    assert json.loads((mounted.path / ".hicachefs" / "stats").read_text())["pages"] == 15
