@@ -12,8 +12,8 @@ import stat
 
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
 from hicachefs.testing import mounting
-from scenarios import fuzz_names
-from workload import content, errno_of, exists_query, exists_raw, publish, read_whole, serving
+from hicachefs.testing.scenarios import fuzz_names
+from hicachefs.testing.workload import content, errno_of, exists_query, exists_raw, publish, read_whole, serving
 
 ANY_ERROR = "any error"  # the contract names no errno; any refusal but EIO (the daemon's "internal error")
 
