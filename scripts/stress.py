@@ -21,7 +21,8 @@ Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick lo
                  a running daemon (ext4 on a loop device): no inconsistency
   contention     8 processes writing and reading shared and per-rank pages: no torn or foreign read
 
-Modes take turns, one chunk each, until every target is reached or the time is up. Every mount
+Modes take turns, one chunk each, until every target is reached or the time is up; the model
+mode runs alongside them in a second process (``--jobs 1``: in turn with them). Every mount
 is made and removed with hicachefs.testing.mounting (daemons are stopped by PID). The exit status
 is 1 if a target was not reached, a figure that must be zero is not, or a daemon logged an
 unexpected error. Needs root (FUSE, and loop devices for the dying disk).
@@ -30,9 +31,11 @@ unexpected error. Needs root (FUSE, and loop devices for the dying disk).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -148,16 +151,19 @@ class Stress:
 
     def _corruption(self, row, mounts, workdir, seed) -> None:
         total = RoundFigures()
-        for i in range(40):
+        for i in range(60):
             total.add(corruption_round(workdir, seed + i, CORRUPTIONS[(seed + i) % len(CORRUPTIONS)]))
         row.done += total.corruptions_injected
-        row.facts["store rounds"] += 40
+        row.facts["store rounds"] += 60
         row.facts["pages lost with a cut or a bad header"] += total.lost_by_design
         row.bad["not caught"] += total.corruptions_injected - total.corruptions_caught
         row.bad["wrong bytes served"] += total.inconsistencies
         row.bad["undamaged pages lost"] += total.bystanders_lost
         self._note("corruption", total.examples)
-        mounted = scenarios.corruption_mounted if row.chunks % 2 else scenarios.corruption_unmounted
+        if row.chunks >= 2:
+            return
+        # Twice, for realism: bytes flipped in the arena of a stopped daemon, then of a running one.
+        mounted = scenarios.corruption_mounted if row.chunks else scenarios.corruption_unmounted
         daemon = mounted(mounts, workdir, seed=seed, victims=3)
         row.done += daemon.injected
         row.facts["through a daemon"] += daemon.injected
@@ -171,7 +177,7 @@ class Stress:
 
         MountModel.record_to = self.record
         MountModel.remount_every, MountModel.pressure_every = 40, 15
-        steps, error = run_seeded(seed, examples=1, steps=100)
+        steps, error = run_seeded(seed, examples=1, steps=200)
         row.done += steps
         row.facts["seeds"] += 1
         if error is not None:
@@ -242,6 +248,50 @@ def table(rows: dict[str, Row], elapsed: float) -> str:
     return "\n".join(out)
 
 
+def run_modes(stress: Stress, modes: list[str], started: float, deadline: float) -> None:
+    """Chunks of each unfinished mode in turn, until all are finished or the time is up."""
+    while time.monotonic() < deadline:
+        todo = [mode for mode in modes if not stress.rows[mode].finished]
+        if not todo:
+            return
+        for mode in todo:
+            if time.monotonic() >= deadline:
+                return
+            stress.run_chunk(mode)
+            row = stress.rows[mode]
+            print(f"  {mode} #{row.chunks}: {row.done:,} of {row.target:,} ({time.monotonic() - started:.0f} s)",
+                  flush=True)
+
+
+def start_model_job(args, workdir: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """The model mode in a process of its own, alongside the others (it waits on mounts and
+    remounts more than it computes, so two jobs finish sooner on two cores)."""
+    summary, log = workdir / "model-job.json", workdir / "model-job.log"
+    command = [sys.executable, __file__, "--modes", "model", "--jobs", "1", "--minutes", str(args.minutes),
+               "--seed", str(args.seed + 1), "--scale", str(args.scale), "--record", str(args.record.resolve()),
+               "--summary", str(summary)]
+    with open(log, "w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), summary, log
+
+
+def join_model_job(job, summary: Path, log: Path, stress: Stress, deadline: float) -> None:
+    try:
+        job.wait(timeout=max(60.0, deadline - time.monotonic() + 600))
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+    print("  model job:\n" + "".join(f"  {line}" for line in log.read_text().splitlines(True)
+                                       if line.startswith("  model #")), flush=True)
+    if not summary.exists():
+        stress.rows["model"].bad["chunks that failed"] += 1
+        stress.notes.append(f"model: the model job ended without a summary (exit {job.returncode}); see its log")
+        return
+    data = json.loads(summary.read_text())
+    stress.rows["model"] = Row(**{**data["row"], "bad": Counter(data["row"]["bad"]),
+                                  "facts": Counter(data["row"]["facts"])})
+    stress.notes += data["notes"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0, help="time budget (default 30)")
@@ -250,6 +300,9 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every target (default 1)")
     parser.add_argument("--record", type=Path, default=Path("stress-model-failures.txt"),
                         help="where a failing model run's steps are written (default ./stress-model-failures.txt)")
+    parser.add_argument("--jobs", type=int, choices=(1, 2), default=2,
+                        help="2 (default): the model mode runs in a second process alongside the others")
+    parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)  # a model job's figures, as JSON
     args = parser.parse_args()
     # The store warns about each fault the rounds inject; a count of errors is what matters here.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
@@ -264,17 +317,16 @@ def main() -> int:
         stress.rows = {mode: stress.rows[mode] for mode in modes}
         print(f"seed {args.seed}; modes {', '.join(modes)}; at most {args.minutes:g} minutes; "
               f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
-        while time.monotonic() < deadline:
-            todo = [mode for mode, row in stress.rows.items() if not row.finished]
-            if not todo:
-                break
-            for mode in todo:
-                if time.monotonic() >= deadline:
-                    break
-                stress.run_chunk(mode)
-                row = stress.rows[mode]
-                print(f"  {mode} #{row.chunks}: {row.done:,} of {row.target:,} "
-                      f"({time.monotonic() - started:.0f} s)", flush=True)
+        job = None
+        if args.jobs == 2 and "model" in modes and len(modes) > 1:
+            job = start_model_job(args, Path(tmp))
+        run_modes(stress, [m for m in modes if job is None or m != "model"], started, deadline)
+        if job is not None:
+            join_model_job(*job, stress, deadline)
+    if args.summary:
+        row = stress.rows["model"]
+        args.summary.write_text(json.dumps({"row": {**vars(row), "bad": dict(row.bad), "facts": dict(row.facts)},
+                                            "notes": stress.notes}))
     print(f"\nload at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     print(table(stress.rows, time.monotonic() - started))
     short = [mode for mode, row in stress.rows.items() if not row.finished]
