@@ -177,9 +177,14 @@ async def _stop_on_signal() -> None:
 
 
 async def _reap_abandoned(namespace: Namespace) -> None:
+    """Discard abandoned temporary files every few seconds. A round that fails is logged and the
+    next one tries again: an exception out of this task would end the nursery, and the daemon."""
     while True:
         await trio.sleep(min(5.0, namespace.temp_timeout_s / 4))
-        namespace.reap_abandoned()
+        try:
+            namespace.reap_abandoned()
+        except Exception:
+            log.exception("discarding abandoned temporary files failed; trying again in the next round")
 
 
 def main(argv: list[str] | None = None) -> int:

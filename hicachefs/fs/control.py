@@ -14,7 +14,7 @@ import stat
 import time
 from collections.abc import Callable
 
-from .. import metrics
+from .. import metrics, names
 from ..store import PageStore
 from .errors import FsError
 from .nodes import Stat
@@ -22,8 +22,17 @@ from .nodes import Stat
 CONTROL_DIR_INODE = 2
 _FILES = {b"stats": 3, b"metrics": 4, b"config": 5, b"exists": 6}
 CONTROL_INODES = frozenset({CONTROL_DIR_INODE, *_FILES.values()})
-#: The largest exists request one handle accepts (about 300,000 page paths).
-MAX_EXISTS_REQUEST = 64 << 20
+#: The largest exists request one handle accepts. SGLang asks about 128 pages at a time for
+#: each of its pools (some 70 KB); this holds a whole long prompt asked in one request: 8,192
+#: pages (half a million tokens at 64 a page) for 4 pools, at 256 bytes a path.
+MAX_EXISTS_REQUEST = 8 << 20
+#: Request lines answered in one step; a step takes a few milliseconds, and the daemon serves
+#: other requests between steps.
+LINES_PER_STEP = 2048
+_STEP_BYTES = LINES_PER_STEP * 512
+#: The longest line that can name a page: five components of at most 200 bytes, four '/'.
+_LONGEST_PATH = 5 * names.MAX_NAME_BYTES + 4
+_DIGITS = bytes.maketrans(b"\x00\x01", b"01")
 
 
 class SnapshotHandle:
@@ -45,59 +54,96 @@ class SnapshotHandle:
 class ExistsHandle:
     """One client's exists query: writes append to the request, the next read answers it.
 
+    The answer is worked out in steps of at most ``LINES_PER_STEP`` lines (``answer_step``), so
+    the caller can serve other clients between steps; memory is bounded by the request (at most
+    ``MAX_EXISTS_REQUEST``) and its answer (a byte per line). A write that would make the request
+    larger fails with EFBIG and fails the request: later writes fail too, and so does the read
+    that follows, after which the handle takes a new request.
+
     Offsets are ignored on purpose: the protocol is a stream, so ``write``/``read`` and
     ``pwrite``/``pread`` at any offset behave the same.
     """
 
     def __init__(self, store: PageStore):
         self.store = store
-        self.request = bytearray()
-        self.answer: bytes | None = None
-        self.answered = 0
+        self._new_request()
+
+    def _new_request(self) -> None:
+        self._request = bytearray()
+        self._scanned = 0  # request bytes answered so far
+        self._answer: bytearray | None = None  # set once answering began
+        self._complete = False
+        self._read = 0  # answer bytes read
+        self._too_large = False
 
     def write(self, offset: int, data: bytes) -> int:
-        if self.answer is not None:  # a write after a read starts a new request
-            self.request.clear()
-            self.answer = None
-        if len(self.request) + len(data) > MAX_EXISTS_REQUEST:
+        if self._too_large:
+            raise FsError(errno.EFBIG, "this exists request is over the maximum; read to end it")
+        if self._answer is not None:  # a write after a read starts a new request
+            self._new_request()
+        if len(self._request) + len(data) > MAX_EXISTS_REQUEST:
+            self._new_request()
+            self._too_large = True
             raise FsError(errno.EFBIG, f"exists request over {MAX_EXISTS_REQUEST} bytes")
-        self.request += data
+        self._request += data
         return len(data)
 
+    def answer_step(self) -> bool:
+        """Answer up to ``LINES_PER_STEP`` more lines; True while more steps remain."""
+        if self._too_large or self._complete:
+            return False
+        if self._answer is None:
+            self._answer = bytearray()
+        request, start = self._request, self._scanned
+        window = bytes(memoryview(request)[start : start + _STEP_BYTES])
+        lines = window.split(b"\n", LINES_PER_STEP)
+        if start + len(window) == len(request) and len(lines) <= LINES_PER_STEP:
+            if lines[-1] == b"":  # the request's last newline ends its last line
+                lines.pop()
+            self._scanned = len(request)
+        elif len(lines) == 1:  # a line longer than a step's bytes: it names no page
+            end = request.find(b"\n", start + len(window))
+            lines = [b""]
+            self._scanned = len(request) if end < 0 else end + 1
+        else:
+            self._scanned = start + len(window) - len(lines.pop())  # the rest: next step
+        self._answer += self._found(lines)
+        if self._scanned >= len(request):
+            self._answer += b"\n"
+            self._complete = True
+            self._request = bytearray()  # the answer is all this request still needs
+        return not self._complete
+
     def read(self, offset: int, size: int) -> bytes:
-        if self.answer is None:
-            self.answer = self._answer()
-            self.answered = 0
-            self.request.clear()
-        chunk = self.answer[self.answered : self.answered + size]
-        self.answered += len(chunk)
+        if self._too_large:
+            self._new_request()
+            raise FsError(errno.EFBIG, f"the exists request was over {MAX_EXISTS_REQUEST} bytes")
+        while self.answer_step():  # callers on the event loop run the steps themselves first
+            pass
+        chunk = bytes(self._answer[self._read : self._read + size])
+        self._read += len(chunk)
         return chunk
 
     def release(self) -> None:
         pass
 
-    def _answer(self) -> bytes:
-        """One '1' or '0' per request line. No name checks are needed: the store holds only
-        valid page names, so a line is '1' exactly when it decodes to one of them."""
-        request = bytes(self.request)
-        if not request:
-            return b"\n"
-        if request.endswith(b"\n"):
-            request = request[:-1]
-        try:
-            lines = request.decode("utf-8").split("\n")
-        except UnicodeDecodeError:
-            lines = [_decoded_or_empty(line) for line in request.split(b"\n")]
-        found = self.store.exists_many(lines)
-        return bytes(0x31 if hit else 0x30 for hit in found) + b"\n"
-
-
-def _decoded_or_empty(line: bytes) -> str:
-    """A request line as text; a line that is not UTF-8 names no page ('' is never one)."""
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError:
-        return ""
+    def _found(self, lines: list[bytes]) -> bytes:
+        """'1' or '0' per line. No name checks are needed: the store holds only valid page
+        names, so a line is '1' exactly when it decodes to one of them; lines that cannot be a
+        page path (not five components, too long, not UTF-8) are not looked up at all."""
+        candidates, where = [], []
+        for i, line in enumerate(lines):
+            if line.count(b"/") == 4 and len(line) <= _LONGEST_PATH:
+                try:
+                    candidates.append(line.decode("utf-8"))
+                except UnicodeDecodeError:
+                    continue
+                where.append(i)
+        found = bytearray(len(lines))
+        if candidates:
+            for i, hit in zip(where, self.store.exists_many(candidates)):
+                found[i] = hit
+        return found.translate(_DIGITS)
 
 
 class ControlFiles:

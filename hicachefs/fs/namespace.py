@@ -3,7 +3,8 @@
 The tree is ``<model>/<format>/<shard>/<pool>/<key>``: directories are kept here, pages in
 the store (looked up by path, so the namespace holds no per-page state except for the
 pages the kernel currently knows by inode). Files being written are ``PendingFile``s
-until a rename (or, for a file created under a key, its last close) publishes them.
+until a rename (or, for a file created under a key, its last close) publishes them; a file
+with a failed write is never published (the rename fails with EIO, the close discards it).
 
 Published pages may be cached by the kernel (entries, attributes, data): whatever changes
 what a name means without a request from the kernel (a page the store evicts, a replace
@@ -230,10 +231,9 @@ class Namespace:
         if inode == self.control.dir_inode:
             return [(n, functools.partial(self._fixed, self.control.stat(i))) for n, i in self.control.entries()]
         directory = self._dir(inode)
+        # The control directory is reached by name, never listed: find, du and tar c of the mount
+        # see pages only.
         entries: list[tuple[bytes, Callable[..., Stat]]] = []
-        if directory is self.root:
-            control = self.control.stat(self.control.dir_inode)
-            entries.append((names.CONTROL_DIR.encode(), functools.partial(self._fixed, control)))
         for text, child in sorted(directory.children.items()):
             entries.append((text.encode("utf-8", "surrogateescape"),
                             functools.partial(self._fixed, self._dir_stat(child))))
@@ -404,6 +404,10 @@ class Namespace:
         pending.opens -= 1
         pending.last_close = time.monotonic()
         if pending.opens == 0 and pending.visible and not pending.gone:
+            if pending.failed:  # its writer got the error: nothing to publish
+                log.info("not publishing %s/%s: a write to it failed", pending.directory.path, pending.name)
+                self._discard_pending(pending)
+                return
             try:
                 self._publish(pending, pending.directory, pending.name)
             except Exception as exc:  # release cannot report errors: log and drop the file
@@ -443,6 +447,8 @@ class Namespace:
     # ---- internals -----------------------------------------------------------------
 
     def _publish(self, pending: PendingFile, directory: Directory, key: str) -> None:
+        if pending.failed:
+            raise FsError(errno.EIO, "a write to this file failed; it is never published")
         draft = pending.filled_draft()
         info = self.store.publish(draft, directory.page_name(key), pending.mtime_ns)
         directory.last_page_size = draft.size
@@ -491,6 +497,7 @@ class Namespace:
 
     def _discard_pending(self, pending: PendingFile) -> None:
         pending.directory.pending.pop(pending.name, None)
+        self.notices.forget_entry(pending.directory.inode, pending.name.encode("utf-8", "surrogateescape"))
         pending.gone = True
         pending.discard()
         self._drop_pending_if_unused(pending)

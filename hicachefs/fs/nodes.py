@@ -73,6 +73,12 @@ class PendingFile:
     Its bytes go straight into a store draft once the size is known (``ftruncate`` before
     writing is the fast path), else into a growing staging buffer. Publishing hands them
     to the store; until then nothing of it is visible as a page.
+
+    A failed write (over the maximum page size, no room) makes the file ``failed``: it can never
+    become a page, so its bytes go back to the store at once, and later writes fail with the
+    same error (the kernel reports a write that failed halfway as a short one, and the writer's
+    retry must see why). A failed ``ftruncate`` changes nothing and does not count: no byte the
+    writer sent was lost.
     """
 
     inode: int
@@ -90,8 +96,15 @@ class PendingFile:
     # its mtime changes, and the page this file becomes is pushed into that cache at publish.
     mtime_ns: int = field(default_factory=time.time_ns)
     gone: bool = False
+    failure: Exception | None = None  # what made a write fail, raised again for later writes
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
 
     def truncate(self, size: int) -> None:
+        if self.failure is not None:
+            raise self.failure.with_traceback(None)
         if size > self.store.config.max_page_size:
             raise FsError(errno.EFBIG, f"{size} bytes is over the maximum page size")
         if self.draft is None and self.staging is None and size > 0:
@@ -106,6 +119,16 @@ class PendingFile:
         self.size = size
 
     def write(self, offset: int, data: bytes) -> int:
+        if self.failure is not None:
+            raise self.failure.with_traceback(None)
+        try:
+            return self._write(offset, data)
+        except Exception as exc:
+            self.failure = exc
+            self.discard()
+            raise
+
+    def _write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
         if end > self.store.config.max_page_size:
             raise FsError(errno.EFBIG, f"write to {end} bytes is over the maximum page size")
@@ -126,6 +149,8 @@ class PendingFile:
         return len(data)
 
     def read(self, offset: int, size: int):
+        if self.failure is not None:
+            raise FsError(errno.EIO, "a write to this file failed; its bytes are gone")
         end = min(self.size, offset + size)
         if offset >= end:
             return b""

@@ -27,7 +27,9 @@ import stat
 import pyfuse3
 import trio
 
+from .. import names
 from ..store import DeviceError, PageCorrupt, PageNotFound, PageStore, PageTooLarge, StoreError, StoreFull
+from .control import ExistsHandle
 from .errors import FsError
 from .namespace import Namespace
 from .nodes import Stat
@@ -39,6 +41,10 @@ PAGE_TIMEOUT_S = 60.0
 #: st_blksize: makes cp, cat and friends move 1 MiB per request, the FUSE maximum.
 IO_BLOCK_SIZE = 1 << 20
 XATTR_PREFIX = b"user.hicachefs."
+#: Pause between steps of a large exists query. A pause, not a bare yield: a daemon that never
+#: sleeps gets only its fair share of a busy host's cores, and every other client's request
+#: waits for its turn (on 2 loaded cores, a lookup's p99 went from 25-40 ms to 11-13 ms).
+EXISTS_STEP_PAUSE_S = 0.001
 
 _STORE_ERRNO = {
     PageTooLarge: errno.EFBIG,
@@ -158,10 +164,18 @@ class Operations(pyfuse3.Operations):
         self._require_writer(ctx)
         if fields.update_size:
             return self._entry(self.namespace.truncate(inode, attr.st_size))
-        changes_owner_or_mode = fields.update_mode or fields.update_uid or fields.update_gid
-        if changes_owner_or_mode and not self.namespace.is_pending(inode):
+        current = self.namespace.getattr(inode)
+        changes = (
+            (fields.update_mode and stat.S_IMODE(attr.st_mode) != stat.S_IMODE(current.mode))
+            or (fields.update_uid and attr.st_uid != self.uid)
+            or (fields.update_gid and attr.st_gid != self.gid)
+        )
+        if changes and not self.namespace.is_pending(inode):
+            # A chown or chmod to what is already there succeeds: tar x and cp -a restore both.
             raise FsError(errno.EPERM, "published pages and directories keep their owner and mode")
-        return self._entry(self.namespace.getattr(inode))  # times are the store's: publish, last read
+        # Times are the store's (publish, last read): setting them is accepted and changes nothing,
+        # so that tar x and cp -p, which set them, succeed.
+        return self._entry(current)
 
     @_replying
     async def statfs(self, ctx):
@@ -174,7 +188,7 @@ class Operations(pyfuse3.Operations):
         pages = facts.get("pages", 0)
         result.f_files = pages + result.f_bfree
         result.f_ffree = result.f_favail = result.f_bfree
-        result.f_namemax = 255
+        result.f_namemax = names.MAX_NAME_BYTES  # the longest key or directory name
         return result
 
     # ---- directories ---------------------------------------------------------------
@@ -234,7 +248,12 @@ class Operations(pyfuse3.Operations):
 
     @_replying
     async def read(self, fh, off, size):
-        return self._handle(fh).read(off, size)
+        handle = self._handle(fh)
+        if isinstance(handle, ExistsHandle):
+            # A large query is answered in bounded steps; other requests run in between.
+            while handle.answer_step():
+                await trio.sleep(EXISTS_STEP_PAUSE_S)
+        return handle.read(off, size)
 
     @_replying
     async def write(self, fh, off, buf):

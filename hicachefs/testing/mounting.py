@@ -1,14 +1,17 @@
 """Mount the real daemon for a test, and always take it down again.
 
 Used by the fixtures in ``conftest.py`` and by the reliability tests that kill daemons on
-purpose. Every daemon is stopped by its PID, every mount removed with ``fusermount3 -u``
-(``-uz`` if stuck); nothing is ever killed by name.
+purpose. Every daemon is stopped by its PID, checked to still be that mount's daemon and
+signalled through a pidfd (never a process that took the number since); every mount removed
+with ``fusermount3 -u`` (``-uz`` if stuck); nothing is ever killed by name.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -28,6 +31,9 @@ class Mount:
     flags: list[str]
     pid: int = 0
     expected_log_errors: list[str] = field(default_factory=list)
+    # (pid, start time in clock ticks) of the daemon ``start`` found: tells it from a later
+    # process given the same number (see ``daemon_pidfd``).
+    identity: tuple[int, int] | None = None
 
     def stats(self) -> dict:
         return json.loads((self.path / ".hicachefs" / "stats").read_text())
@@ -55,7 +61,16 @@ def start(path: Path, log_file: Path, flags: list[str]) -> Mount:
                            f"{log_file.read_text() if log_file.exists() else ''}")
     mount = Mount(path, log_file, flags)
     mount.pid = json.loads((path / ".hicachefs" / "config").read_text())["pid"]
+    mount.identity = (mount.pid, _start_time(mount.pid))
     return mount
+
+
+def _start_time(pid: int) -> int:
+    """When the process started, in clock ticks since boot (``/proc/PID/stat``, field 22)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def alive(pid: int) -> bool:
@@ -90,26 +105,78 @@ def unmount_path(path: Path) -> None:
         subprocess.run(["fusermount3", "-uz", str(path)], capture_output=True)
 
 
-def stop(mount: Mount) -> None:
-    """Clean shutdown by SIGTERM to the daemon's PID; escalate only if it does not finish."""
+def daemon_pidfd(mount: Mount) -> int | None:
+    """A pidfd for the mount's daemon, or None once ``mount.pid`` no longer names it.
+
+    A daemon that ended leaves its number free, and on a busy host (pid_max 32768) another
+    process soon has it: a second ``stop`` of the same mount, a fixture's teardown after a test
+    stopped its mount itself, once sent SIGTERM to a daemon of another test. So the process is
+    checked to be a hicachefs daemon of this mountpoint, and signalled through the pidfd,
+    which names that process and no later one.
+    """
+    if not mount.pid:
+        return None
     try:
-        if mount.pid and alive(mount.pid):
-            os.kill(mount.pid, signal.SIGTERM)
-            if not wait_gone(mount.pid, STOP_TIMEOUT_S):
-                os.kill(mount.pid, signal.SIGKILL)
-                wait_gone(mount.pid, 10)
+        fd = os.pidfd_open(mount.pid)
+    except (ProcessLookupError, OSError):
+        return None
+    try:
+        command = Path(f"/proc/{mount.pid}/cmdline").read_bytes()
+    except OSError:
+        command = b""
+    same_start = mount.identity is None or mount.identity[0] != mount.pid or \
+        mount.identity[1] == _start_time(mount.pid)
+    if same_start and b"hicachefs" in command and os.path.realpath(mount.path).encode() in command:
+        return fd
+    os.close(fd)
+    return None
+
+
+def _signal(fd: int, signum: int, timeout: float) -> bool:
+    """Send ``signum`` through a pidfd; True once the process has ended (within ``timeout``)."""
+    try:
+        signal.pidfd_send_signal(fd, signum)
+    except ProcessLookupError:
+        return True
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def stop(mount: Mount) -> None:
+    """Clean shutdown by SIGTERM to the daemon; escalate only if it does not finish. A daemon
+    already gone is not looked for again (see ``daemon_pidfd``); its mount, if left, is removed
+    when it is dead (a live mount at the path is someone else's now)."""
+    fd = daemon_pidfd(mount)
+    try:
+        if fd is not None and not _signal(fd, signal.SIGTERM, STOP_TIMEOUT_S):
+            _signal(fd, signal.SIGKILL, 10)
     finally:
-        unmount_path(mount.path)
+        if fd is not None:
+            os.close(fd)
+        if fd is not None or is_dead_mount(mount.path):
+            unmount_path(mount.path)
 
 
 def kill(mount: Mount) -> None:
-    """Simulate a crash: SIGKILL the daemon by PID, then clean up its dead mount."""
+    """Simulate a crash: SIGKILL the daemon, then clean up its dead mount."""
+    fd = daemon_pidfd(mount)
+    if fd is not None:
+        try:
+            _signal(fd, signal.SIGKILL, 10)
+        finally:
+            os.close(fd)
+    if fd is not None or is_dead_mount(mount.path):
+        unmount_path(mount.path)
+
+
+def is_dead_mount(path: Path) -> bool:
+    """A mount at ``path`` whose daemon is gone: every access fails with ENOTCONN or ECONNABORTED."""
+    if not is_mounted(path):
+        return False
     try:
-        os.kill(mount.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    wait_gone(mount.pid, 10)
-    unmount_path(mount.path)
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    return False
 
 
 def unexpected_log_lines(mount: Mount) -> list[str]:

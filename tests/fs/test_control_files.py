@@ -112,5 +112,7 @@ def test_read_only_control_files_refuse_writes(mounted, name):
     with pytest.raises(OSError) as info:
         os.open(mounted.path / ".hicachefs" / name, os.O_WRONLY)
     assert info.value.errno in (errno.EACCES, errno.EPERM)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as info:
         os.open(mounted.path / ".hicachefs" / "new", os.O_WRONLY | os.O_CREAT)
+    assert info.value.errno == errno.EPERM
+    assert sorted(os.listdir(mounted.path / ".hicachefs")) == ["config", "exists", "metrics", "stats"]

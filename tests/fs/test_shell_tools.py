@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import subprocess
+
+import pytest
 
 from pages import pattern, publish, read_page
 
@@ -20,8 +24,8 @@ def test_ls_du_df_find_getfattr_cat(mounted):
 
     listing = sh("ls", "-la", str(pool))
     assert listing.count("-r--r--r--") == 3 and "key2" in listing and "1048576" in listing
-    assert ".hicachefs" not in sh("ls", str(mounted.path))
-    assert ".hicachefs" in sh("ls", "-a", str(mounted.path))
+    assert ".hicachefs" not in sh("ls", "-a", str(mounted.path))  # reachable by name only
+    assert sh("ls", str(mounted.path / ".hicachefs")).split() == ["config", "exists", "metrics", "stats"]
 
     assert int(sh("du", "-sb", str(mounted.path / "m")).split()[0]) >= 3 << 20
     assert int(sh("du", "-sk", str(pool)).split()[0]) >= 3 * 1024
@@ -68,3 +72,70 @@ def test_rm_evicts_and_rm_r_removes_a_tree(mounted):
     assert mounted.stats()["pages"] == 0
     pool = mounted.page_dir("gone", "f", "tp0of1", "kv")  # the names are free again
     assert os.listdir(pool) == []
+
+
+def test_tar_of_a_pool_extracts_into_another_mount_and_exits_0(mount_factory, tmp_path):
+    """tar x (as root) sets each directory's and page's owner and mode to what they already are;
+    those no-op changes succeed, so the restore exits 0. Changes that would change something
+    are still refused."""
+    source = mount_factory("--memory", "64M")
+    pool_parts = ("m", "bfloat16-page_first-64", "tp0of1", "kv")
+    pages = {f"{i:064x}": pattern(256 << 10, i) for i in range(6)}
+    for key, data in pages.items():
+        publish(source.page_dir(*pool_parts), key, data)
+    archive = tmp_path / "pool.tar"
+    sh("tar", "-C", str(source.path), "-cf", str(archive), "m")
+
+    target = mount_factory("--memory", "64M")
+    result = subprocess.run(["tar", "-C", str(target.path), "-xf", str(archive)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    pool = target.path.joinpath(*pool_parts)
+    assert sorted(os.listdir(pool)) == sorted(pages)
+    for key, data in pages.items():
+        assert read_page(pool / key) == data
+        assert stat.S_IMODE(os.stat(pool / key).st_mode) == 0o444
+    page = pool / next(iter(pages))
+    for path, mode in ((pool, 0o755), (page, 0o444)):
+        os.chmod(path, mode)
+        os.chown(path, os.getuid(), os.getgid())
+        os.utime(path)
+    for call, args in ((os.chmod, (pool, 0o700)), (os.chmod, (page, 0o644)), (os.chown, (page, 1234, -1)),
+                       (os.chown, (target.path / "m", -1, 1234))):
+        with pytest.raises(PermissionError):
+            call(*args)
+    assert stat.S_IMODE(os.stat(pool).st_mode) == 0o755 and os.stat(page).st_uid == os.getuid()
+
+
+def test_df_and_du_agree_for_write_through_pages(mount_factory, tmp_path):
+    """With --write-through every page is in RAM and on disk; df counts it once, as du does."""
+    mount = mount_factory("--memory", "256M", "--disk", str(tmp_path / "disk"), "--disk-size", "256M",
+                          "--write-through")
+    pool = mount.page_dir()
+    for i in range(100):
+        publish(pool, f"{i:064x}", pattern(1 << 20, i))
+    assert mount.stats()["tiers"]["disk"]["pages"] == 100  # really in both tiers
+    df = sh("df", "-B1", str(mount.path)).splitlines()[1].split()
+    total, used = int(df[1]), int(df[2])
+    du = int(sh("du", "-sB1", str(mount.path)).split()[0])
+    assert total == mount.stats()["capacity_bytes"] // 4096 * 4096  # RAM and disk
+    assert du == 100 << 20
+    assert abs(used - du) <= 1 << 20, f"df says {used} bytes used, du {du}"
+
+
+def test_find_counts_pages_and_the_name_limit_is_the_key_limit(mounted):
+    """find -type f counts pages only (the control directory is reachable by name but not
+    listed), and statfs's name limit is the 200 bytes a key may have."""
+    pools = [mounted.page_dir("m", "bfloat16-page_first-64", f"tp{r}of2", "kv") for r in range(2)]
+    for r, pool in enumerate(pools):
+        for i in range(7):
+            publish(pool, f"key{i}", pattern(4096, r * 10 + i))
+    found = sh("find", str(mounted.path), "-type", "f").split()
+    assert len(found) == 14 == mounted.stats()["pages"]
+    assert sh("stat", "-f", "-c", "%l", str(mounted.path)).strip() == "200"
+    longest = "k" * 200
+    publish(pools[0], longest, b"x")
+    with pytest.raises(OSError) as info:
+        publish(pools[0], longest + "k", b"x")
+    assert info.value.errno == errno.ENAMETOOLONG
+    assert json.loads((mounted.path / ".hicachefs" / "stats").read_text())["pages"] == 15

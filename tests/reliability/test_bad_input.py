@@ -10,9 +10,10 @@ import random
 import shutil
 import stat
 
+from hicachefs.fs.control import MAX_EXISTS_REQUEST
 from hicachefs.testing import mounting
-from scenarios import fuzz_names
-from workload import content, errno_of, exists_query, exists_raw, publish, read_whole, serving
+from hicachefs.testing.scenarios import fuzz_names
+from hicachefs.testing.workload import content, errno_of, exists_query, exists_raw, publish, read_whole, serving
 
 ANY_ERROR = "any error"  # the contract names no errno; any refusal but EIO (the daemon's "internal error")
 
@@ -112,27 +113,34 @@ def test_every_bad_request_gets_an_error_and_the_daemon_keeps_serving(mounted):
         assert os.pread(page_fd, 4096, len(data)) == b""
         assert os.pread(page_fd, 4096, 1 << 40) == b""
         assert os.pread(page_fd, 0, 0) == b""
-        assert os.pread(temp_fd, 10, 1 << 40) == b""
+        # the temporary file had failed writes: it will never be a page, its bytes are gone
+        assert errno_of(os.pread, temp_fd, 10, 0) == errno.EIO
+        assert errno_of(os.rename, pool / ".writing", pool / "from-a-failed-file") == errno.EIO
+        fresh = os.open(pool / ".fresh", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            assert os.pread(fresh, 10, 1 << 40) == b""
+        finally:
+            os.close(fresh)
     finally:
         os.close(temp_fd)
         os.close(page_fd)
     assert not wrong, f"{len(wrong)} of {len(cases)} bad requests got the wrong answer:\n" + "\n".join(wrong)
     assert read_whole(good) == data and stat.S_IMODE(good.stat().st_mode) == 0o444
-    assert sorted(os.listdir(pool)) == [".writing", "good"]
+    assert sorted(os.listdir(pool)) == [".fresh", ".writing", "good"]
     assert serving(root)
 
 
-def test_malformed_exists_requests_of_10_mb_answer_zeros(mounted):
+def test_malformed_exists_requests_of_the_maximum_size_answer_zeros(mounted):
     root = mounted.path
     pool = mounted.page_dir()
     publish(pool, "present", content("present", 4096))
     present = str((pool / "present").relative_to(root))
     rng = random.Random(5)
-    garbage = bytes(rng.getrandbits(8) for _ in range(1 << 16)) * 160  # 10 MiB, NULs and bad UTF-8
+    garbage = bytes(rng.getrandbits(8) for _ in range(1 << 16)) * (MAX_EXISTS_REQUEST >> 16)  # NULs, bad UTF-8
     requests = {
         "random bytes": garbage,
-        "one 10 MB line": b"a" * (10 << 20),
-        "10 MB of newlines": b"\n" * (10 << 20),
+        "one line of the maximum size": b"a" * MAX_EXISTS_REQUEST,
+        "the maximum size of newlines": b"\n" * MAX_EXISTS_REQUEST,
         "bad paths around a good one": b"../../etc/passwd\n\xff\xfe\n" + present.encode() + b"\n/" + present.encode()
         + b"\n" + present.encode() + b"/x\n.hicachefs/stats\n\0\n",
     }

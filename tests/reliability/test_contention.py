@@ -4,7 +4,7 @@ write of its key: never torn, never another key's bytes, never another rank's ow
 
 from __future__ import annotations
 
-from scenarios import contention
+from hicachefs.testing.scenarios import contention
 
 
 def test_eight_ranks_never_read_a_torn_or_foreign_page(mounted):

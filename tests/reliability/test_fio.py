@@ -17,7 +17,7 @@ import shutil
 import subprocess
 
 from hicachefs.testing import mounting
-from workload import content, publish
+from hicachefs.testing.workload import content, publish
 
 FIO = shutil.which("fio") or "/usr/bin/fio"
 

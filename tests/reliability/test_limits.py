@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from workload import content, exists_query, publish, read_or_errno, read_whole, serving, tier_counter
+from hicachefs.testing.workload import content, exists_query, publish, read_or_errno, read_whole, serving, tier_counter
 
 MiB = 1 << 20
 

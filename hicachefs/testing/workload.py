@@ -6,8 +6,8 @@ generator seeded by all four. So any page read back can be checked on its own: t
 says which write it claims to be, the rest must be exactly that write's bytes. A torn page,
 a page of another key or another writer, or a flipped byte cannot pass.
 
-Used by the tests and by ``scripts/stress.py``; also imported by ``storm_worker.py``, which
-runs in separate processes (no pytest, no numpy-free fallback needed).
+Used by the tests and by ``scripts/stress.py``; also imported by ``storm_worker``, which
+runs in separate processes (no pytest).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ PAGE_GLOB_DEPTH = 4  # model/format/shard/pool
 
 def content(key: str, size: int, writer: int = 0, gen: int = 0) -> bytes:
     """The one valid content of write ``gen`` of ``key`` by ``writer`` (``size`` bytes)."""
-    header = b"%s|%d|%d|%d|%s" % (_MAGIC, writer, gen, size, key.encode())
-    header = header[:HEADER_BYTES].ljust(HEADER_BYTES, b"\0")
-    seed = int.from_bytes(hashlib.blake2b(header, digest_size=8).digest(), "little")
+    full = b"%s|%d|%d|%d|%s" % (_MAGIC, writer, gen, size, key.encode())
+    header = full[:HEADER_BYTES].ljust(HEADER_BYTES, b"\0")
+    # Seeded by the whole key: a long key (64 hex chars) does not fit in the header.
+    seed = int.from_bytes(hashlib.blake2b(full, digest_size=8).digest(), "little")
     body = np.random.default_rng(seed).bytes(max(0, size - HEADER_BYTES))
     return (header + body)[:size]
 

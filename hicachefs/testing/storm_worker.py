@@ -1,9 +1,9 @@
 """One writer process of a reliability storm (as one TP rank would be). Plain file I/O only.
 
-``python storm_worker.py JSON``; JSON holds ``mode`` and its settings:
+``python -m hicachefs.testing.storm_worker JSON``; JSON holds ``mode`` and its settings:
 
 - ``publish``: publish pages until the mount goes away or ``seconds`` pass, replacing some
-  of its own pages with a newer generation. It appends to ``log`` (unbuffered writes, so a
+  of its own pages with a newer generation (after the file ``go`` exists, if one is named). It appends to ``log`` (unbuffered writes, so a
   line is in the file once ``os.write`` returns), one line per step::
 
       B <relpath> <gen> <tmpname>   before creating the temporary file
@@ -25,12 +25,23 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+from hicachefs.testing.workload import content, identify, publish
 
-from workload import content, identify, publish  # noqa: E402
+
+def _wait_for_go(cfg: dict) -> bool:
+    """Started early (imports take a second), a worker waits for its ``go`` file, if any."""
+    go = cfg.get("go")
+    deadline = time.monotonic() + 120
+    while go and not os.path.exists(go):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def publish_storm(cfg: dict) -> int:
+    if not _wait_for_go(cfg):
+        return 1
     root = Path(cfg["root"])
     rng = random.Random(cfg["seed"])
     log = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
