@@ -46,6 +46,11 @@ class Result:
     daemon_cpu: float = 0.0  # CPU seconds of the hicachefs daemon meanwhile
 
     @property
+    def daemon_busy(self) -> float:
+        """The daemon's CPU time over the elapsed time (1.0: one core, all the time)."""
+        return self.daemon_cpu / self.total if self.total else float("nan")
+
+    @property
     def cpu_per_gb(self) -> float:
         """CPU seconds (caller and daemon) per GB moved: unlike GB/s, barely changed by other
         work on the machine."""
@@ -129,7 +134,7 @@ def ranks_table(results: List[Result]) -> List[str]:
         return []
     most = max(r.ranks for r in ranked)
     head = (f"{'case':<16}{'op':<15}{'backend':<13}{'1 rank':>8}{f'{most} ranks':>9}"
-            f"{'scaling':>9}{'ratio':>7}{'CPU s/GB':>9}  target (at {most} ranks)")
+            f"{'scaling':>9}{'ratio':>7}{'CPU s/GB':>9}{'daemon':>8}  target (at {most} ranks)")
     lines = [head, "-" * len(head)]
     for case, op in _ordered(ranked, lambda r: True):
         fs1, hf1 = pair(results, case, op, 1)
@@ -146,7 +151,8 @@ def ranks_table(results: List[Result]) -> List[str]:
         for r1, rn, scale, first in ((fs1, fsn, scale_fs, True), (hf1, hfn, scale_hf, False)):
             lines.append(f"{case if first else '':<16}{op if first else '':<15}{r1.backend:<13}"
                          f"{r1.gbps:>8.2f}{rn.gbps:>9.2f}{scale:>8.2f}x"
-                         f"{(f'{ratio:.2f}x' if first else ''):>7}{rn.cpu_per_gb:>9.2f}  "
+                         f"{(f'{ratio:.2f}x' if first else ''):>7}{rn.cpu_per_gb:>9.2f}"
+                         f"{(f'{rn.daemon_busy:.0%}' if first else ''):>8}  "
                          f"{target if first else ''}")
     return lines
 
@@ -165,7 +171,8 @@ def table(results: List[Result], memcpy: float, ranks_note: str, samples_per_cal
         lines += ["", ranks_note, *ranks, "",
                   "GB/s are aggregate: all ranks' bytes over the time from the first rank's "
                   "start to the last rank's end; 'scaling' is that aggregate over one rank's; "
-                  f"'CPU s/GB' at {most} ranks."]
+                  f"'CPU s/GB' at {most} ranks; 'daemon' is the daemon's CPU time over that "
+                  "time (100% = one core: its one thread is saturated)."]
     lines += ["", "FUSE requests per page seen by the daemon (.hicachefs/stats 'requests'; "
               "exists: per key):"]
     for r in results:
