@@ -35,13 +35,12 @@ and writes a PNG chart. Needs root (FUSE, drop_caches). About 7 minutes; --quick
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import logging
 import os
 import secrets
-import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 from tqdm import tqdm
 
+from bench_rank import RankWorker
 from bench_report import FILE, HICACHEFS, Result, chart, table
 from bench_sglang import (
     MIB,
@@ -70,8 +70,6 @@ from bench_sglang import (
 from hicachefs.testing import mounting
 from hicachefs_client import paths as client_paths
 
-SCRIPTS = Path(__file__).resolve().parent
-RANK_PHASE_TIMEOUT_S = 900.0
 
 
 @dataclass
@@ -91,9 +89,10 @@ class Plan:
 
 
 FULL = Plan("5G", {1: 16, 8: 4}, 2, 3, {1: 12, 8: 2}, 3, {1: 16, 8: 4}, 100_000, 400, 1 << 30)
-QUICK = Plan("2560M", {1: 8, 8: 2}, 1, 2, {1: 6}, 2, {1: 4, 8: 2}, 10_000, 100, 256 << 20)
+QUICK = Plan("2560M", {1: 8, 8: 2}, 1, 2, {1: 4}, 2, {1: 4}, 10_000, 100, 256 << 20)
 SSD_MEMORY, SSD_MAX_PAGE, SSD_DISK_SIZE = "128M", "16M", "8G"
 RANKS = 2
+FILL_THREADS = 4  # threads that store the existence case's pages
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -180,6 +179,12 @@ def print_log_tail(mount: mounting.Mount, lines: int = 40) -> None:
           f", daemon {mount.pid} {'alive' if mounting.alive(mount.pid) else 'gone'}; daemon log "
           f"{mount.log_file} (last {lines} lines):", file=sys.stderr)
     print("\n".join(mount.log_text().splitlines()[-lines:]), file=sys.stderr)
+
+
+def timed(label: str, case: Callable, *args) -> None:
+    start = time.perf_counter()
+    case(*args)
+    print(f"{label}: {time.perf_counter() - start:.0f} s ({load()})", file=sys.stderr)
 
 
 def progress(items, label: str):
@@ -346,34 +351,40 @@ class Bench:
         file_dir.mkdir(parents=True, exist_ok=True)
         hf = make_file(file_dir, pool, model=model)
 
-        # hicachefs: published through the mount with plain file I/O (64-byte pages).
+        # Stored with plain file I/O (64-byte pages), on a few threads: only the query is timed.
         directory = Path(mount.path, fs._dir_of("kv"))
         directory.mkdir(parents=True, exist_ok=True)
         payload = b"\0" * 64
-        start = time.perf_counter()
-        for key in tqdm(keys, desc=f"storing {count:,} small pages in hicachefs", unit="page",
-                        leave=False, file=sys.stderr, dynamic_ncols=True, mininterval=0.5):
+
+        def publish(key: str) -> None:
             tmp = directory / f".{secrets.token_hex(8)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             os.ftruncate(fd, len(payload))
             os.pwrite(fd, payload, 0)
             os.close(fd)
             os.rename(tmp, directory / key)
-        fill_fs = count / (time.perf_counter() - start)
-        # HiCacheFile: its file names in its directory.
-        start = time.perf_counter()
-        for key in tqdm(keys, desc=f"storing {count:,} small pages for HiCacheFile", unit="page",
-                        leave=False, file=sys.stderr, dynamic_ncols=True, mininterval=0.5):
+
+        def write_file(key: str) -> None:
             with open(file_dir / f"{hf._get_suffixed_key(key)}.bin", "wb") as f:
                 f.write(payload)
-        fill_file = count / (time.perf_counter() - start)
+
+        rates = {}
+        for name, store in ((HICACHEFS, publish), (FILE, write_file)):
+            start = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(FILL_THREADS) as workers:
+                for _ in tqdm(workers.map(store, keys), total=count, unit="page", leave=False,
+                              desc=f"storing {count:,} small pages for {name}", file=sys.stderr,
+                              dynamic_ncols=True, mininterval=0.5):
+                    pass
+            rates[name] = count / (time.perf_counter() - start)
 
         rng = np.random.default_rng(2)
         queries = [[keys[int(j)] for j in rng.choice(count, STORAGE_BATCH_SIZE, replace=False)]
                    for _ in range(self.plan.exists_queries)]
         results = {name: Result("exists", "exists", name,
-                                note=f"{count:,} pages stored ({rate:,.0f}/s to store them)")
-                   for name, rate in ((HICACHEFS, fill_fs), (FILE, fill_file))}
+                                note=f"{count:,} pages stored ({rate:,.0f}/s to store them on "
+                                     f"{FILL_THREADS} threads)")
+                   for name, rate in rates.items()}
         self.results.extend(results.values())
         before = mount.stats()
         for n, q in enumerate(progress(queries, "exists")):
@@ -393,52 +404,6 @@ class Bench:
 # ---------------------------------------------------------------------------- ranks
 
 
-class RankWorker:
-    """A ``bench_rank.py`` process: started here, stopped here by its PID."""
-
-    def __init__(self, backend: str, root: Path, rank: int, page_mib: int, batches: int,
-                 client: dict) -> None:
-        self.backend = backend
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SCRIPTS / "bench_rank.py"), "--backend", backend, "--root",
-             str(root), "--rank", str(rank), "--tp-size", str(RANKS), "--page-mib",
-             str(page_mib), "--batches", str(batches), "--client", json.dumps(client)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-        self._pending = b""
-
-    def send(self, command: str) -> None:
-        self.proc.stdin.write(f"{command}\n".encode())
-
-    def line(self, timeout: float = RANK_PHASE_TIMEOUT_S) -> str:
-        deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._pending:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise RuntimeError(f"rank worker {self.proc.pid} gave no answer in {timeout:.0f} s")
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise RuntimeError(f"rank worker {self.proc.pid} exited "
-                                   f"({self.proc.wait()}) before answering")
-            self._pending += chunk
-        text, self._pending = self._pending.split(b"\n", 1)
-        return text.decode()
-
-    def stop(self) -> None:
-        """Ask it to quit; SIGKILL by PID if it does not."""
-        try:
-            self.send("quit")
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.proc.stdout.close()
-
-
 def ranks_case(bench: Bench, page_mib: int, mount: mounting.Mount, file_dir: Path) -> None:
     """1 rank, then ``RANKS`` ranks of each backend. All ranks of a backend run each phase at
     the same moment; the backends take turns phase by phase."""
@@ -452,11 +417,11 @@ def ranks_case(bench: Bench, page_mib: int, mount: mounting.Mount, file_dir: Pat
     try:
         for name, root in roots.items():
             for rank in range(RANKS):
-                workers[name].append(RankWorker(name, root, rank, page_mib,
+                workers[name].append(RankWorker(name, root, rank, RANKS, page_mib,
                                                 plan.ranks_batches[page_mib], bench.client))
         for worker in (w for group in workers.values() for w in group):
-            if worker.line() != "ready":
-                raise RuntimeError(f"rank worker {worker.proc.pid} did not start")
+            if worker.receive() != "ready":
+                raise RuntimeError(f"rank process {worker.proc.pid} did not start")
         for ranks in (1, RANKS):
             made: Dict[Tuple[str, str], Result] = {}
             for n, (command, op) in enumerate(progress(phases, f"{case} x{ranks}")):
@@ -464,9 +429,8 @@ def ranks_case(bench: Bench, page_mib: int, mount: mounting.Mount, file_dir: Pat
                     if (name, op) not in made:
                         made[name, op] = Result(case, op, name, ranks=ranks, wall=0.0)
                         bench.results.append(made[name, op])
-                    _rank_phase(made[name, op], workers[name][:ranks],
-                                f"{command} ranks{page_mib}x{ranks}",
-                                mount if name == HICACHEFS else None)
+                    _rank_phase(made[name, op], workers[name][:ranks], command,
+                                f"ranks{page_mib}x{ranks}", mount if name == HICACHEFS else None)
             # Room for the next round's pages (the RAM tier holds one round).
             shutil.rmtree(mount.path / client_paths.model_segment(MODEL), ignore_errors=True)
             for path in file_dir.iterdir():
@@ -477,13 +441,14 @@ def ranks_case(bench: Bench, page_mib: int, mount: mounting.Mount, file_dir: Pat
     shutil.rmtree(file_dir, ignore_errors=True)
 
 
-def _rank_phase(result: Result, workers: List[RankWorker], command: str,
+def _rank_phase(result: Result, workers: List[RankWorker], phase: str, tag: str,
                 mount: Optional[mounting.Mount]) -> None:
+    """All ``workers`` run ``phase`` at once; ``mount``: the daemon they cost (hicachefs)."""
     before = mount.stats() if mount is not None else None
     daemon_before = daemon_cpu(mount) if mount is not None else 0.0
     for worker in workers:
-        worker.send(command)
-    answers = [json.loads(worker.line()) for worker in workers]
+        worker.send(phase, tag)
+    answers = [worker.receive() for worker in workers]
     result.wall += max(a["end"] for a in answers) - min(a["start"] for a in answers)
     for a in answers:
         result.seconds += a["seconds"]
@@ -553,12 +518,14 @@ def main() -> int:
             try:
                 if "ram" in cases:
                     for page_mib in (1, 8):
-                        bench.ram_case(page_mib, mount, shm / f"file-{page_mib}")
+                        timed(f"RAM {page_mib} MiB", bench.ram_case, page_mib, mount,
+                              shm / f"file-{page_mib}")
                 if "ranks" in cases:
                     for page_mib in plan.ranks_batches:
-                        ranks_case(bench, page_mib, mount, shm / f"ranks-{page_mib}")
+                        timed(f"ranks {page_mib} MiB", ranks_case, bench, page_mib, mount,
+                              shm / f"ranks-{page_mib}")
                 if "exists" in cases:
-                    bench.exists_case(mount, shm / "file-exists")
+                    timed("exists", bench.exists_case, mount, shm / "file-exists")
             except BaseException:
                 print_log_tail(mount)
                 raise
@@ -572,8 +539,9 @@ def main() -> int:
                                     *args.mount_option])
             configs.append(f"SSD mount: {daemon_config(mount)}")
             try:
-                for page_mib in (1, 8):
-                    bench.ssd_case(page_mib, mount, disk / f"file-{page_mib}")
+                for page_mib in plan.ssd_batches:
+                    timed(f"SSD cold {page_mib} MiB", bench.ssd_case, page_mib, mount,
+                          disk / f"file-{page_mib}")
             except BaseException:
                 print_log_tail(mount)
                 raise

@@ -26,13 +26,13 @@ from typing import Dict, List
 from bench import (
     RANKS,
     Bench,
-    RankWorker,
     _rank_phase,
     daemon_config,
     load,
     print_log_tail,
     progress,
 )
+from bench_rank import RankWorker
 from bench_report import Result
 from bench_sglang import MIB, Pool, as_sglang_runs, keys_for, make_hicachefs, reader, writer
 from hicachefs.testing import mounting
@@ -84,12 +84,12 @@ def ranks(threads: List[int], plan: dict, page_mib: int, mount: mounting.Mount,
     try:
         for t, name in zip(threads, names):
             for rank in range(RANKS):
-                workers[name].append(RankWorker("hicachefs", mount.path, rank, page_mib,
+                workers[name].append(RankWorker("hicachefs", mount.path, rank, RANKS, page_mib,
                                                 plan["ranks_batches"][page_mib],
                                                 {"io_threads": t}))
         for worker in (w for group in workers.values() for w in group):
-            if worker.line() != "ready":
-                raise RuntimeError(f"rank worker {worker.proc.pid} did not start")
+            if worker.receive() != "ready":
+                raise RuntimeError(f"rank process {worker.proc.pid} did not start")
         for count in (1, RANKS):
             made: Dict[tuple, Result] = {}
             for p, (command, op) in enumerate(progress(phases, f"{case} x{count}")):
@@ -97,8 +97,8 @@ def ranks(threads: List[int], plan: dict, page_mib: int, mount: mounting.Mount,
                     if (name, op) not in made:
                         made[name, op] = Result(case, op, name, ranks=count, wall=0.0)
                         results.append(made[name, op])
-                    _rank_phase(made[name, op], workers[name][:count],
-                                f"{command} {name}x{count}", mount)
+                    _rank_phase(made[name, op], workers[name][:count], command,
+                                f"{name}x{count}", mount)
             for entry in os.scandir(mount.path):
                 if not entry.name.startswith("."):
                     shutil.rmtree(entry.path)

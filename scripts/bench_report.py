@@ -102,7 +102,8 @@ def pages_table(results: List[Result], memcpy: float) -> List[str]:
     head = (f"{'case':<16}{'op':<15}{'backend':<13}{'GB/s':>7}{'pages/s':>10}{'p50 ms':>9}"
             f"{'p99 ms':>9}{'ratio':>7}{'memcpy':>8}{'CPU s/GB':>9}{'req/pg':>8}  target")
     lines = [head, "-" * len(head)]
-    for case, op in _ordered(results, lambda r: r.ranks == 1):
+    ranked = {r.case for r in results if r.ranks > 1}  # shown in the ranks table
+    for case, op in _ordered(results, lambda r: r.case not in ranked):
         fs, hf = pair(results, case, op)
         for r in (fs, hf):
             if r is None:
@@ -179,7 +180,7 @@ def table(results: List[Result], memcpy: float, ranks_note: str, samples_per_cal
         if r.requests:
             per = ", ".join(f"{op} {n / r.pages:.2f}" for op, n in
                             sorted(r.requests.items(), key=lambda kv: -kv[1]))
-            lines.append(f"  {r.case} {r.op}: {per}")
+            lines.append(f"  {r.case}{f' x{r.ranks}' if r.wall is not None else ''} {r.op}: {per}")
     notes = [r for r in results if r.note]
     if notes:
         lines += ["", "Notes:"]
