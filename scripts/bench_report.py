@@ -181,6 +181,14 @@ def table(results: List[Result], memcpy: float, ranks_note: str, samples_per_cal
             per = ", ".join(f"{op} {n / r.pages:.2f}" for op, n in
                             sorted(r.requests.items(), key=lambda kv: -kv[1]))
             lines.append(f"  {r.case}{f' x{r.ranks}' if r.wall is not None else ''} {r.op}: {per}")
+    daemon = [r for r in results if r.daemon_cpu and r.pages and r.op != "exists"]
+    if daemon:
+        lines += ["", "The daemon's own CPU time per GB, and what its one thread could move if it "
+                  "did nothing else (a ceiling for more ranks):"]
+        for r in daemon:
+            moved = r.pages * r.page_bytes / 1e9
+            lines.append(f"  {r.case}{f' x{r.ranks}' if r.wall is not None else ''} {r.op}: "
+                         f"{r.daemon_cpu / moved:.2f} s/GB, {moved / r.daemon_cpu:.1f} GB/s")
     notes = [r for r in results if r.note]
     if notes:
         lines += ["", "Notes:"]
@@ -216,14 +224,11 @@ def chart(results: List[Result], memcpy: float, path: Path, title: str) -> None:
             values.append(r.gbps if r else 0)
         bars = ax.bar(x + offset, values, width, label=backend, color=color)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.axhline(memcpy, color="gray", linestyle="--", linewidth=1)
-    ax.text(len(groups) - 0.5, memcpy, f"memcpy {memcpy:.1f} GB/s", ha="right", va="bottom",
-            fontsize=8, color="gray")
-    labels = [f"{c}{f' x{n} ranks' if n > 1 or c.startswith('ranks') else ''}\n{o}"
-              for c, o, n in groups]
+    labels = [f"{n} rank{'s' * (n > 1)}, {c.split(' ', 1)[1]}\n{o}" if c.startswith("ranks")
+              else f"{c}\n{o}" for c, o, n in groups]
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel(f"GB/s (calls of {BATCH} pages; ranks: aggregate)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(f"{title}; memcpy {memcpy:.1f} GB/s", fontsize=10)
     ax.legend(loc="upper left")
     fs, hf = pair(results, "exists", "exists")
     if fs and hf:
