@@ -5,9 +5,9 @@ file ``<mount>/<model>/<format>/<shard>/<pool>/<key>`` holding the bytes of
 ``host_pool.get_data_page(index, flat=True)``; reads and writes go straight between the file and
 the host pool's page buffers (see ``layout.py``), publication is atomic (``page_io.py``).
 
-A batch's pages are transferred on up to ``io_threads`` threads at once (extra_config; default
-``DEFAULT_IO_THREADS``), so that the daemon always has the next request queued; each page
-succeeds or fails alone.
+A batch's pages are read on up to ``read_threads`` and written on up to ``write_threads`` threads
+at once (extra_config; defaults in ``DEFAULT_THREADS``), so that the daemon always has the next
+request queued; each page succeeds or fails alone.
 
 Thread-safe: SGLang calls it from its prefetch, I/O and backup threads at once. No method raises
 for an I/O problem or a bad key: those become misses / ``False`` and are logged once per kind.
@@ -43,18 +43,19 @@ KV = "kv"
 _GB = 1e9
 # Per-batch samples kept for get_stats() between two calls.
 _MAX_METRIC_SAMPLES = 10_000
-# Threads that transfer one batch's pages at once (extra_config "io_threads"); see README.
-DEFAULT_IO_THREADS = 2
-MAX_IO_THREADS = 64
+# Threads that move one batch's pages at once, per extra_config key, chosen by measurement
+# (scripts/bench_client_threads.py; README, "Point SGLang at it").
+DEFAULT_THREADS = {"read_threads": 4, "write_threads": 2}
+MAX_THREADS = 64
 
 
-def io_threads(extra: Dict[str, Any]) -> int:
-    """extra_config's ``io_threads``: an integer from 1 (one page at a time) to 64."""
-    value = extra.get("io_threads", DEFAULT_IO_THREADS)
+def threads_setting(extra: Dict[str, Any], key: str) -> int:
+    """extra_config's ``key``: an integer from 1 (one page at a time) to 64."""
+    value = extra.get(key, DEFAULT_THREADS[key])
     if isinstance(value, bool) or not isinstance(value, (int, str)) or \
-            not str(value).strip().isdigit() or not 1 <= int(value) <= MAX_IO_THREADS:
-        raise ValueError(f"hicachefs: extra_config io_threads must be an integer from 1 to "
-                         f"{MAX_IO_THREADS}, not {value!r}")
+            not str(value).strip().isdigit() or not 1 <= int(value) <= MAX_THREADS:
+        raise ValueError(f"hicachefs: extra_config {key} must be an integer from 1 to "
+                         f"{MAX_THREADS}, not {value!r}")
     return int(value)
 
 
@@ -81,7 +82,8 @@ class HiCacheFS(HiCacheStorage):
         self._refusals = FailureLog()  # bad keys and misuse: logged once for good
         self.counters = Counters()
         self.io = PageIO(self.mountpoint, self.failures, self.counters)
-        self.page_threads = PageThreads(io_threads(extra))
+        self.read_threads = PageThreads(threads_setting(extra, "read_threads"))
+        self.write_threads = PageThreads(threads_setting(extra, "write_threads"))
         self.mem_pool_host = None
         self.registered_pools: Dict[Any, Any] = {}
         self._layouts: Dict[str, Optional[PageLayout]] = {}
@@ -200,7 +202,7 @@ class HiCacheFS(HiCacheStorage):
             store(starts[i])
             return True
 
-        done = self.page_threads.run(self._guarded("read", read), len(wanted))
+        done = self.read_threads.run(self._guarded("read", read), len(wanted))
         for i, ok in zip(wanted, done):
             results[i] = ok
         return results
@@ -233,7 +235,7 @@ class HiCacheFS(HiCacheStorage):
             buffers = zero_copy[j] if zero_copy is not None else layout.copy_write_buffers(starts[i])
             return self.io.publish_page(directory, keys[i], buffers, layout.page_bytes)
 
-        done = self.page_threads.run(self._guarded("write", write), len(todo))
+        done = self.write_threads.run(self._guarded("write", write), len(todo))
         for i, ok in zip(todo, done):
             results[i] = ok
         return results
@@ -492,4 +494,5 @@ class HiCacheFS(HiCacheStorage):
 
     def close(self) -> None:
         self.io.close()
-        self.page_threads.close()
+        self.read_threads.close()
+        self.write_threads.close()

@@ -477,7 +477,7 @@ def main() -> int:
     parser.add_argument("--exists-pages", type=int, help="pages stored for the existence case")
     parser.add_argument("--client", type=json.loads, default={},
                         help="more extra_config keys for HiCacheFS, JSON (e.g. "
-                             "'{\"io_threads\": 1}'); default: the client's defaults")
+                             "'{\"read_threads\": 1}'); default: the client's defaults")
     parser.add_argument("--mount-option", action="append", default=[], metavar="FLAG",
                         help="one more flag for both hicachefs mounts, e.g. "
                              "--mount-option=--no-kernel-cache (repeatable)")

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""How many threads should ``HiCacheFS`` give one batch's pages (extra_config ``io_threads``)?
+"""How many threads should ``HiCacheFS`` give one batch's pages (extra_config ``read_threads``,
+``write_threads``)?
 
-Clients with different ``io_threads`` take turns call by call on one mount (each on its own
+Clients with different thread counts (the same for reads and writes) take turns call by call on one mount (each on its own
 pages), so that load from elsewhere on the machine hits them alike; the same SGLang calls as
 ``bench.py`` (``batch_set_v1``/``batch_get_v1`` of 128 pages, torch threads 1):
   - one process: write, first read, repeated read at 1 and 8 MiB pages;
   - ranks: 1 and 2 processes per client (tp0of2, tp1of2) running each phase at once.
-Prints GB/s and CPU seconds per GB for each ``io_threads`` and the ratio to the first one.
+Prints GB/s and CPU seconds per GB for each count and the ratio to the first one.
 Needs root (FUSE). About 6 minutes; --quick about 2. Extra flags for the daemon (for example
 ``--mount-option=--no-kernel-cache``) show how the answer depends on the daemon's read path.
 """
@@ -42,7 +43,11 @@ QUICK = {"batches": {1: 4, 8: 1}, "passes": 2, "ranks_batches": {1: 4}}
 
 
 def label(threads: int) -> str:
-    return f"io_threads={threads}"
+    return f"threads={threads}"
+
+
+def client(threads: int) -> dict:
+    return {"read_threads": threads, "write_threads": threads}
 
 
 def rotated(items: list, n: int) -> list:
@@ -53,7 +58,7 @@ def one_process(threads: List[int], plan: dict, page_mib: int, mount: mounting.M
                 results: List[Result]) -> None:
     pool = Pool(page_mib)
     case = f"RAM {page_mib} MiB"
-    clients = {label(t): make_hicachefs(mount.path, pool, client={"io_threads": t},
+    clients = {label(t): make_hicachefs(mount.path, pool, client=client(t),
                                         model=f"threads/{t}") for t in threads}
     names = list(clients)
     batches = range(plan["batches"][page_mib])
@@ -86,7 +91,7 @@ def ranks(threads: List[int], plan: dict, page_mib: int, mount: mounting.Mount,
             for rank in range(RANKS):
                 workers[name].append(RankWorker("hicachefs", mount.path, rank, RANKS, page_mib,
                                                 plan["ranks_batches"][page_mib],
-                                                {"io_threads": t}))
+                                                client(t)))
         for worker in (w for group in workers.values() for w in group):
             if worker.receive() != "ready":
                 raise RuntimeError(f"rank process {worker.proc.pid} did not start")
@@ -133,7 +138,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default="1,2,4",
-                        help="io_threads values to compare, the first is the base (default 1,2,4)")
+                        help="thread counts to compare, the first is the base (default 1,2,4)")
     parser.add_argument("--quick", action="store_true", help="smaller volumes, ranks at 1 MiB only")
     parser.add_argument("--mount-option", action="append", default=[], metavar="FLAG",
                         help="one more flag for the hicachefs mount (repeatable)")
@@ -171,7 +176,7 @@ def main() -> int:
     finally:
         mounting.stop(mount)
         shutil.rmtree(work, ignore_errors=True)
-    print(f"HiCacheFS io_threads compared, call by call on one mount{' (--quick)' * args.quick}: "
+    print(f"HiCacheFS read_threads and write_threads compared, call by call on one mount{' (--quick)' * args.quick}: "
           f"{os.cpu_count()} CPUs; at start {load_start}, at end {load()}; "
           f"{(time.perf_counter() - started) / 60:.1f} min")
     print(f"mount: {config}")

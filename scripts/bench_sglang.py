@@ -61,7 +61,7 @@ def storage_config(tp_rank: int, tp_size: int, extra: dict, model: str = MODEL
 def make_hicachefs(mount: Path, pool: "Pool", tp_rank: int = 0, client: dict = None,
                    model: str = MODEL) -> HiCacheFS:
     """``HiCacheFS`` as SGLang's dynamic backend factory builds it, zero copy (``interface_v1``).
-    ``client``: more extra_config keys (``io_threads``)."""
+    ``client``: more extra_config keys (``read_threads``, ``write_threads``)."""
     extra = {"backend_name": "hicachefs", "module_path": "hicachefs_client",
              "class_name": "HiCacheFS", "interface_v1": 1, "mountpoint": str(mount),
              **(client or {})}

@@ -1,4 +1,4 @@
-"""A batch's pages transferred on several threads (extra_config ``io_threads``): the same bytes,
+"""A batch's pages moved on several threads (extra_config ``read_threads``, ``write_threads``): the same bytes,
 failures per page, nothing raised into SGLang, safe from many SGLang threads at once."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool
 from conftest import storage_config
 from test_backend import indices, key, make_fs, page_bytes
 
-THREADS = {"io_threads": 4}
+THREADS = {"read_threads": 4, "write_threads": 3}
 PAGES = 24
 
 
@@ -106,7 +106,7 @@ def test_an_exception_in_one_page_fails_that_page_only(store_root, monkeypatch):
     assert errors["INTERNAL_RuntimeError"] == 3 and errors["INTERNAL_MemoryError"] == 1
 
 
-def test_many_sglang_threads_share_the_io_threads(store_root):
+def test_many_sglang_threads_share_the_page_threads(store_root):
     callers, rounds, per_batch = 6, 4, 8
     source = MHAHostPool(pages=callers * per_batch)
     target = MHAHostPool(pages=callers * per_batch)
@@ -147,17 +147,20 @@ def test_many_sglang_threads_share_the_io_threads(store_root):
     assert not errors, errors[0]
 
 
+@pytest.mark.parametrize("key", ["read_threads", "write_threads"])
 @pytest.mark.parametrize("value", [0, -1, 65, "four", 2.5, True, None, [2]])
-def test_bad_io_threads_is_a_clear_error(plain_root, value):
-    with pytest.raises(ValueError, match="io_threads must be an integer from 1 to 64") as info:
-        HiCacheFS(storage_config(plain_root, extra={"io_threads": value}), {})
+def test_bad_thread_count_is_a_clear_error(plain_root, key, value):
+    with pytest.raises(ValueError, match=f"{key} must be an integer from 1 to 64") as info:
+        HiCacheFS(storage_config(plain_root, extra={key: value}), {})
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("value, threads", [(1, 1), ("8", 8), (64, 64)])
-def test_io_threads_from_extra_config(plain_root, value, threads):
-    fs = HiCacheFS(storage_config(plain_root, extra={"io_threads": value}), {})
-    assert fs.page_threads.threads == threads
+@pytest.mark.parametrize("extra, reads, writes", [({}, 4, 2), ({"read_threads": 1}, 1, 2),
+                                                  ({"write_threads": "8"}, 4, 8),
+                                                  ({"read_threads": 64, "write_threads": 1}, 64, 1)])
+def test_thread_counts_from_extra_config(plain_root, extra, reads, writes):
+    fs = HiCacheFS(storage_config(plain_root, extra=extra), {})
+    assert (fs.read_threads.threads, fs.write_threads.threads) == (reads, writes)
 
 
 def test_run_returns_only_when_every_page_is_done():
