@@ -8,7 +8,7 @@ pages), so that load from elsewhere on the machine hits them alike; the same SGL
   - one process: write, first read, repeated read at 1 and 8 MiB pages;
   - ranks: 1 and 2 processes per client (tp0of2, tp1of2) running each phase at once.
 Prints GB/s and CPU seconds per GB for each count and the ratio to the first one.
-Needs root (FUSE). About 6 minutes; --quick about 2. Extra flags for the daemon (for example
+Needs root (FUSE). About 4 minutes; --quick about 2. Extra flags for the daemon (for example
 ``--mount-option=--no-kernel-cache``) show how the answer depends on the daemon's read path.
 """
 
