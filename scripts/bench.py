@@ -23,14 +23,14 @@ Cases (the two backends alternate call by call, so that load from elsewhere hits
   - existence: ``batch_exists`` of 128 stored keys with 100,000 pages stored (10,000 --quick).
   - SSD cold, 1 and 8 MiB (1 MiB with --quick): hicachefs with a 128 MiB RAM tier, so pages
     are demoted to ``--disk`` on the disk filesystem, vs ``HiCacheFile`` on the same
-    filesystem; only batches wholly on the disk tier are read, after ``sync; echo 3 > /proc/sys/vm/drop_caches`` (which also drops the
-    kernel's cache of the mount's files: the daemon's READ count shows it).
+    filesystem; only batches wholly on the disk tier are read, after
+    ``sync; echo 3 > /proc/sys/vm/drop_caches`` (which also drops the kernel's cache of the
+    mount's files: the daemon's READ count shows it).
 Sampled pages of every read call are checked byte for byte.
 
 Prints a table (GB/s, pages/s, p50/p99 per call, ratio hicachefs/HiCacheFile, fraction of the
 memcpy rate measured in the same run, CPU seconds per GB, FUSE requests per page, the daemon's
-own CPU per GB, the issue's targets with ok/MISS)
-and writes a PNG chart. Needs root (FUSE, drop_caches). About 5 minutes; --quick about 1.
+own CPU per GB, the issue's targets with ok/MISS) and writes a PNG chart. Needs root (FUSE, drop_caches). About 5 minutes; --quick about 1.
 """
 
 from __future__ import annotations
