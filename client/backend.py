@@ -5,6 +5,10 @@ file ``<mount>/<model>/<format>/<shard>/<pool>/<key>`` holding the bytes of
 ``host_pool.get_data_page(index, flat=True)``; reads and writes go straight between the file and
 the host pool's page buffers (see ``layout.py``), publication is atomic (``page_io.py``).
 
+A batch's pages are read on up to ``read_threads`` and written on up to ``write_threads`` threads
+at once (extra_config; defaults in ``DEFAULT_THREADS``), so that the daemon always has the next
+request queued; each page succeeds or fails alone.
+
 Thread-safe: SGLang calls it from its prefetch, I/O and backup threads at once. No method raises
 for an I/O problem or a bad key: those become misses / ``False`` and are logged once per kind.
 """
@@ -15,13 +19,13 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from . import paths
 from .layout import PageLayout, resolve_pool, tensor_bytes
-from .page_io import Counters, FailureLog, PageIO
+from .page_io import Counters, FailureLog, PageIO, PageThreads
 from .sglang_types import (
     HiCacheStorage,
     PoolHitPolicy,
@@ -39,6 +43,20 @@ KV = "kv"
 _GB = 1e9
 # Per-batch samples kept for get_stats() between two calls.
 _MAX_METRIC_SAMPLES = 10_000
+# Threads that move one batch's pages at once, per extra_config key, chosen by measurement
+# (scripts/bench_client_threads.py; README, "Point SGLang at it").
+DEFAULT_THREADS = {"read_threads": 4, "write_threads": 2}
+MAX_THREADS = 64
+
+
+def threads_setting(extra: Dict[str, Any], key: str) -> int:
+    """extra_config's ``key``: an integer from 1 (one page at a time) to 64."""
+    value = extra.get(key, DEFAULT_THREADS[key])
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or \
+            not str(value).strip().isdigit() or not 1 <= int(value) <= MAX_THREADS:
+        raise ValueError(f"hicachefs: extra_config {key} must be an integer from 1 to "
+                         f"{MAX_THREADS}, not {value!r}")
+    return int(value)
 
 
 class HiCacheFS(HiCacheStorage):
@@ -64,6 +82,8 @@ class HiCacheFS(HiCacheStorage):
         self._refusals = FailureLog()  # bad keys and misuse: logged once for good
         self.counters = Counters()
         self.io = PageIO(self.mountpoint, self.failures, self.counters)
+        self.read_threads = PageThreads(threads_setting(extra, "read_threads"))
+        self.write_threads = PageThreads(threads_setting(extra, "write_threads"))
         self.mem_pool_host = None
         self.registered_pools: Dict[Any, Any] = {}
         self._layouts: Dict[str, Optional[PageLayout]] = {}
@@ -152,6 +172,16 @@ class HiCacheFS(HiCacheStorage):
             return None
         return layout, starts, [i for i, key in enumerate(keys) if self._valid(key)]
 
+    def _guarded(self, method: str, transfer: Callable[[int], bool]) -> Callable[[int], bool]:
+        """``transfer`` for one page, with an unexpected exception a failed page (logged)."""
+        def page(j: int) -> bool:
+            try:
+                return transfer(j)
+            except Exception as exc:
+                self._internal_error(method, exc)
+                return False
+        return page
+
     def _read_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
         results = [False] * len(keys)
         plan = self._transfer_plan(name, keys, host_indices)
@@ -160,15 +190,21 @@ class HiCacheFS(HiCacheStorage):
         layout, starts, wanted = plan
         directory = self._pool_dir(name, layout.format)
         zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
-        for j, i in enumerate(wanted):
+
+        def read(j: int) -> bool:
+            i = wanted[j]
             rel = f"{directory}/{keys[i]}"
             if zero_copy is not None:
-                results[i] = self.io.read_page(rel, zero_copy[j], layout.page_bytes)
-            else:
-                buffers, store = layout.copy_read_buffers()
-                if self.io.read_page(rel, buffers, layout.page_bytes):
-                    store(starts[i])
-                    results[i] = True
+                return self.io.read_page(rel, zero_copy[j], layout.page_bytes)
+            buffers, store = layout.copy_read_buffers()  # this thread's own
+            if not self.io.read_page(rel, buffers, layout.page_bytes):
+                return False
+            store(starts[i])
+            return True
+
+        done = self.read_threads.run(self._guarded("read", read), len(wanted))
+        for i, ok in zip(wanted, done):
+            results[i] = ok
         return results
 
     def _write_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
@@ -193,9 +229,15 @@ class HiCacheFS(HiCacheStorage):
         if len(todo) < len(wanted):
             self.counters.add(pages_skipped=len(wanted) - len(todo))
         zero_copy = layout.zero_copy_buffers([starts[i] for i in todo])
-        for j, i in enumerate(todo):
+
+        def write(j: int) -> bool:
+            i = todo[j]
             buffers = zero_copy[j] if zero_copy is not None else layout.copy_write_buffers(starts[i])
-            results[i] = self.io.publish_page(directory, keys[i], buffers, layout.page_bytes)
+            return self.io.publish_page(directory, keys[i], buffers, layout.page_bytes)
+
+        done = self.write_threads.run(self._guarded("write", write), len(todo))
+        for i, ok in zip(todo, done):
+            results[i] = ok
         return results
 
     def _record(self, kind: str, pages: int, seconds: float, page_bytes: int) -> None:
@@ -452,3 +494,5 @@ class HiCacheFS(HiCacheStorage):
 
     def close(self) -> None:
         self.io.close()
+        self.read_threads.close()
+        self.write_threads.close()

@@ -1,115 +1,106 @@
 #!/usr/bin/env python3
-"""hicachefs beside SGLang's own ``file`` backend (``HiCacheFile``), driven as SGLang drives them.
+"""hicachefs beside SGLang's own ``file`` backend (``HiCacheFile``), both as SGLang runs them.
 
-Both backends get exactly the calls SGLang 0.5.23's cache controller makes, in batches of 128
-pages (``STORAGE_BATCH_SIZE``), on one host pool laid out as SGLang's MHA ``page_first`` pool
-and filled with random bytes (each written page also carries a unique stamp):
-  - ``HiCacheFile``: the controller's generic path. Write: ``get_data_page`` of every page, then
-    ``batch_set``. Read: one ``get_dummy_flat_data_page`` staging page per key, ``batch_get``
-    into them, then ``set_from_flat_data_page`` back into the host pool.
-  - hicachefs (``HiCacheFS`` on a mount this script makes and removes): the zero-copy v1 path,
-    ``batch_set_v1`` / ``batch_get_v1`` with host indices.
-  - existence: ``batch_exists`` of 128 stored keys with 100,000 pages stored (20,000 with --quick).
+Every process runs with one torch thread, as SGLang's ``ModelRunner`` sets on a GPU server.
+Both backends get exactly the calls SGLang 0.5.23's cache controller makes for them, in batches
+of 128 pages (``STORAGE_BATCH_SIZE``), on a host pool laid out as SGLang's MHA ``page_first``
+pool (page-aligned, as SGLang's pinned pool is), filled with random bytes and stamped so that
+every written page is unique (``bench_sglang.py``):
+  - ``HiCacheFile`` with its defaults, on tmpfs (``/dev/shm``), its fastest home: the
+    controller's generic path, the only one it gives the ``file`` backend. Write:
+    ``get_data_page`` of every page, then ``batch_set``. Read: one ``get_dummy_flat_data_page``
+    staging page per key, ``batch_get`` into them, then ``set_from_flat_data_page``.
+  - hicachefs (``HiCacheFS`` on a mount this script makes and removes): the zero-copy v1 path
+    the controller takes for a dynamic backend with ``interface_v1``: ``batch_set_v1`` /
+    ``batch_get_v1`` with host indices.
 
-Cases: hicachefs RAM tier vs ``HiCacheFile`` on tmpfs (/dev/shm); hicachefs SSD tier, cold
-(a small RAM tier, so pages are demoted to --disk on the root filesystem, then
-``sync; echo 3 > /proc/sys/vm/drop_caches``) vs ``HiCacheFile`` on the same disk filesystem,
-cold. Page sizes 1 MiB (Llama-3.1-8B at TP8: 32 layers x K,V x 1 head x 128 x bf16 x 64 tokens)
-and 8 MiB (the same at TP1, 8 KV heads). A sample of pages read back is checked byte for byte.
+Cases (the two backends alternate call by call, so that load from elsewhere hits both alike):
+  - RAM: hicachefs's RAM tier vs ``HiCacheFile`` on tmpfs; pages of 1 MiB (Llama-3.1-8B at
+    TP8) and 8 MiB (at TP1): write, first read after write, repeated read.
+  - ranks: 1, then 2 client processes (TP ranks tp0of2 and tp1of2, each its own host pool
+    and its own pages; ``bench_rank.py``) doing each phase at the same moment; aggregate GB/s
+    and the scaling from 1 to 2 ranks of each backend. 1 MiB pages (and 8 MiB in a full run).
+  - existence: ``batch_exists`` of 128 stored keys with 100,000 pages stored (10,000 --quick).
+  - SSD cold, 1 and 8 MiB (1 MiB with --quick): hicachefs with a 128 MiB RAM tier, so pages
+    are demoted to ``--disk`` on the disk filesystem, vs ``HiCacheFile`` on the same
+    filesystem; only batches wholly on the disk tier are read, after
+    ``sync; echo 3 > /proc/sys/vm/drop_caches`` (which also drops the kernel's cache of the
+    mount's files: the daemon's READ count shows it).
+Sampled pages of every read call are checked byte for byte.
 
-Prints a table (GB/s, pages/s, p50/p99 per batch, ratio hicachefs/HiCacheFile, fraction of
-the memcpy rate measured in the same run, FUSE requests per page) and writes a PNG chart.
-Needs root (drop_caches, FUSE). About 8 minutes; --quick about one.
+Prints a table (GB/s, pages/s, p50/p99 per call, ratio hicachefs/HiCacheFile, fraction of the
+memcpy rate measured in the same run, CPU seconds per GB, FUSE requests per page, the daemon's
+own CPU per GB, the issue's targets with ok/MISS) and writes a PNG chart. Needs root (FUSE, drop_caches). About 5 minutes; --quick about 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import concurrent.futures
 import json
 import logging
 import os
 import secrets
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)  # the path given here wins
-
-from hicachefs.testing import mounting  # noqa: E402
-from hicachefs.testing.host_pools import MHAHostPool  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
+from bench_rank import RankWorker
+from bench_report import FILE, HICACHEFS, Result, chart, table
+from bench_sglang import (
+    MIB,
+    MODEL,
     STORAGE_BATCH_SIZE,
-    HiCacheFile,
-    HiCacheStorageConfig,
+    TORCH_THREADS,
+    Pool,
+    as_sglang_runs,
+    keys_for,
+    make_file,
+    make_hicachefs,
+    reader,
+    writer,
 )
+from hicachefs.testing import mounting
+from hicachefs_client import paths as client_paths
 
-from hicachefs_client import HiCacheFS  # noqa: E402
-
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-LAYERS, HEAD_DIM, TOKENS_PER_PAGE = 32, 128, 64
-# page MiB -> (KV heads per rank, TP size): Llama-3.1-8B has 8 KV heads.
-SHAPES = {1: (1, 8), 8: (8, 1)}
-MIB = 1 << 20
-HICACHEFS, FILE = "hicachefs", "HiCacheFile"
-
-
-# ---------------------------------------------------------------------------- plan
 
 
 @dataclass
 class Plan:
-    """How much each case moves. Volumes are per backend."""
+    """How much each case moves. Volumes are per backend (ranks: per rank)."""
 
-    ram_memory: str            # --memory of the RAM-tier mount
+    ram_memory: str              # --memory of the RAM-tier mount
     ram_batches: Dict[int, int]  # page MiB -> batches written per round (kept for reads)
-    ram_write_rounds: int      # rounds of writes (all but the last are deleted again)
-    ram_read_passes: int       # passes over the kept batches
+    ram_write_rounds: int        # rounds of writes (all but the last are removed again)
+    ram_read_passes: int         # passes over the kept batches: the first, then repeated
+    ranks_batches: Dict[int, int]  # page MiB -> batches per rank
+    ranks_read_passes: int
     ssd_batches: Dict[int, int]
     exists_pages: int
     exists_queries: int
     memcpy_bytes: int
 
 
-FULL = Plan("5G", {1: 16, 8: 4}, 2, 3, {1: 16, 8: 4}, 100_000, 400, 1 << 30)
-QUICK = Plan("2560M", {1: 8, 8: 2}, 1, 2, {1: 6, 8: 2}, 20_000, 100, 256 << 20)
+# Memory: the RAM case keeps up to 4 GiB per backend, ranks at 8 MiB 2 GiB per backend plus 1 GiB
+# of host pool per rank process: with the kernel's cache of the mount as a mirror, more would
+# push pages out of it on a 24 GiB machine and turn repeated reads into first reads.
+FULL = Plan("5G", {1: 16, 8: 4}, 2, 3, {1: 12, 8: 1}, 3, {1: 16, 8: 4}, 100_000, 400, 1 << 30)
+QUICK = Plan("2560M", {1: 8, 8: 2}, 1, 2, {1: 4}, 2, {1: 4}, 10_000, 100, 256 << 20)
 SSD_MEMORY, SSD_MAX_PAGE, SSD_DISK_SIZE = "128M", "16M", "8G"
+RANKS = 2
+FILL_THREADS = 4  # threads that store the existence case's pages
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-# ---------------------------------------------------------------------------- helpers
-
-
-def storage_config(tp_size: int, model: str = MODEL) -> HiCacheStorageConfig:
-    return HiCacheStorageConfig(
-        tp_rank=0, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-        model_name=model, extra_config={})
-
-
-def make_hicachefs(mount: Path, tp_size: int, pool, model: str = MODEL) -> HiCacheFS:
-    config = storage_config(tp_size, model)
-    config.extra_config = {"backend_name": "hicachefs", "module_path": "hicachefs_client",
-                           "class_name": "HiCacheFS", "interface_v1": 1,
-                           "mountpoint": str(mount)}
-    backend = HiCacheFS(config, {})
-    backend.register_mem_pool_host(pool)
-    return backend
-
-
-def make_file(directory: Path, tp_size: int, pool, model: str = MODEL) -> HiCacheFile:
-    backend = HiCacheFile(storage_config(tp_size, model), file_path=str(directory))
-    backend.register_mem_pool_host(pool)
-    return backend
+# ---------------------------------------------------------------------------- small facts
 
 
 def sglang_version() -> str:
@@ -135,10 +126,6 @@ def load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def keys_for(tag: str, count: int) -> List[str]:
-    return [hashlib.sha256(f"{tag}/{i}".encode()).hexdigest() for i in range(count)]
-
-
 def memcpy_rate(size: int, repeats: int = 5) -> float:
     """GB/s of a numpy copy between two large buffers (bytes copied per second), median."""
     src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
@@ -149,7 +136,7 @@ def memcpy_rate(size: int, repeats: int = 5) -> float:
         start = time.perf_counter()
         np.copyto(dst, src)
         rates.append(size / (time.perf_counter() - start) / 1e9)
-    return statistics.median(rates)
+    return float(np.median(rates))
 
 
 def kernel_copy_rate(directory: Path, size: int = 8 * MIB, repeats: int = 64) -> float:
@@ -172,162 +159,50 @@ def kernel_copy_rate(directory: Path, size: int = 8 * MIB, repeats: int = 64) ->
         path.unlink()
 
 
-def percentile(values: List[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
-
-
 def request_delta(before: dict, after: dict) -> Dict[str, int]:
     b, a = before.get("requests", {}), after.get("requests", {})
     return {op: a[op] - b.get(op, 0) for op in a if a[op] - b.get(op, 0)}
 
 
-# ---------------------------------------------------------------------------- host pool
+def daemon_config(mount: mounting.Mount) -> str:
+    """The mount's effective configuration, minus what only names this run's paths."""
+    config = json.loads((mount.path / ".hicachefs" / "config").read_text())
+    shown = {k: v for k, v in config.items()
+             if k not in ("pid", "mountpoint", "log_file", "disk_dir")}
+    return ", ".join(f"{k}={v}" for k, v in shown.items())
 
 
-class AlignedMHAHostPool(MHAHostPool):
-    """The MHA host pool double with its buffer on a 4 KiB boundary, as SGLang's pinned host
-    pool is on a GPU server (cudaHostAlloc memory is page-aligned); a plain torch CPU tensor
-    is only 64-byte aligned, which costs FUSE one more request per page (a request carries at
-    most 256 whole memory pages)."""
-
-    def fill_random(self, seed):
-        if self.kv_buffer.data_ptr() % 4096:
-            nbytes = self.kv_buffer.numel() * self.kv_buffer.element_size()
-            raw = np.empty(nbytes + 4096, np.uint8)
-            start = (-raw.ctypes.data) % 4096
-            aligned = torch.from_numpy(raw[start:start + nbytes])
-            self.kv_buffer = aligned.view(self.dtype).view(self.dims())
-        super().fill_random(seed)
+def daemon_cpu(mount: mounting.Mount) -> float:
+    """CPU seconds the daemon has used (all its threads; clock-tick resolution)."""
+    fields = Path(f"/proc/{mount.pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
-class Pool:
-    """An MHA page_first host pool of 128 pages (+1 padding) with stamps and checks."""
-
-    SAMPLE_SLOTS = (0, 1, 37, 64, 101, 127)  # pages checked byte for byte after every read
-
-    def __init__(self, page_mib: int) -> None:
-        heads, self.tp_size = SHAPES[page_mib]
-        self.host = AlignedMHAHostPool(layer_num=LAYERS, head_num=heads, head_dim=HEAD_DIM,
-                                page_size=TOKENS_PER_PAGE, pages=STORAGE_BATCH_SIZE,
-                                dtype=torch.bfloat16, layout="page_first")
-        self.page_bytes = 2 * LAYERS * heads * HEAD_DIM * 2 * TOKENS_PER_PAGE
-        assert self.page_bytes == page_mib * MIB
-        self.ps = TOKENS_PER_PAGE
-        # kv_buffer[2, tokens, layers, heads, head_dim] as bytes
-        assert self.host.kv_buffer.data_ptr() % 4096 == 0
-        self.u8 = self.host.kv_buffer.view(torch.int16).numpy().view(np.uint8)
-        self.indices = torch.arange(0, STORAGE_BATCH_SIZE * self.ps, dtype=torch.int64)
-        self.reference = {s: self.page(s).copy() for s in self.SAMPLE_SLOTS}
-
-    def page(self, slot: int) -> np.ndarray:
-        """The flat page bytes of ``slot`` (K then V), as SGLang's get_data_page gives them."""
-        flat = self.host.get_data_page(slot * self.ps, flat=True)
-        return flat.view(torch.int16).numpy().view(np.uint8)
-
-    @staticmethod
-    def tag(batch_tag: str, slot: int) -> np.ndarray:
-        return np.frombuffer(hashlib.md5(f"{batch_tag}/{slot}".encode()).digest(), np.uint8)
-
-    def stamp(self, batch_tag: str) -> None:
-        """Make every page of the next batch unique: 16 bytes at the start of its K and V."""
-        for slot in range(STORAGE_BATCH_SIZE):
-            t = self.tag(batch_tag, slot)
-            self.u8[0, slot * self.ps, 0, 0, :16] = t
-            self.u8[1, slot * self.ps, 0, 0, :16] = t
-
-    def scribble(self) -> None:
-        """Overwrite the sampled pages so that a read which does not land shows."""
-        for s in self.SAMPLE_SLOTS:
-            self.u8[:, s * self.ps:(s + 1) * self.ps] = 0xA5
-
-    def check(self, batch_tag: str) -> int:
-        """Sampled pages hold exactly what was written under ``batch_tag``: how many do not."""
-        bad = 0
-        half = self.page_bytes // 2
-        for s, ref in self.reference.items():
-            want = ref.copy()
-            t = self.tag(batch_tag, s)
-            want[:16] = t
-            want[half:half + 16] = t
-            bad += not np.array_equal(self.page(s), want)
-        return bad
+def print_log_tail(mount: mounting.Mount, lines: int = 40) -> None:
+    print(f"mount {mount.path}: {'mounted' if mounting.is_mounted(mount.path) else 'NOT mounted'}"
+          f", daemon {mount.pid} {'alive' if mounting.alive(mount.pid) else 'gone'}; daemon log "
+          f"{mount.log_file} (last {lines} lines):", file=sys.stderr)
+    print("\n".join(mount.log_text().splitlines()[-lines:]), file=sys.stderr)
 
 
-# ---------------------------------------------------------------------------- the calls SGLang makes
+def timed(label: str, case: Callable, *args) -> None:
+    start = time.perf_counter()
+    case(*args)
+    print(f"{label}: {time.perf_counter() - start:.0f} s ({load()})", file=sys.stderr)
 
 
-def file_write(backend: HiCacheFile, pool: Pool, keys: List[str]) -> bool:
-    """CacheController._generic_page_set."""
-    host_indices, ps = pool.indices, pool.ps
-    data = [pool.host.get_data_page(host_indices[i * ps]) for i in range(len(keys))]
-    return backend.batch_set(keys, data)
+def progress(items, label: str):
+    return tqdm(items, desc=label, unit="call", leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
-def file_read(backend: HiCacheFile, pool: Pool, keys: List[str]) -> int:
-    """CacheController._generic_page_get: staging pages, batch_get, set_from_flat_data_page."""
-    host_indices, ps = pool.indices, pool.ps
-    dummy_page_dst = [pool.host.get_dummy_flat_data_page() for _ in keys]
-    page_data = backend.batch_get(keys, dummy_page_dst)
-    count = 0
-    for i in range(len(keys)):
-        if page_data[i] is None:
-            break
-        pool.host.set_from_flat_data_page(host_indices[i * ps], page_data[i])
-        count += 1
-    return count
-
-
-def fs_write(backend: HiCacheFS, pool: Pool, keys: List[str]) -> bool:
-    """CacheController._page_set_zero_copy."""
-    return all(backend.batch_set_v1(keys, pool.indices))
-
-
-def fs_read(backend: HiCacheFS, pool: Pool, keys: List[str]) -> int:
-    """CacheController._page_get_zero_copy."""
-    results = backend.batch_get_v1(keys, pool.indices)
-    return results.index(False) if False in results else len(results)
-
-
-# ---------------------------------------------------------------------------- measurements
-
-
-@dataclass
-class Result:
-    case: str          # "RAM 1 MiB", "SSD cold 8 MiB", "exists"
-    op: str            # write / read / exists
-    backend: str
-    seconds: List[float] = field(default_factory=list)  # per batch
-    pages: int = 0
-    page_bytes: int = 0
-    bad_pages: int = 0
-    failed: int = 0
-    requests: Dict[str, int] = field(default_factory=dict)
-    note: str = ""
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds)
-
-    @property
-    def gbps(self) -> float:
-        return self.pages * self.page_bytes / self.total / 1e9 if self.total else float("nan")
-
-    @property
-    def pages_per_s(self) -> float:
-        return self.pages / self.total if self.total else float("nan")
-
-    def ms(self, q: float) -> float:
-        return percentile(self.seconds, q) * 1e3
-
-    def requests_per_page(self) -> Optional[float]:
-        if not self.requests or not self.pages:
-            return None
-        return sum(self.requests.values()) / self.pages
+# ---------------------------------------------------------------------------- one process
 
 
 class Bench:
-    def __init__(self, plan: Plan, work: Path, shm: Path, disk: Path) -> None:
-        self.plan, self.work, self.shm, self.disk = plan, work, shm, disk
+    """The RAM, SSD and existence cases, in this process; the ranks case in rank workers."""
+
+    def __init__(self, plan: Plan, client: dict) -> None:
+        self.plan, self.client = plan, client
         self.results: List[Result] = []
         self.pools: Dict[int, Pool] = {}
 
@@ -336,91 +211,132 @@ class Bench:
             self.pools[page_mib] = Pool(page_mib)
         return self.pools[page_mib]
 
-    def _batches(self, result: Result, pool: Pool, batch_keys: Dict[str, List[str]],
-                 op: Callable, write: bool, mount=None, label: str = "") -> Result:
-        before = mount.stats() if mount is not None else None
-        for tag, keys in tqdm(batch_keys.items(), desc=label, unit="batch", leave=False,
-                              file=sys.stderr, dynamic_ncols=True):
-            if write:
-                pool.stamp(tag)
-            else:
-                pool.scribble()
-            start = time.perf_counter()
-            outcome = op(keys)
-            result.seconds.append(time.perf_counter() - start)
-            if write:
-                result.failed += 0 if outcome else len(keys)
-                result.pages += len(keys)
-            else:
-                result.failed += len(keys) - outcome
-                result.pages += outcome
-                result.bad_pages += pool.check(tag)
-        if mount is not None:
-            for op, n in request_delta(before, mount.stats()).items():
-                result.requests[op] = result.requests.get(op, 0) + n
-        return result
+    def _interleaved(self, results: Dict[str, Result], pool: Pool, batches: Dict[str, List[str]],
+                     ops: Dict[str, Callable], write: bool, mount: mounting.Mount,
+                     label: str, after_call: Callable[[], None] = lambda: None) -> None:
+        """Each batch through every backend, alternating which goes first."""
+        before = mount.stats()
+        for n, (tag, keys) in enumerate(progress(batches.items(), label)):
+            for name in (list(ops) if n % 2 == 0 else list(ops)[::-1]):
+                self._call(results[name], pool, tag, keys, ops[name], write,
+                           mount if name == HICACHEFS else None)
+                after_call()
+        for op, count in request_delta(before, mount.stats()).items():
+            requests = results[HICACHEFS].requests
+            requests[op] = requests.get(op, 0) + count
 
-    def pages_case(self, tier: str, page_mib: int, mount: mounting.Mount, file_dir: Path) -> None:
-        """Write then read one page size on both backends (RAM: warm, SSD: cold reads)."""
+    @staticmethod
+    def _call(result: Result, pool: Pool, tag: str, keys: List[str], op: Callable,
+              write: bool, mount: Optional[mounting.Mount]) -> None:
+        """One call of ``op``, timed; ``mount``: the daemon whose CPU time it costs too."""
+        if write:
+            pool.stamp(tag)
+        else:
+            pool.scribble()
+        daemon_before = daemon_cpu(mount) if mount is not None else 0.0
+        start, start_cpu = time.perf_counter(), time.process_time()
+        outcome = op(keys)
+        result.seconds.append(time.perf_counter() - start)
+        result.cpu += time.process_time() - start_cpu
+        if mount is not None:
+            result.daemon_cpu += daemon_cpu(mount) - daemon_before
+        if write:
+            result.failed += 0 if outcome else len(keys)
+            result.pages += len(keys)
+        else:
+            result.failed += len(keys) - outcome
+            result.pages += outcome
+            result.bad_pages += pool.check(tag)
+
+    def ram_case(self, page_mib: int, mount: mounting.Mount, file_dir: Path) -> None:
+        """Write, first read, repeated reads: hicachefs's RAM tier vs HiCacheFile on tmpfs."""
         pool = self.pool(page_mib)
-        case = f"{'RAM' if tier == 'ram' else 'SSD cold'} {page_mib} MiB"
+        case = f"RAM {page_mib} MiB"
         file_dir.mkdir(parents=True, exist_ok=True)
-        fs = make_hicachefs(mount.path, pool.tp_size, pool.host)
-        hf = make_file(file_dir, pool.tp_size, pool.host)
-        n = (self.plan.ram_batches if tier == "ram" else self.plan.ssd_batches)[page_mib]
-        rounds = self.plan.ram_write_rounds if tier == "ram" else 1
-        ops = {
-            HICACHEFS: (lambda k: fs_write(fs, pool, k), lambda k: fs_read(fs, pool, k), mount),
-            FILE: (lambda k: file_write(hf, pool, k), lambda k: file_read(hf, pool, k), None),
-        }
-        writes = {b: Result(case, "write", b, page_bytes=pool.page_bytes) for b in ops}
-        batch_keys: Dict[str, List[str]] = {}
+        fs = make_hicachefs(mount.path, pool, client=self.client)
+        hf = make_file(file_dir, pool)
+        backends = {HICACHEFS: fs, FILE: hf}
+
+        def results(op: str) -> Dict[str, Result]:
+            made = {name: Result(case, op, name, page_bytes=pool.page_bytes) for name in backends}
+            self.results.extend(made.values())
+            return made
+
+        writes = results("write")
+        batches: Dict[str, List[str]] = {}
+        rounds = self.plan.ram_write_rounds
         for r in range(rounds):
-            batch_keys = {f"{case}/r{r}/b{i}": keys_for(f"{case}/r{r}/b{i}", STORAGE_BATCH_SIZE)
-                          for i in range(n)}
-            for name, (write, _, m) in ops.items():
-                self._batches(writes[name], pool, batch_keys, write, True, m,
-                              f"{case} write {name} {r + 1}/{rounds}")
-                if tier == "ssd":
-                    os.sync()  # the next writer does not pay for this one's writeback
+            batches = {f"{case}/r{r}/b{i}": keys_for(f"{case}/r{r}/b{i}")
+                       for i in range(self.plan.ram_batches[page_mib])}
+            self._interleaved(writes, pool, batches,
+                              {n: writer(b, pool) for n, b in backends.items()}, True, mount,
+                              f"{case} write {r + 1}/{rounds}")
             if r < rounds - 1:
                 fs.clear()
                 hf.clear()
-        self.results += writes.values()
-
-        passes = self.plan.ram_read_passes if tier == "ram" else 1
-        read_keys = dict(batch_keys)
-        note = ""
-        if tier == "ssd":
-            # Only batches whose every page the daemon holds on disk: a cold read is a disk read.
-            directory = Path(mount.path, fs._dir_of("kv"))
-            on_disk = {tag: keys for tag, keys in batch_keys.items()
-                       if all(os.getxattr(directory / k, "user.hicachefs.tier") == b"disk"
-                              for k in keys)}
-            note = f"{len(on_disk)} of {len(batch_keys)} batches wholly on the disk tier"
-            read_keys = on_disk
-        for name, (_, read, m) in ops.items():
-            result = Result(case, "read", name, page_bytes=pool.page_bytes, note=note)
-            for p in range(passes):
-                if tier == "ssd":
-                    drop_caches()
-                    if name == HICACHEFS:
-                        result.note += "; " + self._arena_residency(mount)
-                stats_before = m.stats() if m is not None else None
-                self._batches(result, pool, read_keys, read, False, m,
-                              f"{case} read {name} {p + 1}/{passes}")
-                if m is not None and stats_before is not None:
-                    after = m.stats()
-                    moved = {k: after[k] - stats_before[k] for k in ("promotions", "demotions")}
-                    if tier == "ssd":
-                        result.note += f"; promotions {moved['promotions']}, demotions {moved['demotions']}"
-            self.results.append(result)
+        reads = {n: reader(b, pool) for n, b in backends.items()}
+        passes = self.plan.ram_read_passes
+        self._interleaved(results("first read"), pool, batches, reads, False, mount,
+                          f"{case} first read")
+        repeated = results("repeated read")
+        for p in range(1, passes):
+            self._interleaved(repeated, pool, batches, reads, False, mount,
+                              f"{case} repeated read {p}/{passes - 1}")
         fs.clear()
         fs.close()
         hf.clear()
         shutil.rmtree(file_dir, ignore_errors=True)
 
-    def _arena_residency(self, mount: mounting.Mount) -> str:
+    def ssd_case(self, page_mib: int, mount: mounting.Mount, file_dir: Path) -> None:
+        """Write, then read cold: hicachefs's disk tier vs HiCacheFile on the same disk."""
+        pool = self.pool(page_mib)
+        case = f"SSD cold {page_mib} MiB"
+        file_dir.mkdir(parents=True, exist_ok=True)
+        fs = make_hicachefs(mount.path, pool, client=self.client)
+        hf = make_file(file_dir, pool)
+        backends = {HICACHEFS: fs, FILE: hf}
+        writes = {n: Result(case, "write", n, page_bytes=pool.page_bytes) for n in backends}
+        self.results.extend(writes.values())
+        batches = {f"{case}/b{i}": keys_for(f"{case}/b{i}")
+                   for i in range(self.plan.ssd_batches[page_mib])}
+        # os.sync between calls: the next writer does not pay for this one's writeback.
+        self._interleaved(writes, pool, batches, {n: writer(b, pool) for n, b in backends.items()},
+                          True, mount, f"{case} write", after_call=os.sync)
+
+        # Only batches whose every page the daemon holds on disk: a cold read is a disk read.
+        directory = Path(mount.path, fs._dir_of("kv"))
+        on_disk = {tag: keys for tag, keys in batches.items()
+                   if all(os.getxattr(directory / k, "user.hicachefs.tier") == b"disk"
+                          for k in keys)}
+        note = f"{len(on_disk)} of {len(batches)} batches wholly on the disk tier"
+        for name, backend in backends.items():
+            result = Result(case, "cold read", name, page_bytes=pool.page_bytes, note=note)
+            self.results.append(result)
+            drop_caches()
+            before = mount.stats()
+            if name == HICACHEFS:
+                result.note += "; " + self._arena_residency(mount)
+            read = reader(backend, pool)
+            for tag, keys in progress(on_disk.items(), f"{case} cold read {name}"):
+                self._call(result, pool, tag, keys, read, False,
+                           mount if name == HICACHEFS else None)
+            if name == HICACHEFS:
+                after = mount.stats()
+                result.requests = request_delta(before, after)
+                moved = {k: after[k] - before[k] for k in ("promotions", "demotions")}
+                per_mib = result.requests.get("read", 0) / max(1, result.pages) / page_mib
+                result.note += (f"; daemon READ requests per MiB read: {per_mib:.2f} (>= 1: none "
+                                f"served from the kernel's cache); promotions "
+                                f"{moved['promotions']}, demotions {moved['demotions']}")
+                if result.pages and per_mib < 1:
+                    result.invalid = "(not cold: the kernel's cache served some pages)"
+        fs.clear()
+        fs.close()
+        hf.clear()
+        shutil.rmtree(file_dir, ignore_errors=True)
+
+    @staticmethod
+    def _arena_residency(mount: mounting.Mount) -> str:
         """How much of the disk arena is still in the page cache after dropping it."""
         config = json.loads((mount.path / ".hicachefs" / "config").read_text())
         files = [str(p) for p in Path(config["disk_dir"]).iterdir() if p.is_file()]
@@ -435,186 +351,120 @@ class Bench:
         model = "bench/exists"
         count = self.plan.exists_pages
         keys = keys_for("exists", count)
-        fs = make_hicachefs(mount.path, pool.tp_size, pool.host, model)
+        fs = make_hicachefs(mount.path, pool, client=self.client, model=model)
         file_dir.mkdir(parents=True, exist_ok=True)
-        hf = make_file(file_dir, pool.tp_size, pool.host, model)
+        hf = make_file(file_dir, pool, model=model)
 
-        # hicachefs: published through the mount with plain file I/O (64-byte pages).
+        # Stored with plain file I/O (64-byte pages), on a few threads: only the query is timed.
         directory = Path(mount.path, fs._dir_of("kv"))
         directory.mkdir(parents=True, exist_ok=True)
         payload = b"\0" * 64
-        start = time.perf_counter()
-        for key in tqdm(keys, desc=f"storing {count:,} small pages in hicachefs", unit="page",
-                        leave=False, file=sys.stderr, dynamic_ncols=True, mininterval=0.5):
+
+        def publish(key: str) -> None:
             tmp = directory / f".{secrets.token_hex(8)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             os.ftruncate(fd, len(payload))
             os.pwrite(fd, payload, 0)
             os.close(fd)
             os.rename(tmp, directory / key)
-        fill_fs = count / (time.perf_counter() - start)
-        # HiCacheFile: its file names in its directory.
-        start = time.perf_counter()
-        for key in tqdm(keys, desc=f"storing {count:,} small pages for HiCacheFile", unit="page",
-                        leave=False, file=sys.stderr, dynamic_ncols=True, mininterval=0.5):
+
+        def write_file(key: str) -> None:
             with open(file_dir / f"{hf._get_suffixed_key(key)}.bin", "wb") as f:
                 f.write(payload)
-        fill_file = count / (time.perf_counter() - start)
+
+        rates = {}
+        for name, store in ((HICACHEFS, publish), (FILE, write_file)):
+            start = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(FILL_THREADS) as workers:
+                for _ in tqdm(workers.map(store, keys), total=count, unit="page", leave=False,
+                              desc=f"storing {count:,} small pages for {name}", file=sys.stderr,
+                              dynamic_ncols=True, mininterval=0.5):
+                    pass
+            rates[name] = count / (time.perf_counter() - start)
 
         rng = np.random.default_rng(2)
         queries = [[keys[int(j)] for j in rng.choice(count, STORAGE_BATCH_SIZE, replace=False)]
                    for _ in range(self.plan.exists_queries)]
-        for name, backend, m in ((HICACHEFS, fs, mount), (FILE, hf, None)):
-            result = Result("exists", "exists", name,
-                            note=f"{count:,} pages stored ({(fill_fs if m else fill_file):,.0f}/s "
-                                 "to store them)")
-            before = m.stats() if m else None
-            for q in tqdm(queries, desc=f"exists {name}", unit="query", leave=False,
-                          file=sys.stderr, dynamic_ncols=True):
+        results = {name: Result("exists", "exists", name,
+                                note=f"{count:,} pages stored ({rate:,.0f}/s to store them on "
+                                     f"{FILL_THREADS} threads)")
+                   for name, rate in rates.items()}
+        self.results.extend(results.values())
+        before = mount.stats()
+        for n, q in enumerate(progress(queries, "exists")):
+            for name, backend in (((HICACHEFS, fs), (FILE, hf)) if n % 2 == 0
+                                  else ((FILE, hf), (HICACHEFS, fs))):
                 start = time.perf_counter()
                 hits = backend.batch_exists(q)
-                result.seconds.append(time.perf_counter() - start)
-                result.pages += len(q)
-                result.failed += len(q) - hits
-            if m:
-                result.requests = request_delta(before, m.stats())
-            self.results.append(result)
+                results[name].seconds.append(time.perf_counter() - start)
+                results[name].pages += len(q)
+                results[name].failed += len(q) - hits
+        results[HICACHEFS].requests = request_delta(before, mount.stats())
+        fs.clear()
         fs.close()
         shutil.rmtree(file_dir, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------------- output
-
-TARGETS = {  # (case prefix, op) -> (minimum ratio hicachefs/HiCacheFile)
-    ("RAM 8 MiB", "read"): 1.0, ("RAM 1 MiB", "read"): 0.8,
-    ("RAM 8 MiB", "write"): 1.5, ("RAM 1 MiB", "write"): 0.8,
-    ("SSD cold 8 MiB", "read"): 0.9, ("SSD cold 1 MiB", "read"): 0.9,
-}
-READ_CEILING_TARGET = 0.6
-EXISTS_P50_TARGET_MS = 1.0
+# ---------------------------------------------------------------------------- ranks
 
 
-def pair(results: List[Result], case: str, op: str):
-    found = {r.backend: r for r in results if r.case == case and r.op == op}
-    return found.get(HICACHEFS), found.get(FILE)
+def ranks_case(bench: Bench, page_mib: int, mount: mounting.Mount, file_dir: Path) -> None:
+    """1 rank, then ``RANKS`` ranks of each backend. All ranks of a backend run each phase at
+    the same moment; the backends take turns phase by phase."""
+    plan = bench.plan
+    case = f"ranks {page_mib} MiB"
+    file_dir.mkdir(parents=True, exist_ok=True)
+    roots = {HICACHEFS: mount.path, FILE: file_dir}
+    workers: Dict[str, List[RankWorker]] = {name: [] for name in roots}
+    phases = [("write", "write"), ("read", "first read")] + \
+        [("read", "repeated read")] * (plan.ranks_read_passes - 1)
+    try:
+        for name, root in roots.items():
+            for rank in range(RANKS):
+                workers[name].append(RankWorker(name, root, rank, RANKS, page_mib,
+                                                plan.ranks_batches[page_mib], bench.client))
+        for worker in (w for group in workers.values() for w in group):
+            if worker.receive() != "ready":
+                raise RuntimeError(f"rank process {worker.proc.pid} did not start")
+        for ranks in (1, RANKS):
+            made: Dict[Tuple[str, str], Result] = {}
+            for n, (command, op) in enumerate(progress(phases, f"{case} x{ranks}")):
+                for name in (list(roots) if n % 2 == 0 else list(roots)[::-1]):
+                    if (name, op) not in made:
+                        made[name, op] = Result(case, op, name, ranks=ranks, wall=0.0)
+                        bench.results.append(made[name, op])
+                    _rank_phase(made[name, op], workers[name][:ranks], command,
+                                f"ranks{page_mib}x{ranks}", mount if name == HICACHEFS else None)
+            # Room for the next round's pages (the RAM tier holds one round).
+            shutil.rmtree(mount.path / client_paths.model_segment(MODEL), ignore_errors=True)
+            for path in file_dir.iterdir():
+                path.unlink()
+    finally:
+        for worker in (w for group in workers.values() for w in group):
+            worker.stop()
+    shutil.rmtree(file_dir, ignore_errors=True)
 
 
-def verdicts(fs: Result, hf: Result, memcpy: float) -> str:
-    out = []
-    if fs.op == "exists":
-        ok = fs.ms(50) <= EXISTS_P50_TARGET_MS
-        return f"p50<={EXISTS_P50_TARGET_MS:g}ms {'ok' if ok else 'MISS'}"
-    target = TARGETS.get((fs.case, fs.op))
-    if target is not None:
-        ratio = fs.gbps / hf.gbps
-        out.append(f">={target:g}x {'ok' if ratio >= target else 'MISS'}")
-    if fs.op == "read" and fs.case.startswith("RAM"):
-        frac = fs.gbps / memcpy
-        out.append(f">={READ_CEILING_TARGET:.0%} memcpy {'ok' if frac >= READ_CEILING_TARGET else 'MISS'}")
-    return ", ".join(out)
-
-
-def table(results: List[Result], memcpy: float) -> str:
-    lines = []
-    head = (f"{'case':<16}{'op':<7}{'backend':<13}{'GB/s':>7}{'pages/s':>10}{'p50 ms':>9}"
-            f"{'p99 ms':>9}{'ratio':>7}{'memcpy':>8}{'req/pg':>8}  target")
-    lines += [head, "-" * len(head)]
-    seen = []
-    for r in results:
-        if (r.case, r.op) not in seen:
-            seen.append((r.case, r.op))
-    for case, op in seen:
-        fs, hf = pair(results, case, op)
-        for r in (fs, hf):
-            if r is None:
-                continue
-            if op == "exists":
-                gb, pps = "-", f"{r.pages_per_s:,.0f}"
-                ratio = hf.ms(50) / fs.ms(50) if (r is fs and hf) else None
-                frac = "-"
-            else:
-                gb, pps = f"{r.gbps:.2f}", f"{r.pages_per_s:,.0f}"
-                ratio = fs.gbps / hf.gbps if (r is fs and hf) else None
-                frac = f"{r.gbps / memcpy:.0%}"
-            rpp = r.requests_per_page()
-            lines.append(
-                f"{case if r is fs else '':<16}{op if r is fs else '':<7}{r.backend:<13}{gb:>7}{pps:>10}"
-                f"{r.ms(50):>9.2f}{r.ms(99):>9.2f}{(f'{ratio:.2f}x' if ratio else ''):>7}{frac:>8}"
-                f"{(f'{rpp:.2f}' if rpp is not None else ''):>8}  "
-                f"{verdicts(fs, hf, memcpy) if (r is fs and hf) else ''}")
-    lines.append("")
-    lines.append(f"'memcpy' is the fraction of {memcpy:.2f} GB/s (numpy copy, start of this run). 'ratio' is hicachefs/HiCacheFile "
-                 "throughput (exists: HiCacheFile p50 / hicachefs p50); p50/p99 are per batch of "
-                 f"{STORAGE_BATCH_SIZE} pages.")
-    lines.append("")
-    lines.append("FUSE requests per page seen by the daemon (.hicachefs/stats 'requests'; exists: per key):")
-    for r in results:
-        if r.requests:
-            per = ", ".join(f"{op} {n / r.pages:.2f}" for op, n in sorted(r.requests.items(),
-                                                                        key=lambda kv: -kv[1]))
-            lines.append(f"  {r.case} {r.op}: {per}")
-    problems = [r for r in results if r.failed or r.bad_pages]
-    notes = [r for r in results if r.note]
-    if notes:
-        lines.append("")
-        lines.append("Notes:")
-        for r in notes:
-            lines.append(f"  {r.case} {r.op} {r.backend}: {r.note.strip('; ')}")
-    lines.append("")
-    checked = sum(len(Pool.SAMPLE_SLOTS) * len(r.seconds) for r in results if r.op == "read")
-    if problems:
-        for r in problems:
-            lines.append(f"PROBLEM {r.case} {r.op} {r.backend}: {r.failed} pages failed, "
-                         f"{r.bad_pages} sampled pages wrong")
-    else:
-        lines.append(f"Every call succeeded; {checked} sampled pages read back byte-exact.")
-    return "\n".join(lines)
-
-
-def chart(results: List[Result], memcpy: float, path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = []
-    for r in results:
-        if r.op != "exists" and (r.case, r.op) not in groups:
-            groups.append((r.case, r.op))
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [4, 1]})
-    x = np.arange(len(groups))
-    width = 0.38
-    for offset, backend, color in ((-width / 2, HICACHEFS, "#1f77b4"), (width / 2, FILE, "#ff7f0e")):
-        values = []
-        for case, op in groups:
-            fs, hf = pair(results, case, op)
-            r = fs if backend == HICACHEFS else hf
-            values.append(r.gbps if r else 0)
-        bars = ax.bar(x + offset, values, width, label=backend, color=color)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.axhline(memcpy, color="gray", linestyle="--", linewidth=1)
-    ax.text(len(groups) - 0.5, memcpy, f"memcpy {memcpy:.1f} GB/s", ha="right", va="bottom",
-            fontsize=8, color="gray")
-    ax.set_xticks(x, [f"{c}\n{o}" for c, o in groups], fontsize=8)
-    ax.set_ylabel("GB/s (batches of 128 pages)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper left")
-    fs, hf = pair(results, "exists", "exists")
-    if fs and hf:
-        names = [HICACHEFS, FILE]
-        p50 = [fs.ms(50), hf.ms(50)]
-        p99 = [fs.ms(99), hf.ms(99)]
-        xs = np.arange(2)
-        b1 = ax2.bar(xs - 0.2, p50, 0.4, label="p50", color=["#1f77b4", "#ff7f0e"])
-        b2 = ax2.bar(xs + 0.2, p99, 0.4, label="p99", color=["#1f77b4", "#ff7f0e"], alpha=0.5)
-        ax2.bar_label(b1, fmt="%.2f", fontsize=7)
-        ax2.bar_label(b2, fmt="%.2f", fontsize=7)
-        ax2.set_xticks(xs, names, fontsize=8)
-        ax2.set_ylabel("ms per batch_exists of 128 keys")
-        ax2.set_title(f"existence ({fs.note.split(' pages')[0]} pages stored)\nsolid p50, light p99",
-                      fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def _rank_phase(result: Result, workers: List[RankWorker], phase: str, tag: str,
+                mount: Optional[mounting.Mount]) -> None:
+    """All ``workers`` run ``phase`` at once; ``mount``: the daemon they cost (hicachefs)."""
+    before = mount.stats() if mount is not None else None
+    daemon_before = daemon_cpu(mount) if mount is not None else 0.0
+    for worker in workers:
+        worker.send(phase, tag)
+    answers = [worker.receive() for worker in workers]
+    result.wall += max(a["end"] for a in answers) - min(a["start"] for a in answers)
+    for a in answers:
+        result.seconds += a["seconds"]
+        result.cpu += a["cpu"]
+        result.pages += a["pages"]
+        result.failed += a["failed"]
+        result.bad_pages += a["bad"]
+        result.page_bytes = a["page_bytes"]
+    if mount is not None:
+        result.daemon_cpu += daemon_cpu(mount) - daemon_before
+        for op, n in request_delta(before, mount.stats()).items():
+            result.requests[op] = result.requests.get(op, 0) + n
 
 
 # ---------------------------------------------------------------------------- main
@@ -623,12 +473,20 @@ def chart(results: List[Result], memcpy: float, path: Path, title: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller volumes: about a minute")
+    parser.add_argument("--quick", action="store_true", help="smaller volumes: about 1.5 min")
     parser.add_argument("--chart", type=Path, default=Path("bench.png"),
                         help="where the PNG chart goes (default: bench.png here)")
     parser.add_argument("--disk-dir", type=Path, default=Path("/var/tmp"),
-                        help="a directory on the disk filesystem (not tmpfs) for the SSD cases")
+                        help="a directory on the disk filesystem (not tmpfs) for the SSD case")
     parser.add_argument("--exists-pages", type=int, help="pages stored for the existence case")
+    parser.add_argument("--client", type=json.loads, default={},
+                        help="more extra_config keys for HiCacheFS, JSON (e.g. "
+                             "'{\"read_threads\": 1}'); default: the client's defaults")
+    parser.add_argument("--mount-option", action="append", default=[], metavar="FLAG",
+                        help="one more flag for both hicachefs mounts, e.g. "
+                             "--mount-option=--no-kernel-cache (repeatable)")
+    parser.add_argument("--only", choices=("ram", "ranks", "exists", "ssd"), action="append",
+                        help="run only these cases (repeatable; default all)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench.py needs root (FUSE mounts and drop_caches)", file=sys.stderr)
@@ -636,7 +494,9 @@ def main() -> int:
     plan = QUICK if args.quick else FULL
     if args.exists_pages:
         plan.exists_pages = args.exists_pages
+    cases = set(args.only or ("ram", "ranks", "exists", "ssd"))
     logging.basicConfig(level=logging.ERROR)
+    as_sglang_runs()
 
     work = Path(tempfile.mkdtemp(prefix="hicachefs-bench-"))
     shm = Path(tempfile.mkdtemp(prefix="hicachefs-bench-", dir="/dev/shm"))
@@ -650,27 +510,48 @@ def main() -> int:
     load_start = load()
     print(f"hicachefs vs SGLang HiCacheFile, {os.cpu_count()} CPUs, {load_start}; "
           f"tmpfs {shm}, disk {disk} ({disk_fs})", file=sys.stderr)
-    bench = Bench(plan, work, shm, disk)
+    bench = Bench(plan, args.client)
     memcpy = memcpy_rate(plan.memcpy_bytes)
     kernel_copy = kernel_copy_rate(shm)
-    print(f"memcpy: {memcpy:.2f} GB/s; kernel copy from tmpfs: {kernel_copy:.2f} GB/s", file=sys.stderr)
+    configs = []
     try:
-        mount = mounting.start(work / "ram", work / "ram.log", ["--memory", plan.ram_memory])
-        try:
-            for page_mib in (1, 8):
-                bench.pages_case("ram", page_mib, mount, shm / f"file-{page_mib}")
-            bench.exists_case(mount, shm / "file-exists")
-        finally:
-            mounting.stop(mount)
-        (disk / "arena").mkdir()
-        mount = mounting.start(work / "ssd", work / "ssd.log",
-                               ["--memory", SSD_MEMORY, "--max-page-size", SSD_MAX_PAGE,
-                                "--disk", str(disk / "arena"), "--disk-size", SSD_DISK_SIZE])
-        try:
-            for page_mib in (1, 8):
-                bench.pages_case("ssd", page_mib, mount, disk / f"file-{page_mib}")
-        finally:
-            mounting.stop(mount)
+        if cases & {"ram", "ranks", "exists"}:
+            mount = mounting.start(work / "ram", work / "ram.log",
+                                   ["--memory", plan.ram_memory, *args.mount_option])
+            configs.append(f"RAM mount: {daemon_config(mount)}")
+            try:
+                if "ram" in cases:
+                    for page_mib in (1, 8):
+                        timed(f"RAM {page_mib} MiB", bench.ram_case, page_mib, mount,
+                              shm / f"file-{page_mib}")
+                    bench.pools.clear()  # the rank processes have their own
+                if "ranks" in cases:
+                    for page_mib in plan.ranks_batches:
+                        timed(f"ranks {page_mib} MiB", ranks_case, bench, page_mib, mount,
+                              shm / f"ranks-{page_mib}")
+                if "exists" in cases:
+                    timed("exists", bench.exists_case, mount, shm / "file-exists")
+            except BaseException:
+                print_log_tail(mount)
+                raise
+            finally:
+                mounting.stop(mount)
+        if "ssd" in cases:
+            (disk / "arena").mkdir()
+            mount = mounting.start(work / "ssd", work / "ssd.log",
+                                   ["--memory", SSD_MEMORY, "--max-page-size", SSD_MAX_PAGE,
+                                    "--disk", str(disk / "arena"), "--disk-size", SSD_DISK_SIZE,
+                                    *args.mount_option])
+            configs.append(f"SSD mount: {daemon_config(mount)}")
+            try:
+                for page_mib in plan.ssd_batches:
+                    timed(f"SSD cold {page_mib} MiB", bench.ssd_case, page_mib, mount,
+                          disk / f"file-{page_mib}")
+            except BaseException:
+                print_log_tail(mount)
+                raise
+            finally:
+                mounting.stop(mount)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
@@ -685,20 +566,28 @@ def main() -> int:
     print(f"hicachefs vs SGLang {sglang_version()} HiCacheFile"
           f"{' (--quick)' if args.quick else ''}: {os.cpu_count()} CPUs; at start {load_start}, "
           f"at end {load()}; {elapsed / 60:.1f} min")
-    print(f"RAM: hicachefs --memory {plan.ram_memory} vs HiCacheFile on tmpfs; SSD cold: hicachefs "
-          f"--memory {SSD_MEMORY} --disk on {disk_fs} vs HiCacheFile on {disk_fs}, page cache "
-          "dropped before each read pass")
+    print(f"As SGLang runs them: torch threads {TORCH_THREADS} in every process; HiCacheFile "
+          "through the cache controller's generic path (the one it takes for the file backend), "
+          "defaults (no size cap, metadata cache off); hicachefs through the zero-copy v1 path "
+          f"(interface_v1), client extra_config {json.dumps(args.client) or '{}'}")
+    print(f"RAM and ranks: hicachefs --memory {plan.ram_memory} vs HiCacheFile on tmpfs; SSD cold: "
+          f"hicachefs --memory {SSD_MEMORY} --disk on {disk_fs} vs HiCacheFile on {disk_fs}, "
+          "page cache dropped before each backend's read pass")
+    for line in configs:
+        print(line)
     print(f"memcpy (numpy copy of {plan.memcpy_bytes >> 20} MiB): {memcpy:.2f} GB/s at the start, "
           f"{memcpy_end:.2f} GB/s at the end; one kernel copy (preadv of a hot 8 MiB tmpfs file): "
           f"{kernel_copy:.2f} GB/s")
     print()
-    print(table(bench.results, memcpy))
+    print(table(bench.results, memcpy,
+                f"ranks: each rank its own process, host pool and pages ({RANKS} ranks: shards "
+                f"tp0of{RANKS}..tp{RANKS - 1}of{RANKS}), all at once:", len(Pool.SAMPLE_SLOTS)))
     args.chart.parent.mkdir(parents=True, exist_ok=True)
     chart(bench.results, memcpy, args.chart,
-          f"hicachefs (zero-copy v1) vs SGLang HiCacheFile (generic path), {os.cpu_count()} CPUs, "
-          f"{time.strftime('%Y-%m-%d')}")
+          f"hicachefs (zero-copy v1) vs SGLang HiCacheFile (generic path), torch threads "
+          f"{TORCH_THREADS}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     print(f"\nchart: {args.chart.resolve()}")
-    return 1 if any(r.failed or r.bad_pages for r in bench.results) else 0
+    return 1 if any(r.failed or r.bad_pages or r.invalid for r in bench.results) else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,227 @@
+"""What SGLang 0.5.23 does with a storage backend, reproduced for ``bench.py`` and its rank
+workers (``bench_rank.py``); not a benchmark by itself.
+
+- ``as_sglang_runs()``: one torch thread, as SGLang's ``ModelRunner.load_model`` sets on a GPU
+  server (``torch.set_num_threads(1)``); the host-pool copies of the generic path run in it.
+- ``Pool``: a host pool laid out as SGLang's MHA ``page_first`` pool, page-aligned as SGLang's
+  pinned pool is, filled with random bytes; every written batch is stamped so that each page is
+  unique, and sampled pages are checked byte for byte after a read.
+- The calls SGLang's ``HiCacheController`` makes. It picks them by backend type: the zero-copy
+  ``_page_get_zero_copy``/``_page_set_zero_copy`` only for hf3fs, mooncake (and the other
+  built-in zero-copy backends) and for a ``dynamic`` backend with ``interface_v1``; SGLang's
+  own ``file`` backend (``HiCacheFile``) gets ``_generic_page_get``/``_generic_page_set``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import os
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import torch
+
+os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)  # the path given here wins
+
+from hicachefs.testing.host_pools import MHAHostPool  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
+    STORAGE_BATCH_SIZE,
+    HiCacheFile,
+    HiCacheStorageConfig,
+)
+
+from hicachefs_client import HiCacheFS  # noqa: E402
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+LAYERS, HEAD_DIM, TOKENS_PER_PAGE = 32, 128, 64
+# Page MiB -> KV heads per rank: Llama-3.1-8B has 8 KV heads, so 1 MiB is its page at TP8
+# (32 layers x K,V x 1 head x 128 x bf16 x 64 tokens) and 8 MiB at TP1.
+HEADS = {1: 1, 8: 8}
+MIB = 1 << 20
+TORCH_THREADS = 1
+# Bytes between the starts of two token rows in the random block of Pool's fill: 4 KiB-aligned
+# pieces of two rows can only match when the rows are 512 apart and the pieces 397,312 bytes.
+_ROW_SHIFT = 8 * 97
+
+
+def as_sglang_runs() -> None:
+    """The process runs its torch work as inside an SGLang server on a GPU."""
+    torch.set_num_threads(TORCH_THREADS)
+    _keep_freed_memory()
+
+
+def _keep_freed_memory() -> None:
+    """SGLang's staging pages (``get_dummy_flat_data_page``) are pinned host memory from CUDA's
+    caching host allocator, which keeps freed blocks for the next call. Torch's CPU allocator
+    leaves them to glibc, which hands large freed blocks back to the kernel and faults them in
+    again on a later call: a quarter of a million page faults, twice the CPU time, in one call
+    of 128 pages of 8 MiB here. Make glibc keep them, as that cache does."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameters (malloc.h)
+    libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum: blocks up to 32 MiB from the heap
+    libc.mallopt(m_trim_threshold, (1 << 31) - 1)  # and never give the heap's top back
+
+
+def storage_config(tp_rank: int, tp_size: int, extra: dict, model: str = MODEL
+                   ) -> HiCacheStorageConfig:
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name=model, extra_config=dict(extra))
+
+
+def make_hicachefs(mount: Path, pool: "Pool", tp_rank: int = 0, client: dict = None,
+                   model: str = MODEL) -> HiCacheFS:
+    """``HiCacheFS`` as SGLang's dynamic backend factory builds it, zero copy (``interface_v1``).
+    ``client``: more extra_config keys (``read_threads``, ``write_threads``)."""
+    extra = {"backend_name": "hicachefs", "module_path": "hicachefs_client",
+             "class_name": "HiCacheFS", "interface_v1": 1, "mountpoint": str(mount),
+             **(client or {})}
+    backend = HiCacheFS(storage_config(tp_rank, pool.tp_size, extra, model), {})
+    backend.register_mem_pool_host(pool.host)
+    return backend
+
+
+def make_file(directory: Path, pool: "Pool", tp_rank: int = 0, model: str = MODEL) -> HiCacheFile:
+    """``HiCacheFile`` with its defaults (no size cap, metadata cache off), in ``directory``."""
+    backend = HiCacheFile(storage_config(tp_rank, pool.tp_size, {}, model),
+                          file_path=str(directory))
+    backend.register_mem_pool_host(pool.host)
+    return backend
+
+
+def keys_for(tag: str, count: int = STORAGE_BATCH_SIZE) -> List[str]:
+    return [hashlib.sha256(f"{tag}/{i}".encode()).hexdigest() for i in range(count)]
+
+
+class AlignedMHAHostPool(MHAHostPool):
+    """The MHA host pool double with its buffer on a 4 KiB boundary, as SGLang's pinned host
+    pool is on a GPU server (cudaHostAlloc memory is page-aligned); a plain torch CPU tensor
+    is only 64-byte aligned, which costs FUSE one more request per page (a request carries at
+    most 256 whole memory pages)."""
+
+    def fill_random(self, seed):
+        """Random bytes, made fast (fresh randomness for a GiB takes seconds with one thread):
+        one random block, each token row a window of it starting ``_ROW_SHIFT`` bytes after the
+        previous row's, so no two pages, and no two 4 KiB-aligned pieces, are alike."""
+        nbytes = self.kv_buffer.numel() * self.kv_buffer.element_size()
+        if self.kv_buffer.data_ptr() % 4096:
+            raw = np.empty(nbytes + 4096, np.uint8)
+            start = (-raw.ctypes.data) % 4096
+            aligned = torch.from_numpy(raw[start:start + nbytes])
+            self.kv_buffer = aligned.view(self.dtype).view(self.dims())
+        rows = self.kv_buffer.view(-1).view(torch.uint8).numpy()
+        rows = rows.reshape(-1, self.kv_buffer[0, 0].numel() * self.kv_buffer.element_size())
+        count, width = rows.shape
+        block = np.random.default_rng(seed).integers(0, 256, count * _ROW_SHIFT + width, np.uint8)
+        np.copyto(rows, np.lib.stride_tricks.as_strided(block, (count, width), (_ROW_SHIFT, 1)))
+
+
+class Pool:
+    """An MHA page_first host pool of one batch of pages (+1 padding), with stamps and checks.
+
+    ``tp_size`` is the TP size whose shard a page of this size is (1 MiB: TP8, 8 MiB: TP1)
+    unless given (the ranks case runs two ranks of 1 MiB pages).
+    """
+
+    SAMPLE_SLOTS = (0, 1, 37, 64, 101, 127)  # pages checked byte for byte after every read
+
+    def __init__(self, page_mib: int, tp_size: int = 0, seed: int = 0) -> None:
+        heads = HEADS[page_mib]
+        self.tp_size = tp_size or 8 // heads
+        self.host = AlignedMHAHostPool(layer_num=LAYERS, head_num=heads, head_dim=HEAD_DIM,
+                                       page_size=TOKENS_PER_PAGE, pages=STORAGE_BATCH_SIZE,
+                                       dtype=torch.bfloat16, layout="page_first")
+        if seed:
+            self.host.fill_random(seed)
+        self.page_bytes = 2 * LAYERS * heads * HEAD_DIM * 2 * TOKENS_PER_PAGE
+        assert self.page_bytes == page_mib * MIB
+        self.ps = TOKENS_PER_PAGE
+        assert self.host.kv_buffer.data_ptr() % 4096 == 0
+        # kv_buffer[2, tokens, layers, heads, head_dim] as bytes
+        self.u8 = self.host.kv_buffer.view(torch.int16).numpy().view(np.uint8)
+        self.indices = torch.arange(0, STORAGE_BATCH_SIZE * self.ps, dtype=torch.int64)
+        self.reference = {s: self.page(s).copy() for s in self.SAMPLE_SLOTS}
+
+    def page(self, slot: int) -> np.ndarray:
+        """The flat page bytes of ``slot`` (K then V), as SGLang's get_data_page gives them."""
+        flat = self.host.get_data_page(slot * self.ps, flat=True)
+        return flat.view(torch.int16).numpy().view(np.uint8)
+
+    @staticmethod
+    def tag(batch_tag: str, slot: int) -> np.ndarray:
+        return np.frombuffer(hashlib.md5(f"{batch_tag}/{slot}".encode()).digest(), np.uint8)
+
+    def stamp(self, batch_tag: str) -> None:
+        """Make every page of the next batch unique: 16 bytes at the start of its K and V."""
+        for slot in range(STORAGE_BATCH_SIZE):
+            t = self.tag(batch_tag, slot)
+            self.u8[0, slot * self.ps, 0, 0, :16] = t
+            self.u8[1, slot * self.ps, 0, 0, :16] = t
+
+    def scribble(self) -> None:
+        """Overwrite the sampled pages so that a read which does not land shows."""
+        for s in self.SAMPLE_SLOTS:
+            self.u8[:, s * self.ps:(s + 1) * self.ps] = 0xA5
+
+    def check(self, batch_tag: str) -> int:
+        """Sampled pages hold exactly what was written under ``batch_tag``: how many do not."""
+        bad = 0
+        half = self.page_bytes // 2
+        for s, ref in self.reference.items():
+            want = ref.copy()
+            t = self.tag(batch_tag, s)
+            want[:16] = t
+            want[half:half + 16] = t
+            bad += not np.array_equal(self.page(s), want)
+        return bad
+
+
+# ---------------------------------------------------------------------------- the calls
+
+
+def file_write(backend: HiCacheFile, pool: Pool, keys: List[str]) -> bool:
+    """CacheController._generic_page_set: get_data_page of every page, then batch_set."""
+    host_indices, ps = pool.indices, pool.ps
+    data = [pool.host.get_data_page(host_indices[i * ps]) for i in range(len(keys))]
+    return backend.batch_set(keys, data)
+
+
+def file_read(backend: HiCacheFile, pool: Pool, keys: List[str]) -> int:
+    """CacheController._generic_page_get: staging pages, batch_get, set_from_flat_data_page."""
+    host_indices, ps = pool.indices, pool.ps
+    dummy_page_dst = [pool.host.get_dummy_flat_data_page() for _ in keys]
+    page_data = backend.batch_get(keys, dummy_page_dst)
+    if page_data is None:
+        return 0
+    count = 0
+    for i in range(len(keys)):
+        if page_data[i] is None:
+            break
+        pool.host.set_from_flat_data_page(host_indices[i * ps], page_data[i])
+        count += 1
+    return count
+
+
+def fs_write(backend: HiCacheFS, pool: Pool, keys: List[str]) -> bool:
+    """CacheController._page_set_zero_copy."""
+    return all(backend.batch_set_v1(keys, pool.indices))
+
+
+def fs_read(backend: HiCacheFS, pool: Pool, keys: List[str]) -> int:
+    """CacheController._page_get_zero_copy: the pages read before the first miss."""
+    results = backend.batch_get_v1(keys, pool.indices)
+    return results.index(False) if False in results else len(results)
+
+
+def writer(backend, pool: Pool):
+    return (lambda keys: fs_write(backend, pool, keys)) if isinstance(backend, HiCacheFS) \
+        else (lambda keys: file_write(backend, pool, keys))
+
+
+def reader(backend, pool: Pool):
+    return (lambda keys: fs_read(backend, pool, keys)) if isinstance(backend, HiCacheFS) \
+        else (lambda keys: file_read(backend, pool, keys))

@@ -1,0 +1,187 @@
+"""A batch's pages moved on several threads (extra_config ``read_threads``, ``write_threads``): the same bytes,
+failures per page, nothing raised into SGLang, safe from many SGLang threads at once."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from hicachefs_client import HiCacheFS
+from hicachefs_client.page_io import PageThreads
+from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool
+from conftest import storage_config
+from test_backend import indices, key, make_fs, page_bytes
+
+THREADS = {"read_threads": 4, "write_threads": 3}
+PAGES = 24
+
+
+def pool_dir(fs: HiCacheFS):
+    return fs.io.path(fs._dir_of("kv"))
+
+
+@pytest.mark.parametrize("kind, layout", [("mha", "page_first"), ("mla", "page_first"),
+                                          ("mha", "layer_first")])  # zero copy, zero copy, copied
+def test_batch_round_trip_on_several_threads(store_root, kind, layout, monkeypatch):
+    pool_class = MHAHostPool if kind == "mha" else MLAHostPool
+    source = pool_class(pages=PAGES, layout=layout)
+    writer = make_fs(store_root, source, mla=kind == "mla", extra=THREADS)
+    keys = [key("threads", kind, layout, i) for i in range(PAGES)]
+    order = list(reversed(range(PAGES)))  # host slots in another order than the keys
+    assert writer.batch_set_v1(keys, indices(source, order)) == [True] * PAGES
+
+    target = pool_class(pages=PAGES, layout=layout)
+    target.zero()
+    reader = make_fs(store_root, target, mla=kind == "mla", extra=THREADS)
+    threads_used = set()
+    read_page = reader.io.read_page
+
+    def recording(*args, **kwargs):
+        threads_used.add(threading.get_ident())
+        time.sleep(0.002)  # long enough that the helpers take pages too
+        return read_page(*args, **kwargs)
+
+    monkeypatch.setattr(reader.io, "read_page", recording)
+    assert reader.batch_get_v1(keys, indices(target, range(PAGES))) == [True] * PAGES
+    for slot, page in enumerate(order):
+        assert page_bytes(target, slot) == page_bytes(source, page)
+    assert len(threads_used) > 1
+    assert reader.statistics()["hits"] == PAGES
+
+
+def test_failures_are_per_page(store_root):
+    pool = MHAHostPool(pages=PAGES)
+    fs = make_fs(store_root, pool, extra=THREADS)
+    keys = [key("partial", i) for i in range(PAGES)]
+    stored = [i for i in range(PAGES) if i % 3]
+    assert fs.batch_set_v1([keys[i] for i in stored], indices(pool, stored)) == [True] * len(stored)
+    # One stored page of the wrong size: a miss of its own, not of its neighbours.
+    short = pool_dir(fs) + f"/{keys[4]}"
+    tmp = pool_dir(fs) + "/.short"
+    with open(tmp, "wb") as f:
+        f.write(b"x" * 100)
+    os.rename(tmp, short)
+
+    target = MHAHostPool(pages=PAGES)
+    target.zero()
+    reader = make_fs(store_root, target, extra=THREADS)
+    got = reader.batch_get_v1(keys, indices(target, range(PAGES)))
+    assert got == [i % 3 != 0 and i != 4 for i in range(PAGES)]
+    for i in range(PAGES):
+        if got[i]:
+            assert page_bytes(target, i) == page_bytes(pool, i)
+    stats = reader.statistics()
+    assert stats["hits"] == len(stored) - 1 and stats["misses"] == PAGES - len(stored) + 1
+
+
+def test_an_exception_in_one_page_fails_that_page_only(store_root, monkeypatch):
+    pool = MHAHostPool(pages=PAGES)
+    fs = make_fs(store_root, pool, extra=THREADS)
+    keys = [key("raising", i) for i in range(PAGES)]
+    publish = fs.io.publish_page
+    bad = {keys[i] for i in (0, 7, 23)}
+
+    def failing_publish(rel_dir, page_key, *args):
+        if page_key in bad:
+            raise RuntimeError("injected")
+        return publish(rel_dir, page_key, *args)
+
+    monkeypatch.setattr(fs.io, "publish_page", failing_publish)
+    assert fs.batch_set_v1(keys, indices(pool, range(PAGES))) == [k not in bad for k in keys]
+
+    read = fs.io.read_page
+
+    def failing_read(rel, *args):
+        if rel.endswith(keys[5]):
+            raise MemoryError("injected")
+        return read(rel, *args)
+
+    monkeypatch.setattr(fs.io, "read_page", failing_read)
+    got = fs.batch_get_v1(keys, indices(pool, range(PAGES)))
+    assert got == [k not in bad and k != keys[5] for k in keys]
+    errors = fs.statistics()["errors"]
+    assert errors["INTERNAL_RuntimeError"] == 3 and errors["INTERNAL_MemoryError"] == 1
+
+
+def test_many_sglang_threads_share_the_page_threads(store_root):
+    callers, rounds, per_batch = 6, 4, 8
+    source = MHAHostPool(pages=callers * per_batch)
+    target = MHAHostPool(pages=callers * per_batch)
+    fs = make_fs(store_root, source, extra=THREADS)
+    reader = make_fs(store_root, target, extra=THREADS)
+    errors = []
+    barrier = threading.Barrier(callers + 1)
+    stop = threading.Event()
+
+    def caller(c):
+        try:
+            barrier.wait()
+            mine = list(range(c * per_batch, (c + 1) * per_batch))
+            for r in range(rounds):
+                keys = [key("share", c, r, i) for i in range(per_batch)]
+                assert fs.batch_set_v1(keys, indices(source, mine)) == [True] * per_batch
+                assert reader.batch_get_v1(keys, indices(target, mine)) == [True] * per_batch
+                for slot in mine:
+                    assert page_bytes(target, slot) == page_bytes(source, slot)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    def closer():  # close() while batches run: later calls make new helpers
+        barrier.wait()
+        while not stop.is_set():
+            reader.close()
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=caller, args=(c,)) for c in range(callers)]
+    closing = threading.Thread(target=closer)
+    for thread in threads + [closing]:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    stop.set()
+    closing.join(10)
+    assert not any(thread.is_alive() for thread in threads + [closing])
+    assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("key", ["read_threads", "write_threads"])
+@pytest.mark.parametrize("value", [0, -1, 65, "four", 2.5, True, None, [2]])
+def test_bad_thread_count_is_a_clear_error(plain_root, key, value):
+    with pytest.raises(ValueError, match=f"{key} must be an integer from 1 to 64") as info:
+        HiCacheFS(storage_config(plain_root, extra={key: value}), {})
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("extra, reads, writes", [({}, 4, 2), ({"read_threads": 1}, 1, 2),
+                                                  ({"write_threads": "8"}, 4, 8),
+                                                  ({"read_threads": 64, "write_threads": 1}, 64, 1)])
+def test_thread_counts_from_extra_config(plain_root, extra, reads, writes):
+    fs = HiCacheFS(storage_config(plain_root, extra=extra), {})
+    assert (fs.read_threads.threads, fs.write_threads.threads) == (reads, writes)
+
+
+def test_run_returns_only_when_every_page_is_done():
+    """The caller's buffers are never touched after the batch returns, even when the helpers
+    are slow to start or a page raises."""
+    runner = PageThreads(4)
+    done = []
+
+    def work(i):
+        time.sleep(0.001 * (i % 5))
+        if i == 3:
+            raise RuntimeError("page 3")
+        done.append(i)
+        return True
+
+    for _ in range(5):
+        done.clear()
+        results = runner.run(work, 40)
+        assert sorted(done) == [i for i in range(40) if i != 3]
+        assert results == [i != 3 for i in range(40)]
+        time.sleep(0.05)
+        assert len(done) == 39  # nothing ran on after run() returned
+    runner.close()
+    assert runner.run(lambda i: i % 2 == 0, 5) == [True, False, True, False, True]
