@@ -149,6 +149,12 @@ class HiCacheFS(HiCacheStorage):
                                level=logging.ERROR)
         return False
 
+    def _valid_indices(self, keys: Sequence[Any]) -> List[int]:
+        """Indices of the valid keys (SGLang's are all valid: checked at once)."""
+        if paths.all_hex_keys(keys):
+            return list(range(len(keys)))
+        return [i for i, key in enumerate(keys) if self._valid(key)]
+
     def _internal_error(self, method: str, exc: BaseException) -> None:
         kind = f"INTERNAL_{type(exc).__name__}"
         self.failures.failure(kind, f"{method} failed: {exc!r}", level=logging.ERROR)
@@ -170,7 +176,7 @@ class HiCacheFS(HiCacheStorage):
             self._refusals.failure("BAD_INDICES", f"{name}: host indices do not cover "
                                    f"{len(keys)} pages of {layout.page_size} tokens")
             return None
-        return layout, starts, [i for i, key in enumerate(keys) if self._valid(key)]
+        return layout, starts, self._valid_indices(keys)
 
     def _guarded(self, method: str, transfer: Callable[[int], bool]) -> Callable[[int], bool]:
         """``transfer`` for one page, with an unexpected exception a failed page (logged)."""
@@ -307,7 +313,7 @@ class HiCacheFS(HiCacheStorage):
     def _present(self, name: str, keys: Sequence[str]) -> List[bool]:
         """Whether each page of pool ``name`` is published; invalid keys are absent."""
         directory = self._dir_of(name)
-        wanted = [i for i, key in enumerate(keys) if self._valid(key)]
+        wanted = self._valid_indices(keys)
         answers = [False] * len(keys)
         for i, there in zip(wanted, self.io.exists([f"{directory}/{keys[i]}" for i in wanted])):
             answers[i] = there
@@ -349,12 +355,12 @@ class HiCacheFS(HiCacheStorage):
     def _exists_v2(self, keys: List[str], transfers: List[PoolTransfer]) -> PoolTransferResult:
         names = [KV] + [pool_name_str(t.name) for t in transfers]
         rels, slots = [], {}
+        valid = self._valid_indices(keys)
         for name in dict.fromkeys(names):
             directory = self._dir_of(name)
-            for i, key in enumerate(keys):
-                if self._valid(key):
-                    slots[(name, i)] = len(rels)
-                    rels.append(f"{directory}/{key}")
+            for i in valid:
+                slots[(name, i)] = len(rels)
+                rels.append(f"{directory}/{keys[i]}")
         answers = self.io.exists(rels)
 
         def has(name: str, i: int) -> bool:

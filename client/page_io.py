@@ -39,6 +39,7 @@ EXISTS_FILE = f"{CONTROL_DIR}/exists"
 # The exists request is line-based; a path holding any character a reader might split lines on
 # is asked with stat instead (such keys are valid names, just not expressible on a line).
 _LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_OTHER_LINE_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 
 # Retry opening a missing exists file at most this often (seconds).
 _EXISTS_RETRY_INTERVAL = 1.0
@@ -398,7 +399,11 @@ class PageIO:
         if not rels:
             return []
         answers: List[Optional[bool]] = [None] * len(rels)
-        lines = [i for i, rel in enumerate(rels) if not _LINE_BREAKS.search(rel)]
+        joined = "\n".join(rels)
+        if joined.count("\n") == len(rels) - 1 and not _OTHER_LINE_BREAKS.search(joined):
+            lines = list(range(len(rels)))  # the common case, checked in one pass
+        else:
+            lines = [i for i, rel in enumerate(rels) if not _LINE_BREAKS.search(rel)]
         if lines:
             got = self._query([rels[i] for i in lines])
             if got is not None:

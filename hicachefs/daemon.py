@@ -41,8 +41,10 @@ log = logging.getLogger("hicachefs")
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: The mount's readahead: whole pages of up to this size are read with requests in flight together.
 READ_AHEAD_KB = 8192
-#: Bytes of new pages queued for the kernel's page cache at most (beyond, a push is skipped).
-PUSH_BUDGET = 256 << 20
+#: New pages queued for the kernel's page cache take at most this share of the RAM tier (they
+#: stay pinned there until pushed; beyond, a push is skipped). A quarter holds a whole batch of
+#: 128 pages of 8 MiB on a 4 GiB tier.
+PUSH_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
     operations = endpoint = None
     try:
         effective = {**asdict(config), "pid": os.getpid()}
-        notifier = KernelNotifier(min(PUSH_BUDGET, config.memory_bytes // 4))
+        notifier = KernelNotifier(config.memory_bytes // PUSH_SHARE)
         statistics = lambda: {  # noqa: E731 - wiring, read at every open of .hicachefs/stats
             **store.statistics(),
             "errors": dict(operations.errors),

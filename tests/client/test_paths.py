@@ -54,3 +54,15 @@ def test_dcp_shard_and_writer():
     assert not s.is_storage_writer and not s.writes("kv") and s.writes("mamba")
     assert shard(tp=(3, 4)).writes("kv")
     assert not shard(mla=True, tp=(3, 4)).writes("kv")
+
+
+def test_sglang_keys_are_recognised_at_once_and_anything_else_is_not():
+    from hicachefs_client.paths import all_hex_keys, key_problem
+
+    hex_keys = [f"{i:064x}" for i in range(128)]
+    assert all_hex_keys(hex_keys)
+    for odd in ("A" * 64, "a" * 63, "a" * 65, "g" * 64, "a" * 32 + "\n" + "a" * 31, None, 7):
+        mixed = hex_keys[:3] + [odd] + hex_keys[3:]
+        assert not all_hex_keys(mixed), odd  # then every key is checked on its own
+    assert not all_hex_keys([])
+    assert all(key_problem(k) is None for k in hex_keys)
