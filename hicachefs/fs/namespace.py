@@ -310,10 +310,12 @@ class Namespace:
     def add_page_handle(self, inode: int, reader: PageReader) -> tuple[int, bool]:
         """Register an open page: (handle id, whether the kernel may serve it from its cache).
 
-        The kernel may hold data of the version it first saw behind this inode; an open that
-        finds another version there (it raced a replace) reads past the cache, and the stale
-        data is dropped."""
-        cacheable = self.kernel_cache
+        A page read from the disk tier is read past the kernel's cache: it is cold there too,
+        and filling the cache on the way would cost a second copy of every byte (such a page
+        is promoted to RAM on its second read, and cached from then on). The kernel may hold
+        data of the version it first saw behind this inode; an open that finds another version
+        there (it raced a replace) reads past the cache as well, and the stale data is dropped."""
+        cacheable = self.kernel_cache and reader.info.tier == "memory"
         node = self._pages.get(inode)
         if node is not None and _version(node.info) != _version(reader.info):
             cacheable = False
