@@ -17,7 +17,9 @@ Behind the local tiers an optional shared tier (a directory on a distributed fil
 other hosts' daemons use too) is addressed by name, not indexed: every page published here is
 offered to it (write-behind), and a name missing locally is looked for there, read, checked and
 promoted into RAM. Asking it whether it holds a page costs no I/O; finding and reading one
-blocks up to its deadline, so callers on an event loop run those in a worker thread.
+blocks up to its deadline, so callers on an event loop run those in a worker thread. A page the
+exists query finds only there is fetched at once in the background (SGLang reads what the
+query found right after asking), so the read that follows finds it in RAM.
 
 Pages that leave the store on its own initiative (eviction from their last tier, reclaim,
 a failed checksum) are reported to ``on_gone`` listeners, so the daemon can tell the kernel.
@@ -36,6 +38,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -58,6 +61,13 @@ _LONGEST_NAME = bytes(4096)  # longer than any valid page name (five components 
 #: Pages found on the shared tier whose facts are kept for ``info`` (a lookup is followed by
 #: getattr, getxattr and open of the same name).
 _FOUND_KEPT = 4096
+#: Write-behind to the shared tier absorbs bursts of publishes up to this many seconds of writes
+#: at the filesystem's pace (and a quarter of the RAM tier, which the queued pages keep pinned,
+#: at most 1 GiB); beyond, pages are dropped and counted, never waited for.
+WRITE_BEHIND_LAG_S = 4.0
+#: Threads that fetch pages from the shared tier ahead of their reads, and pages in flight.
+SHARED_FETCHERS = 4
+SHARED_FETCHES_IN_FLIGHT = 256
 
 GoneListener = Callable[[list[str]], None]
 
@@ -92,11 +102,14 @@ class PageStore:
             ssd.recover(self._index, position, progress)  # from its snapshot after a clean close, else by a scan
         self._shared: SharedTier | None = None
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
+        self._fetching: dict[str, threading.Event] = {}
+        self._fetcher: ThreadPoolExecutor | None = None
+        self._prefetches = 0
         if config.shared_dir is not None:
-            # Write-behind copies each page before it lets go of its RAM slot; a queue of at
-            # most an eighth of the RAM tier keeps what it pins small.
+            queue_bytes = max(config.max_page_size, min(1 << 30, config.memory_bytes // 4))
             self._shared = SharedTier(config.shared_dir, config.shared_bytes, device=shared_device,
-                                      queue_bytes=max(config.max_page_size, min(256 * _MiB, config.memory_bytes // 8)))
+                                      queue_bytes=queue_bytes, queue_pages=4096, queue_lag_s=WRITE_BEHIND_LAG_S)
+            self._fetcher = ThreadPoolExecutor(SHARED_FETCHERS, thread_name_prefix="hicachefs-shared-fetch")
 
     def on_gone(self, listener: GoneListener) -> None:
         """Call ``listener(names)`` with pages that left the store on its own initiative. It is
@@ -222,6 +235,10 @@ class PageStore:
                     # never read again, and promoting it would push another page down (a write).
                     slot = self._slot_for_promotion(page.size) if index.hits[row] > 0 else None
             if row < 0:
+                fetching = self._fetching.get(name)
+                if fetching is not None:  # fetched ahead already: wait for it, then read it here
+                    fetching.wait()
+                    continue
                 reader = self._open_shared(name)
                 if reader is not None:
                     return reader
@@ -263,9 +280,10 @@ class PageStore:
                         raise PageCorrupt(f"{name}: checksum mismatch on the {tier.name} tier; page dropped")
         raise PageNotFound(name)
 
-    def _open_shared(self, name: str) -> PageReader | None:
+    def _open_shared(self, name: str, ahead: bool = False) -> PageReader | None:
         """Find the page on the shared tier, read and check it into a RAM slot and index it
-        there (a promotion); None if it appeared locally meanwhile. Blocking."""
+        there (a promotion); None if it appeared locally meanwhile. Blocking. ``ahead``: for a
+        read to come, so nothing is read when RAM has no room for it."""
         page = self._shared.find(name)
         if page is None:
             with self._lock:
@@ -273,6 +291,8 @@ class PageStore:
             raise PageNotFound(name)
         with self._lock, self._reporting():
             slot = self._slot_for_promotion(page.size)
+        if slot is None and ahead:
+            return None
         buffer = self._ram.view(slot, page.size) if slot is not None else memoryview(bytearray(page.size))
         result = self._shared.read_into(page, 0, buffer)  # counts its own hits and failures
         if result is not ReadResult.OK:
@@ -359,6 +379,13 @@ class PageStore:
         there or the tier does not answer in time. Blocking; ``info`` knows it afterwards."""
         if not self.may_be_shared(name):
             return None
+        fetching = self._fetching.get(name)
+        if fetching is not None:  # being fetched ahead: its facts come with it, without more I/O
+            fetching.wait()
+            with self._lock:
+                row = self._index.find(name)
+                if row >= 0:
+                    return self._info(row)
         page = self._shared.find(name)
         if page is None:
             return None
@@ -408,16 +435,51 @@ class PageStore:
             return self._index.directories()
 
     def exists_many(self, names: Iterable[str]) -> list[bool]:
-        """Whether each page is held here or on the shared tier; no I/O."""
+        """Whether each page is held here or on the shared tier; no I/O. Pages only the shared
+        tier holds are fetched ahead, in the background: their reads usually follow."""
         names = list(names)
         prepared = PageIndex.prepare_many(names)
         with self._lock:
             found = self._index.find_many(prepared).tolist()
         if self._shared is not None and not all(found):
             missing = [i for i, there in enumerate(found) if not there]
+            remote = []
             for i, there in zip(missing, self._shared.contains_many([names[i] for i in missing])):
                 found[i] = there
+                if there:
+                    remote.append(names[i])
+            if remote:
+                self._fetch_ahead(remote)
         return found
+
+    def _fetch_ahead(self, names: list[str]) -> None:
+        with self._lock:
+            room = SHARED_FETCHES_IN_FLIGHT - len(self._fetching)
+            todo = [n for n in names if n not in self._fetching][: max(0, room)]
+            for name in todo:
+                self._fetching[name] = threading.Event()
+        for name in todo:
+            try:
+                self._fetcher.submit(self._fetch, name)
+            except RuntimeError:  # the store is closing: nothing is fetched any more
+                with self._lock:
+                    self._fetching.pop(name).set()
+
+    def _fetch(self, name: str) -> None:
+        """Promote a page from the shared tier into RAM ahead of its read (a fetcher thread)."""
+        try:
+            reader = self._open_shared(name, ahead=True)
+            if reader is not None:
+                reader.close()
+                with self._lock:
+                    self._prefetches += 1
+        except StoreError:
+            pass  # gone, damaged or unreachable: the read finds out again and says so
+        except Exception:  # a bug: the reader waiting on this fetch must not wait forever
+            log.exception("fetching %s from the shared tier failed", name)
+        finally:
+            with self._lock:
+                self._fetching.pop(name).set()
 
     # -- accounting and shutdown -------------------------------------------------------
 
@@ -442,7 +504,8 @@ class PageStore:
             totals["misses"] = self._misses  # a lookup that no tier could serve
             totals["free_bytes"] = max(0, totals["capacity_bytes"] - totals["used_bytes"])
         if self._shared is not None:  # not in the totals: its room is every host's, not ours
-            tiers[self._shared.name] = self._shared.statistics()
+            tiers[self._shared.name] = {**self._shared.statistics(), "fetched_ahead": self._prefetches,
+                                        "fetches_in_flight": len(self._fetching)}
         return {**totals, "tiers": tiers}
 
     def sync(self) -> None:
@@ -457,6 +520,10 @@ class PageStore:
         release everything. A failing device stops the write-down, not the close. A second close
         does nothing: the tiers' files may belong to a new store by then."""
         if self._shared is not None and not self._closed:
+            self._fetcher.shutdown(wait=True, cancel_futures=True)
+            with self._lock:  # fetches cancelled before they ran: nobody may wait on them
+                for fetching in self._fetching.values():
+                    fetching.set()
             self._shared.close()  # first: its write-behind releases pages, which takes the lock
         with self._lock, self._reporting():
             if self._closed:

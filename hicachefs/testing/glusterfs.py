@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +42,19 @@ class GlusterVolume:
         """Stop the volume under both mounts (its brick goes away; the mounts stay)."""
         self.gluster("volume", "stop", VOLUME, "force")
 
-    def start(self) -> None:
-        """Start it again; the mounts reconnect by themselves within a few seconds."""
+    def start(self, timeout: float = 30.0) -> None:
+        """Start it again and wait until both mounts have reconnected (a few seconds)."""
         self.gluster("volume", "start", VOLUME, "force")
+        deadline = time.monotonic() + timeout
+        for mount in (self.a, self.b):
+            while True:
+                try:
+                    os.listdir(mount)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
 
     def brick_pid(self) -> int:
         pid_files = list((self.directory / "run" / "vols" / VOLUME).glob("*.pid"))

@@ -45,7 +45,9 @@ def test_a_damaged_file_on_the_volume_is_caught_and_removed(make_tier, gluster_r
         file.write(b"\0\1\2\3")
     found = b.find(page.name)
     assert b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.CORRUPT
-    assert b.statistics()["checksum_failures"] == 1 and not os.path.exists(path_a)
+    path_b = Layout(gluster_root[1]).page_path(place(page.name))
+    assert b.statistics()["checksum_failures"] == 1 and not os.path.exists(path_b)
+    wait_until(lambda: not os.path.exists(path_a), 5.0)  # host A's kernel keeps the entry about 1 s
     wait_until(lambda: a.contains_many([page.name]) == [False])
 
 

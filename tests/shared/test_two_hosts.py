@@ -98,10 +98,24 @@ def test_a_page_known_only_on_the_shared_tier_says_so(two_hosts):
     pool = MHAHostPool(pages=2)
     assert client(a, pool).batch_set_v1(names, indices(pool, range(2))) == [True, True]
     path = b.path / POOL_DIR / names[0]
-    assert wait_for(lambda: client(b, MHAHostPool(pages=2)).batch_exists(names) == 2, 2.0)
+    assert wait_for(path.exists, 2.0)  # a lookup finds it; it reads nothing yet
     assert path.stat().st_size == len(page_bytes(pool, 0))
     assert os.getxattr(path, "user.hicachefs.tier") == b"shared"
     assert path.name not in os.listdir(path.parent)  # ls shows the pages held here
+
+
+def test_pages_the_exists_query_finds_on_the_shared_tier_are_fetched_before_their_read(two_hosts):
+    a, b = two_hosts()
+    names = keys("fetched-ahead", 4)
+    source = publish_on_pages(a, names, seed=5)
+    assert wait_for(lambda: client(b, MHAHostPool(pages=4)).batch_exists(names) == 4, 2.0)
+    assert wait_for(lambda: b.stats()["tiers"]["shared"]["fetched_ahead"] == 4, 2.0)
+    assert {os.getxattr(b.path / POOL_DIR / n, "user.hicachefs.tier") for n in names} == {b"memory"}
+    target = MHAHostPool(pages=4)
+    target.zero()
+    assert client(b, target).batch_get_v1(names, indices(target, range(4))) == [True] * 4
+    assert all(page_bytes(target, p) == page_bytes(source, p) for p in range(4))
+    assert b.stats()["tiers"]["shared"]["hits"] == 4  # each page crossed the network once
 
 
 def test_b_serves_after_a_is_killed(two_hosts):
@@ -123,8 +137,8 @@ def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts
     pool_b = publish_on_pages(b, local, seed=3)
     shared_only = keys("a-shared", 4)
     publish_on_pages(a, shared_only, seed=4)
-    reader = client(b, MHAHostPool(pages=4))
-    assert wait_for(lambda: reader.batch_exists(shared_only) == 4, 2.0)
+    paths = [b.path / POOL_DIR / name for name in shared_only]
+    assert wait_for(lambda: all(path.exists() for path in paths), 2.0)  # found, not fetched
     gluster.stop()
     try:
         assert wait_for(lambda: not b.stats()["tiers"]["shared"]["available"], 5.0)

@@ -203,6 +203,9 @@ class SharedTier(Tier):
         the deadline; ``out`` is written only by the calling thread, after the read succeeded."""
         where = place(page.name)
         opened = self._take_recent(page)
+        if opened is not None and not self._presence.contains(where.directory, where.key_hash):
+            self._defer_close(opened.fd)  # removed since it was found (a journal or a sweep said so)
+            opened = None
         try:
             payload = self._guard.call(self._read_page, page, where, opened,
                                        timeout=self._data_deadline(page.size), expected=_GONE)
