@@ -26,6 +26,14 @@ Cases (the two backends alternate call by call, so that load from elsewhere hits
     filesystem; only batches wholly on the disk tier are read, after
     ``sync; echo 3 > /proc/sys/vm/drop_caches`` (which also drops the kernel's cache of the
     mount's files: the daemon's READ count shows it).
+  - cross-host, 1 MiB: a throw-away GlusterFS volume (``scripts/glusterfs.sh``) mounted twice,
+    as two hosts would. Host A writes, host B reads what A wrote: hicachefs with ``--shared``
+    on each host's view of the volume (B finds A's pages on the shared tier), vs
+    ``HiCacheFile`` pointed at the same volume (A writes through its view, B reads through
+    its own), which is how users share pages across hosts with SGLang today. A's calls are
+    paced as prefill paces backups (each starts once A's write-behind has the last one on the
+    volume), so no page is dropped; B's hits out of what it asked show whether B found every
+    page A has. Skipped, with a line saying why, where GlusterFS cannot start.
 Sampled pages of every read call are checked byte for byte.
 
 Prints a table (GB/s, pages/s, p50/p99 per call, ratio hicachefs/HiCacheFile, fraction of the
@@ -64,11 +72,12 @@ from bench_sglang import (
     as_sglang_runs,
     keys_for,
     make_file,
+    found_then_read,
     make_hicachefs,
     reader,
     writer,
 )
-from hicachefs.testing import mounting
+from hicachefs.testing import glusterfs, mounting
 from hicachefs_client import paths as client_paths
 
 
@@ -87,14 +96,17 @@ class Plan:
     exists_pages: int
     exists_queries: int
     memcpy_bytes: int
+    cross_host_batches: int      # batches of 1 MiB pages host A writes and host B reads
 
 
 # Memory: the RAM case keeps up to 4 GiB per backend, ranks at 8 MiB 2 GiB per backend plus 1 GiB
 # of host pool per rank process: with the kernel's cache of the mount as a mirror, more would
 # push pages out of it on a 24 GiB machine and turn repeated reads into first reads.
-FULL = Plan("5G", {1: 16, 8: 4}, 2, 3, {1: 12, 8: 1}, 3, {1: 16, 8: 4}, 100_000, 400, 1 << 30)
-QUICK = Plan("2560M", {1: 8, 8: 2}, 1, 2, {1: 4}, 2, {1: 4}, 10_000, 100, 256 << 20)
+FULL = Plan("5G", {1: 16, 8: 4}, 2, 3, {1: 12, 8: 1}, 3, {1: 16, 8: 4}, 100_000, 400, 1 << 30, 8)
+QUICK = Plan("2560M", {1: 8, 8: 2}, 1, 2, {1: 4}, 2, {1: 4}, 10_000, 100, 256 << 20, 3)
 SSD_MEMORY, SSD_MAX_PAGE, SSD_DISK_SIZE = "128M", "16M", "8G"
+HOST_MEMORY = "1G"  # each cross-host daemon's RAM tier
+WRITE_BEHIND_WAIT_S = 60.0
 RANKS = 2
 FILL_THREADS = 4  # threads that store the existence case's pages
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -246,7 +258,7 @@ class Bench:
         else:
             result.failed += len(keys) - outcome
             result.pages += outcome
-            result.bad_pages += pool.check(tag)
+            result.bad_pages += pool.check(tag, outcome)
 
     def ram_case(self, page_mib: int, mount: mounting.Mount, file_dir: Path) -> None:
         """Write, first read, repeated reads: hicachefs's RAM tier vs HiCacheFile on tmpfs."""
@@ -405,6 +417,71 @@ class Bench:
         shutil.rmtree(file_dir, ignore_errors=True)
 
 
+    def cross_host_case(self, host_a: mounting.Mount, host_b: mounting.Mount,
+                        volume: glusterfs.GlusterVolume) -> None:
+        """Host A writes, host B reads: hicachefs's shared tier vs HiCacheFile on one volume."""
+        pool = self.pool(1)
+        case = "cross-host 1 MiB"
+        fs_a = make_hicachefs(host_a.path, pool, client=self.client)
+        fs_b = make_hicachefs(host_b.path, pool, client=self.client)
+        hf_a, hf_b = make_file(volume.a / "file", pool), make_file(volume.b / "file", pool)
+        batches = {f"{case}/b{i}": keys_for(f"{case}/b{i}") for i in range(self.plan.cross_host_batches)}
+        writes = {n: Result(case, "write on A", n, page_bytes=pool.page_bytes) for n in (HICACHEFS, FILE)}
+        self.results.extend(writes.values())
+
+        def write_behind_done() -> None:
+            deadline = time.monotonic() + WRITE_BEHIND_WAIT_S
+            while (host_a.stats()["tiers"]["shared"]["queue_pages"] or
+                   host_a.stats()["tiers"]["shared"]["writing"]) and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+        self._interleaved(writes, pool, batches, {HICACHEFS: writer(fs_a, pool), FILE: writer(hf_a, pool)},
+                          True, host_a, f"{case} write on A", after_call=write_behind_done)
+        # Another host's pages are announced within about a second: wait for the last one by a
+        # lookup of its name on B (the exists query would fetch pages ahead, before the timing).
+        last_key = batches[list(batches)[-1]][-1]
+        last = host_b.path / next(host_a.path.rglob(last_key)).relative_to(host_a.path)
+        deadline = time.monotonic() + 10
+        while not last.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        dropped = host_a.stats()["tiers"]["shared"]["dropped"]
+        reads = {n: Result(case, "exists + read on B", n, page_bytes=pool.page_bytes) for n in (HICACHEFS, FILE)}
+        self.results.extend(reads.values())
+        self._interleaved(reads, pool, batches, {HICACHEFS: found_then_read(fs_b, pool),
+                                                 FILE: found_then_read(hf_b, pool)},
+                          False, host_b, f"{case} read on B")
+        for name, result in reads.items():
+            result.note = (f"host B read {result.pages} of the {len(batches) * STORAGE_BATCH_SIZE} pages host A "
+                           "wrote" + (f" (host A's write-behind dropped {dropped})" if name == HICACHEFS else ""))
+        for backend in (fs_a, fs_b):
+            backend.close()
+
+
+def cross_host(bench: Bench, work: Path, mount_options: List[str]) -> Optional[str]:
+    """The cross-host case on a throw-away GlusterFS volume; why it was skipped, or None."""
+    try:
+        volume = glusterfs.up(work / "gluster")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        glusterfs.down(work / "gluster")
+        return f"cross-host case skipped: GlusterFS did not start here ({str(exc).splitlines()[0]})"
+    hosts = []
+    try:
+        for name, view in (("a", volume.a), ("b", volume.b)):
+            hosts.append(mounting.start(work / f"host-{name}", work / f"host-{name}.log",
+                                        ["--memory", HOST_MEMORY, "--shared", str(view / "hc"),
+                                         *mount_options]))
+        timed("cross-host 1 MiB", bench.cross_host_case, *hosts, volume)
+    except BaseException:
+        for host in hosts:
+            print_log_tail(host)
+        raise
+    finally:
+        for host in hosts:
+            mounting.stop(host)
+        glusterfs.down(work / "gluster")
+    return None
+
+
 # ---------------------------------------------------------------------------- ranks
 
 
@@ -485,7 +562,7 @@ def main() -> int:
     parser.add_argument("--mount-option", action="append", default=[], metavar="FLAG",
                         help="one more flag for both hicachefs mounts, e.g. "
                              "--mount-option=--no-kernel-cache (repeatable)")
-    parser.add_argument("--only", choices=("ram", "ranks", "exists", "ssd"), action="append",
+    parser.add_argument("--only", choices=("ram", "ranks", "exists", "ssd", "cross-host"), action="append",
                         help="run only these cases (repeatable; default all)")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -494,7 +571,8 @@ def main() -> int:
     plan = QUICK if args.quick else FULL
     if args.exists_pages:
         plan.exists_pages = args.exists_pages
-    cases = set(args.only or ("ram", "ranks", "exists", "ssd"))
+    cases = set(args.only or ("ram", "ranks", "exists", "ssd", "cross-host"))
+    skipped = None
     logging.basicConfig(level=logging.ERROR)
     as_sglang_runs()
 
@@ -552,6 +630,8 @@ def main() -> int:
                 raise
             finally:
                 mounting.stop(mount)
+        if "cross-host" in cases:
+            skipped = cross_host(bench, work, args.mount_option)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
@@ -573,8 +653,12 @@ def main() -> int:
     print(f"RAM and ranks: hicachefs --memory {plan.ram_memory} vs HiCacheFile on tmpfs; SSD cold: "
           f"hicachefs --memory {SSD_MEMORY} --disk on {disk_fs} vs HiCacheFile on {disk_fs}, "
           "page cache dropped before each backend's read pass")
+    print("cross-host: hicachefs --memory {0} --shared on each of a GlusterFS volume's two mounts vs "
+          "HiCacheFile on the same mounts; host A writes, host B reads".format(HOST_MEMORY))
     for line in configs:
         print(line)
+    if skipped:
+        print(skipped)
     print(f"memcpy (numpy copy of {plan.memcpy_bytes >> 20} MiB): {memcpy:.2f} GB/s at the start, "
           f"{memcpy_end:.2f} GB/s at the end; one kernel copy (preadv of a hot 8 MiB tmpfs file): "
           f"{kernel_copy:.2f} GB/s")

@@ -66,7 +66,7 @@ def serve(conn: Connection, backend: str, root: str, rank: int, tp_size: int, pa
             else:
                 pages += outcome
                 failed += len(keys) - outcome
-                bad += pool.check(batch_tag)
+                bad += pool.check(batch_tag, outcome)
         conn.send({"start": start, "end": time.monotonic(), "seconds": seconds, "cpu": cpu,
                    "pages": pages, "failed": failed, "bad": bad, "page_bytes": pool.page_bytes})
     close = getattr(store, "close", None)

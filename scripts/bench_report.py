@@ -18,6 +18,7 @@ TARGETS = {
     ("RAM 8 MiB", "first read"): 1.0, ("RAM 1 MiB", "first read"): 0.8,
     ("RAM 8 MiB", "repeated read"): 1.5, ("RAM 1 MiB", "repeated read"): 1.1,
     ("SSD cold 8 MiB", "cold read"): 0.9, ("SSD cold 1 MiB", "cold read"): 0.9,
+    ("cross-host 1 MiB", "exists + read on B"): 1.0,
 }
 RANKS_AGGREGATE_TARGET = 1.0  # at the most ranks, hicachefs's aggregate / HiCacheFile's
 RANKS_TARGET_OPS = ("repeated read",)
@@ -177,7 +178,7 @@ def table(results: List[Result], memcpy: float, ranks_note: str, samples_per_cal
     lines += ["", "FUSE requests per page seen by the daemon (.hicachefs/stats 'requests'; "
               "exists: per key):"]
     for r in results:
-        if r.requests:
+        if r.requests and r.pages:
             per = ", ".join(f"{op} {n / r.pages:.2f}" for op, n in
                             sorted(r.requests.items(), key=lambda kv: -kv[1]))
             lines.append(f"  {r.case}{f' x{r.ranks}' if r.wall is not None else ''} {r.op}: {per}")

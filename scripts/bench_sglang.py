@@ -167,11 +167,14 @@ class Pool:
         for s in self.SAMPLE_SLOTS:
             self.u8[:, s * self.ps:(s + 1) * self.ps] = 0xA5
 
-    def check(self, batch_tag: str) -> int:
-        """Sampled pages hold exactly what was written under ``batch_tag``: how many do not."""
+    def check(self, batch_tag: str, read: int = STORAGE_BATCH_SIZE) -> int:
+        """Sampled pages among the first ``read`` hold exactly what was written under
+        ``batch_tag``: how many do not (a page not read is a miss, counted as such elsewhere)."""
         bad = 0
         half = self.page_bytes // 2
         for s, ref in self.reference.items():
+            if s >= read:
+                continue
             want = ref.copy()
             t = self.tag(batch_tag, s)
             want[:16] = t
@@ -215,6 +218,20 @@ def fs_read(backend: HiCacheFS, pool: Pool, keys: List[str]) -> int:
     """CacheController._page_get_zero_copy: the pages read before the first miss."""
     results = backend.batch_get_v1(keys, pool.indices)
     return results.index(False) if False in results else len(results)
+
+
+def found_then_read(backend, pool: Pool):
+    """A prefetch as SGLang runs it: batch_exists, then the read of the pages it found."""
+    def op(keys: List[str]) -> int:
+        found = backend.batch_exists(keys)
+        if not found:
+            return 0
+        if isinstance(backend, HiCacheFS):
+            results = backend.batch_get_v1(keys[:found], pool.indices[: found * pool.ps])
+            return results.index(False) if False in results else found
+        return file_read(backend, pool, keys[:found])
+
+    return op
 
 
 def writer(backend, pool: Pool):
