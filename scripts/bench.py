@@ -33,7 +33,8 @@ Cases (the two backends alternate call by call, so that load from elsewhere hits
     its own), which is how users share pages across hosts with SGLang today. A's calls are
     paced as prefill paces backups (each starts once A's write-behind has the last one on the
     volume), so no page is dropped; B's hits out of what it asked show whether B found every
-    page A has. Skipped, with a line saying why, where GlusterFS cannot start.
+    page A has. Then ``batch_exists`` on B of 128 keys no host wrote (most of SGLang's queries
+    miss). Skipped, with a line saying why, where GlusterFS cannot start.
 Sampled pages of every read call are checked byte for byte.
 
 Prints a table (GB/s, pages/s, p50/p99 per call, ratio hicachefs/HiCacheFile, fraction of the
@@ -453,8 +454,22 @@ class Bench:
         for name, result in reads.items():
             result.note = (f"host B read {result.pages} of the {len(batches) * STORAGE_BATCH_SIZE} pages host A "
                            "wrote" + (f" (host A's write-behind dropped {dropped})" if name == HICACHEFS else ""))
+        self._cross_host_misses(case, fs_b, hf_b)
         for backend in (fs_a, fs_b):
             backend.close()
+
+    def _cross_host_misses(self, case: str, fs_b, hf_b) -> None:
+        """batch_exists on B of 128 keys no host wrote: what most of SGLang's queries are."""
+        misses = {n: Result(case, "exists", n, note="128 keys that no host wrote (all misses)")
+                  for n in (HICACHEFS, FILE)}
+        self.results.extend(misses.values())
+        for n in range(self.plan.exists_queries // 4):
+            keys = keys_for(f"{case}/missing{n}")
+            for name, backend in (((HICACHEFS, fs_b), (FILE, hf_b)) if n % 2 == 0 else ((FILE, hf_b), (HICACHEFS, fs_b))):
+                start = time.perf_counter()
+                backend.batch_exists(keys)
+                misses[name].seconds.append(time.perf_counter() - start)
+                misses[name].pages += len(keys)
 
 
 def cross_host(bench: Bench, work: Path, mount_options: List[str]) -> Optional[str]:

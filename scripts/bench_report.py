@@ -22,7 +22,9 @@ TARGETS = {
 }
 RANKS_AGGREGATE_TARGET = 1.0  # at the most ranks, hicachefs's aggregate / HiCacheFile's
 RANKS_TARGET_OPS = ("repeated read",)
-EXISTS_P50_TARGET_MS = 1.0
+# case -> batch_exists p50 target (issue 10: 100,000 pages stored; issue 11: misses on B with
+# the shared tier on)
+EXISTS_P50_TARGETS_MS = {"exists": 1.0, "cross-host 1 MiB": 2.0}
 
 
 @dataclass
@@ -113,8 +115,8 @@ def pages_table(results: List[Result], memcpy: float) -> List[str]:
             if op == "exists":
                 gb, frac, cpu = "-", "-", "-"
                 ratio = hf.ms(50) / fs.ms(50) if first and hf else None
-                target = (f"p50<={EXISTS_P50_TARGET_MS:g}ms "
-                          f"{_verdict(fs.ms(50) <= EXISTS_P50_TARGET_MS)}") if first else ""
+                want = EXISTS_P50_TARGETS_MS.get(case)
+                target = (f"p50<={want:g}ms {_verdict(fs.ms(50) <= want)}") if first and want else ""
             else:
                 gb, frac, cpu = f"{r.gbps:.2f}", f"{r.gbps / memcpy:.0%}", f"{r.cpu_per_gb:.2f}"
                 ratio = fs.gbps / hf.gbps if first and hf else None
