@@ -181,8 +181,8 @@ def bench_write_behind(volume: glusterfs.GlusterVolume, rows: list) -> None:
     took = time.monotonic() - start
     stats = a.statistics()
     rows.append(("write-behind burst, 1 MiB pages offered every ms", stats["written_behind"], *percentiles(lags),
-                 f"publish-to-written lag; {stats['written'] / took:.0f} pages/s, "
-                 f"{stats['written_bytes'] / took / 1e6:.0f} MB/s, {stats['dropped']} of {offered} dropped"))
+                 f"publish-to-written lag; {stats['written_behind'] / took:.0f} pages/s, "
+                 f"{stats['written_behind_bytes'] / took / 1e6:.0f} MB/s, {stats['dropped']} of {offered} dropped"))
     for per_second in (20, 50):
         visible, written_lag = [], []
         count = 3 * per_second
