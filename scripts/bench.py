@@ -451,9 +451,12 @@ class Bench:
         self._interleaved(reads, pool, batches, {HICACHEFS: found_then_read(fs_b, pool),
                                                  FILE: found_then_read(hf_b, pool)},
                           False, host_b, f"{case} read on B")
+        shared_b = host_b.stats()["tiers"]["shared"]
         for name, result in reads.items():
             result.note = (f"host B read {result.pages} of the {len(batches) * STORAGE_BATCH_SIZE} pages host A "
-                           "wrote" + (f" (host A's write-behind dropped {dropped})" if name == HICACHEFS else ""))
+                           "wrote" + (f" (host A's write-behind dropped {dropped}; host B's shared tier: "
+                                      f"{shared_b['fetched_ahead']} fetched ahead, {shared_b['timeouts']} "
+                                      f"timeouts, {shared_b['failures']} failures)" if name == HICACHEFS else ""))
         self._cross_host_misses(case, fs_b, hf_b)
         for backend in (fs_a, fs_b):
             backend.close()

@@ -284,7 +284,7 @@ class PageStore:
         """Find the page on the shared tier, read and check it into a RAM slot and index it
         there (a promotion); None if it appeared locally meanwhile. Blocking. ``ahead``: for a
         read to come, so nothing is read when RAM has no room for it."""
-        page = self._shared.find(name)
+        page = self._shared.find(name, reading=True)
         if page is None:
             with self._lock:
                 self._count_miss()

@@ -189,3 +189,25 @@ def test_read_errors_are_misses_and_counted(tmp_path, make_tier):
     stats = tier.statistics()
     assert stats["io_errors"] == 1 and stats["checksum_failures"] == 0 and stats["available"]
     assert read_page(tier, page.name) == data  # the file was not touched
+
+
+def test_a_read_announced_to_find_comes_with_the_header_and_is_checked(tmp_path, make_tier):
+    root = tmp_path / "shared"
+    a = make_tier(root)
+    b, device = faulty_tier(make_tier, root)
+    # The payload read along with the header is as long as the pool's last page read: equal,
+    # longer and shorter than the page that follows, and nothing for the pool's first page.
+    pages = [make_page(i, size) for i, size in enumerate([64 * KiB, 64 * KiB, 16 * KiB, 256 * KiB, 0, 1])]
+    for page, data in pages:
+        a.write(page, data)
+    for page, data in pages:
+        found = b.find(page.name, reading=True)
+        out = bytearray(page.size)
+        assert found == page and b.read_into(found, 0, memoryview(out)) is ReadResult.OK and out == data
+    page, data = make_page(9, 1)
+    a.write(page, data)
+    device.inject(Fault("preadv", flip=True, count=1))  # the combined read's last byte: the payload
+    found = b.find(page.name, reading=True)
+    assert found == page and b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.CORRUPT
+    assert device.injected["preadv:flip"] == 1 and b.statistics()["checksum_failures"] == 1
+    assert b.find(page.name) is None and not os.path.exists(Layout(root).page_path(place(page.name)))

@@ -64,14 +64,16 @@ def _stored_size(page: PageMeta) -> int:
 
 class _Opened:
     """A page file ``find`` opened and checked, kept for the ``read_into`` that usually follows,
-    which then skips the open and the header read (two network round trips)."""
+    which then skips the open and the header read (two network round trips). ``ahead``: the
+    start of the payload, read with the header when ``find`` was told a read follows."""
 
-    __slots__ = ("fd", "page", "payload_offset", "at")
+    __slots__ = ("fd", "page", "payload_offset", "ahead", "at")
 
-    def __init__(self, fd: int, page: PageMeta, payload_offset: int) -> None:
+    def __init__(self, fd: int, page: PageMeta, payload_offset: int, ahead: memoryview) -> None:
         self.fd = fd
         self.page = page
         self.payload_offset = payload_offset
+        self.ahead = ahead
         self.at = time.monotonic()
 
 
@@ -114,6 +116,7 @@ class SharedTier(Tier):
         self._sweep_budget_s = sweep_budget_s
         self._evictions_per_tick = evictions_per_tick
         self._recent_max = recent_opens
+        self._payload_sizes: dict[str, int] = {}  # pool directory -> size of the last page read
         self.counters = TierCounters()
         self._lock = threading.Lock()  # counters, recent opens, fds to close, full state
         self._recent: collections.OrderedDict[str, _Opened] = collections.OrderedDict()
@@ -171,13 +174,17 @@ class SharedTier(Tier):
         thread-safe). The payload must stay unchanged until then."""
         return self._write_behind.offer(page, payload, release)
 
-    def find(self, name: str) -> PageMeta | None:
+    def find(self, name: str, reading: bool = False) -> PageMeta | None:
         """The page's size, checksum and publish time from its file's header; None on a miss,
         a damaged file (counted and removed), a timeout or an unavailable tier. Blocks up to
-        the deadline."""
+        the deadline. ``reading``: ``read_into`` follows, so the payload is read along with the
+        header, as long as the last page read from the same pool (one round trip, not two)."""
         where = place(name)
+        pool = name.rpartition("/")[0]
+        expected = self._payload_sizes.get(pool, 0) if reading else 0
         try:
-            opened = self._guard.call(self._open_page, name, where, timeout=self._deadline_s, expected=_GONE,
+            opened = self._guard.call(self._open_page, name, where, expected,
+                                      timeout=self._data_deadline(expected), expected=_GONE,
                                       discard=self._discard_opened)
         except OSError as error:
             if error.errno in _GONE:
@@ -193,6 +200,8 @@ class SharedTier(Tier):
             self._count(misses=1)
             return None
         self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), True)
+        if reading:
+            self._payload_sizes[pool] = opened.page.size
         self._remember(opened)
         return opened.page
 
@@ -312,11 +321,17 @@ class SharedTier(Tier):
         self._device.makedirs(self._layout.journal)
         self._device.listdir(self._layout.journal)
 
-    def _open_page(self, name: str, where: Place) -> _Opened | None:
+    def _open_page(self, name: str, where: Place, payload_ahead: int = 0) -> _Opened | None:
         path = self._layout.page_path(where)
         fd = self._device.open(path, os.O_RDONLY)
         try:
-            head = self._device.pread(fd, page_format.header_length(name), 0)
+            header = page_format.header_length(name)
+            if payload_ahead:
+                data = bytearray(header + payload_ahead)
+                got = self._device.preadv([data], fd, 0)
+                head, ahead = memoryview(data)[: min(got, header)], memoryview(data)[header : max(header, got)]
+            else:
+                head, ahead = self._device.pread(fd, header, 0), memoryview(b"")
             decoded = page_format.decode(head, name)
             if decoded.verdict is page_format.Verdict.CORRUPT:
                 self._remove_damaged(fd, path, where, name)
@@ -327,9 +342,9 @@ class SharedTier(Tier):
         except BaseException:
             self._close_quietly(fd)
             raise
-        return _Opened(fd, decoded.page, decoded.payload_offset)
+        return _Opened(fd, decoded.page, decoded.payload_offset, ahead[: decoded.page.size])
 
-    def _read_page(self, page: PageMeta, where: Place, opened: _Opened | None) -> bytearray | None:
+    def _read_page(self, page: PageMeta, where: Place, opened: _Opened | None) -> memoryview | bytearray | None:
         if opened is None:
             opened = self._open_page(page.name, where)
             if opened is None:
@@ -338,9 +353,13 @@ class SharedTier(Tier):
         try:
             if opened.page.size != page.size or opened.page.checksum != page.checksum:
                 return None  # replaced by another version since it was found
-            payload = bytearray(page.size)
+            if len(opened.ahead) == page.size:
+                payload = opened.ahead
+            else:
+                payload = bytearray(page.size)
+                payload[: len(opened.ahead)] = opened.ahead
             view = memoryview(payload)
-            filled = 0
+            filled = len(opened.ahead)
             while filled < page.size:
                 got = self._device.preadv([view[filled:]], fd, opened.payload_offset + filled)
                 if got <= 0:
