@@ -103,6 +103,7 @@ class PageStore:
         self._shared: SharedTier | None = None
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
         self._fetching: dict[str, threading.Event] = {}
+        self._fetches_cancelled: set[str] = set()  # deleted while being fetched: not to be indexed
         self._fetcher: ThreadPoolExecutor | None = None
         self._prefetches = 0
         if config.shared_dir is not None:
@@ -305,6 +306,11 @@ class PageStore:
             raise PageNotFound(name)
         with self._lock, self._reporting():
             self._found.pop(name, None)
+            if name in self._fetches_cancelled:  # removed while it was read: it stays removed
+                if slot is not None:
+                    self._ram.retire(slot)
+                    self._ram.unpin(slot)
+                raise PageNotFound(name)
             if self._index.find(name) >= 0:
                 if slot is not None:
                     self._ram.retire(slot)
@@ -402,6 +408,8 @@ class PageStore:
         Its copy on the shared tier, if any, is removed by ``delete_shared``."""
         with self._lock:
             self._found.pop(name, None)
+            if name in self._fetching:
+                self._fetches_cancelled.add(name)
             row = self._index.find(name)
             if row < 0:
                 return False
@@ -421,6 +429,7 @@ class PageStore:
 
     def delete_tree(self, prefix: str) -> int:
         with self._lock:
+            self._fetches_cancelled.update(name for name in self._fetching if name.startswith(prefix + "/"))
             rows = self._index.rows_under(prefix)
             for row in rows.tolist():
                 self._drop(row)
@@ -479,6 +488,7 @@ class PageStore:
             log.exception("fetching %s from the shared tier failed", name)
         finally:
             with self._lock:
+                self._fetches_cancelled.discard(name)
                 self._fetching.pop(name).set()
 
     # -- accounting and shutdown -------------------------------------------------------

@@ -1,0 +1,72 @@
+"""The page store with a shared tier, two hosts on one local directory: what the exists query
+finds there is fetched ahead into RAM, and a page removed meanwhile stays removed."""
+
+import pytest
+from shared_helpers import KiB, content, page_name, wait_until
+
+from hicachefs.store import PageNotFound, PageStore, StoreConfig
+from hicachefs.store.faults import Fault, FaultyDevice
+from hicachefs.store.shared.device import DirectoryDevice
+
+MiB = 1024 * KiB
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """hosts(b_device=None) -> (store A, store B) sharing tmp_path/'shared'; closed after."""
+    stores = []
+
+    def make(b_device=None):
+        config = StoreConfig(memory_bytes=16 * MiB, max_page_size=1 * MiB, shared_dir=tmp_path / "shared")
+        stores.extend([PageStore(config), PageStore(config, shared_device=b_device)])
+        return stores[-2], stores[-1]
+
+    yield make
+    for store in stores:
+        store.close()
+
+
+def read(store, name):
+    with store.open(name) as reader:
+        return bytes(reader.read(0, reader.size + 1))
+
+
+def shared_on_b(a, b, names):
+    """Publish on A and wait until B's exists query finds the pages (on the shared tier)."""
+    for i, name in enumerate(names):
+        a.put(name, content(i, 64 * KiB))
+    wait_until(lambda: all(b.exists_many(names)))
+
+
+def test_pages_the_exists_query_finds_there_are_in_ram_before_their_read(hosts):
+    a, b = hosts()
+    names = [page_name(i) for i in range(8)]
+    shared_on_b(a, b, names)
+    wait_until(lambda: b.statistics()["tiers"]["shared"]["fetched_ahead"] == len(names))
+    assert all(b.info(name).tier == "memory" for name in names)
+    assert [read(b, name) for name in names] == [content(i, 64 * KiB) for i in range(len(names))]
+    assert b.statistics()["tiers"]["shared"]["hits"] == len(names)  # each crossed once
+
+
+@pytest.mark.parametrize("remove", ["page", "tree"])
+def test_a_page_removed_while_it_is_fetched_does_not_come_back(hosts, remove):
+    device = FaultyDevice(DirectoryDevice())
+    a, b = hosts(device)
+    name = page_name(1)
+    a.put(name, content(1, 64 * KiB))
+    wait_until(lambda: b.may_be_shared(name))
+    device.inject(Fault("preadv", delay_s=1.0))  # every read of the shared tier is slow now
+    assert b.exists_many([name]) == [True]  # starts the fetch
+    wait_until(lambda: b.statistics()["tiers"]["shared"]["fetches_in_flight"] == 1)
+    if remove == "page":
+        b.delete(name)
+        b.delete_shared(name)
+    else:
+        b.delete_tree(name.rpartition("/")[0])
+        b.delete_shared(name)
+    device.clear()
+    wait_until(lambda: b.statistics()["tiers"]["shared"]["fetches_in_flight"] == 0)
+    assert b.info(name) is None and b.exists_many([name]) == [False]
+    with pytest.raises(PageNotFound):
+        b.open(name)
+    assert b.statistics()["tiers"]["shared"]["fetched_ahead"] == 0
