@@ -18,8 +18,8 @@ other hosts' daemons use too) is addressed by name, not indexed: every page publ
 offered to it (write-behind), and a name missing locally is looked for there, read, checked and
 promoted into RAM. Asking it whether it holds a page costs no I/O; finding and reading one
 blocks up to its deadline, so callers on an event loop run those in a worker thread. A page the
-exists query finds only there is fetched at once in the background (SGLang reads what the
-query found right after asking), so the read that follows finds it in RAM.
+exists query finds only there is fetched at once in the background (``FetchAhead``: SGLang
+reads what the query found right after asking), so the read that follows finds it in RAM.
 
 Pages that leave the store on its own initiative (eviction from their last tier, reclaim,
 a failed checksum) are reported to ``on_gone`` listeners, so the daemon can tell the kernel.
@@ -38,7 +38,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -46,6 +45,7 @@ from hicachefs.store.arena import size_class
 from hicachefs.store.config import StoreConfig
 from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreFull
 from hicachefs.store.eviction import LruPolicy
+from hicachefs.store.fetch_ahead import FetchAhead
 from hicachefs.store.index import PageIndex
 from hicachefs.store.pages import Draft, PageInfo, PageReader, checksum_text
 from hicachefs.store.ram_tier import RamTier
@@ -65,9 +65,6 @@ _FOUND_KEPT = 4096
 #: at the filesystem's pace (and a quarter of the RAM tier, which the queued pages keep pinned,
 #: at most 1 GiB); beyond, pages are dropped and counted, never waited for.
 WRITE_BEHIND_LAG_S = 4.0
-#: Threads that fetch pages from the shared tier ahead of their reads, and pages in flight.
-SHARED_FETCHERS = 4
-SHARED_FETCHES_IN_FLIGHT = 256
 
 GoneListener = Callable[[list[str]], None]
 
@@ -102,15 +99,12 @@ class PageStore:
             ssd.recover(self._index, position, progress)  # from its snapshot after a clean close, else by a scan
         self._shared: SharedTier | None = None
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
-        self._fetching: dict[str, threading.Event] = {}
-        self._fetches_cancelled: set[str] = set()  # deleted while being fetched: not to be indexed
-        self._fetcher: ThreadPoolExecutor | None = None
-        self._prefetches = 0
+        self._ahead: FetchAhead | None = None
         if config.shared_dir is not None:
             queue_bytes = max(config.max_page_size, min(1 << 30, config.memory_bytes // 4))
             self._shared = SharedTier(config.shared_dir, config.shared_bytes, device=shared_device,
                                       queue_bytes=queue_bytes, queue_pages=4096, queue_lag_s=WRITE_BEHIND_LAG_S)
-            self._fetcher = ThreadPoolExecutor(SHARED_FETCHERS, thread_name_prefix="hicachefs-shared-fetch")
+            self._ahead = FetchAhead(self._fetch)
 
     def on_gone(self, listener: GoneListener) -> None:
         """Call ``listener(names)`` with pages that left the store on its own initiative. It is
@@ -236,9 +230,7 @@ class PageStore:
                     # never read again, and promoting it would push another page down (a write).
                     slot = self._slot_for_promotion(page.size) if index.hits[row] > 0 else None
             if row < 0:
-                fetching = self._fetching.get(name)
-                if fetching is not None:  # fetched ahead already: wait for it, then read it here
-                    fetching.wait()
+                if self._ahead.wait(name):  # was being fetched ahead: read it here now
                     continue
                 reader = self._open_shared(name)
                 if reader is not None:
@@ -306,7 +298,7 @@ class PageStore:
             raise PageNotFound(name)
         with self._lock, self._reporting():
             self._found.pop(name, None)
-            if name in self._fetches_cancelled:  # removed while it was read: it stays removed
+            if self._ahead.cancelled(name):  # removed while it was read: it stays removed
                 if slot is not None:
                     self._ram.retire(slot)
                     self._ram.unpin(slot)
@@ -385,9 +377,7 @@ class PageStore:
         there or the tier does not answer in time. Blocking; ``info`` knows it afterwards."""
         if not self.may_be_shared(name):
             return None
-        fetching = self._fetching.get(name)
-        if fetching is not None:  # being fetched ahead: its facts come with it, without more I/O
-            fetching.wait()
+        if self._ahead.wait(name):  # was being fetched ahead: its facts came with it, no more I/O
             with self._lock:
                 row = self._index.find(name)
                 if row >= 0:
@@ -408,8 +398,8 @@ class PageStore:
         Its copy on the shared tier, if any, is removed by ``delete_shared``."""
         with self._lock:
             self._found.pop(name, None)
-            if name in self._fetching:
-                self._fetches_cancelled.add(name)
+            if self._ahead is not None:
+                self._ahead.cancel(name)
             row = self._index.find(name)
             if row < 0:
                 return False
@@ -429,7 +419,8 @@ class PageStore:
 
     def delete_tree(self, prefix: str) -> int:
         with self._lock:
-            self._fetches_cancelled.update(name for name in self._fetching if name.startswith(prefix + "/"))
+            if self._ahead is not None:
+                self._ahead.cancel_under(prefix)
             rows = self._index.rows_under(prefix)
             for row in rows.tolist():
                 self._drop(row)
@@ -458,38 +449,16 @@ class PageStore:
                 if there:
                     remote.append(names[i])
             if remote:
-                self._fetch_ahead(remote)
+                self._ahead.start(remote)
         return found
 
-    def _fetch_ahead(self, names: list[str]) -> None:
-        with self._lock:
-            room = SHARED_FETCHES_IN_FLIGHT - len(self._fetching)
-            todo = [n for n in names if n not in self._fetching][: max(0, room)]
-            for name in todo:
-                self._fetching[name] = threading.Event()
-        for name in todo:
-            try:
-                self._fetcher.submit(self._fetch, name)
-            except RuntimeError:  # the store is closing: nothing is fetched any more
-                with self._lock:
-                    self._fetching.pop(name).set()
-
-    def _fetch(self, name: str) -> None:
+    def _fetch(self, name: str) -> bool:
         """Promote a page from the shared tier into RAM ahead of its read (a fetcher thread)."""
-        try:
-            reader = self._open_shared(name, ahead=True)
-            if reader is not None:
-                reader.close()
-                with self._lock:
-                    self._prefetches += 1
-        except StoreError:
-            pass  # gone, damaged or unreachable: the read finds out again and says so
-        except Exception:  # a bug: the reader waiting on this fetch must not wait forever
-            log.exception("fetching %s from the shared tier failed", name)
-        finally:
-            with self._lock:
-                self._fetches_cancelled.discard(name)
-                self._fetching.pop(name).set()
+        reader = self._open_shared(name, ahead=True)
+        if reader is None:
+            return False
+        reader.close()
+        return True
 
     # -- accounting and shutdown -------------------------------------------------------
 
@@ -514,8 +483,7 @@ class PageStore:
             totals["misses"] = self._misses  # a lookup that no tier could serve
             totals["free_bytes"] = max(0, totals["capacity_bytes"] - totals["used_bytes"])
         if self._shared is not None:  # not in the totals: its room is every host's, not ours
-            tiers[self._shared.name] = {**self._shared.statistics(), "fetched_ahead": self._prefetches,
-                                        "fetches_in_flight": len(self._fetching)}
+            tiers[self._shared.name] = {**self._shared.statistics(), **self._ahead.statistics()}
         return {**totals, "tiers": tiers}
 
     def sync(self) -> None:
@@ -530,10 +498,7 @@ class PageStore:
         release everything. A failing device stops the write-down, not the close. A second close
         does nothing: the tiers' files may belong to a new store by then."""
         if self._shared is not None and not self._closed:
-            self._fetcher.shutdown(wait=True, cancel_futures=True)
-            with self._lock:  # fetches cancelled before they ran: nobody may wait on them
-                for fetching in self._fetching.values():
-                    fetching.set()
+            self._ahead.close()
             self._shared.close()  # first: its write-behind releases pages, which takes the lock
         with self._lock, self._reporting():
             if self._closed:

@@ -187,14 +187,14 @@ def test_a_corrupt_file_on_the_shared_tier_is_caught_and_never_served(two_hosts,
 
 
 def test_the_shared_size_bound_holds(two_hosts, gluster_root):
-    a, _ = two_hosts("--shared-size", "4M", "--max-page-size", "1M")
+    a, b = two_hosts("--shared-size", "4M", "--max-page-size", "1M")
     names = keys("bounded", 12)
     pool = MHAHostPool(pages=12, layer_num=32, head_num=8, head_dim=32)  # 512 KiB pages: 6 MiB in all
     writer = client(a, pool)
     for batch in range(3):  # paced as a server's backups are, so that write-behind takes them all
         part = range(4 * batch, 4 * batch + 4)
         assert writer.batch_set_v1([names[i] for i in part], indices(pool, part)) == [True] * 4
-        assert wait_for(lambda: a.stats()["tiers"]["shared"]["queue_pages"] == 0, 10.0)
+        assert wait_for(lambda: a.stats()["tiers"]["shared"]["written_behind"] == 4 * batch + 4, 10.0)
     assert a.stats()["tiers"]["shared"]["written_behind_bytes"] == 12 * (512 << 10)
 
     def within_bound():
@@ -203,4 +203,5 @@ def test_the_shared_size_bound_holds(two_hosts, gluster_root):
         return used <= 4 << 20
 
     assert wait_for(within_bound, 10.0)
-    assert a.stats()["tiers"]["shared"]["evictions"] >= 4
+    # Either host may remove the oldest pages (both run with the bound): together at least 4.
+    assert a.stats()["tiers"]["shared"]["evictions"] + b.stats()["tiers"]["shared"]["evictions"] >= 4
