@@ -224,6 +224,12 @@ class Bench:
             self.pools[page_mib] = Pool(page_mib)
         return self.pools[page_mib]
 
+    def _recorded(self, case: str, op: str, **fields) -> Dict[str, Result]:
+        """A result per backend for ``op`` in ``case``, already part of the report."""
+        made = {name: Result(case, op, name, **fields) for name in (HICACHEFS, FILE)}
+        self.results.extend(made.values())
+        return made
+
     def _interleaved(self, results: Dict[str, Result], pool: Pool, batches: Dict[str, List[str]],
                      ops: Dict[str, Callable], write: bool, mount: mounting.Mount,
                      label: str, after_call: Callable[[], None] = lambda: None) -> None:
@@ -269,13 +275,7 @@ class Bench:
         fs = make_hicachefs(mount.path, pool, client=self.client)
         hf = make_file(file_dir, pool)
         backends = {HICACHEFS: fs, FILE: hf}
-
-        def results(op: str) -> Dict[str, Result]:
-            made = {name: Result(case, op, name, page_bytes=pool.page_bytes) for name in backends}
-            self.results.extend(made.values())
-            return made
-
-        writes = results("write")
+        writes = self._recorded(case, "write", page_bytes=pool.page_bytes)
         batches: Dict[str, List[str]] = {}
         rounds = self.plan.ram_write_rounds
         for r in range(rounds):
@@ -289,9 +289,9 @@ class Bench:
                 hf.clear()
         reads = {n: reader(b, pool) for n, b in backends.items()}
         passes = self.plan.ram_read_passes
-        self._interleaved(results("first read"), pool, batches, reads, False, mount,
-                          f"{case} first read")
-        repeated = results("repeated read")
+        self._interleaved(self._recorded(case, "first read", page_bytes=pool.page_bytes), pool, batches,
+                          reads, False, mount, f"{case} first read")
+        repeated = self._recorded(case, "repeated read", page_bytes=pool.page_bytes)
         for p in range(1, passes):
             self._interleaved(repeated, pool, batches, reads, False, mount,
                               f"{case} repeated read {p}/{passes - 1}")
@@ -308,8 +308,7 @@ class Bench:
         fs = make_hicachefs(mount.path, pool, client=self.client)
         hf = make_file(file_dir, pool)
         backends = {HICACHEFS: fs, FILE: hf}
-        writes = {n: Result(case, "write", n, page_bytes=pool.page_bytes) for n in backends}
-        self.results.extend(writes.values())
+        writes = self._recorded(case, "write", page_bytes=pool.page_bytes)
         batches = {f"{case}/b{i}": keys_for(f"{case}/b{i}")
                    for i in range(self.plan.ssd_batches[page_mib])}
         # os.sync between calls: the next writer does not pay for this one's writeback.
@@ -398,11 +397,9 @@ class Bench:
         rng = np.random.default_rng(2)
         queries = [[keys[int(j)] for j in rng.choice(count, STORAGE_BATCH_SIZE, replace=False)]
                    for _ in range(self.plan.exists_queries)]
-        results = {name: Result("exists", "exists", name,
-                                note=f"{count:,} pages stored ({rate:,.0f}/s to store them on "
-                                     f"{FILL_THREADS} threads)")
-                   for name, rate in rates.items()}
-        self.results.extend(results.values())
+        results = self._recorded("exists", "exists")
+        for name, rate in rates.items():
+            results[name].note = f"{count:,} pages stored ({rate:,.0f}/s to store them on {FILL_THREADS} threads)"
         before = mount.stats()
         for n, q in enumerate(progress(queries, "exists")):
             for name, backend in (((HICACHEFS, fs), (FILE, hf)) if n % 2 == 0
@@ -427,8 +424,7 @@ class Bench:
         fs_b = make_hicachefs(host_b.path, pool, client=self.client)
         hf_a, hf_b = make_file(volume.a / "file", pool), make_file(volume.b / "file", pool)
         batches = {f"{case}/b{i}": keys_for(f"{case}/b{i}") for i in range(self.plan.cross_host_batches)}
-        writes = {n: Result(case, "write on A", n, page_bytes=pool.page_bytes) for n in (HICACHEFS, FILE)}
-        self.results.extend(writes.values())
+        writes = self._recorded(case, "write on A", page_bytes=pool.page_bytes)
 
         def write_behind_done() -> None:
             deadline = time.monotonic() + WRITE_BEHIND_WAIT_S
@@ -446,8 +442,7 @@ class Bench:
         while not last.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         dropped = host_a.stats()["tiers"]["shared"]["dropped"]
-        reads = {n: Result(case, "exists + read on B", n, page_bytes=pool.page_bytes) for n in (HICACHEFS, FILE)}
-        self.results.extend(reads.values())
+        reads = self._recorded(case, "exists + read on B", page_bytes=pool.page_bytes)
         self._interleaved(reads, pool, batches, {HICACHEFS: found_then_read(fs_b, pool),
                                                  FILE: found_then_read(hf_b, pool)},
                           False, host_b, f"{case} read on B")
@@ -463,9 +458,7 @@ class Bench:
 
     def _cross_host_misses(self, case: str, fs_b, hf_b) -> None:
         """batch_exists on B of 128 keys no host wrote: what most of SGLang's queries are."""
-        misses = {n: Result(case, "exists", n, note="128 keys that no host wrote (all misses)")
-                  for n in (HICACHEFS, FILE)}
-        self.results.extend(misses.values())
+        misses = self._recorded(case, "exists", note="128 keys that no host wrote (all misses)")
         for n in range(self.plan.exists_queries // 4):
             keys = keys_for(f"{case}/missing{n}")
             for name, backend in (((HICACHEFS, fs_b), (FILE, hf_b)) if n % 2 == 0 else ((FILE, hf_b), (HICACHEFS, fs_b))):

@@ -215,23 +215,10 @@ def fs_write(backend: HiCacheFS, pool: Pool, keys: List[str]) -> bool:
 
 
 def fs_read(backend: HiCacheFS, pool: Pool, keys: List[str]) -> int:
-    """CacheController._page_get_zero_copy: the pages read before the first miss."""
-    results = backend.batch_get_v1(keys, pool.indices)
+    """CacheController._page_get_zero_copy: the pages read before the first miss (into the
+    pool's first ``len(keys)`` pages)."""
+    results = backend.batch_get_v1(keys, pool.indices[: len(keys) * pool.ps])
     return results.index(False) if False in results else len(results)
-
-
-def found_then_read(backend, pool: Pool):
-    """A prefetch as SGLang runs it: batch_exists, then the read of the pages it found."""
-    def op(keys: List[str]) -> int:
-        found = backend.batch_exists(keys)
-        if not found:
-            return 0
-        if isinstance(backend, HiCacheFS):
-            results = backend.batch_get_v1(keys[:found], pool.indices[: found * pool.ps])
-            return results.index(False) if False in results else found
-        return file_read(backend, pool, keys[:found])
-
-    return op
 
 
 def writer(backend, pool: Pool):
@@ -242,3 +229,14 @@ def writer(backend, pool: Pool):
 def reader(backend, pool: Pool):
     return (lambda keys: fs_read(backend, pool, keys)) if isinstance(backend, HiCacheFS) \
         else (lambda keys: file_read(backend, pool, keys))
+
+
+def found_then_read(backend, pool: Pool):
+    """A prefetch as SGLang runs it: batch_exists, then the read of the pages it found."""
+    read = reader(backend, pool)
+
+    def op(keys: List[str]) -> int:
+        found = backend.batch_exists(keys)
+        return read(keys[:found]) if found else 0
+
+    return op
