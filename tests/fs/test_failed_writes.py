@@ -41,6 +41,18 @@ def _not_published(mount, pool, key: str) -> None:
     assert not os.path.lexists(pool / key)
 
 
+def _write_past_the_maximum(path, seed: int) -> None:
+    """Create ``path``, write half a MiB, then a byte at 1 MiB (past --max-page-size 1M): EFBIG."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        write_all(fd, pattern(MiB // 2, seed))
+        with pytest.raises(OSError) as info:
+            os.pwrite(fd, b"x", MiB)
+        assert info.value.errno == errno.EFBIG
+    finally:
+        os.close(fd)
+
+
 def test_cp_of_a_file_over_the_maximum_page_size_fails_and_publishes_nothing(mount_factory, tmp_path):
     mount = mount_factory("--memory", "64M", "--max-page-size", "1M")
     pool = mount.page_dir(*POOL)
@@ -57,14 +69,7 @@ def test_a_temporary_file_with_a_write_over_the_maximum_cannot_be_renamed_into_a
     mount = mount_factory("--memory", "64M", "--max-page-size", "1M")
     pool = mount.page_dir(*POOL)
     tmp = pool / ".tmp-failed"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        write_all(fd, pattern(MiB // 2, 3))
-        with pytest.raises(OSError) as info:
-            os.pwrite(fd, b"x", MiB)
-        assert info.value.errno == errno.EFBIG
-    finally:
-        os.close(fd)
+    _write_past_the_maximum(tmp, seed=3)
     _rename_fails_and_the_key_stays_free(mount, pool, tmp)
 
 
@@ -107,14 +112,7 @@ def _rename_fails_and_the_key_stays_free(mount, pool, tmp) -> None:
 def test_a_file_created_under_a_key_with_a_failed_write_is_not_published_at_close(mount_factory):
     mount = mount_factory("--memory", "64M", "--max-page-size", "1M")
     pool = mount.page_dir(*POOL)
-    fd = os.open(pool / "direct", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        write_all(fd, pattern(MiB // 2, 5))
-        with pytest.raises(OSError) as info:
-            os.pwrite(fd, b"tail", MiB)
-        assert info.value.errno == errno.EFBIG
-    finally:
-        os.close(fd)
+    _write_past_the_maximum(pool / "direct", seed=5)
     _not_published(mount, pool, "direct")
 
 

@@ -106,11 +106,17 @@ def test_a_short_write_is_not_recovered_after_a_restart(tmp_path, faulty_store):
         reopened.close()
 
 
-def test_a_failing_read_surfaces_as_eio_and_loses_nothing(faulty_store):
-    store, device = faulty_store()
+def _fill(store: PageStore) -> dict[str, bytes]:
+    """More pages than RAM holds, so that some are on the disk tier only."""
     written = {page_name(i): content(i, PAGE) for i in range(24)}
     for name, data in written.items():
         store.put(name, data)
+    return written
+
+
+def test_a_failing_read_surfaces_as_eio_and_loses_nothing(faulty_store):
+    store, device = faulty_store()
+    written = _fill(store)
     on_disk = [n for n in written if store.info(n).tier == "disk"]
     assert on_disk
     read_all(store, on_disk[0])  # a first read: the second would promote it into a RAM slot
@@ -126,9 +132,7 @@ def test_a_failing_read_surfaces_as_eio_and_loses_nothing(faulty_store):
 
 def test_a_flipped_bit_on_read_is_caught_and_the_page_dropped(faulty_store):
     store, device = faulty_store()
-    written = {page_name(i): content(i, PAGE) for i in range(24)}
-    for name, data in written.items():
-        store.put(name, data)
+    written = _fill(store)
     victim = next(n for n in written if store.info(n).tier == "disk")
     device.inject(Fault("preadv", flip=True, count=1))
     with pytest.raises(PageCorrupt):
@@ -141,9 +145,7 @@ def test_a_flipped_bit_on_read_is_caught_and_the_page_dropped(faulty_store):
 
 def test_a_slow_disk_read_does_not_hold_up_ram_pages(faulty_store):
     store, device = faulty_store()
-    written = {page_name(i): content(i, PAGE) for i in range(24)}
-    for name, data in written.items():
-        store.put(name, data)
+    written = _fill(store)
     on_disk = next(n for n in written if store.info(n).tier == "disk")
     in_ram = [n for n in written if store.info(n).tier == "memory"]
     device.inject(Fault("preadv", delay_s=2.0, count=1))
