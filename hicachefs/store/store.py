@@ -99,12 +99,11 @@ class PageStore:
             ssd.recover(self._index, position, progress)  # from its snapshot after a clean close, else by a scan
         self._shared: SharedTier | None = None
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
-        self._ahead: FetchAhead | None = None
+        self._ahead = FetchAhead(self._fetch)  # idle (no threads) without a shared tier
         if config.shared_dir is not None:
             queue_bytes = max(config.max_page_size, min(1 << 30, config.memory_bytes // 4))
             self._shared = SharedTier(config.shared_dir, config.shared_bytes, device=shared_device,
                                       queue_bytes=queue_bytes, queue_pages=4096, queue_lag_s=WRITE_BEHIND_LAG_S)
-            self._ahead = FetchAhead(self._fetch)
 
     def on_gone(self, listener: GoneListener) -> None:
         """Call ``listener(names)`` with pages that left the store on its own initiative. It is
@@ -398,8 +397,7 @@ class PageStore:
         Its copy on the shared tier, if any, is removed by ``delete_shared``."""
         with self._lock:
             self._found.pop(name, None)
-            if self._ahead is not None:
-                self._ahead.cancel(name)
+            self._ahead.cancel(name)
             row = self._index.find(name)
             if row < 0:
                 return False
@@ -419,8 +417,7 @@ class PageStore:
 
     def delete_tree(self, prefix: str) -> int:
         with self._lock:
-            if self._ahead is not None:
-                self._ahead.cancel_under(prefix)
+            self._ahead.cancel_under(prefix)
             rows = self._index.rows_under(prefix)
             for row in rows.tolist():
                 self._drop(row)
@@ -498,7 +495,7 @@ class PageStore:
         release everything. A failing device stops the write-down, not the close. A second close
         does nothing: the tiers' files may belong to a new store by then."""
         if self._shared is not None and not self._closed:
-            self._ahead.close()
+            self._ahead.close()  # first: a fetch promotes into RAM, which must still be there
             self._shared.close()  # first: its write-behind releases pages, which takes the lock
         with self._lock, self._reporting():
             if self._closed:

@@ -181,10 +181,10 @@ class SharedTier(Tier):
         header, as long as the last page read from the same pool (one round trip, not two)."""
         where = place(name)
         pool = name.rpartition("/")[0]
-        expected = self._payload_sizes.get(pool, 0) if reading else 0
+        ahead_bytes = self._payload_sizes.get(pool, 0) if reading else 0
         try:
-            opened = self._guard.call(self._open_page, name, where, expected,
-                                      timeout=self._data_deadline(expected), expected=_GONE,
+            opened = self._guard.call(self._open_page, name, where, ahead_bytes,
+                                      timeout=self._data_deadline(ahead_bytes), expected=_GONE,
                                       discard=self._discard_opened)
         except OSError as error:
             if error.errno in _GONE:
