@@ -5,6 +5,7 @@ A missing /dev/fuse is a failure here, not a skip: every FUSE test mounts for re
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -50,3 +51,11 @@ def hicachefs_mount(mount_factory) -> Path:
 def mounted(mount_factory) -> mounting.Mount:
     """Like ``hicachefs_mount`` but yields the Mount (pid, log, stats)."""
     return mount_factory("--memory", "512M")
+
+
+@pytest.fixture
+def demo(monkeypatch):
+    """scripts/demo.py as a module, with the client's default (no SGLang needed) kept local."""
+    monkeypatch.setenv("HICACHEFS_CLIENT_WITHOUT_SGLANG", "")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    return importlib.import_module("demo")

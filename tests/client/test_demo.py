@@ -4,24 +4,14 @@ and after a warm restart the same workload hits, from disk."""
 
 from __future__ import annotations
 
-import importlib
 import random
-from pathlib import Path
 
 import pytest
 
 from hicachefs.testing import mounting
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 #: 31 pages of 768 KiB (23 MiB): more than a 16 MiB RAM tier holds.
 SMALL = dict(conversations=3, turns=3, system_prompts=2, system_tokens=512, user_tokens=64, reply_tokens=64)
-
-
-@pytest.fixture
-def demo(monkeypatch):
-    monkeypatch.setenv("HICACHEFS_CLIENT_WITHOUT_SGLANG", "")  # the demo's default stays local
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    return importlib.import_module("demo")
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])

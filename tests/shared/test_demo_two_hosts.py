@@ -4,21 +4,8 @@ host A does on the same turn."""
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
-
-import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 #: Four conversations: the last turn of two goes to host A, of the other two to host B.
 SMALL = dict(conversations=4, turns=3, system_prompts=2, system_tokens=512, user_tokens=64, reply_tokens=64)
-
-
-@pytest.fixture
-def demo(monkeypatch):
-    monkeypatch.setenv("HICACHEFS_CLIENT_WITHOUT_SGLANG", "")  # the demo's default stays local
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    return importlib.import_module("demo")
 
 
 def test_host_b_loads_host_as_prefixes_from_the_shared_tier_and_hits_as_often(demo, mount_factory, gluster_root,
