@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,21 @@ def mount_factory(tmp_path):
         mounting.stop(mount)
         failures += mounting.unexpected_log_lines(mount)
     assert not failures, "the daemon logged errors:\n" + "\n".join(failures)
+
+
+@pytest.fixture
+def public_mount(mount_factory):
+    """A mount (64 MiB RAM) other users can reach: pytest's temporary directories are 0700."""
+    reachable = Path(tempfile.mkdtemp(prefix="hicachefs-other-user-"))
+    mount = None
+    try:
+        reachable.chmod(0o755)
+        mount = mount_factory("--memory", "64M", path=reachable / "mnt")
+        yield mount
+    finally:
+        if mount is not None:
+            mounting.stop(mount)  # before its directory goes; the factory's stop is then a no-op
+        shutil.rmtree(reachable, ignore_errors=True)
 
 
 @pytest.fixture

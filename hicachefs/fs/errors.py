@@ -1,4 +1,18 @@
-"""The one error type of the POSIX layer: an errno and a message for the daemon's log."""
+"""The POSIX layer's errors: its one error type, and the errno every failure is answered with."""
+
+from __future__ import annotations
+
+import errno
+
+from ..store import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
+
+_STORE_ERRNO = {
+    PageTooLarge: errno.EFBIG,
+    StoreFull: errno.ENOSPC,
+    PageCorrupt: errno.EIO,
+    DeviceError: errno.EIO,
+    PageNotFound: errno.ENOENT,
+}
 
 
 class FsError(OSError):
@@ -6,3 +20,10 @@ class FsError(OSError):
 
     def __init__(self, err: int, message: str):
         super().__init__(err, message)
+
+
+def errno_of(exc: FsError | StoreError) -> int:
+    """The errno a refused request answers with (EIO for a store error without its own)."""
+    if isinstance(exc, FsError):
+        return exc.errno
+    return _STORE_ERRNO.get(type(exc), errno.EIO)

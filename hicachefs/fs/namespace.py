@@ -29,10 +29,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .. import names
-from ..store import PageInfo, PageNotFound, PageReader, PageStore
-from .control import CONTROL_INODES, ControlFiles
+from ..store import Draft, PageInfo, PageNotFound, PageReader, PageStore
+from .control import CONTROL_INODES, INGEST_INODE, ControlFiles
 from .errors import FsError
 from .nodes import Directory, PageNode, PendingFile, Stat
+from .page_handle import Leases, PageHandle
 
 log = logging.getLogger(__name__)
 
@@ -62,22 +63,6 @@ class KernelNotices(Protocol):
     def forget_inode(self, inode: int) -> None: ...
 
 
-class PageHandle:
-    """An open published page: the pinned store reader serves every read."""
-
-    def __init__(self, reader: PageReader):
-        self.reader = reader
-
-    def read(self, offset: int, size: int):
-        return self.reader.read(offset, size)
-
-    def write(self, offset: int, data: bytes) -> int:
-        raise FsError(errno.EBADF, "page opened read-only")
-
-    def release(self) -> None:
-        self.reader.close()
-
-
 class PendingHandle:
     """An open file that is still being written."""
 
@@ -85,10 +70,10 @@ class PendingHandle:
         self.namespace = namespace
         self.pending = pending
 
-    def read(self, offset: int, size: int):
+    async def read(self, offset: int, size: int):
         return self.pending.read(offset, size)
 
-    def write(self, offset: int, data: bytes) -> int:
+    async def write(self, offset: int, data: bytes) -> int:
         if self.pending.gone:
             raise FsError(errno.EPERM, "the file was published or discarded; pages are immutable")
         return self.pending.write(offset, data)
@@ -109,6 +94,8 @@ class Namespace:
         self.notices = notices
         self.temp_timeout_s = temp_timeout_s
         self.kernel_cache = kernel_cache
+        self._shared_tier = store.tier("shared") is not None
+        self.leases = Leases()
         self.root = Directory(ROOT_INODE, "", 0, None)
         self._inodes = itertools.count(max(CONTROL_INODES) + 1)
         self._handles_ids = itertools.count(1)
@@ -285,7 +272,7 @@ class Namespace:
         the disk tier) and registered with ``add_handle``.
         """
         if inode in CONTROL_INODES:
-            return self.add_handle(self.control.open(inode, flags))
+            return self.add_handle(self.control.open(inode, flags, publisher=self))
         pending = self._pending.get(inode)
         if pending is not None:
             if flags & os.O_TRUNC:
@@ -320,10 +307,22 @@ class Namespace:
         if node is not None and _version(node.info) != _version(reader.info):
             cacheable = False
             self.notices.forget_inode(inode)
-        return self.add_handle(PageHandle(reader)), cacheable
+        return self.add_handle(PageHandle(self.store, self.leases, reader)), cacheable
 
-    def is_control(self, inode: int) -> bool:
-        return inode in CONTROL_INODES
+    def needs_writer(self, inode: int, flags: int) -> bool:
+        """Whether opening ``inode`` with ``flags`` changes the store (root and the daemon's
+        user only): writing a file, or any open of the ingest file."""
+        if inode in CONTROL_INODES:
+            return not self.control.is_request_file(inode) and (
+                inode == INGEST_INODE or bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)))
+        return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC))
+
+    def caches_misses(self, parent_inode: int) -> bool:
+        """Whether the kernel may remember that a name is missing in this directory. Not in a
+        pool directory, where pages appear through the ingest file without the kernel seeing a
+        request, nor anywhere with a shared tier, where another host's pages appear."""
+        directory = self._dirs.get(parent_inode)
+        return not self._shared_tier and directory is not None and directory.depth < names.POOL_DEPTH
 
     def is_pending(self, inode: int) -> bool:
         return inode in self._pending
@@ -354,11 +353,8 @@ class Namespace:
         text = name.decode("utf-8", "surrogateescape")
         if text in parent.children:
             raise FsError(errno.EISDIR, "is a directory")
-        pending = parent.pending.pop(text, None)
-        if pending is not None:
-            pending.gone = True
-            pending.discard()
-            self._drop_pending_if_unused(pending)
+        if text in parent.pending:
+            self._unlink_pending(parent, text)
             return None
         page = self._stored_name(parent, text)
         if page is None or not (self.store.delete(page) or self.store.may_be_shared(page)):
@@ -401,6 +397,58 @@ class Namespace:
         if source_dir.depth != names.POOL_DEPTH:
             raise FsError(errno.ENOENT, "no such file")
         self._move_page(source_dir, old_text, target_dir, new_text)
+
+    # ---- publishing through the ingest file (``ingest.Publisher``) ---------------------
+
+    def has_page(self, path: str) -> bool:
+        try:
+            directory, key = self._ingest_target(path)
+        except FsError:
+            return False
+        return self._has_page(directory, key)
+
+    def reserve_page(self, path: str, size: int) -> Draft:
+        """Room for the page ``path`` will name, once the path is known to be publishable."""
+        self._ingest_target(path)
+        return self.store.reserve(size)
+
+    def abandon_page(self, draft: Draft) -> None:
+        self.store.abandon(draft)
+
+    def publish_page(self, path: str, draft: Draft) -> None:
+        """Publish a filled draft under ``path``, replacing what the name held, as a rename
+        onto it would; the draft is consumed whatever happens."""
+        try:
+            directory, key = self._ingest_target(path)
+        except BaseException:
+            self.store.abandon(draft)
+            raise
+        self.store.publish(draft, directory.page_name(key))
+        directory.last_page_size = draft.size
+        directory.mtime_ns = time.time_ns()
+        known = key in directory.pending
+        if known:  # a file being written under the key is replaced, as by a rename
+            self._unlink_pending(directory, key)
+        # As for a rename onto it: an inode the kernel holds for the name keeps leading to it
+        # (now to the new page, read past the cache), so an open racing the replace finds one
+        # of the two pages, never none; the kernel is told to look the name up again.
+        old = self._page_by_name.pop((directory.inode, key), None)
+        if old is not None:
+            self.notices.forget_inode(old.inode)
+        if known or old is not None:
+            self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
+
+    def _ingest_target(self, path: str) -> tuple[Directory, str]:
+        dir_path, _, key = path.rpartition("/")
+        directory = self._dirs_by_path.get(dir_path)
+        if directory is None or directory.removed:
+            raise FsError(errno.ENOENT, f"no directory {dir_path!r}")
+        if directory.depth != names.POOL_DEPTH:
+            raise FsError(errno.EPERM, "pages live in pool directories (model/format/shard/pool)")
+        key = self._checked_name(key.encode("utf-8", "surrogateescape"))
+        if key in directory.children:
+            raise FsError(errno.EISDIR, "a directory has that name")
+        return directory, key
 
     def close_pending(self, pending: PendingFile) -> None:
         pending.opens -= 1
@@ -496,6 +544,12 @@ class Namespace:
         if node is not None:
             node.directory, node.key = target, new
             self._page_by_name[(target.inode, new)] = node
+
+    def _unlink_pending(self, directory: Directory, name: str) -> None:
+        pending = directory.pending.pop(name)
+        pending.gone = True
+        pending.discard()
+        self._drop_pending_if_unused(pending)
 
     def _discard_pending(self, pending: PendingFile) -> None:
         pending.directory.pending.pop(pending.name, None)

@@ -28,9 +28,8 @@ import pyfuse3
 import trio
 
 from .. import names
-from ..store import DeviceError, PageCorrupt, PageNotFound, PageStore, PageTooLarge, StoreError, StoreFull
-from .control import ExistsHandle
-from .errors import FsError
+from ..store import PageStore, StoreError
+from .errors import FsError, errno_of
 from .namespace import Namespace
 from .nodes import Stat
 
@@ -41,18 +40,7 @@ PAGE_TIMEOUT_S = 60.0
 #: st_blksize: makes cp, cat and friends move 1 MiB per request, the FUSE maximum.
 IO_BLOCK_SIZE = 1 << 20
 XATTR_PREFIX = b"user.hicachefs."
-#: Pause between steps of a large exists query. A pause, not a bare yield: a daemon that never
-#: sleeps gets only its fair share of a busy host's cores, and every other client's request
-#: waits for its turn (on 2 loaded cores, a lookup's p99 went from 25-40 ms to 11-13 ms).
-EXISTS_STEP_PAUSE_S = 0.001
 
-_STORE_ERRNO = {
-    PageTooLarge: errno.EFBIG,
-    StoreFull: errno.ENOSPC,
-    PageCorrupt: errno.EIO,
-    DeviceError: errno.EIO,
-    PageNotFound: errno.ENOENT,
-}
 #: Answers that are ordinary traffic, not problems worth a log line.
 _QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA}
 
@@ -69,10 +57,8 @@ def _replying(handler):
             return await handler(self, *args)
         except pyfuse3.FUSEError:
             raise
-        except FsError as exc:
-            err, why = exc.errno, exc.strerror
-        except StoreError as exc:
-            err, why = _STORE_ERRNO.get(type(exc), errno.EIO), str(exc)
+        except (FsError, StoreError) as exc:
+            err, why = errno_of(exc), exc.strerror if isinstance(exc, FsError) else str(exc)
         except Exception:
             log.exception("%s%r failed unexpectedly; answering EIO", op, args[:2])
             err, why = errno.EIO, "internal error"
@@ -143,8 +129,7 @@ class Operations(pyfuse3.Operations):
             return self._entry(self.namespace.lookup(parent_inode, name))
         negative = pyfuse3.EntryAttributes()
         negative.st_ino = 0
-        # A page may appear on the shared tier at any time: then no negative entry is kept.
-        negative.entry_timeout = 0 if self.has_shared_tier else CACHE_TIMEOUT_S
+        negative.entry_timeout = CACHE_TIMEOUT_S if self.namespace.caches_misses(parent_inode) else 0
         return negative
 
     async def forget(self, inode_list):
@@ -235,7 +220,7 @@ class Operations(pyfuse3.Operations):
 
     @_replying
     async def open(self, inode, flags, ctx):
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC) and not self.namespace.is_control(inode):
+        if self.namespace.needs_writer(inode, flags):
             self._require_writer(ctx)
         target = self.namespace.open(inode, flags)
         if isinstance(target, str):
@@ -248,16 +233,11 @@ class Operations(pyfuse3.Operations):
 
     @_replying
     async def read(self, fh, off, size):
-        handle = self._handle(fh)
-        if isinstance(handle, ExistsHandle):
-            # A large query is answered in bounded steps; other requests run in between.
-            while handle.answer_step():
-                await trio.sleep(EXISTS_STEP_PAUSE_S)
-        return handle.read(off, size)
+        return await self._handle(fh).read(off, size)
 
     @_replying
     async def write(self, fh, off, buf):
-        return self._handle(fh).write(off, buf)
+        return await self._handle(fh).write(off, buf)
 
     @_replying
     async def release(self, fh):

@@ -66,6 +66,10 @@ _FOUND_KEPT = 4096
 #: at most 1 GiB); beyond, pages are dropped and counted, never waited for.
 WRITE_BEHIND_LAG_S = 4.0
 
+#: Up to this many names, the exists query looks them up one by one (8 names: 12 us instead of
+#: 39 us through the vectorised lookup, whose numpy set-up dominates small batches).
+_FEW_NAMES = 16
+
 GoneListener = Callable[[list[str]], None]
 
 
@@ -119,16 +123,24 @@ class PageStore:
 
     def reserve(self, size: int) -> Draft:
         """Room for a page of exactly ``size`` bytes, made by demoting or evicting LRU pages.
-        A page larger than a RAM slab (memory_bytes / 8, at most the max page size) is staged
-        in private memory and published to a lower tier only."""
+        A page larger than a RAM slab (memory_bytes / 8, at most the max page size), or one for
+        which RAM has no room that is not held by readers and drafts, is staged in private
+        memory and published to a lower tier only."""
         if size > self.config.max_page_size:
             raise PageTooLarge(f"page of {size} bytes exceeds max_page_size {self.config.max_page_size}")
+        lower = any(t.fits(_LONGEST_NAME, size) for t in self._tiers[1:])
         if not self._ram.fits(b"", size):
-            if not any(t.fits(_LONGEST_NAME, size) for t in self._tiers[1:]):
+            if not lower:
                 raise StoreFull(f"page of {size} bytes fits neither a RAM slab nor a lower tier")
             return Draft(None, size, memoryview(bytearray(size)))
-        with self._lock, self._reporting():
-            offset = self._make_room(size)
+        try:
+            with self._lock, self._reporting():
+                offset = self._make_room(size)
+        except StoreFull:
+            if not lower:
+                raise
+            # RAM is held by readers and drafts: the page goes to a lower tier instead.
+            return Draft(None, size, memoryview(bytearray(size)))
         return Draft(offset, size, self._ram.view(offset, size))
 
     def publish(self, draft: Draft, name: str, mtime_ns: int | None = None) -> PageInfo:
@@ -272,6 +284,27 @@ class PageStore:
                         raise PageCorrupt(f"{name}: checksum mismatch on the {tier.name} tier; page dropped")
         raise PageNotFound(name)
 
+    def count_reads(self, names: Iterable[str]) -> int:
+        """Count reads of these pages that were served without the store (the kernel's page
+        cache, through files a client keeps open): hits, access time and eviction order, as an
+        ``open`` would. Names not stored are passed over; how many were counted."""
+        now = time.time_ns()
+        counted = 0
+        with self._lock:
+            index = self._index
+            for name in names:
+                row = index.find(name)
+                if row < 0:
+                    continue
+                index.hits[row] += 1
+                index.atime[row] = now
+                position = index.top_tier(row)
+                self._tiers[position].counters.hits += 1
+                if position == RAM:
+                    self._ram.policy.touch(row)
+                counted += 1
+        return counted
+
     def _open_shared(self, name: str, ahead: bool = False) -> PageReader | None:
         """Find the page on the shared tier, read and check it into a RAM slot and index it
         there (a promotion); None if it appeared locally meanwhile. Blocking. ``ahead``: for a
@@ -322,9 +355,14 @@ class PageStore:
             tier.counters.misses += 1
 
     def _pinned_reader(self, row: int, slot: int) -> PageReader:
+        """A reader of the page's RAM copy (the hot path of every read: built with one lookup
+        of each fact, about 5 us)."""
         self._ram.pin(slot)
-        size = int(self._index.size[row])
-        return PageReader(self._info(row), self._meta(row), self._ram.view(slot, size), self._unpinner(slot))
+        index = self._index
+        name, size, checksum, mtime = index.name(row), int(index.size[row]), int(index.checksum[row]), int(index.mtime[row])
+        info = PageInfo(name=name, size=size, tier=self._ram.name, checksum=checksum_text(checksum),
+                        hits=int(index.hits[row]), mtime_ns=mtime, atime_ns=int(index.atime[row]))
+        return PageReader(info, PageMeta(name, size, checksum, mtime), self._ram.view(slot, size), self._unpinner(slot))
 
     def _unpinner(self, slot: int) -> Callable[[], None]:
         def release() -> None:
@@ -435,9 +473,13 @@ class PageStore:
         """Whether each page is held here or on the shared tier; no I/O. Pages only the shared
         tier holds are fetched ahead, in the background: their reads usually follow."""
         names = list(names)
-        prepared = PageIndex.prepare_many(names)
-        with self._lock:
-            found = self._index.find_many(prepared).tolist()
+        if len(names) <= _FEW_NAMES:  # numpy's set-up costs more than a few lookups
+            with self._lock:
+                found = [self._index.find(name) >= 0 for name in names]
+        else:
+            prepared = PageIndex.prepare_many(names)
+            with self._lock:
+                found = self._index.find_many(prepared).tolist()
         if self._shared is not None and not all(found):
             missing = [i for i, there in enumerate(found) if not there]
             remote = []

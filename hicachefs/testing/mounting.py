@@ -138,7 +138,9 @@ def _signal(fd: int, signum: int, timeout: float) -> bool:
         signal.pidfd_send_signal(fd, signum)
     except ProcessLookupError:
         return True
-    return bool(select.select([fd], [], [], timeout)[0])
+    poller = select.poll()  # not select(): a process with many files open has descriptors past 1024
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
 
 
 def stop(mount: Mount) -> None:

@@ -115,4 +115,4 @@ def test_read_only_control_files_refuse_writes(mounted, name):
     with pytest.raises(OSError) as info:
         os.open(mounted.path / ".hicachefs" / "new", os.O_WRONLY | os.O_CREAT)
     assert info.value.errno == errno.EPERM
-    assert sorted(os.listdir(mounted.path / ".hicachefs")) == ["config", "exists", "metrics", "stats"]
+    assert sorted(os.listdir(mounted.path / ".hicachefs")) == ["config", "exists", "fetch", "ingest", "metrics", "stats"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hicachefs.testing import mounting
-from pages import publish, read_page
+from pages import as_nobody, publish, read_page
 
 
 def errno_of(call, *args) -> int:
@@ -56,23 +56,10 @@ def test_renaming_a_page_moves_it(mounted):
     assert read_page(pool / "new") == b"payload"
 
 
-def test_other_users_may_read_but_not_change(mount_factory):
-    reachable = Path(tempfile.mkdtemp(prefix="hicachefs-other-user-"))  # pytest's tmp is 0700
-    try:
-        reachable.chmod(0o755)
-        mounted = mount_factory("--memory", "64M", path=reachable / "mnt")
-        _other_users_may_read_but_not_change(mounted)
-        mounting.stop(mounted)
-    finally:
-        shutil.rmtree(reachable, ignore_errors=True)
-
-
-def _other_users_may_read_but_not_change(mounted):
+def test_other_users_may_read_but_not_change(public_mount):
+    mounted = public_mount
     pool = mounted.page_dir()
     publish(pool, "k", b"shared page")
-
-    def as_nobody(*command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(command, user=65534, group=65534, capture_output=True, text=True, timeout=60)
 
     assert as_nobody("cat", str(pool / "k")).stdout == "shared page"
     assert as_nobody("ls", str(pool)).stdout.split() == ["k"]

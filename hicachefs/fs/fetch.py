@@ -1,0 +1,145 @@
+"""``.hicachefs/fetch``: many pages read through one handle (DESIGN.md, "Reading many pages in
+one read").
+
+Why: reading a page by its own file costs an OPEN and a RELEASE (and a LOOKUP when the kernel
+has no entry), about 60 us each on the daemon's one thread, more than the bytes of a small page
+cost to copy. Here a batch is one write (the request) and one ``preadv`` of all the pages, which
+the kernel cuts into READ requests of at most 1 MiB.
+
+The request is one ``<size> <path>\\n`` line per page; several writes append to it (their offsets
+do not matter), and a write after a read starts a new one. The answer is read at its own offsets,
+from 0 (``pread``/``preadv``, or a seek to 0 after writing). A write of ``0 <path>\\n`` lines (and nothing else, whole lines)
+is no request but a report: reads of those pages that the client made through files it keeps
+open, served by the kernel's page cache and so unseen here; each is counted at once as a read
+(hits, access time, eviction order). The answer is the pages back to back in request order, each
+exactly its requested size. A page that is missing, of another size, or unreadable ends the
+read short at the start of its range, so a page was read whole exactly when the read that
+covered it returned all its bytes; reading on from the next page's offset continues the batch.
+A page is pinned from the read that starts it to the read after the one that finishes it, so
+its bytes are one version even when it spans several reads, and stay put until they are sent.
+
+Not thread-safe: the daemon's trio thread only; a page on a lower tier is read in a worker
+thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+
+import trio
+
+from ..store import DeviceError, PageCorrupt, PageNotFound, PageReader, PageStore
+from .errors import FsError
+
+#: The largest request one handle accepts: 4,096 lines of the longest page path.
+MAX_FETCH_REQUEST = 4 << 20
+
+
+class FetchHandle:
+    """One client's batch read. See the module docstring."""
+
+    def __init__(self, store: PageStore) -> None:
+        self.store = store
+        self._request = bytearray()
+        self._pages: list[tuple[str, int]] | None = None  # set by the first read
+        self._starts: list[int] = []
+        self._held: dict[int, PageReader] = {}  # page index -> its pinned reader
+
+    async def write(self, offset: int, data: bytes) -> int:
+        if self._pages is not None:  # a write after a read starts a new request
+            self._new_request()
+        if len(self._request) + len(data) > MAX_FETCH_REQUEST:
+            self._new_request()
+            raise FsError(errno.EFBIG, f"fetch request over {MAX_FETCH_REQUEST} bytes")
+        if not self._request and data.startswith(b"0 "):  # a report of reads made elsewhere
+            self._count_reads(data)
+            return len(data)
+        self._request += data
+        return len(data)
+
+    def _count_reads(self, report: bytes) -> None:
+        lines = report.split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()
+        if not all(line.startswith(b"0 ") for line in lines):
+            raise FsError(errno.EINVAL, "a report of reads has only lines '0 <path>'")
+        self.store.count_reads(line[2:].decode("utf-8", "surrogateescape") for line in lines)
+
+    async def read(self, offset: int, size: int):
+        if self._pages is None:
+            self._parse()
+        pages, starts = self._pages, self._starts
+        if not pages or offset >= starts[-1] + pages[-1][1]:
+            return b""
+        index = bisect.bisect_right(starts, offset) - 1
+        previous, self._held = self._held, {}
+        pieces = []
+        position, end = offset, offset + size
+        try:
+            while position < end and index < len(pages):
+                reader = previous.pop(index, None)
+                if reader is None:
+                    reader = self._open(*pages[index])
+                    if reader is False:  # on a lower tier: read and verify it off the event loop
+                        reader = await self._open_slowly(*pages[index])
+                if reader is None:
+                    break
+                self._held[index] = reader
+                start = starts[index]
+                take = min(end, start + reader.size) - position
+                pieces.append(reader.read(position - start, take))
+                position += take
+                index += 1
+        finally:
+            for reader in previous.values():
+                reader.close()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def release(self) -> None:
+        self._new_request()
+
+    def _new_request(self) -> None:
+        for reader in self._held.values():
+            reader.close()
+        self._held = {}
+        self._request = bytearray()
+        self._pages = None
+        self._starts = []
+
+    def _parse(self) -> None:
+        pages, starts, position = [], [], 0
+        for line in bytes(self._request).split(b"\n"):
+            if not line:
+                continue
+            size_text, _, path = line.partition(b" ")
+            if not size_text.isdigit() or not path:
+                raise FsError(errno.EINVAL, "a fetch request line is not '<size> <path>'")
+            starts.append(position)
+            pages.append((path.decode("utf-8", "surrogateescape"), int(size_text)))
+            position += int(size_text)
+        self._pages, self._starts = pages, starts
+        self._request = bytearray()
+
+    def _open(self, name: str, size: int) -> PageReader | None | bool:
+        """The page pinned for reading from RAM; None if it cannot be served as asked, False
+        if it is on a lower tier (``_open_slowly``)."""
+        try:
+            reader = self.store.open(name, memory_only=True)
+        except PageNotFound:
+            return None
+        return False if reader is None else self._checked(reader, size)
+
+    async def _open_slowly(self, name: str, size: int) -> PageReader | None:
+        try:
+            reader = await trio.to_thread.run_sync(self.store.open, name)
+        except (PageNotFound, PageCorrupt, DeviceError):
+            return None
+        return self._checked(reader, size)
+
+    @staticmethod
+    def _checked(reader: PageReader, size: int) -> PageReader | None:
+        if reader.size != size:
+            reader.close()
+            return None
+        return reader

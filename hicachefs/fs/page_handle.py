@@ -1,0 +1,115 @@
+"""An open published page, and the leases that bound how long it keeps the page pinned.
+
+A reader keeps the bytes it opened even when the page is evicted, replaced or unlinked
+(DESIGN.md, "An open page stays consistent"), because its handle pins the page's RAM slot. A
+pin is a lease, though: ``PIN_LEASE_S`` after its last read the handle lets the slot go and keeps
+only the page's name and version. Its next read finds that version again (on whichever tier it
+now is) and pins it anew, or, when the version is no longer stored, fails with EIO, which the
+contract allows. So a descriptor kept open for the kernel's page cache (a client keeps page
+files open between reads, which then never reach the daemon) pins nothing in the store, and no
+user can hold the RAM tier by holding files open.
+
+Not thread-safe: the daemon's trio thread only; a page on a lower tier is read in a worker
+thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import time
+
+import trio
+
+from ..store import DeviceError, PageCorrupt, PageNotFound, PageReader, PageStore
+from .errors import FsError
+
+#: Seconds a handle keeps its page pinned after its last read: far longer than any one reader
+#: takes to read a page (a 64 MiB page reads in well under a second), short enough that
+#: descriptors held open pin nothing for long.
+PIN_LEASE_S = 2.0
+
+
+class Leases:
+    """The handles holding a pin, by when their leases end. A read renews a lease in place; the
+    heap entry is corrected when its time comes, so a renewal costs nothing here."""
+
+    def __init__(self, lease_s: float = PIN_LEASE_S) -> None:
+        self.lease_s = lease_s
+        self._heap: list[tuple[float, int, PageHandle]] = []
+        self._order = itertools.count()
+
+    def hold(self, handle: PageHandle) -> None:
+        """Track a handle that has just pinned its page (once: ``queued`` says it is here)."""
+        if not handle.queued:
+            handle.queued = True
+            heapq.heappush(self._heap, (handle.pinned_until, next(self._order), handle))
+
+    def expire(self, now: float | None = None) -> int:
+        """Unpin every handle whose lease has ended; how many were unpinned."""
+        now = time.monotonic() if now is None else now
+        ended = 0
+        while self._heap and self._heap[0][0] <= now:
+            _, _, handle = heapq.heappop(self._heap)
+            if handle.reader is not None and handle.pinned_until > now:  # renewed meanwhile
+                heapq.heappush(self._heap, (handle.pinned_until, next(self._order), handle))
+                continue
+            handle.queued = False
+            if handle.reader is not None:
+                handle.unpin()
+                ended += 1
+        return ended
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+class PageHandle:
+    """An open published page. See the module docstring."""
+
+    __slots__ = ("store", "leases", "reader", "name", "version", "size", "pinned_until", "queued")
+
+    def __init__(self, store: PageStore, leases: Leases, reader: PageReader) -> None:
+        self.store = store
+        self.leases = leases
+        self.reader: PageReader | None = reader
+        self.name = reader.info.name
+        self.version = (reader.info.checksum, reader.info.mtime_ns)
+        self.size = reader.size
+        self.queued = False
+        self.pinned_until = time.monotonic() + leases.lease_s
+        leases.hold(self)
+
+    async def read(self, offset: int, size: int):
+        if self.reader is None:
+            self.reader = await self._find_again()
+        self.pinned_until = time.monotonic() + self.leases.lease_s
+        self.leases.hold(self)
+        return self.reader.read(offset, size)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        raise FsError(errno.EBADF, "page opened read-only")
+
+    def unpin(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            reader.close()
+
+    def release(self) -> None:
+        self.unpin()
+
+    async def _find_again(self) -> PageReader:
+        """The version this handle opened, pinned again; EIO when it is no longer stored."""
+        try:
+            reader = self.store.open(self.name, memory_only=True)
+            if reader is None:  # on a lower tier: read and verify it off the event loop
+                reader = await trio.to_thread.run_sync(self.store.open, self.name)
+        except (PageNotFound, PageCorrupt, DeviceError):
+            reader = None
+        if reader is not None and (reader.info.checksum, reader.info.mtime_ns) == self.version:
+            return reader
+        if reader is not None:
+            reader.close()
+        raise FsError(errno.EIO, "the page this file was opened on is no longer stored "
+                                 "(replaced, removed or evicted since)")

@@ -1,0 +1,100 @@
+"""Reading many pages through one handle, ``.hicachefs/fetch`` (DESIGN.md)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from pages import as_nobody, fetch_pages, pattern, publish, read_page, requests_of
+
+POOL = "model/bfloat16-page_first-64/tp0of1/kv"
+
+
+@pytest.fixture
+def fetch(mounted):
+    fd = os.open(mounted.path / ".hicachefs" / "fetch", os.O_RDWR)
+    yield fd
+    os.close(fd)
+
+
+def stored(mount, count: int, size: int, seed: int = 0) -> list[tuple[str, bytes]]:
+    pool = mount.page_dir()
+    made = []
+    for i in range(count):
+        data = pattern(size, seed + i)
+        publish(pool, f"p{i:04d}", data)
+        made.append((f"{POOL}/p{i:04d}", data))
+    return made
+
+
+def test_a_batch_is_read_back_to_back_in_as_few_reads_as_its_bytes_need(mounted, fetch):
+    pages = stored(mounted, 16, 64 << 10)
+    cost, got = requests_of(mounted, lambda: fetch_pages(fetch, [(p, len(d)) for p, d in pages]))
+    assert got == b"".join(d for _, d in pages)
+    # One write for the request, one READ for its 1 MiB: no LOOKUP, OPEN or RELEASE.
+    assert (cost["write"], cost["read"], cost["lookup"], cost["open"], cost["release"]) == (1, 1, 0, 0, 0)
+
+
+def test_a_page_that_cannot_be_served_ends_the_read_at_its_start(mounted, fetch):
+    pages = stored(mounted, 4, 8192)
+    asked = [(pages[0][0], 8192), (f"{POOL}/missing", 8192), (pages[2][0], 8192), (pages[3][0], 4096)]
+    assert fetch_pages(fetch, asked) == pages[0][1]  # short at the missing page
+    # Reading on from the next page's offset continues the same request ...
+    buffer = bytearray(8192)
+    assert os.preadv(fetch, [buffer], 2 * 8192) == 8192 and bytes(buffer) == pages[2][1]
+    # ... and a page of another size than asked is not served either.
+    assert os.preadv(fetch, [buffer], 3 * 8192) == 0
+
+
+def test_a_page_on_the_disk_tier_is_read_and_checked(mount_factory, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = mount_factory("--memory", "16M", "--disk", str(disk), "--disk-size", "256M")
+    pages = stored(mount, 40, 1 << 20)  # more than RAM: the first ones are demoted
+    assert os.getxattr(mount.path / pages[0][0], "user.hicachefs.tier") == b"disk"
+    fd = os.open(mount.path / ".hicachefs" / "fetch", os.O_RDWR)
+    try:
+        assert fetch_pages(fd, [(p, len(d)) for p, d in pages[:3]]) == b"".join(d for _, d in pages[:3])
+    finally:
+        os.close(fd)
+
+
+def test_a_page_spanning_reads_is_one_version_even_when_replaced_between_them(mounted, fetch):
+    (path, old), = stored(mounted, 1, 3 << 20)
+    os.write(fetch, f"{len(old)} {path}\n".encode())
+    first = os.pread(fetch, 1 << 20, 0)
+    assert first == old[: 1 << 20]
+    publish(mounted.page_dir(), path.rsplit("/", 1)[1], pattern(3 << 20, seed=99))
+    rest = os.pread(fetch, 2 << 20, 1 << 20)
+    assert rest == old[1 << 20 :]
+
+
+def test_reports_of_reads_made_elsewhere_are_counted(mounted, fetch):
+    (path, data), = stored(mounted, 1, 4096)
+    hits = mounted.stats()["hits"]
+    os.write(fetch, f"0 {path}\n0 {path}\n0 {POOL}/missing\n".encode())
+    assert mounted.stats()["hits"] == hits + 2
+    assert os.getxattr(mounted.path / path, "user.hicachefs.hits") == b"2"
+    with pytest.raises(OSError) as info:
+        os.write(fetch, f"0 {path}\n4096 {path}\n".encode())  # a report holds reports only
+    assert info.value.errno == errno.EINVAL
+
+
+def test_a_request_over_the_maximum_is_refused(mounted, fetch):
+    line = f"4096 {POOL}/{'k' * 190}\n".encode()
+    with pytest.raises(OSError) as info:
+        for _ in range((4 << 20) // len(line) + 2):
+            os.write(fetch, line)
+    assert info.value.errno == errno.EFBIG
+
+
+def test_any_user_may_read_through_the_fetch_file(public_mount):
+    mounted = public_mount
+    (path, data), = stored(mounted, 1, 100)
+    script = (f"import os; fd = os.open({str(mounted.path / '.hicachefs' / 'fetch')!r}, os.O_RDWR); "
+              f"os.write(fd, b'100 {path}\\n'); print(os.pread(fd, 100, 0).hex())")
+    result = as_nobody("/usr/bin/python3.11", "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert bytes.fromhex(result.stdout.strip()) == data == read_page(mounted.path / path)

@@ -1,0 +1,165 @@
+"""Publishing many pages in one write through ``.hicachefs/ingest`` (DESIGN.md)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import struct
+
+import pytest
+
+from pages import as_nobody, ingest_batch, ingest_status, pattern, publish, read_page, requests_of
+
+POOL = "model/bfloat16-page_first-64/tp0of1/kv"
+KEEP_EXISTING = 1
+
+
+@pytest.fixture
+def ingest(mounted):
+    mounted.page_dir()
+    fd = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
+    yield fd
+    os.close(fd)
+
+
+def pages(count: int, size: int, seed: int = 0, prefix: str = "k") -> list[tuple[str, bytes]]:
+    return [(f"{POOL}/{prefix}{i:04d}", pattern(size, seed + i)) for i in range(count)]
+
+
+def test_a_batch_publishes_every_page_whole_in_few_requests(mounted, ingest):
+    batch = pages(8, 128 << 10)
+    cost, written = requests_of(mounted, lambda: ingest_batch(ingest, batch))
+    assert written == 16 + sum(len(f"{len(d)} {p}\n") for p, d in batch) + 8 * (128 << 10)
+    # 1 MiB of pages and their header: two WRITE requests (at most 1 MiB each), not 6 per page.
+    assert +cost == {"write": 2}
+    for path, data in batch:
+        assert read_page(mounted.path / path) == data
+        st = os.stat(mounted.path / path)
+        assert stat.S_IMODE(st.st_mode) == 0o444 and st.st_size == len(data)
+    assert sorted(os.listdir(mounted.path / POOL)) == [p.rsplit("/", 1)[1] for p, _ in batch]
+    assert ingest_status(ingest) == (8, 0)
+
+
+def test_a_page_cut_off_publishes_nothing_and_the_pages_before_it_stay(mounted, ingest):
+    batch = pages(3, 64 << 10)
+    header = b"".join(f"{len(d)} {p}\n".encode() for p, d in batch)
+    prefix = struct.pack("<8sIHH", b"HCFSPUT1", len(header), 3, 0)
+    stream = prefix + header + batch[0][1] + batch[1][1] + batch[2][1][:1000]
+    assert os.pwrite(ingest, stream, 0) == len(stream)
+    os.close(os.dup(ingest))  # a dup closing is not the handle's end
+    assert ingest_status(ingest) == (2, 0)
+    # A new batch at offset 0 ends the one in progress: the cut-off page is dropped.
+    assert ingest_batch(ingest, pages(1, 10, prefix="other")) > 0
+    assert read_page(mounted.path / batch[1][0]) == batch[1][1]
+    assert not (mounted.path / batch[2][0]).exists()
+
+
+def test_a_handle_closed_mid_page_publishes_nothing(mounted):
+    mounted.page_dir()
+    fd = os.open(mounted.path / ".hicachefs" / "ingest", os.O_WRONLY)
+    (path, data), = pages(1, 256 << 10)
+    header = f"{len(data)} {path}\n".encode()
+    os.pwrite(fd, struct.pack("<8sIHH", b"HCFSPUT1", len(header), 1, 0) + header + data[:100_000], 0)
+    os.close(fd)
+    assert not (mounted.path / path).exists()
+    assert mounted.stats()["pages"] == 0
+
+
+@pytest.mark.parametrize("bad, err", [
+    ("x/y/z/w/k", errno.ENOENT),                        # no such pool directory
+    (f"{POOL}/.hidden", errno.EINVAL),                  # not a key
+    ("model/bfloat16-page_first-64/tp0of1/k", errno.EPERM),  # not in a pool directory
+])
+def test_a_failing_page_stops_the_batch_where_it_is_and_says_why(mounted, ingest, bad, err):
+    batch = pages(4, 32 << 10)
+    batch[2] = (bad, batch[2][1])
+    total = 16 + sum(len(f"{len(d)} {p}\n") for p, d in batch) + 4 * (32 << 10)
+    written = ingest_batch(ingest, batch)
+    assert written < total
+    assert ingest_status(ingest) == (2, err)
+    assert [(mounted.path / p).exists() for p, _ in batch] == [True, True, False, False]
+    # The rest written again as a new batch: the failing page is its first, and says so.
+    with pytest.raises(OSError) as info:
+        ingest_batch(ingest, batch[2:])
+    assert info.value.errno == err
+    assert ingest_batch(ingest, batch[3:]) > 0 and (mounted.path / batch[3][0]).exists()
+
+
+def test_a_page_over_the_maximum_or_a_full_store_is_refused_cleanly(mount_factory):
+    mount = mount_factory("--memory", "16M", "--max-page-size", "1M")
+    mount.page_dir()
+    fd = os.open(mount.path / ".hicachefs" / "ingest", os.O_RDWR)
+    try:
+        with pytest.raises(OSError) as info:
+            ingest_batch(fd, [(f"{POOL}/big", bytes(2 << 20))])
+        assert info.value.errno == errno.EFBIG
+        # RAM (16 pages of 1 MiB) full of pages held open, so pinned, and no disk tier: the next
+        # page gets ENOSPC at once, and nothing published is lost.
+        first = pages(16, 1 << 20)
+        ingest_batch(fd, first)
+        held = [os.open(mount.path / p, os.O_RDONLY) for p, _ in first]
+        try:
+            with pytest.raises(OSError) as info:
+                ingest_batch(fd, pages(2, 1 << 20, prefix="more"))
+            assert info.value.errno == errno.ENOSPC and ingest_status(fd) == (0, errno.ENOSPC)
+            assert all(read_page(mount.path / p) == d for p, d in first)
+        finally:
+            for h in held:
+                os.close(h)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("prefix, header", [
+    (struct.pack("<8sIHH", b"NOTMAGIC", 9, 1, 0), b"1 a/b/c/d/e\n"),
+    (struct.pack("<8sIHH", b"HCFSPUT1", 12, 2, 0), b"1 a/b/c/d/e\n"),  # two pages announced, one line
+    (struct.pack("<8sIHH", b"HCFSPUT1", 12, 1, 0), b"0 a/b/c/d/e\n"),  # an empty page
+    (struct.pack("<8sIHH", b"HCFSPUT1", 12, 1, 0), b"x a/b/c/d/e\n"),  # no size
+])
+def test_a_malformed_batch_is_refused_and_publishes_nothing(mounted, ingest, prefix, header):
+    with pytest.raises(OSError) as info:
+        os.pwrite(ingest, prefix + header + b"z", 0)
+    assert info.value.errno == errno.EINVAL
+    assert mounted.stats()["pages"] == 0
+
+
+def test_writes_must_continue_the_batch(mounted, ingest):
+    (path, data), = pages(1, 4096)
+    header = f"{len(data)} {path}\n".encode()
+    os.pwrite(ingest, struct.pack("<8sIHH", b"HCFSPUT1", len(header), 1, 0) + header, 0)
+    with pytest.raises(OSError) as info:
+        os.pwrite(ingest, data, 10_000)
+    assert info.value.errno == errno.EINVAL
+
+
+def test_a_page_replaces_its_name_atomically_unless_kept(mounted, ingest):
+    (path, old), = pages(1, 64 << 10, seed=1)
+    publish(mounted.path / POOL, path.rsplit("/", 1)[1], old)
+    assert read_page(mounted.path / path) == old  # the kernel now caches the old page
+    before = os.stat(mounted.path / path)
+    new = pattern(64 << 10, seed=2)
+    ingest_batch(ingest, [(path, new)], flags=KEEP_EXISTING)
+    assert read_page(mounted.path / path) == old and os.stat(mounted.path / path).st_mtime_ns == before.st_mtime_ns
+    ingest_batch(ingest, [(path, new)])
+    # The kernel is told its entry is stale; it forgets it at once, at the latest within a second.
+    assert _eventually(lambda: read_page(mounted.path / path) == new)
+    assert mounted.stats()["pages"] == 1
+
+
+def test_only_writers_may_open_the_ingest_file(public_mount):
+    mounted = public_mount
+    result = as_nobody("/usr/bin/python3.11", "-c",
+                       f"import os; os.open({str(mounted.path / '.hicachefs' / 'ingest')!r}, os.O_WRONLY)")
+    assert result.returncode != 0 and "Permission denied" in result.stderr
+
+
+def _eventually(check, seconds: float = 2.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -1,0 +1,62 @@
+"""Open pages hold their pin on a lease (``fs/page_handle.py``), without FUSE: a store, a
+handle, and explicit clock readings."""
+
+from __future__ import annotations
+
+import errno
+import time
+
+import pytest
+import trio
+
+from hicachefs.fs.errors import FsError
+from hicachefs.fs.page_handle import Leases, PageHandle
+from hicachefs.store import PageStore, StoreConfig
+
+NAME = "m/f/tp0of1/kv/page"
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = PageStore(StoreConfig(memory_bytes=16 << 20, max_page_size=1 << 20))
+    yield store
+    store.close()
+
+
+def used(store) -> int:
+    return store.statistics()["tiers"]["memory"]["used_bytes"]
+
+
+def test_a_handle_keeps_its_bytes_during_the_lease_and_pins_nothing_after(store):
+    store.put(NAME, b"old" * 1000)
+    one_page = used(store)
+    leases = Leases(lease_s=10)
+    handle = PageHandle(store, leases, store.open(NAME))
+    store.put(NAME, b"new" * 1000)  # replaced: the handle still has the old page pinned
+    assert bytes(trio.run(handle.read, 0, 3)) == b"old" and used(store) == 2 * one_page
+    assert leases.expire(now=time.monotonic() + 5) == 0 and handle.reader is not None
+    assert leases.expire(now=time.monotonic() + 11) == 1 and handle.reader is None
+    assert used(store) == one_page  # the old page's slot is free
+    with pytest.raises(FsError) as info:  # its version is no longer stored
+        trio.run(handle.read, 0, 3)
+    assert info.value.errno == errno.EIO
+
+
+def test_a_handle_finds_its_version_again_after_the_lease(store):
+    store.put(NAME, b"same" * 1000)
+    leases = Leases(lease_s=10)
+    handle = PageHandle(store, leases, store.open(NAME))
+    assert leases.expire(now=time.monotonic() + 11) == 1
+    assert bytes(trio.run(handle.read, 4, 4)) == b"same"  # pinned again, for a new lease
+    assert handle.reader is not None and len(leases) == 1
+    handle.release()
+    assert handle.reader is None
+
+
+def test_reads_renew_the_lease(store):
+    store.put(NAME, b"x" * 4096)
+    leases = Leases(lease_s=10)
+    handle = PageHandle(store, leases, store.open(NAME))
+    handle.pinned_until = time.monotonic() + 30  # as a read 20 s from now would leave it
+    assert leases.expire(now=time.monotonic() + 11) == 0 and handle.reader is not None
+    assert leases.expire(now=time.monotonic() + 31) == 1
