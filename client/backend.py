@@ -25,7 +25,9 @@ import torch
 
 from . import paths
 from .layout import PageLayout, resolve_pool, tensor_bytes
-from .page_io import Counters, FailureLog, PageIO, PageThreads
+from .accounting import Counters, FailureLog
+from .page_io import PageIO
+from .page_threads import PageThreads
 from .sglang_types import (
     HiCacheStorage,
     PoolHitPolicy,
@@ -47,6 +49,12 @@ _MAX_METRIC_SAMPLES = 10_000
 # (scripts/bench_client_threads.py; README, "Point SGLang at it").
 DEFAULT_THREADS = {"read_threads": 4, "write_threads": 2}
 MAX_THREADS = 64
+# A batch's pages go to the daemon in runs of at least this many bytes, one request each (a
+# run of small pages fills one 1 MiB FUSE request), spread over the threads above.
+MIN_CHUNK_BYTES = 1 << 20
+# Pages that are copied (layouts other than page-first) through scratch buffers: at most this
+# many bytes of them per run, the scratch memory one thread holds.
+MAX_COPIED_CHUNK_BYTES = 16 << 20
 
 
 def threads_setting(extra: Dict[str, Any], key: str) -> int:
@@ -188,6 +196,16 @@ class HiCacheFS(HiCacheStorage):
                 return False
         return page
 
+    def _chunks(self, count: int, page_bytes: int, threads: int, copied: bool) -> List[range]:
+        """The batch cut into runs of pages, one request each, spread over ``threads``: runs of
+        at least ``MIN_CHUNK_BYTES`` (fewer requests: a run of small pages is one 1 MiB
+        request), and, when pages are copied through scratch buffers, at most
+        ``MAX_COPIED_CHUNK_BYTES`` (the scratch memory a thread holds)."""
+        per_chunk = max(-(-count // threads), -(-MIN_CHUNK_BYTES // page_bytes))
+        if copied:
+            per_chunk = min(per_chunk, max(1, MAX_COPIED_CHUNK_BYTES // page_bytes))
+        return [range(i, min(i + per_chunk, count)) for i in range(0, count, per_chunk)]
+
     def _read_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
         results = [False] * len(keys)
         plan = self._transfer_plan(name, keys, host_indices)
@@ -196,21 +214,24 @@ class HiCacheFS(HiCacheStorage):
         layout, starts, wanted = plan
         directory = self._pool_dir(name, layout.format)
         zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
+        chunks = self._chunks(len(wanted), layout.page_bytes, self.read_threads.threads, zero_copy is None)
 
-        def read(j: int) -> bool:
-            i = wanted[j]
-            rel = f"{directory}/{keys[i]}"
+        def read(c: int) -> bool:
+            chunk = [wanted[j] for j in chunks[c]]
+            rels = [f"{directory}/{keys[i]}" for i in chunk]
             if zero_copy is not None:
-                return self.io.read_page(rel, zero_copy[j], layout.page_bytes)
-            buffers, store = layout.copy_read_buffers()  # this thread's own
-            if not self.io.read_page(rel, buffers, layout.page_bytes):
-                return False
-            store(starts[i])
-            return True
+                done = self.io.read_pages(rels, [zero_copy[j] for j in chunks[c]], layout.page_bytes)
+            else:
+                buffers, store = layout.copy_read_buffers(len(chunk))  # this thread's own
+                done = self.io.read_pages(rels, buffers, layout.page_bytes)
+                for slot, (i, ok) in enumerate(zip(chunk, done)):
+                    if ok:
+                        store(slot, starts[i])
+            for i, ok in zip(chunk, done):
+                results[i] = ok
+            return all(done)
 
-        done = self.read_threads.run(self._guarded("read", read), len(wanted))
-        for i, ok in zip(wanted, done):
-            results[i] = ok
+        self.read_threads.run(self._guarded("read", read), len(chunks))
         return results
 
     def _write_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
@@ -225,25 +246,22 @@ class HiCacheFS(HiCacheStorage):
                 results[i] = True
             return results
         directory = self._pool_dir(name, layout.format)
-        present = self.io.exists([f"{directory}/{keys[i]}" for i in wanted])
-        todo = []
-        for i, there in zip(wanted, present):
-            if there:
-                results[i] = True
-            else:
-                todo.append(i)
-        if len(todo) < len(wanted):
-            self.counters.add(pages_skipped=len(wanted) - len(todo))
+        todo = wanted  # pages already stored are kept as they are (``PageIO.publish_pages``)
         zero_copy = layout.zero_copy_buffers([starts[i] for i in todo])
+        chunks = self._chunks(len(todo), layout.page_bytes, self.write_threads.threads, zero_copy is None)
 
-        def write(j: int) -> bool:
-            i = todo[j]
-            buffers = zero_copy[j] if zero_copy is not None else layout.copy_write_buffers(starts[i])
-            return self.io.publish_page(directory, keys[i], buffers, layout.page_bytes)
+        def write(c: int) -> bool:
+            chunk = [todo[j] for j in chunks[c]]
+            if zero_copy is not None:
+                buffers = [zero_copy[j] for j in chunks[c]]
+            else:
+                buffers = [layout.copy_write_buffers(starts[i]) for i in chunk]
+            done = self.io.publish_pages(directory, [keys[i] for i in chunk], buffers, layout.page_bytes)
+            for i, ok in zip(chunk, done):
+                results[i] = ok
+            return all(done)
 
-        done = self.write_threads.run(self._guarded("write", write), len(todo))
-        for i, ok in zip(todo, done):
-            results[i] = ok
+        self.write_threads.run(self._guarded("write", write), len(chunks))
         return results
 
     def _record(self, kind: str, pages: int, seconds: float, page_bytes: int) -> None:

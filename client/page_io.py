@@ -1,15 +1,16 @@
-"""Plain file I/O against a hicachefs mount: read a page, publish a page, ask which pages exist.
+"""Plain file I/O against a hicachefs mount: read pages, publish pages, ask which pages exist.
 
-Everything here follows DESIGN.md ("Page files", "Batch existence query") and nothing else, so it
+Everything here follows DESIGN.md ("Page files", the control files) and nothing else, so it
 works against any daemon that keeps the contract, and against a plain directory (no
-``.hicachefs/exists``: existence is then answered by ``stat``, which the tests use).
+``.hicachefs/``: existence is then answered by ``stat``, pages are files, which the tests use).
+Batches go through the control files: many pages published by one write on ``ingest``
+(``ingest.py``), read by one request on ``fetch`` (``fetch.py``), asked about by one request
+on ``exists``; single pages, and mounts without those files, by a file per page (a temporary
+file renamed to its key, an open and ``preadv``).
 
-Thread-safety: ``PageIO`` is safe to call from many threads at once. Each thread keeps its own
-handle on ``.hicachefs/exists`` (one handle serves one request at a time). Every call blocks on
-the daemon; a daemon that stalls stalls the caller (the kernel gives no timeout).
-
-``PageThreads`` runs one batch's page transfers on a few threads at once, so that the daemon
-always has the next request queued while the client prepares or finishes another.
+Thread-safety: ``PageIO`` is safe to call from many threads at once; each thread keeps its own
+control file handles (``control_handles.py``). Every call blocks on the daemon; a daemon that
+stalls stalls the caller (the kernel gives no timeout).
 
 Failures never raise: a page that is missing, a daemon that is gone (``ENOTCONN``), ``ENOSPC``,
 ``EIO``, ``EFBIG``... make the call return a miss / ``False``. Each kind of failure is logged once
@@ -18,7 +19,6 @@ Failures never raise: a page that is missing, a daemon that is gone (``ENOTCONN`
 
 from __future__ import annotations
 
-import concurrent.futures
 import errno
 import logging
 import os
@@ -26,225 +26,33 @@ import re
 import secrets
 import shutil
 import stat
-import threading
-import time
-import weakref
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
+
+from . import fetch, ingest
+from .accounting import Counters, FailureLog, error_kind
+from .control_handles import CONTROL_DIR, EXISTS_FILE, FETCH_FILE, INGEST_FILE, ControlHandles
+from .page_files import PageFiles, default_capacity
+from .vectored import advance, read_into
 
 logger = logging.getLogger(__name__)
-
-CONTROL_DIR = ".hicachefs"
-EXISTS_FILE = f"{CONTROL_DIR}/exists"
 
 # The exists request is line-based; a path holding any character a reader might split lines on
 # is asked with stat instead (such keys are valid names, just not expressible on a line).
 _LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 _OTHER_LINE_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 
-# Retry opening a missing exists file at most this often (seconds).
-_EXISTS_RETRY_INTERVAL = 1.0
+
+
+def _one_per_line(paths: Sequence[str]) -> bool:
+    """Whether the paths can be written one per line (the ingest and fetch requests' form);
+    a key holding a newline is a valid name, and such a batch goes a file per page."""
+    return not any("\n" in path for path in paths)
+
 
 # Kinds of failure that are not errno values.
 WRONG_SIZE = "WRONG_SIZE"
 BAD_ANSWER = "BAD_EXISTS_ANSWER"
-NO_EXISTS_FILE = "NO_EXISTS_FILE"
 MOUNT_GONE = "MOUNT_GONE"
-
-
-def error_kind(exc: BaseException) -> str:
-    """``ENOTCONN``, ``ENOSPC``... for an OSError, else the exception's class name."""
-    code = getattr(exc, "errno", None)
-    if code is not None:
-        return errno.errorcode.get(code, f"errno{code}")
-    return type(exc).__name__
-
-
-class FailureLog:
-    """Counts failures by kind and logs each kind once, until an operation succeeds again.
-
-    Thread-safe.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: Dict[str, int] = {}
-        self._logged: set = set()
-        self._sticky: set = set()
-        self._failing = False
-
-    def failure(self, kind: str, message: str, *, level: int = logging.WARNING,
-                sticky: bool = False) -> None:
-        """Count a failure; log it if its kind is new. A ``sticky`` kind is a lasting fact
-        (no exists file, a page of the wrong size): logged once for good, never "recovered"."""
-        with self._lock:
-            self._counts[kind] = self._counts.get(kind, 0) + 1
-            if sticky:
-                first = kind not in self._sticky
-                self._sticky.add(kind)
-            else:
-                self._failing = True
-                first = kind not in self._logged
-                self._logged.add(kind)
-        if first:
-            logger.log(level, "hicachefs client: %s (%s; further %s failures are counted, not logged)",
-                       message, kind, kind)
-
-    def success(self) -> None:
-        if not self._failing:  # the common case: no lock
-            return
-        with self._lock:
-            if not self._failing:
-                return
-            self._failing = False
-            kinds = sorted(self._logged)
-            self._logged.clear()
-        logger.info("hicachefs client: the mount works again (after %s)", ", ".join(kinds))
-
-    def counts(self) -> Dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-
-class Counters:
-    """Monotonic counters of the client's traffic. Thread-safe."""
-
-    FIELDS = (
-        "hits", "misses", "bytes_read", "pages_written", "pages_skipped", "bytes_written",
-        "write_failures", "exists_queries", "exists_paths", "exists_stat_fallbacks",
-        "refused_keys",
-    )
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values = dict.fromkeys(self.FIELDS, 0)
-
-    def add(self, **amounts: int) -> None:
-        with self._lock:
-            for name, amount in amounts.items():
-                self._values[name] += amount
-
-    def snapshot(self) -> Dict[str, int]:
-        with self._lock:
-            return dict(self._values)
-
-
-class _QueryHandle:
-    """One open handle on ``.hicachefs/exists``, owned by one thread."""
-
-    __slots__ = ("fd", "__weakref__")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def __del__(self) -> None:  # the owning thread ended
-        self.close()
-
-
-def _advance(buffers: Sequence[memoryview], done: int) -> List[memoryview]:
-    """The buffers still to fill after the first ``done`` bytes."""
-    rest = []
-    for buf in buffers:
-        if done >= len(buf):
-            done -= len(buf)
-            continue
-        rest.append(buf[done:] if done else buf)
-        done = 0
-    return rest
-
-
-class _Batch:
-    """The pages of one ``PageThreads.run`` call: which to take next, how many are in flight."""
-
-    def __init__(self, work: Callable[[int], bool], count: int) -> None:
-        self.work, self.count = work, count
-        self.results = [False] * count
-        self.taken = 0
-        self.in_flight = 0
-        self.stopped = False
-        self.changed = threading.Condition()
-
-    def take_pages(self) -> None:
-        """Transfer pages until none is left to take."""
-        while True:
-            with self.changed:
-                if self.stopped or self.taken >= self.count:
-                    return
-                i = self.taken
-                self.taken += 1
-                self.in_flight += 1
-            try:
-                self.results[i] = self.work(i)
-            except Exception:  # work must not raise; one page never stops the others
-                self.results[i] = False
-            finally:
-                with self.changed:
-                    self.in_flight -= 1
-                    self.changed.notify_all()
-
-    def finish(self) -> None:
-        """Start no more pages, and wait for those in flight: once this returns, no helper
-        touches the caller's buffers again."""
-        with self.changed:
-            self.stopped = True
-            self.changed.wait_for(lambda: self.in_flight == 0)
-
-
-class PageThreads:
-    """Transfers the pages of a batch on up to ``threads`` threads at once: the caller's own
-    thread and ``threads - 1`` shared helper threads, made on first use.
-
-    Thread-safe: any number of callers share the helpers; each caller waits only for its own
-    pages. The caller takes pages too, so a batch finishes even when every helper is busy with
-    other callers' pages (or was shut down by ``close``, or lost in a fork). ``run`` blocks
-    until all its pages are done.
-    """
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-        self._lock = threading.Lock()
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._pid = os.getpid()
-
-    def run(self, work: Callable[[int], bool], count: int) -> List[bool]:
-        """``[work(0), ..., work(count - 1)]``, computed concurrently; a page whose ``work``
-        raises is False."""
-        batch = _Batch(work, count)
-        if self.threads > 1 and count > 1:
-            executor = self._helpers()
-            for _ in range(min(self.threads, count) - 1):
-                try:
-                    executor.submit(batch.take_pages)
-                except RuntimeError:  # shut down meanwhile: the caller takes the rest
-                    break
-        try:
-            batch.take_pages()
-        finally:
-            batch.finish()
-        return batch.results
-
-    def _helpers(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pid != os.getpid():  # a forked child: the helper threads stayed behind
-            self._lock, self._executor, self._pid = threading.Lock(), None, os.getpid()
-        with self._lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    self.threads - 1, thread_name_prefix="hicachefs-io")
-            return self._executor
-
-    def close(self) -> None:
-        """Let the helper threads end; a later ``run`` makes new ones."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False)
 
 
 class PageIO:
@@ -255,13 +63,9 @@ class PageIO:
         self.root = os.path.abspath(mountpoint)
         self.failures = failures or FailureLog()
         self.counters = counters or Counters()
-        self._local = threading.local()
-        self._handles: "weakref.WeakSet[_QueryHandle]" = weakref.WeakSet()
-        self._handles_lock = threading.Lock()
-        self._no_query_until = 0.0
-        # Once a daemon has been seen here, a root without .hicachefs/ is a bare mountpoint.
-        self._seen_daemon = os.path.isdir(os.path.join(self.root, CONTROL_DIR))
-        if not self._seen_daemon:
+        self.handles = ControlHandles(self.root, self.failures)
+        self.files = PageFiles(default_capacity(), self._report_reads)
+        if not self.handles.seen_daemon:
             logger.warning(
                 "hicachefs client: %s has no %s/ (not a live hicachefs mount yet); existence "
                 "is checked with stat until it appears", self.root, CONTROL_DIR)
@@ -292,14 +96,7 @@ class PageIO:
             # size, so the hot path reads exactly that and a short page is a miss. When the
             # caller chose the size (``check_longer``), one byte more into a scratch buffer
             # shows a longer file without an fstat round trip; it costs an extra request.
-            done = 0
-            rest = list(buffers) + ([memoryview(bytearray(1))] if check_longer else [])
-            while rest:
-                n = os.preadv(fd, rest, done)
-                if n <= 0:
-                    break
-                done += n
-                rest = _advance(rest, n)
+            done = read_into(fd, list(buffers) + ([memoryview(bytearray(1))] if check_longer else []))
             if done != size:
                 self.failures.failure(WRONG_SIZE, f"{path} is not a page of {size} bytes "
                                       f"({'more' if done > size else done})", sticky=True)
@@ -351,7 +148,7 @@ class PageIO:
                     if n <= 0:
                         raise OSError(errno.EIO, "pwritev wrote nothing")
                     done += n
-                    rest = _advance(rest, n)
+                    rest = advance(rest, n)
             finally:
                 os.close(fd)  # a FUSE close reports deferred write errors
             os.rename(tmp, os.path.join(directory, key))
@@ -382,7 +179,7 @@ class PageIO:
         if not os.path.isdir(self.root):
             self.failures.failure(MOUNT_GONE, f"mountpoint {self.root} does not exist")
             return False
-        if self._seen_daemon and not os.path.isdir(os.path.join(self.root, CONTROL_DIR)):
+        if self.handles.seen_daemon and not os.path.isdir(os.path.join(self.root, CONTROL_DIR)):
             self.failures.failure(MOUNT_GONE, f"{self.root} is no longer a hicachefs mount")
             return False
         try:
@@ -391,6 +188,103 @@ class PageIO:
             self.failures.failure(error_kind(exc), f"cannot make {rel_dir}: {exc.strerror or exc}")
             return False
         return True
+
+    # ---------------------------------------------------------------- batches
+
+    def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
+                   size: int) -> List[bool]:
+        """Fill ``buffers[i]`` with the page at ``rels[i]`` (``size`` bytes each); per page:
+        read? A page whose file is kept open is read through it, the rest in one fetch request
+        (a file per page where the mount has none); those read before are kept from now on."""
+        paths = [self.path(rel) for rel in rels]
+        read = [self.files.read(path, page, size) for path, page in zip(paths, buffers)]
+        kept = [rel for rel, done in zip(rels, read) if done]
+        if kept:
+            self.files.note_reads(kept)
+            self.failures.success()
+            self.counters.add(hits=len(kept), bytes_read=len(kept) * size, kept_reads=len(kept))
+        todo = [i for i, done in enumerate(read) if done is None]
+        if todo:
+            done = self._fetch([rels[i] for i in todo], [buffers[i] for i in todo], size)
+            again = self.files.seen_before([paths[i] for i, ok in zip(todo, done) if ok])
+            self.files.remember([paths[i] for i, ok in zip(todo, done) if ok])
+            self.files.warm([paths[i] for i, repeat in zip([i for i, ok in zip(todo, done) if ok], again)
+                             if repeat], size)
+            for i, ok in zip(todo, done):
+                read[i] = ok
+        return read  # type: ignore[return-value]
+
+    def _report_reads(self, rels: List[str]) -> None:
+        """Tell the daemon about reads through kept files (``fetch.report_reads``), so that it
+        counts them and does not take those pages for cold."""
+        with self.handles.using(FETCH_FILE) as handle:
+            if handle is None or not _one_per_line(rels):
+                return
+            try:
+                fetch.report_reads(handle.fd, rels)
+            except OSError as exc:
+                self.handles.drop(handle)
+                self.failures.failure(error_kind(exc), f"reporting reads failed: {exc.strerror or exc}")
+
+    def _publish_missing(self, rel_dir: str, keys: Sequence[str],
+                         buffers: Sequence[Sequence[memoryview]], size: int) -> List[bool]:
+        """Without the ingest file: ask which pages exist, publish the others one by one."""
+        present = self.exists([f"{rel_dir}/{key}" for key in keys])
+        if any(present):
+            self.counters.add(pages_skipped=sum(present))
+        return [there or self.publish_page(rel_dir, key, page, size)
+                for key, page, there in zip(keys, buffers, present)]
+
+    def _fetch(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
+               size: int) -> List[bool]:
+        """Read the pages through one fetch request (a file per page where the mount has no
+        fetch file)."""
+        with self.handles.using(FETCH_FILE) as handle:
+            if handle is None or not _one_per_line(rels):
+                return [self.read_page(rel, page, size) for rel, page in zip(rels, buffers)]
+            try:
+                read = fetch.fetch_batch(handle.fd, rels, buffers, size)
+            except OSError as exc:
+                self.handles.drop(handle)
+                self.failures.failure(error_kind(exc), f"fetch of {len(rels)} pages failed: "
+                                                       f"{exc.strerror or exc}")
+                self.counters.add(misses=len(rels))
+                return [False] * len(rels)
+        hits = sum(read)
+        self.failures.success()
+        self.counters.add(hits=hits, misses=len(rels) - hits, bytes_read=hits * size, batches_read=1)
+        return read
+
+    def publish_pages(self, rel_dir: str, keys: Sequence[str],
+                      buffers: Sequence[Sequence[memoryview]], size: int) -> List[bool]:
+        """Publish page ``keys[i]`` of directory ``rel_dir`` from ``buffers[i]`` (``size`` bytes
+        each) through the ingest file, in as few writes as the kernel allows (a temporary file
+        and rename per page where the mount has no ingest file); pages already stored are kept
+        as they are. Per page: stored?"""
+        paths = [f"{rel_dir}/{key}" for key in keys]
+        with self.handles.using(INGEST_FILE) as handle:
+            if handle is None or not _one_per_line(paths):
+                return self._publish_missing(rel_dir, keys, buffers, size)
+            outcome = ingest.publish_batch(handle.fd, paths, buffers, [size] * len(keys))
+            missing = [i for i, error in enumerate(outcome) if error is not None and error.errno == errno.ENOENT]
+            if missing and self._make_dirs(rel_dir):  # a new pool: make its directories, then again
+                again = ingest.publish_batch(handle.fd, [paths[i] for i in missing],
+                                             [buffers[i] for i in missing], [size] * len(missing))
+                for i, error in zip(missing, again):
+                    outcome[i] = error
+            if any(error is not None and error.errno in (errno.ENOTCONN, errno.EBADF) for error in outcome):
+                self.handles.drop(handle)
+        published = 0
+        for path, error in zip(paths, outcome):
+            if error is None:
+                published += 1
+            else:
+                self.failures.failure(error_kind(error), f"cannot publish {path}: {error.strerror or error}")
+        if published:
+            self.failures.success()
+        self.counters.add(pages_written=published, bytes_written=published * size,
+                          write_failures=len(keys) - published, batches_written=1)
+        return [error is None for error in outcome]
 
     # ---------------------------------------------------------------- existence
 
@@ -416,66 +310,36 @@ class PageIO:
 
     def _query(self, rels: Sequence[str]) -> Optional[List[bool]]:
         """Ask ``.hicachefs/exists``; None when it cannot answer (then stat answers)."""
-        handle = self._query_handle()
-        if handle is None:
-            return None
         request = ("\n".join(rels) + "\n").encode("utf-8", "surrogateescape")
         expected = len(rels) + 1
-        try:
-            view = memoryview(request)
-            while view:
-                n = os.write(handle.fd, view)
-                if n <= 0:
-                    raise OSError(errno.EIO, "write to the exists file wrote nothing")
-                view = view[n:]
-            answer = bytearray()
-            while not answer.endswith(b"\n") and len(answer) <= expected:
-                chunk = os.read(handle.fd, expected + 1 - len(answer))
-                if not chunk:
-                    break
-                answer += chunk
-        except OSError as exc:
-            self._drop_handle(handle)
-            self.failures.failure(error_kind(exc), f"exists query failed: {exc.strerror or exc}")
-            return None
-        if len(answer) != expected or not answer.endswith(b"\n") or \
-                answer[:-1].strip(b"01"):
-            self._drop_handle(handle)
-            self.failures.failure(BAD_ANSWER, f"exists answered {bytes(answer[:40])!r}... "
-                                              f"for {len(rels)} paths")
-            return None
+        with self.handles.using(EXISTS_FILE) as handle:
+            if handle is None:
+                return None
+            try:
+                view = memoryview(request)
+                while view:
+                    n = os.write(handle.fd, view)
+                    if n <= 0:
+                        raise OSError(errno.EIO, "write to the exists file wrote nothing")
+                    view = view[n:]
+                answer = bytearray()
+                while not answer.endswith(b"\n") and len(answer) <= expected:
+                    chunk = os.read(handle.fd, expected + 1 - len(answer))
+                    if not chunk:
+                        break
+                    answer += chunk
+            except OSError as exc:
+                self.handles.drop(handle)
+                self.failures.failure(error_kind(exc), f"exists query failed: {exc.strerror or exc}")
+                return None
+            if len(answer) != expected or not answer.endswith(b"\n") or answer[:-1].strip(b"01"):
+                self.handles.drop(handle)
+                self.failures.failure(BAD_ANSWER, f"exists answered {bytes(answer[:40])!r}... "
+                                                  f"for {len(rels)} paths")
+                return None
         self.failures.success()
         self.counters.add(exists_queries=1, exists_paths=len(rels))
         return [c == 0x31 for c in answer[:-1]]
-
-    def _query_handle(self) -> Optional[_QueryHandle]:
-        handle = getattr(self._local, "handle", None)
-        if handle is not None and handle.fd >= 0:
-            return handle
-        if time.monotonic() < self._no_query_until:
-            return None
-        path = self.path(EXISTS_FILE)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError as exc:
-            self._no_query_until = time.monotonic() + _EXISTS_RETRY_INTERVAL
-            if exc.errno == errno.ENOENT:
-                self.failures.failure(NO_EXISTS_FILE, f"{path} does not exist; using stat",
-                                      level=logging.INFO, sticky=True)
-            else:
-                self.failures.failure(error_kind(exc), f"cannot open {path}: {exc.strerror or exc}")
-            return None
-        self._seen_daemon = True
-        handle = _QueryHandle(fd)
-        self._local.handle = handle
-        with self._handles_lock:
-            self._handles.add(handle)
-        return handle
-
-    def _drop_handle(self, handle: _QueryHandle) -> None:
-        handle.close()
-        if getattr(self._local, "handle", None) is handle:
-            self._local.handle = None
 
     def _stat_exists(self, rel: str) -> bool:
         self.counters.add(exists_stat_fallbacks=1)
@@ -491,6 +355,8 @@ class PageIO:
     def remove_tree(self, rel_dir: str) -> bool:
         """``rm -r`` of a directory below the root (evicts its pages). Missing is fine."""
 
+        self.files.forget_under(self.path(rel_dir))
+
         def on_error(function, path, info):
             if not isinstance(info[1], FileNotFoundError):
                 raise info[1]
@@ -505,9 +371,7 @@ class PageIO:
         return True
 
     def close(self) -> None:
-        """Close every thread's exists handle. Later calls still work (handles reopen)."""
-        with self._handles_lock:
-            handles = list(self._handles)
-        for handle in handles:
-            handle.close()
-
+        """Close every thread's control file handles and the kept page files. Later calls still
+        work (they open them again)."""
+        self.handles.close()
+        self.files.close()

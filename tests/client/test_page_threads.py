@@ -1,5 +1,6 @@
-"""A batch's pages moved on several threads (extra_config ``read_threads``, ``write_threads``): the same bytes,
-failures per page, nothing raised into SGLang, safe from many SGLang threads at once."""
+"""A batch's pages moved on several threads (extra_config ``read_threads``, ``write_threads``), in runs
+of pages of at least ``MIN_CHUNK_BYTES`` each: the same bytes, failures per page (or per run, for an
+unexpected exception), nothing raised into SGLang, safe from many SGLang threads at once."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import time
 
 import pytest
 
-from hicachefs_client import HiCacheFS
-from hicachefs_client.page_io import PageThreads
+from hicachefs_client import HiCacheFS, backend
+from hicachefs_client.page_threads import PageThreads
 from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool
 from conftest import storage_config
 from test_backend import indices, key, make_fs, page_bytes
@@ -23,9 +24,16 @@ def pool_dir(fs: HiCacheFS):
     return fs.io.path(fs._dir_of("kv"))
 
 
+@pytest.fixture
+def small_runs(monkeypatch):
+    """Runs of one page at least, so that a batch of the tests' small pages is spread over the
+    threads as a batch of large pages is."""
+    monkeypatch.setattr(backend, "MIN_CHUNK_BYTES", 1)
+
+
 @pytest.mark.parametrize("kind, layout", [("mha", "page_first"), ("mla", "page_first"),
                                           ("mha", "layer_first")])  # zero copy, zero copy, copied
-def test_batch_round_trip_on_several_threads(store_root, kind, layout, monkeypatch):
+def test_batch_round_trip_on_several_threads(store_root, kind, layout, monkeypatch, small_runs):
     pool_class = MHAHostPool if kind == "mha" else MLAHostPool
     source = pool_class(pages=PAGES, layout=layout)
     writer = make_fs(store_root, source, mla=kind == "mla", extra=THREADS)
@@ -37,14 +45,14 @@ def test_batch_round_trip_on_several_threads(store_root, kind, layout, monkeypat
     target.zero()
     reader = make_fs(store_root, target, mla=kind == "mla", extra=THREADS)
     threads_used = set()
-    read_page = reader.io.read_page
+    read_pages = reader.io.read_pages
 
     def recording(*args, **kwargs):
         threads_used.add(threading.get_ident())
-        time.sleep(0.002)  # long enough that the helpers take pages too
-        return read_page(*args, **kwargs)
+        time.sleep(0.002)  # long enough that the helpers take runs too
+        return read_pages(*args, **kwargs)
 
-    monkeypatch.setattr(reader.io, "read_page", recording)
+    monkeypatch.setattr(reader.io, "read_pages", recording)
     assert reader.batch_get_v1(keys, indices(target, range(PAGES))) == [True] * PAGES
     for slot, page in enumerate(order):
         assert page_bytes(target, slot) == page_bytes(source, page)
@@ -77,36 +85,35 @@ def test_failures_are_per_page(store_root):
     assert stats["hits"] == len(stored) - 1 and stats["misses"] == PAGES - len(stored) + 1
 
 
-def test_an_exception_in_one_page_fails_that_page_only(store_root, monkeypatch):
+def test_an_unexpected_exception_fails_its_run_of_pages_only(store_root, monkeypatch, small_runs):
     pool = MHAHostPool(pages=PAGES)
-    fs = make_fs(store_root, pool, extra=THREADS)
+    fs = make_fs(store_root, pool, extra=THREADS)  # 3 write threads: runs of 8 pages
     keys = [key("raising", i) for i in range(PAGES)]
-    publish = fs.io.publish_page
-    bad = {keys[i] for i in (0, 7, 23)}
+    publish = fs.io.publish_pages
 
-    def failing_publish(rel_dir, page_key, *args):
-        if page_key in bad:
+    def failing_publish(rel_dir, page_keys, *args):
+        if keys[9] in page_keys:
             raise RuntimeError("injected")
-        return publish(rel_dir, page_key, *args)
+        return publish(rel_dir, page_keys, *args)
 
-    monkeypatch.setattr(fs.io, "publish_page", failing_publish)
-    assert fs.batch_set_v1(keys, indices(pool, range(PAGES))) == [k not in bad for k in keys]
+    monkeypatch.setattr(fs.io, "publish_pages", failing_publish)
+    assert fs.batch_set_v1(keys, indices(pool, range(PAGES))) == [not 8 <= i < 16 for i in range(PAGES)]
 
-    read = fs.io.read_page
+    read = fs.io.read_pages  # 4 read threads: runs of 6 pages
 
-    def failing_read(rel, *args):
-        if rel.endswith(keys[5]):
+    def failing_read(rels, *args):
+        if any(rel.endswith(keys[2]) for rel in rels):
             raise MemoryError("injected")
-        return read(rel, *args)
+        return read(rels, *args)
 
-    monkeypatch.setattr(fs.io, "read_page", failing_read)
+    monkeypatch.setattr(fs.io, "read_pages", failing_read)
     got = fs.batch_get_v1(keys, indices(pool, range(PAGES)))
-    assert got == [k not in bad and k != keys[5] for k in keys]
+    assert got == [not (8 <= i < 16 or i < 6) for i in range(PAGES)]
     errors = fs.statistics()["errors"]
-    assert errors["INTERNAL_RuntimeError"] == 3 and errors["INTERNAL_MemoryError"] == 1
+    assert errors["INTERNAL_RuntimeError"] == 1 and errors["INTERNAL_MemoryError"] == 1
 
 
-def test_many_sglang_threads_share_the_page_threads(store_root):
+def test_many_sglang_threads_share_the_page_threads(store_root, small_runs):
     callers, rounds, per_batch = 6, 4, 8
     source = MHAHostPool(pages=callers * per_batch)
     target = MHAHostPool(pages=callers * per_batch)

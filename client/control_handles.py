@@ -1,0 +1,148 @@
+"""Each thread's own handles on the mount's control files (``.hicachefs/exists``, ``ingest``,
+``fetch``).
+
+A handle holds one request at a time, so every thread opens its own and keeps it for the next
+call; a thread that ends closes its handles (they are only weakly kept here). ``close`` closes
+every thread's handles, but a handle in use is closed by its thread when the call is done:
+closing it under the call would let the descriptor number be reused, and the call go on writing
+to another file. A control file
+that cannot be opened is not tried again for a second: the caller then answers its own way
+(``stat``, a temporary file and rename, a file per page), which also serves a plain directory
+or a daemon that predates the file.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Dict, Iterator, Optional
+
+from .accounting import FailureLog, error_kind
+
+CONTROL_DIR = ".hicachefs"
+EXISTS_FILE = f"{CONTROL_DIR}/exists"
+INGEST_FILE = f"{CONTROL_DIR}/ingest"
+FETCH_FILE = f"{CONTROL_DIR}/fetch"
+# Retry opening a control file that could not be opened at most this often (seconds).
+RETRY_INTERVAL_S = 1.0
+
+
+class ControlHandle:
+    """One open control file, owned by one thread."""
+
+    __slots__ = ("name", "fd", "busy", "retired", "lock", "__weakref__")
+
+    def __init__(self, name: str, fd: int) -> None:
+        self.name, self.fd = name, fd
+        self.busy = self.retired = False
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def retire(self) -> None:
+        """Close now, or when the owning thread's call is done."""
+        with self.lock:
+            if self.busy:
+                self.retired = True
+            else:
+                self.close()
+
+    def __del__(self) -> None:  # the owning thread ended
+        self.close()
+
+
+class ControlHandles:
+    """The calling thread's handle on each control file of one mount. See the module docstring."""
+
+    def __init__(self, root: str, failures: FailureLog) -> None:
+        self.root = root
+        self.failures = failures
+        self._local = threading.local()
+        self._all: "weakref.WeakSet[ControlHandle]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._retry_at: Dict[str, float] = {}
+        # Once a daemon has been seen here, a root without .hicachefs/ is a bare mountpoint.
+        self.seen_daemon = os.path.isdir(os.path.join(root, CONTROL_DIR))
+
+    @contextlib.contextmanager
+    def using(self, name: str) -> Iterator[Optional[ControlHandle]]:
+        """This thread's open handle on control file ``name`` for one call (None if it cannot
+        be had); a ``close`` meanwhile takes effect when the call is done."""
+        for _ in range(2):  # a handle another thread closed just now is opened again
+            handle = self._get(name)
+            if handle is None:
+                yield None
+                return
+            with handle.lock:
+                handle.busy = handle.fd >= 0
+            if handle.busy:
+                break
+        else:
+            yield None
+            return
+        try:
+            yield handle
+        finally:
+            with handle.lock:
+                handle.busy = False
+                retired = handle.retired
+            if retired:
+                self.drop(handle)
+
+    def _get(self, name: str) -> Optional[ControlHandle]:
+        mine: Dict[str, ControlHandle] = self._mine()
+        handle = mine.get(name)
+        if handle is not None and handle.fd >= 0:
+            return handle
+        if time.monotonic() < self._retry_at.get(name, 0.0):
+            return None
+        path = os.path.join(self.root, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as exc:
+            self._retry_at[name] = time.monotonic() + RETRY_INTERVAL_S
+            if exc.errno == errno.ENOENT:
+                self.failures.failure(f"NO_{os.path.basename(name).upper()}_FILE",
+                                      f"{path} does not exist; doing without it",
+                                      level=logging.INFO, sticky=True)
+            else:
+                self.failures.failure(error_kind(exc), f"cannot open {path}: {exc.strerror or exc}")
+            return None
+        self.seen_daemon = True
+        handle = mine[name] = ControlHandle(name, fd)
+        with self._lock:
+            self._all.add(handle)
+        return handle
+
+    def drop(self, handle: ControlHandle) -> None:
+        """Close a handle that failed; the thread's next ``get`` opens a new one."""
+        handle.close()
+        mine = self._mine()
+        if mine.get(handle.name) is handle:
+            del mine[handle.name]
+
+    def close(self) -> None:
+        """Close every thread's handles. Later calls still work (handles reopen)."""
+        with self._lock:
+            handles = list(self._all)
+        for handle in handles:
+            handle.retire()
+
+    def _mine(self) -> Dict[str, ControlHandle]:
+        mine = getattr(self._local, "handles", None)
+        if mine is None:
+            mine = self._local.handles = {}
+        return mine

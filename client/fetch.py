@@ -1,0 +1,56 @@
+"""Reading a batch of pages through ``.hicachefs/fetch``: one write names them, one ``preadv``
+fills them (DESIGN.md, "Reading many pages in one read").
+
+Why: a page read through its own file costs the daemon an OPEN and a RELEASE (and a LOOKUP when
+the kernel has no entry) before any byte moves; here the whole batch costs one WRITE and the
+READs its bytes need, at most 1 MiB each. The answer holds the pages back to back, each at the
+offset the sizes before it give; a page the daemon cannot serve as asked (missing, another
+size) ends the read short at its start, so the pages the read covered whole are the ones read,
+and reading on from the next page's offset continues the batch. Reads the client made through
+page files it keeps open are reported in a write of their own (``report_reads``).
+
+Pure functions over a file descriptor the caller owns; thread-safe as long as each thread uses
+its own descriptor (one handle holds one request at a time).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Sequence
+
+# Buffers one preadv may take (Linux: 1024).
+_MAX_BUFFERS = os.sysconf("SC_IOV_MAX")
+
+
+def encode_request(paths: Sequence[str], size: int) -> bytes:
+    return "".join(f"{size} {path}\n" for path in paths).encode("utf-8", "surrogateescape")
+
+
+def report_reads(fd: int, paths: Sequence[str]) -> None:
+    """Report reads of these pages made through files kept open (one write of ``0 <path>``
+    lines), which the daemon did not see."""
+    report = memoryview(encode_request(paths, 0))
+    while report:
+        report = report[os.write(fd, report):]
+
+
+def fetch_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memoryview]],
+                size: int) -> List[bool]:
+    """Read page ``paths[i]`` (``size`` bytes) into ``buffers[i]``; per page, whether it was
+    read whole. A page that was not may have left part of its bytes in its buffers. OSError
+    when the handle fails."""
+    request = memoryview(encode_request(paths, size))
+    while request:
+        request = request[os.write(fd, request):]
+    read = [False] * len(paths)
+    first = 0
+    while first < len(paths):
+        last, count = first, 0
+        while last < len(paths) and (count + len(buffers[last]) <= _MAX_BUFFERS or last == first):
+            count += len(buffers[last])
+            last += 1
+        done = os.preadv(fd, [b for page in buffers[first:last] for b in page], first * size)
+        whole = done // size
+        read[first:first + whole] = [True] * whole
+        first += whole if first + whole == last else whole + 1  # skip the page that stopped it
+    return read

@@ -1,0 +1,84 @@
+"""Publishing a batch of pages with one ``pwritev`` on ``.hicachefs/ingest`` (DESIGN.md,
+"Publishing many pages in one write").
+
+A batch is a 16-byte prefix, a header of ``<size> <path>\\n`` lines and the pages' bytes back to
+back, written from offset 0; the kernel cuts it into WRITE requests of up to 1 MiB, so a page
+costs the daemon its bytes' share of a request instead of six requests of its own. Each page is
+published once its last byte is in; a page already published is kept as it is
+(``KEEP_EXISTING``), so the writer does not ask first (two requests saved per batch). A write that stops short means a page failed: a read of the
+handle says how many pages of the batch were published and why the next one failed, and the
+rest is written again as a new batch.
+
+Pure functions over a file descriptor the caller owns; thread-safe as long as each thread uses
+its own descriptor (one handle holds one batch at a time).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from typing import List, Optional, Sequence
+
+MAGIC = b"HCFSPUT1"
+_PREFIX = struct.Struct("<8sIHH")
+# Flag: the daemon leaves pages already published as they are.
+KEEP_EXISTING = 1
+# Pages in one batch at most (the count is a uint16).
+_MAX_PAGES = 0xFFFF
+# Buffers one pwritev may take (Linux: 1024); the header is one more.
+_MAX_BUFFERS = os.sysconf("SC_IOV_MAX") - 1
+
+
+def encode_header(paths: Sequence[str], sizes: Sequence[int], flags: int = KEEP_EXISTING) -> bytes:
+    lines = "".join(f"{size} {path}\n" for path, size in zip(paths, sizes)).encode("utf-8", "surrogateescape")
+    return _PREFIX.pack(MAGIC, len(lines), len(paths), flags) + lines
+
+
+def publish_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memoryview]],
+                  sizes: Sequence[int]) -> List[Optional[OSError]]:
+    """Publish page ``paths[i]`` from ``buffers[i]`` (``sizes[i]`` bytes in all), in as few
+    writes as the kernel allows. Per page: None once published, else the error that stopped it."""
+    outcome: List[Optional[OSError]] = [None] * len(paths)
+    first = 0
+    while first < len(paths):
+        last = _batch_end(buffers, first)
+        header = encode_header(paths[first:last], sizes[first:last])
+        total = len(header) + sum(sizes[first:last])
+        try:
+            done = os.pwritev(fd, [header, *(b for page in buffers[first:last] for b in page)], 0)
+        except OSError as exc:
+            done, raised = -1, exc
+        if done == total:
+            first = last
+            continue
+        status = _status(fd)
+        if status is None:  # the handle itself fails (a daemon gone): so does every page left
+            error = raised if done < 0 else OSError(errno.EIO, "ingest write stopped short")
+            outcome[first:] = [error] * (len(paths) - first)
+            break
+        failed = first + status[0]
+        if failed < last:
+            outcome[failed] = OSError(status[1] or errno.EIO, os.strerror(status[1] or errno.EIO))
+        first = failed + 1
+    return outcome
+
+
+def _batch_end(buffers: Sequence[Sequence[memoryview]], first: int) -> int:
+    """The end of the longest run of pages from ``first`` whose buffers one pwritev takes."""
+    count, end = 0, first
+    while end < len(buffers) and end - first < _MAX_PAGES and \
+            (count + len(buffers[end]) <= _MAX_BUFFERS or end == first):
+        count += len(buffers[end])
+        end += 1
+    return end
+
+
+def _status(fd: int) -> Optional[tuple[int, int]]:
+    """(pages of the last batch published, errno of the one that failed), or None when the
+    handle cannot say."""
+    try:
+        published, err = os.pread(fd, 64, 0).split()
+        return int(published), int(err)
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,30 @@
+"""Vectored reads into several buffers (a page's pieces in the host pool): what is left to fill."""
+
+from __future__ import annotations
+
+import os
+from typing import List, Sequence
+
+
+def advance(buffers: Sequence[memoryview], done: int) -> List[memoryview]:
+    """The buffers still to fill after the first ``done`` bytes."""
+    rest = []
+    for buf in buffers:
+        if done >= len(buf):
+            done -= len(buf)
+            continue
+        rest.append(buf[done:] if done else buf)
+        done = 0
+    return rest
+
+
+def read_into(fd: int, buffers: Sequence[memoryview], offset: int = 0) -> int:
+    """Bytes read from ``offset`` into ``buffers``, until they are full or the file ends."""
+    done, rest = 0, list(buffers)
+    while rest:
+        n = os.preadv(fd, rest, offset + done)
+        if n <= 0:
+            break
+        done += n
+        rest = advance(rest, n)
+    return done

@@ -1,0 +1,86 @@
+"""Pages read again through files the client keeps open (``page_files.py``): no request reaches
+the daemon, the bytes are right, a page replaced or removed is never read stale, and the daemon
+still counts the reads."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from hicachefs.testing.host_pools import MHAHostPool
+from pages import requests_of
+from test_backend import indices, key, make_fs, page_bytes
+
+PAGES = 8
+
+
+def until(check, seconds: float = 5.0):
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.01)
+
+
+def kept_reader(mounted, pages=PAGES):
+    source = MHAHostPool(pages=pages)
+    writer = make_fs(mounted.path, source)
+    keys = [key("kept", i) for i in range(pages)]
+    assert writer.batch_set_v1(keys, indices(source, range(pages))) == [True] * pages
+    target = MHAHostPool(pages=pages)
+    reader = make_fs(mounted.path, target)
+    for _ in range(2):  # read, then read again: from now on their files are kept
+        assert reader.batch_get_v1(keys, indices(target, range(pages))) == [True] * pages
+    until(lambda: len(reader.io.files._kept) == pages)
+    return source, target, reader, keys
+
+
+def test_a_page_read_again_is_then_read_with_no_request_to_the_daemon(mounted):
+    source, target, reader, keys = kept_reader(mounted)
+    target.zero()
+    cost, got = requests_of(mounted, lambda: reader.batch_get_v1(keys, indices(target, range(PAGES))))
+    assert got == [True] * PAGES and not cost
+    assert all(page_bytes(target, i) == page_bytes(source, i) for i in range(PAGES))
+    assert reader.statistics()["kept_reads"] == PAGES
+
+
+def test_reads_through_kept_files_are_counted_by_the_daemon(mounted):
+    source, target, reader, keys = kept_reader(mounted)
+    hits = mounted.stats()["hits"]
+    reader.batch_get_v1(keys, indices(target, range(PAGES)))
+    reader.close()  # reports what is left to report
+    assert mounted.stats()["hits"] == hits + PAGES
+
+
+@pytest.mark.parametrize("change", ["replace", "remove"])
+def test_a_kept_page_replaced_or_removed_is_never_read_stale(mounted, change):
+    source, target, reader, keys = kept_reader(mounted)
+    directory = mounted.path / reader._dir_of("kv")
+    if change == "replace":
+        other = MHAHostPool(pages=PAGES)
+        other.fill_random(seed=5)
+        tmp = directory / ".new"
+        tmp.write_bytes(page_bytes(other, 0))
+        os.rename(tmp, directory / keys[0])
+        until(lambda: reader.batch_get_v1(keys[:1], indices(target, [0])) == [True]
+              and page_bytes(target, 0) == page_bytes(other, 0))
+    else:
+        os.unlink(directory / keys[0])
+        assert reader.batch_get_v1(keys[:1], indices(target, [0])) == [False]
+    assert keys[0] not in "".join(reader.io.files._kept)  # let go of
+    assert reader.batch_get_v1(keys[1:], indices(target, range(1, PAGES))) == [True] * (PAGES - 1)
+
+
+def test_no_more_files_are_kept_than_the_capacity(mounted):
+    source, target, reader, keys = kept_reader(mounted, pages=PAGES)
+    reader.io.files.capacity = 3
+    more = [key("more", i) for i in range(PAGES)]
+    writer = make_fs(mounted.path, source)
+    writer.batch_set_v1(more, indices(source, range(PAGES)))
+    for _ in range(2):
+        reader.batch_get_v1(more, indices(target, range(PAGES)))
+    until(lambda: reader.io.files._waiting.empty())
+    assert len(reader.io.files._kept) <= 3
+    reader.close()
+    assert not reader.io.files._kept
