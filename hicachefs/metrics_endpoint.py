@@ -85,10 +85,20 @@ def parse_listen_address(text: str) -> tuple[str, int]:
 def check_can_listen(host: str, port: int) -> None:
     """Bind and release the address, so a port in use is reported before anything is mounted.
     Raises OSError."""
+    _bound_socket(host, port).close()
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to the address (SO_REUSEADDR: a restart need not wait out TIME_WAIT)."""
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the real server does
-        probe.bind(address)
+    bound = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bound.bind(address)
+    except BaseException:
+        bound.close()
+        raise
+    return bound
 
 
 class MetricsEndpoint:
@@ -99,16 +109,8 @@ class MetricsEndpoint:
         self._statistics = statistics
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._registry = registry_of(self._statistics_from_loop)
-        host, port = parse_listen_address(address)
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind(sockaddr)
-            self._listener.listen(BACKLOG)
-        except BaseException:
-            self._listener.close()
-            raise
+        self._listener = _bound_socket(*parse_listen_address(address))
+        self._listener.listen(BACKLOG)
         self._closing = False
         self._slots = threading.BoundedSemaphore(SERVERS + WAITING)
         self._held: queue.SimpleQueue[tuple[socket.socket, float] | None] = queue.SimpleQueue()
