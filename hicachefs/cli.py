@@ -5,12 +5,19 @@ stderr with exit code 2 (bad input) or 1 (the operation failed). ``hicachefs SOU
 MOUNTPOINT -o OPTIONS``, the form mount(8) and fstab use through ``mount.fuse3``, is the
 mount command (``mount_options``). While it waits for the mount, ``mount`` shows how the daemon
 rebuilds the disk index (``recovery_progress``).
+
+Every command that reads a mount does so with a deadline (``deadline``): a daemon that does not
+answer (stopped, hung) gets one line saying so, and ``umount`` then aborts its FUSE connection
+and removes the mount. Output cut off by its reader (``hicachefs stats MP | head``) ends the
+command with one line too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -23,16 +30,30 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import mount_options, mount_table
+from . import deadline, mount_options, mount_table
 from .daemon import DaemonConfig
 from .metrics_endpoint import check_can_listen, parse_listen_address
+from .mount_table import Answer
 from .recovery_progress import Display
+from .store.device import ArenaRefused
+from .store.ssd_tier import check_disk_dir
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MIN_MEMORY = 16 << 20
 DEFAULT_MAX_PAGE = 64 << 20
 MOUNT_TIMEOUT_S = 60.0
 UMOUNT_TIMEOUT_S = 60.0
+#: After SIGTERM a daemon finishes the requests in flight and unmounts at once (writing the RAM
+#: tier down comes after); a mount still there after this long has a daemon that cannot act.
+UNMOUNT_AFTER_SIGTERM_S = 10.0
+#: The reaper looks for abandoned temporary files every quarter of --temp-timeout (at most every
+#: 5 s). Below a second it would wake more than 4 times a second (an idle daemon measured on the
+#: 2-core VM: 0.001 s, every 0.25 ms, took 4.9-8 % of a core; 1 s took 0.1 %; 60 s 0.0 %), and a
+#: file that a client on a loaded host closes and renames a moment later could be discarded in
+#: between.
+MIN_TEMP_TIMEOUT_S = 1.0
+#: DESIGN.md: a temporary file nobody renamed is discarded at the latest 60 s after its last close.
+MAX_TEMP_TIMEOUT_S = 60.0
 #: How long mount waits for the shared filesystem to answer a test write.
 SHARED_PROBE_TIMEOUT_S = 5.0
 
@@ -108,12 +129,9 @@ def _mount_flags(parser: argparse.ArgumentParser) -> dict[str, bool]:
     }
 
 
-def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonConfig:
-    """Validate the mount command's arguments; raises UsageError naming the first problem.
-    A ``dead_mount`` at the mountpoint hides the directory, which is checked once it is gone."""
-    mountpoint = Path(args.mountpoint).resolve()
-    if not dead_mount:
-        check_mountpoint(mountpoint, args.mountpoint)
+def daemon_config(args: argparse.Namespace, mountpoint: Path) -> DaemonConfig:
+    """Validate the mount command's flags for the (checked) ``mountpoint``; raises UsageError
+    naming the first problem."""
     memory = parse_size(args.memory)
     if memory < MIN_MEMORY:
         raise UsageError(f"--memory {args.memory} is below the minimum of 16M")
@@ -122,15 +140,16 @@ def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonC
     max_page = parse_size(args.max_page_size) if args.max_page_size else min(DEFAULT_MAX_PAGE, memory // 8)
     if not 0 < max_page <= memory // 8:
         raise UsageError(f"--max-page-size {args.max_page_size} must be above 0 and at most 1/8 of --memory")
-    disk_dir, disk_bytes = _disk_tier(args, max_page)
+    disk_dir, disk_bytes = _disk_tier(args, max_page, mountpoint)
     shared_dir, shared_bytes = _shared_tier(args, max_page, mountpoint)
     if args.write_through and disk_dir is None:
         raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
-    if not 0 < args.temp_timeout <= 60:
-        raise UsageError("--temp-timeout must be above 0 and at most 60 seconds")
+    _check_temp_timeout(args.temp_timeout)
     metrics_listen = None if args.metrics_listen is None else _metrics_listen(args.metrics_listen)
     _check_fuse()
     log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
+    if log_file is not None:
+        _check_log_file(log_file, args.log_file)
     return DaemonConfig(
         mountpoint=str(mountpoint),
         memory_bytes=memory,
@@ -149,20 +168,21 @@ def daemon_config(args: argparse.Namespace, dead_mount: bool = False) -> DaemonC
     )
 
 
-def check_mountpoint(mountpoint: Path, given: str) -> None:
-    """An empty directory with nothing mounted on it."""
+def check_mountpoint(mountpoint: Path, given: str, dead_ok: bool = False) -> bool:
+    """An empty directory with nothing mounted on it; with ``dead_ok``, a hicachefs mount whose
+    daemon is gone passes too (True: the caller removes it, then checks again)."""
     fstype = mount_table.filesystem_type(mountpoint)
     if fstype is not None:
-        dead = " whose daemon is gone" if mount_table.is_dead(mountpoint) else ""
-        raise UsageError(f"mountpoint {given} is already a mount point ({fstype}{dead})")
+        answer = mount_table.answer(mountpoint)
+        if dead_ok and fstype == mount_table.FSTYPE and answer is Answer.DEAD:
+            return True
+        how = {Answer.DEAD: " whose daemon is gone", Answer.SILENT: " whose daemon does not answer"}.get(answer, "")
+        raise UsageError(f"mountpoint {given} is already a mount point ({fstype}{how})")
     if not mountpoint.is_dir():
         raise UsageError(f"mountpoint {given} is not an existing directory")
     if any(mountpoint.iterdir()):
         raise UsageError(f"mountpoint {given} is not empty")
-
-
-def _is_dead_hicachefs_mount(mountpoint: Path) -> bool:
-    return mount_table.filesystem_type(mountpoint) == mount_table.FSTYPE and mount_table.is_dead(mountpoint)
+    return False
 
 
 def _check_memory_available(memory: int, given: str) -> None:
@@ -198,7 +218,9 @@ def _metrics_listen(address: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _disk_tier(args: argparse.Namespace, max_page: int) -> tuple[str | None, int]:
+def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path) -> tuple[str | None, int]:
+    """The disk directory, made if missing, checked writable and free for this daemon: its
+    arena, if any, is ours and held by no other daemon (the daemon checks again as it opens it)."""
     if (args.disk is None) != (args.disk_size is None):
         raise UsageError("--disk and --disk-size go together")
     if args.disk is None:
@@ -207,12 +229,18 @@ def _disk_tier(args: argparse.Namespace, max_page: int) -> tuple[str | None, int
     if size < max_page:
         raise UsageError(f"--disk-size {args.disk_size} is smaller than --max-page-size")
     disk = Path(args.disk).resolve()
+    if disk == mountpoint or mountpoint in disk.parents:
+        raise UsageError(f"--disk {args.disk} is the mountpoint or inside it: the mount would hide the disk tier")
     try:
         disk.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=disk, prefix=".hicachefs-probe-"):
             pass
     except OSError as exc:
         raise UsageError(f"disk directory {args.disk} cannot be written: {exc.strerror}") from None
+    try:
+        check_disk_dir(disk)
+    except ArenaRefused as exc:
+        raise UsageError(f"--disk {args.disk}: {exc}") from None
     existing = sum(f.stat().st_size for f in disk.glob("*.arena"))
     free = shutil.disk_usage(disk).free
     if size > free + existing:
@@ -261,6 +289,25 @@ class _ProbeWrite(threading.Thread):
             self.error = exc
 
 
+def _check_temp_timeout(seconds: float) -> None:
+    if math.isnan(seconds):
+        raise UsageError(f"--temp-timeout {seconds:g} is not a number of seconds")
+    if seconds < MIN_TEMP_TIMEOUT_S:
+        raise UsageError(f"--temp-timeout {seconds:g} is below the minimum of {MIN_TEMP_TIMEOUT_S:g} second")
+    if seconds > MAX_TEMP_TIMEOUT_S:
+        raise UsageError(f"--temp-timeout {seconds:g} is above the maximum of {MAX_TEMP_TIMEOUT_S:g} seconds")
+
+
+def _check_log_file(path: str, given: str | None) -> None:
+    """The background daemon logs to ``path``: one it cannot append to fails here, in one line."""
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        where = f"--log-file {given}" if given else f"the log file {path}"
+        raise UsageError(f"{where}: cannot write there ({exc.strerror})") from None
+
+
 def _check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise UsageError("/dev/fuse is missing: load the fuse module (modprobe fuse)")
@@ -274,15 +321,16 @@ def _default_log_file(mountpoint: Path) -> str:
 
 
 def mount(args: argparse.Namespace) -> int:
-    dead_mount = _is_dead_hicachefs_mount(Path(args.mountpoint).resolve())
-    config = daemon_config(args, dead_mount)
+    mountpoint = Path(mount_table.resolve(args.mountpoint))
+    dead_mount = check_mountpoint(mountpoint, args.mountpoint, dead_ok=True)
+    config = daemon_config(args, mountpoint)
     if dead_mount:
         try:
             mount_table.remove(config.mountpoint)
         except OSError as exc:
             raise UsageError(f"cannot remove the dead mount at {args.mountpoint}: {exc.strerror}") from None
         print(f"hicachefs: removed the dead mount at {config.mountpoint} (its daemon was gone)")
-        check_mountpoint(Path(config.mountpoint), args.mountpoint)
+        check_mountpoint(mountpoint, args.mountpoint)
     if args.foreground:
         from . import daemon
 
@@ -301,19 +349,28 @@ def mount(args: argparse.Namespace) -> int:
     progress = Display(progress_read)
     # Populating the RAM arena and scanning the disk tier take time in proportion to their size.
     timeout = MOUNT_TIMEOUT_S + (config.memory_bytes + config.disk_bytes) / (1 << 30)
-    deadline = time.monotonic() + timeout
+    until = time.monotonic() + timeout
     control = Path(config.mountpoint, ".hicachefs", "config")
-    while time.monotonic() < deadline:
+    while time.monotonic() < until:
         progress.poll()
         if child.poll() is not None:
             progress.close()
-            print(f"hicachefs: the daemon exited with status {child.returncode}; see {config.log_file}",
+            reason = _last_error(config.log_file)
+            print(f"hicachefs: the daemon exited with status {child.returncode}{reason}; see {config.log_file}",
                   file=sys.stderr)
             return 1
-        if mount_table.filesystem_type(config.mountpoint) == mount_table.FSTYPE and control.exists():
-            progress.close()
-            print(f"hicachefs: mounted {config.mountpoint} (pid {child.pid}, log {config.log_file})")
-            return 0
+        if mount_table.filesystem_type(config.mountpoint) == mount_table.FSTYPE:
+            try:
+                live = deadline.call(control.exists)
+            except deadline.NoAnswer as exc:
+                progress.close()
+                print(f"hicachefs: {_no_answer(config.mountpoint, exc)} once mounted; see {config.log_file}",
+                      file=sys.stderr)
+                return 1
+            if live:
+                progress.close()
+                print(f"hicachefs: mounted {config.mountpoint} (pid {child.pid}, log {config.log_file})")
+                return 0
         time.sleep(0.05)
     progress.close()
     print(f"hicachefs: the mount did not come up within {timeout:.0f} s; see {config.log_file}",
@@ -321,34 +378,73 @@ def mount(args: argparse.Namespace) -> int:
     return 1
 
 
+def _last_error(log_file: str) -> str:
+    """': MESSAGE' of the last ERROR line in the daemon's log (its reason for exiting), or ''."""
+    try:
+        with open(log_file, "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - 65536))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in lines if " ERROR " in line]
+    return ": " + errors[-1].split(": ", 1)[-1] if errors else ""
+
+
 def umount(args: argparse.Namespace) -> int:
-    mountpoint = str(Path(args.mountpoint).resolve())
+    """SIGTERM to the daemon, which unmounts and exits; a mount whose daemon is gone is removed,
+    and one whose daemon does not answer or act has its FUSE connection aborted first."""
+    mountpoint = mount_table.resolve(args.mountpoint)
     fstype = mount_table.filesystem_type(mountpoint)
     if fstype is None:
         raise UsageError(f"{args.mountpoint} is not mounted")
     if fstype != mount_table.FSTYPE:
         raise UsageError(f"{args.mountpoint} is a {fstype} mount, not hicachefs")
     try:
-        pid = json.loads(Path(mountpoint, ".hicachefs", "config").read_text())["pid"]
+        pid = json.loads(deadline.read_bytes(Path(mountpoint, ".hicachefs", "config")))["pid"]
+    except deadline.NoAnswer as exc:
+        return _abort_and_remove(mountpoint, _no_answer(mountpoint, exc))
     except OSError as exc:
         if exc.errno not in mount_table.DEAD_ERRNOS:
             raise UsageError(f"cannot read the daemon's config in {args.mountpoint}: {exc.strerror}") from None
-        try:
-            mount_table.remove(mountpoint)
-        except OSError as failure:
-            print(f"hicachefs: cannot remove the dead mount at {mountpoint}: {failure.strerror}", file=sys.stderr)
-            return 1
-        print(f"hicachefs: removed the dead mount at {mountpoint} (its daemon was gone)")
-        return 0
+        return _remove(mountpoint, f"removed the dead mount at {mountpoint} (its daemon was gone)",
+                       f"cannot remove the dead mount at {mountpoint}")
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + UMOUNT_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not _alive(pid) and mount_table.filesystem_type(mountpoint) is None:
+    signalled = time.monotonic()
+    while time.monotonic() < signalled + UMOUNT_TIMEOUT_S:
+        mounted = mount_table.filesystem_type(mountpoint) is not None
+        if not mounted and not _alive(pid):
             print(f"hicachefs: unmounted {mountpoint}")
             return 0
+        if mounted and time.monotonic() > signalled + UNMOUNT_AFTER_SIGTERM_S:
+            return _abort_and_remove(mountpoint, f"{mountpoint}: daemon {pid} did not unmount it within "
+                                                 f"{UNMOUNT_AFTER_SIGTERM_S:g} s of SIGTERM")
         time.sleep(0.05)
     print(f"hicachefs: daemon {pid} did not finish within {UMOUNT_TIMEOUT_S:.0f} s", file=sys.stderr)
     return 1
+
+
+def _no_answer(mountpoint: str | Path, exc: deadline.NoAnswer) -> str:
+    return f"{mountpoint}: its daemon did not answer within {exc.seconds:g} s"
+
+
+def _abort_and_remove(mountpoint: str, why: str) -> int:
+    """Abort the mount's FUSE connection, which fails every request waiting on its daemon, then
+    unmount it; the daemon, if it ever runs again, finds its mount gone and exits."""
+    return _remove(mountpoint, f"{why}; aborted its FUSE connection and removed the mount",
+                   f"{why}; could not remove the mount", abort=True)
+
+
+def _remove(mountpoint: str, removed: str, failed: str, abort: bool = False) -> int:
+    """Remove the mount (aborting its FUSE connection first, with ``abort``); one line either way."""
+    try:
+        if abort:
+            mount_table.abort(mountpoint)
+        mount_table.remove(mountpoint)
+    except OSError as exc:
+        print(f"hicachefs: {failed}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(f"hicachefs: {removed}")
+    return 0
 
 
 def _alive(pid: int) -> bool:
@@ -365,9 +461,11 @@ def _alive(pid: int) -> bool:
 def stats(args: argparse.Namespace) -> int:
     path = Path(args.mountpoint, ".hicachefs", "stats")
     try:
-        facts = json.loads(path.read_text())
+        facts = json.loads(deadline.read_bytes(path))
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError:
+        raise UsageError(f"{path} is not hicachefs statistics") from None
     if args.json:
         print(json.dumps(facts, indent=2, sort_keys=True))
         return 0
@@ -433,10 +531,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
-        return {"mount": mount, "umount": umount, "stats": stats, "top": top}[args.command](args)
+        status = {"mount": mount, "umount": umount, "stats": stats, "top": top}[args.command](args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
+        return status
     except UsageError as exc:
         print(f"hicachefs: {exc}", file=sys.stderr)
         return 2
+    except deadline.NoAnswer as exc:  # stats, top: the daemon stopped answering
+        print(f"hicachefs: {_no_answer(mount_table.resolve(args.mountpoint), exc)}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (``| head``); what is still buffered has nowhere to go.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError):
+            print("hicachefs: the output was closed before all of it was written (broken pipe)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

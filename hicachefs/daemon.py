@@ -36,7 +36,7 @@ from .fs.operations import Operations
 from .metrics_endpoint import MetricsEndpoint
 from .recovery_progress import Reporter
 from .sd_notify import notify
-from .store import PageStore, StoreConfig
+from .store import PageStore, StoreConfig, StoreError
 
 log = logging.getLogger("hicachefs")
 
@@ -110,6 +110,11 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
     reporter = Reporter(progress_fd)
     try:
         store = PageStore(config.store_config(), progress=reporter)
+    except StoreError as exc:
+        # An arena that is not ours or that another daemon holds, a disk that cannot be
+        # allocated: one line, which ``hicachefs mount`` repeats, rather than a traceback.
+        log.error("cannot open the store: %s", exc)
+        return 1
     finally:
         reporter.close()
     operations = endpoint = None

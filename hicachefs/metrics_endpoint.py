@@ -1,32 +1,59 @@
 """``--metrics-listen HOST:PORT``: serve ``/metrics`` over HTTP for Prometheus to scrape.
 
-prometheus_client's WSGI server runs in its own threads, one per scrape. The daemon's
-counters (the request and error counters, the namespace's files being written) belong to the
-trio thread and are changed between awaits without a lock, so a scrape never reads them from
-its own thread: it asks the trio loop to evaluate the statistics (``trio.from_thread.run_sync``)
-and waits for the answer, a fresh dict that the scrape thread then owns and renders with the
-same ``metrics.StatisticsCollector`` as ``.hicachefs/metrics``. A scrape while the loop is not
-running (before it starts, while it shuts down) gets an empty answer.
+A small HTTP/1.1 server, bounded whatever its clients do. One thread accepts connections and a
+fixed pool of ``SERVERS`` threads answers them, one request each (``Connection: close``). At most
+``SERVERS + WAITING`` connections are held at once; one more is answered ``503 Service
+Unavailable`` at once and closed. Each held connection has ``CONNECTION_TIMEOUT_S`` from its
+accept for the whole exchange: a client that sends nothing, or drips its request, is cut off
+then without an answer. So 1,000 idle connections cost no thread and hold the endpoint for
+that long at most. (prometheus_client's own server, used before, started a thread per
+connection and never timed one out: 1,000 idle connections made 1,004 daemon threads.)
 
-Thread-safe as described; ``open`` binds (may fail with OSError), ``close`` blocks for up to
-half a second while the server's loop notices.
+The daemon's counters (the request and error counters, the namespace's files being written)
+belong to the trio thread and are changed between awaits without a lock, so a scrape never
+reads them from its own thread: it asks the trio loop to evaluate the statistics
+(``trio.from_thread.run_sync``) and waits for the answer, a fresh dict that the scrape thread
+then owns and renders with the same ``metrics.StatisticsCollector`` as ``.hicachefs/metrics``.
+A scrape while the loop is not running (before it starts, while it shuts down) gets an empty
+answer.
+
+Thread-safe as described; the constructor binds (may fail with OSError), ``close`` blocks for up
+to half a second while the threads notice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import ipaddress
 import logging
+import queue
 import socket
+import threading
+import time
 from collections.abc import Callable
 
 import trio
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 from .metrics import registry_of
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
+#: Connections answered at once. A scrape costs milliseconds, and one Prometheus server (two in
+#: an HA pair) scrapes an endpoint once per interval: four leave room for a person's curl.
+SERVERS = 4
+#: Connections accepted beyond those being answered, each waiting for a server thread.
+WAITING = 16
+#: From its accept to the last byte of the answer: Prometheus's default scrape timeout, after
+#: which it has given up on the scrape anyway.
+CONNECTION_TIMEOUT_S = 10.0
+#: The request line and headers; a scrape sends a few hundred bytes.
+MAX_REQUEST_HEAD = 8192
+#: Connections the kernel holds for the accept thread; it accepts (or refuses) them at once.
+BACKLOG = 128
+_SHORT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:
@@ -58,21 +85,39 @@ def parse_listen_address(text: str) -> tuple[str, int]:
 def check_can_listen(host: str, port: int) -> None:
     """Bind and release the address, so a port in use is reported before anything is mounted.
     Raises OSError."""
+    _bound_socket(host, port).close()
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to the address (SO_REUSEADDR: a restart need not wait out TIME_WAIT)."""
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the real server does
-        probe.bind(address)
+    bound = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bound.bind(address)
+    except BaseException:
+        bound.close()
+        raise
+    return bound
 
 
 class MetricsEndpoint:
-    """The HTTP server and the bridge from its threads to the trio loop."""
+    """The HTTP server, its threads, and the bridge from them to the trio loop."""
 
     def __init__(self, address: str, statistics: Callable[[], dict]):
         """Bind ``address`` and start serving; ``statistics`` is only ever called on the loop."""
         self._statistics = statistics
         self._trio_token: trio.lowlevel.TrioToken | None = None
-        host, port = parse_listen_address(address)
-        self._server, _thread = start_http_server(port, host, registry_of(self._statistics_from_loop))
+        self._registry = registry_of(self._statistics_from_loop)
+        self._listener = _bound_socket(*parse_listen_address(address))
+        self._listener.listen(BACKLOG)
+        self._closing = False
+        self._slots = threading.BoundedSemaphore(SERVERS + WAITING)
+        self._held: queue.SimpleQueue[tuple[socket.socket, float] | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._accept, name="metrics-accept", daemon=True)]
+        self._threads += [threading.Thread(target=self._serve, name=f"metrics-{i}", daemon=True) for i in range(SERVERS)]
+        for thread in self._threads:
+            thread.start()
         log.info("serving metrics at http://%s/metrics", address)
 
     def attach(self, trio_token: trio.lowlevel.TrioToken) -> None:
@@ -88,7 +133,93 @@ class MetricsEndpoint:
         except trio.RunFinishedError:
             return None
 
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError as exc:
+                if self._closing:
+                    return
+                if exc.errno in _SHORT_OF_RESOURCES:
+                    time.sleep(0.1)  # out of descriptors or memory: let closes catch up, do not spin
+                continue
+            if self._slots.acquire(blocking=False):
+                self._held.put((connection, time.monotonic() + CONNECTION_TIMEOUT_S))
+            else:
+                _refuse(connection)
+
+    def _serve(self) -> None:
+        while (held := self._held.get()) is not None:
+            connection, until = held
+            try:
+                self._answer(connection, until)
+            except OSError:
+                pass  # timed out, reset or gone: the client's loss, nothing to tell
+            finally:
+                connection.close()
+                self._slots.release()
+
+    def _answer(self, connection: socket.socket, until: float) -> None:
+        head = _request_head(connection, until)
+        if head is None:
+            return
+        request = head.split(b"\n", 1)[0].decode("latin-1").split()
+        if len(request) != 3:
+            response = _response("400 Bad Request", b"not an HTTP request\n")
+        elif request[1].split("?", 1)[0] != "/metrics":
+            response = _response("404 Not Found", b"only /metrics is served here\n")
+        elif request[0] not in ("GET", "HEAD"):
+            response = _response("405 Method Not Allowed", b"GET or HEAD /metrics\n", ("Allow: GET, HEAD",))
+        else:
+            response = _response("200 OK", generate_latest(self._registry), content_type=CONTENT_TYPE_PLAIN_0_0_4,
+                                 head_only=request[0] == "HEAD")
+        remaining = until - time.monotonic()
+        if remaining > 0:
+            connection.settimeout(remaining)  # for the whole sendall (Python 3.5+)
+            connection.sendall(response)
+
     def close(self) -> None:
         self._trio_token = None
-        self._server.shutdown()
-        self._server.server_close()
+        self._closing = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        self._listener.close()
+        for _ in range(SERVERS):
+            self._held.put(None)
+        for thread in self._threads:
+            thread.join(0.5 / len(self._threads))
+
+
+def _request_head(connection: socket.socket, until: float) -> bytes | None:
+    """The request line and headers, or None if the client closes, sends too much, or takes
+    longer than ``until`` (raised as a timeout)."""
+    data = bytearray()
+    while b"\r\n\r\n" not in data and b"\n\n" not in data:
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request took too long")
+        connection.settimeout(remaining)
+        chunk = connection.recv(MAX_REQUEST_HEAD)
+        if not chunk or len(data) + len(chunk) > MAX_REQUEST_HEAD:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def _response(status: str, body: bytes, extra: tuple[str, ...] = (), content_type: str = "text/plain; charset=utf-8",
+              head_only: bool = False) -> bytes:
+    lines = [f"HTTP/1.1 {status}", f"Content-Type: {content_type}", f"Content-Length: {len(body)}",
+             "Connection: close", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + (b"" if head_only else body)
+
+
+_BUSY = _response("503 Service Unavailable", b"busy: too many connections to the metrics endpoint\n",
+                  (f"Retry-After: {CONNECTION_TIMEOUT_S:.0f}",))
+
+
+def _refuse(connection: socket.socket) -> None:
+    """Answer 503 without waiting for the client (it has a socket buffer's room), and close."""
+    connection.setblocking(False)
+    with contextlib.suppress(OSError):
+        connection.send(_BUSY)
+    connection.close()

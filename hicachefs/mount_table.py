@@ -1,21 +1,44 @@
-"""What the kernel's mount table says is mounted where, and removing a mount whose daemon died.
+"""What the kernel's mount table says is mounted where; removing a mount whose daemon died or
+hangs.
 
 ``os.path.ismount`` cannot be trusted with a FUSE mount whose daemon is gone: once the
 kernel's cached attributes expire, stat on it fails with ENOTCONN and it answers False.
-/proc/self/mounts still lists the mount; this module reads it.
-Thread-safe; ``remove`` runs ``fusermount3`` and blocks until it returns.
+/proc/self/mounts still lists the mount; this module reads it. Nothing here touches a mount
+without a deadline: a stat of a mount whose daemon is stopped never returns
+(``os.path.realpath`` of its mountpoint included).
+
+A mount whose daemon does not answer is removed by aborting its FUSE connection (the kernel
+fails every request waiting on it, and every later one, with ECONNABORTED), then unmounting it.
+The connection's control files live in the fusectl filesystem at ``/sys/fs/fuse/connections``;
+where it is not mounted (systemd mounts it at boot, a container may not), the abort mounts it in
+a private mount namespace of its own, leaving the host's mounts as they were.
+
+Thread-safe; ``remove`` and ``abort`` run helpers (``fusermount3``, ``unshare``) and block
+until they return.
 """
 
 from __future__ import annotations
 
+import enum
 import errno
 import os
 import re
 import subprocess
 
+from . import deadline
+
 FSTYPE = "fuse.hicachefs"
 #: What stat on a FUSE mount answers once its daemon is gone.
 DEAD_ERRNOS = frozenset({errno.ENOTCONN, errno.ECONNABORTED})
+FUSE_CONNECTIONS = "/sys/fs/fuse/connections"
+
+
+class Answer(enum.Enum):
+    """How a mount's daemon answers: it does, it is gone, or it does not answer in time."""
+
+    LIVE = "live"
+    DEAD = "dead"
+    SILENT = "silent"
 
 
 def _unescape(field: str) -> str:
@@ -23,34 +46,86 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def filesystem_type(path: str | os.PathLike) -> str | None:
-    """The type of the topmost mount at ``path`` (like ``fuse.hicachefs``), or None."""
-    target = os.path.realpath(path)
+def _entries() -> list[tuple[str, str, str]]:
+    """(mount point, type, major:minor) of every mount, in mount order, from mountinfo."""
+    entries = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:  # "42 27 0:39 / /mnt rw,nosuid - fuse.hicachefs hicachefs rw,..."
+            fields, _, rest = line.partition(" - ")
+            fields = fields.split()
+            if len(fields) >= 5 and rest:
+                entries.append((_unescape(fields[4]), rest.split()[0], fields[2]))
+    return entries
+
+
+def resolve(path: str | os.PathLike) -> str:
+    """``os.path.realpath(path)``, except that a mount point is not looked at: its parent is
+    resolved and a name the mount table lists as a mount point is taken as it is."""
+    absolute = os.path.abspath(path)
+    parent, name = os.path.split(absolute)
+    if not name:
+        return absolute
+    candidate = os.path.join(os.path.realpath(parent), name)
+    if any(target == candidate for target, _, _ in _entries()):
+        return candidate
+    return os.path.realpath(candidate)
+
+
+def _topmost(path: str | os.PathLike) -> tuple[str, str] | None:
+    target = resolve(path)
     found = None
-    with open("/proc/self/mounts") as mounts:
-        for line in mounts:
-            fields = line.split()
-            if len(fields) >= 3 and _unescape(fields[1]) == target:
-                found = fields[2]  # later lines are mounted on top of earlier ones
+    for mountpoint, fstype, device in _entries():
+        if mountpoint == target:
+            found = (fstype, device)  # later lines are mounted on top of earlier ones
     return found
 
 
-def is_dead(path: str | os.PathLike) -> bool:
-    """True if ``path`` is a FUSE mount whose daemon no longer answers. Opens the directory:
-    the kernel asks the daemon for that every time, while stat may be answered from its cache."""
+def filesystem_type(path: str | os.PathLike) -> str | None:
+    """The type of the topmost mount at ``path`` (like ``fuse.hicachefs``), or None."""
+    found = _topmost(path)
+    return None if found is None else found[0]
+
+
+def answer(path: str | os.PathLike) -> Answer:
+    """How the daemon of the FUSE mount at ``path`` answers an open of its root directory: the
+    kernel asks the daemon for that every time, while stat may be answered from its cache."""
     try:
-        os.close(os.open(path, os.O_RDONLY | os.O_DIRECTORY))
+        deadline.call(lambda: os.close(os.open(path, os.O_RDONLY | os.O_DIRECTORY)))
+    except deadline.NoAnswer:
+        return Answer.SILENT
     except OSError as exc:
-        return exc.errno in DEAD_ERRNOS
-    return False
+        return Answer.DEAD if exc.errno in DEAD_ERRNOS else Answer.LIVE
+    return Answer.LIVE
 
 
 def remove(path: str | os.PathLike) -> None:
     """Unmount ``path``, lazily if a process still has files open under it. Raises OSError
     (with fusermount3's complaint) if it is still mounted afterwards."""
-    path = os.path.realpath(path)
+    path = resolve(path)
     result = subprocess.run(["fusermount3", "-u", path], capture_output=True, text=True)
     if result.returncode != 0:
         result = subprocess.run(["fusermount3", "-uz", path], capture_output=True, text=True)
     if filesystem_type(path) is not None:
         raise OSError(errno.EBUSY, result.stderr.strip() or "still mounted", path)
+
+
+def abort(path: str | os.PathLike) -> None:
+    """Abort the FUSE connection of the mount at ``path``: every request waiting on its daemon,
+    and every later one, fails with ECONNABORTED. Raises OSError if that cannot be done."""
+    found = _topmost(path)
+    if found is None or not found[0].startswith("fuse"):
+        raise OSError(errno.EINVAL, "not a FUSE mount", str(path))
+    major, minor = (int(part) for part in found[1].split(":"))
+    connection = str(major << 20 | minor)  # fusectl names a connection by the kernel's dev_t
+    control = os.path.join(FUSE_CONNECTIONS, connection, "abort")
+    if any(fstype == "fusectl" for _, fstype, _ in _entries()):
+        with open(control, "w") as abort_file:
+            abort_file.write("1")
+        return
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f'mount -t fusectl fusectl {FUSE_CONNECTIONS} && echo 1 > "{control}"'],
+        capture_output=True, text=True, timeout=30,
+    )
+    if result.returncode != 0:
+        raise OSError(errno.EIO, result.stderr.strip() or f"could not write {control}", str(path))

@@ -8,12 +8,14 @@ after the start, so even ``--count 1`` shows real rates.
 On a terminal the view is redrawn in place (rich's ``Live``, on the alternate screen) until
 Ctrl-C. With ``--count N``, or when the output is not a terminal, views are printed one after
 another as plain text, each starting with a ``hicachefs top`` line. Runs in the caller's
-thread; blocks in sleeps and in reads of the stats file.
+thread; blocks in sleeps and in reads of the stats file, each of which has a deadline
+(``deadline.NoAnswer`` when the daemon does not answer).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import time
 from dataclasses import dataclass
@@ -25,12 +27,23 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from . import deadline
+
 #: Per-tier counters shown as rates.
 _TIER_RATES = ("bytes_in", "bytes_out", "hits", "evictions", "demotions", "promotions")
 #: Per-tier error counters, named in the errors table.
 _TIER_ERRORS = {"io_errors": "I/O errors", "checksum_failures": "checksum failures"}
 _TIER_ORDER = {"memory": 0, "disk": 1, "shared": 2}  # top down; the stats file sorts them by name
 _PLAIN_WIDTH = 100
+
+
+class _Console(Console):
+    """Raises BrokenPipeError when its reader goes away (``top | head``), for the command line to
+    report in one line like every other command; rich's own answer is a silent exit."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the output was closed")
 
 
 class StatsUnreadable(Exception):
@@ -46,7 +59,7 @@ class Sample:
 def read_sample(mountpoint: Path) -> Sample:
     path = mountpoint / ".hicachefs" / "stats"
     try:
-        return Sample(json.loads(path.read_bytes()), time.monotonic())
+        return Sample(json.loads(deadline.read_bytes(path)), time.monotonic())
     except OSError as exc:
         raise StatsUnreadable(f"cannot read {path}: {exc.strerror}") from None
     except ValueError:
@@ -144,11 +157,12 @@ def _errors(old: dict, new: dict, seconds: float) -> Table | Text:
 
 
 def run(mountpoint: Path, count: int | None, interval: float) -> int:
-    """Show views until ``count`` have been printed, or until Ctrl-C. Raises StatsUnreadable."""
-    console = Console(highlight=False)
+    """Show views until ``count`` have been printed, or until Ctrl-C. Raises StatsUnreadable,
+    or deadline.NoAnswer."""
+    console = _Console(highlight=False)
     plain = count is not None or not console.is_terminal
     if plain:
-        console = Console(highlight=False, color_system=None, width=max(console.width, _PLAIN_WIDTH))
+        console = _Console(highlight=False, color_system=None, width=max(console.width, _PLAIN_WIDTH))
     previous = read_sample(mountpoint)
     next_at = previous.taken + interval
     shown = 0

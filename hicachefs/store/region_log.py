@@ -6,7 +6,9 @@ at byte 512 the clean mark), then ``regions`` regions of ``region_bytes``. A rec
 56-byte header, the page name (UTF-8), the payload; records start 64-byte aligned. The header
 holds a magic (live or dead), the file id, a global sequence number, the payload length and
 xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
-that a delete can flip the magic in place and the region stays walkable).
+that a delete can flip the magic in place and the region stays walkable). Opening takes an
+empty file or one that starts with the magic (reinitialised if its size or version differs) and
+refuses any other, unchanged (``check_ours``): the magic is what says the bytes are ours to drop.
 
 Recovery needs no other database: regions are sorted by the sequence number of their first
 record and walked; a region's walk ends at the first record whose header does not check,
@@ -43,7 +45,7 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 
-from hicachefs.store.device import FileDevice
+from hicachefs.store.device import ArenaRefused, FileDevice
 from hicachefs.store.errors import StoreError
 from hicachefs.store.tier import ReadResult
 
@@ -79,6 +81,21 @@ def _header_check(header: bytes | bytearray | memoryview, name: bytes | memoryvi
     h = xxhash.xxh32(header[4 : HEADER.size - 8])
     h.update(name)
     return h.intdigest()
+
+
+def check_ours(device: FileDevice) -> None:
+    """Raise ArenaRefused unless ``device``'s file is empty or starts with our superblock's magic
+    (of any version or size: ours to reinitialise). Reads the first 4 KiB, changes nothing."""
+    size = device.size()
+    head = device.pread(_SUPER_BYTES, 0)
+    if size == 0 or head.startswith(_SUPER_MAGIC):
+        return
+    if head.strip(b"\0"):
+        found = f"it starts with {head[:len(_SUPER_MAGIC)].hex(' ')}"
+    else:
+        found = "its first 4 KiB are zeros" if len(head) == _SUPER_BYTES else "it holds only zeros"
+    raise ArenaRefused(f"{device.path} is not a hicachefs disk arena (a file of {size:,} bytes; {found}): "
+                       "refusing to overwrite it")
 
 
 class LogState(NamedTuple):
@@ -122,25 +139,27 @@ class RegionLog:
         self.tail = _SUPER_BYTES  # file offset where the next record goes
 
     def _open_or_format(self, file_bytes: int, region_bytes: int) -> None:
-        """Reuse a matching arena; reinitialise one of ours of another size (its pages are
-        cache, dropping them is safe); refuse a file with foreign content."""
+        """Reuse a matching arena; reinitialise an empty file or one of ours of another size or
+        version (its pages are cache, dropping them is safe); refuse any other file, unchanged."""
+        check_ours(self.device)
         raw = self.device.pread(_SUPER.size, 0)
-        if len(raw) == _SUPER.size and raw[:8] == _SUPER_MAGIC:
+        if len(raw) == _SUPER.size:
             _, version, _, old_bytes, old_region, file_id = _SUPER.unpack(raw)
             if version == _VERSION and old_bytes == file_bytes and self.device.size() == file_bytes:
                 self.region_bytes, self.file_id = old_region, file_id
                 self._clean_token = self._read_clean_mark()
                 return
-        elif raw.strip(b"\0"):
-            raise StoreError(f"{self.path} exists and is not a hicachefs disk arena; refusing to overwrite it")
+        # A new file id makes records of any earlier file invalid without wiping it. The
+        # superblock is written before the file is sized, so that a start that dies meanwhile
+        # leaves a file that the next start knows for ours (and reinitialises, its size being off).
+        self.region_bytes, self.file_id = region_bytes, int.from_bytes(os.urandom(8), "little")
+        superblock = _SUPER.pack(_SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, self.file_id)
+        self.device.pwrite(superblock.ljust(_SUPER_BYTES, b"\0"), 0)  # no clean mark of an earlier file
+        self.device.fsync()
         try:
             self.device.allocate(file_bytes)
         except OSError as e:
             raise StoreError(f"cannot preallocate {file_bytes} bytes for {self.path}: {e}") from e
-        # A new file id makes records of any earlier file invalid without wiping it.
-        self.region_bytes, self.file_id = region_bytes, int.from_bytes(os.urandom(8), "little")
-        superblock = _SUPER.pack(_SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, self.file_id)
-        self.device.pwrite(superblock.ljust(_SUPER_BYTES, b"\0"), 0)  # no clean mark of an earlier file
         self.device.fsync()
         self.formatted = True
 

@@ -9,6 +9,9 @@ Making room is the tier's own business: when the ring wraps, the oldest region i
 and ``on_reclaim(start, end)`` tells the store which locations are about to be overwritten.
 Writes are serialised by the store's lock; ``read_into`` may run outside it (see RegionLog).
 
+The arena is the tier's alone (``FileDevice`` locks it; a file at its name that is not ours is
+refused, never reformatted: ``region_log.check_ours``).
+
 So is its recovery: at start the tier fills its location column of the store's index, from
 the index snapshot that the last clean close wrote (``write_snapshot``) when that still
 describes the arena exactly, else by scanning the arena (see ``snapshot.py`` for when a
@@ -29,7 +32,7 @@ from typing import NamedTuple
 from hicachefs.store import snapshot
 from hicachefs.store.device import FileDevice
 from hicachefs.store.index import PageIndex
-from hicachefs.store.region_log import RegionLog, record_length
+from hicachefs.store.region_log import RegionLog, check_ours, record_length
 from hicachefs.store.stats import TierCounters
 from hicachefs.store.tier import PageMeta, ReadResult, Tier
 
@@ -61,6 +64,20 @@ def region_size(capacity: int, max_page_size: int) -> int:
     if (capacity - 4096) // region < 8:
         region = max(4096, (capacity - 4096) // 8 // 4096 * 4096)
     return region
+
+
+def check_disk_dir(directory: Path) -> None:
+    """Raise ``ArenaRefused`` for what opening the tier in ``directory`` would refuse about its
+    arena (a symlink, a file of another type or content, one another daemon holds), changing
+    nothing: the command line says so before it starts a daemon. No arena yet is fine."""
+    path = Path(directory) / ARENA_NAME
+    if not os.path.lexists(path):
+        return
+    device = FileDevice(path)
+    try:
+        check_ours(device)
+    finally:
+        device.close()
 
 
 class SsdTier(Tier):

@@ -158,6 +158,19 @@ def stop(mount: Mount) -> None:
             unmount_path(mount.path)
 
 
+def stop_if_mounted(path: Path) -> None:
+    """Stop the daemon of a mount at ``path`` that a test did not mean to make (a refusal that
+    did not happen), by its PID, and remove the mount; nothing when nothing is mounted there."""
+    if not is_mounted(path):
+        return
+    mount = Mount(path, Path(os.devnull), [])
+    try:
+        mount.pid = json.loads((path / ".hicachefs" / "config").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        pass  # a dead mount: ``stop`` removes it
+    stop(mount)
+
+
 def kill(mount: Mount) -> None:
     """Simulate a crash: SIGKILL the daemon, then clean up its dead mount."""
     fd = daemon_pidfd(mount)

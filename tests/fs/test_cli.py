@@ -27,14 +27,37 @@ def hicachefs(*args: str) -> subprocess.CompletedProcess:
     (["--write-through"], "needs a disk tier"),
     (["--bogus"], "unrecognized"),
     (["--disk", "/proc/hicachefs", "--disk-size", "1G"], "cannot be written"),
+    (["--temp-timeout", "0.001"], "--temp-timeout 0.001 is below the minimum of 1 second"),
+    (["-o", "temp_timeout=0.5"], "--temp-timeout 0.5 is below the minimum of 1 second"),
+    (["--temp-timeout", "61"], "--temp-timeout 61 is above the maximum of 60 seconds"),
+    (["--temp-timeout", "nan"], "--temp-timeout nan is not a number of seconds"),
+    (["--log-file", "/nonexistent/dir/log"], "--log-file /nonexistent/dir/log: cannot write there (No such file or directory)"),
+    (["--log-file", "/tmp"], "--log-file /tmp: cannot write there (Is a directory)"),
 ])
 def test_bad_flags_give_one_line_and_mount_nothing(tmp_path, flags, message):
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
     result = hicachefs("mount", str(mountpoint), *flags)
-    assert result.returncode == 2
+    mounted = mounting.is_mounted(mountpoint)
+    mounting.stop_if_mounted(mountpoint)  # a refusal that did not happen leaves no daemon behind
+    assert result.returncode == 2 and not mounted
     assert message in result.stderr and result.stderr.count("\n") == 1
-    assert not os.path.ismount(mountpoint)
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["stats", "--json"], ["stats"], ["top", "--count", "2", "--interval", "0.1"]])
+def test_output_closed_early_gives_one_line(mounted, command):
+    """As ``hicachefs stats MP | head`` does once head has what it wants."""
+    publish(mounted.page_dir(), "k", b"x" * 4096)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "hicachefs.cli", command[0], str(mounted.path), *command[1:]],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1
+    assert result.stderr == "hicachefs: the output was closed before all of it was written (broken pipe)\n"
 
 
 def test_bad_mountpoints(tmp_path, mounted):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -163,3 +166,79 @@ def test_bad_metrics_listen_gives_one_line_and_mounts_nothing(tmp_path, value, m
     assert result.returncode == 2
     assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert not mounting.is_mounted(mountpoint)
+
+
+def thread_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def answer_or_close(connection: socket.socket, timeout: float) -> bytes:
+    """What the endpoint sends before it closes ``connection`` (b'' for a plain close);
+    fails if it neither answers nor closes within ``timeout``."""
+    connection.settimeout(timeout)
+    chunks = []
+    try:
+        while chunk := connection.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+IDLE_CONNECTIONS = 1000
+#: What the endpoint promises: connections served at once plus those waiting for a turn, and how
+#: long one may take from its accept (Prometheus's default scrape timeout).
+SERVED_AT_ONCE, WAITING, CONNECTION_TIMEOUT_S = 4, 16, 10
+
+
+def test_idle_connections_do_not_make_threads_and_are_cut_off(mount_factory):
+    address = f"127.0.0.1:{free_port()}"
+    host, port = address.split(":")
+    mount = mount_factory("--memory", "16M", "--metrics-listen", address)
+    scrape(address)
+    threads = thread_count(mount.pid)
+    idle = [socket.create_connection((host, int(port))) for _ in range(IDLE_CONNECTIONS)]
+    try:
+        # Beyond those it serves or queues, each connection is refused at once with a 503.
+        refused = 0
+        for connection in idle[SERVED_AT_ONCE + WAITING:]:
+            answer = answer_or_close(connection, 30)
+            assert answer.startswith(b"HTTP/1.1 503 "), answer[:100]
+            refused += 1
+        assert refused == IDLE_CONNECTIONS - SERVED_AT_ONCE - WAITING
+        assert thread_count(mount.pid) <= threads
+        with pytest.raises(urllib.error.HTTPError) as busy:
+            scrape(address)
+        assert busy.value.code == 503
+        # The idle connections it took are closed by the daemon once their time is up.
+        started = time.monotonic()
+        for connection in idle[:SERVED_AT_ONCE + WAITING]:
+            assert answer_or_close(connection, 3 * CONNECTION_TIMEOUT_S) == b""
+        assert time.monotonic() - started < 2 * CONNECTION_TIMEOUT_S
+    finally:
+        for connection in idle:
+            connection.close()
+    assert "hicachefs_pages 0.0" in scrape(address)
+    assert thread_count(mount.pid) <= threads
+
+
+def test_a_request_dripped_slowly_is_cut_off_at_the_connection_timeout(mount_factory):
+    address = f"127.0.0.1:{free_port()}"
+    host, port = address.split(":")
+    mount_factory("--memory", "16M", "--metrics-listen", address)
+    with socket.create_connection((host, int(port))) as slow:
+        started = time.monotonic()
+        slow.settimeout(3 * CONNECTION_TIMEOUT_S)
+        closed = False
+        for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Padding: " + b"a" * 1000:
+            try:
+                slow.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            readable, _, _ = select.select([slow], [], [], 0.05)  # a byte every 50 ms, or the close
+            if readable:
+                closed = slow.recv(1) == b""
+                break
+        assert closed, "the endpoint kept a dripping request open past its timeout"
+        assert CONNECTION_TIMEOUT_S - 1 < time.monotonic() - started < 2 * CONNECTION_TIMEOUT_S

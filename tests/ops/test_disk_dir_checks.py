@@ -1,0 +1,125 @@
+"""What ``hicachefs mount`` refuses about ``--disk``, in one line with exit status 2 before
+anything is mounted or started: a directory whose arena another daemon holds, an arena file
+that is not ours (left exactly as it was), a directory the mount itself would hide."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from hicachefs.daemon import DaemonConfig
+from hicachefs.store import PageStore, StoreConfig
+from hicachefs.store.device import ArenaRefused, FileDevice
+from hicachefs.store.ssd_tier import ARENA_NAME
+from hicachefs.testing import mounting
+from pages import pattern, publish, read_page
+
+DISK = ["--disk-size", "64M"]
+
+
+def mount_command(mountpoint: Path, disk: Path | str, log: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "32M",
+                           "--disk", str(disk), *DISK, "--log-file", str(log)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def refused(result: subprocess.CompletedProcess, mountpoint: Path, log: Path) -> str:
+    """The one line of a refusal (without the 'hicachefs: ' prefix), checked to have started nothing."""
+    mounted = mounting.is_mounted(mountpoint)
+    mounting.stop_if_mounted(mountpoint)
+    assert not mounted and result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and result.stderr.startswith("hicachefs: ") and result.stderr.count("\n") == 1
+    assert not log.exists()
+    return result.stderr[len("hicachefs: "):-1]
+
+
+def test_a_second_daemon_on_one_disk_directory_is_refused(mount_factory, tmp_path):
+    disk = tmp_path / "ssd"
+    first = mount_factory("--memory", "32M", "--disk", str(disk), *DISK, "--write-through")
+    publish(first.page_dir(), "k", pattern(1 << 20, 1))
+    second, log = tmp_path / "second", tmp_path / "second.log"
+    second.mkdir()
+    line = refused(mount_command(second, disk, log), second, log)
+    assert line == f"--disk {disk}: {disk / ARENA_NAME} is in use by another hicachefs daemon (pid {first.pid})"
+    # The daemon holds the arena for its life, not only while the command checks it.
+    with pytest.raises(ArenaRefused):
+        PageStore(StoreConfig(memory_bytes=16 << 20, disk_dir=disk, disk_bytes=64 << 20)).close()
+    assert read_page(first.page_dir() / "k") == pattern(1 << 20, 1)
+    mounting.stop(first)
+    again = mount_factory("--memory", "32M", "--disk", str(disk), *DISK, path=second)  # free once it is gone
+    assert read_page(again.page_dir() / "k") == pattern(1 << 20, 1)
+
+
+def fingerprint(path: Path) -> tuple:
+    status = os.stat(path)
+    return status.st_size, hashlib.sha256(path.read_bytes()).hexdigest(), status.st_mtime_ns
+
+
+def test_a_symlinked_arena_is_refused_and_its_target_left_as_it_was(tmp_path):
+    mountpoint, disk, log, target = tmp_path / "mnt", tmp_path / "ssd", tmp_path / "daemon.log", tmp_path / "zeros"
+    mountpoint.mkdir()
+    disk.mkdir()
+    target.write_bytes(bytes(1 << 20))
+    (disk / ARENA_NAME).symlink_to(target)
+    before = fingerprint(target)
+    line = refused(mount_command(mountpoint, disk, log), mountpoint, log)
+    assert line == f"--disk {disk}: {disk / ARENA_NAME} is a symbolic link (to {target}): refusing to use it"
+    assert fingerprint(target) == before
+
+
+def test_a_foreign_file_larger_than_the_tier_is_refused_and_not_truncated(tmp_path):
+    mountpoint, disk, log = tmp_path / "mnt", tmp_path / "ssd", tmp_path / "daemon.log"
+    mountpoint.mkdir()
+    disk.mkdir()
+    arena = disk / ARENA_NAME
+    arena.write_bytes(bytes(4096) + pattern(80 << 20, 7))  # zeros first, then 80 MiB of someone's data
+    before = fingerprint(arena)
+    line = refused(mount_command(mountpoint, disk, log), mountpoint, log)
+    assert line == (f"--disk {disk}: {arena} is not a hicachefs disk arena (a file of {before[0]:,} bytes; "
+                    "its first 4 KiB are zeros): refusing to overwrite it")
+    assert fingerprint(arena) == before
+
+
+@pytest.mark.parametrize("where", ["the mountpoint", "a directory in it", "a symlink into it"])
+def test_a_disk_directory_the_mount_would_hide_is_refused(tmp_path, where):
+    mountpoint, log = tmp_path / "mnt", tmp_path / "daemon.log"
+    mountpoint.mkdir()
+    disk = {"the mountpoint": mountpoint, "a directory in it": mountpoint / "ssd",
+            "a symlink into it": tmp_path / "link"}[where]
+    if where == "a symlink into it":
+        disk.symlink_to(mountpoint / "ssd")
+    line = refused(mount_command(mountpoint, disk, log), mountpoint, log)
+    assert line == f"--disk {disk} is the mountpoint or inside it: the mount would hide the disk tier"
+    assert list(mountpoint.iterdir()) == []  # nothing made in it either
+
+
+def test_the_daemon_itself_refuses_an_arena_another_process_holds(tmp_path):
+    """What a second daemon that passed the command's check a moment before the first took the
+    arena meets: one ERROR line in its log, no traceback, nothing mounted."""
+    mountpoint, disk, log = tmp_path / "mnt", tmp_path / "ssd", tmp_path / "daemon.log"
+    mountpoint.mkdir()
+    disk.mkdir()
+    config = DaemonConfig(mountpoint=str(mountpoint), memory_bytes=32 << 20, disk_dir=str(disk), disk_bytes=64 << 20,
+                          write_through=False, max_page_size=4 << 20, log_level="INFO", log_file=str(log))
+    holder = FileDevice(disk / ARENA_NAME)
+    daemon = subprocess.Popen([sys.executable, "-m", "hicachefs.daemon", json.dumps(asdict(config))])
+    try:
+        status = daemon.wait(timeout=60)
+    finally:
+        holder.close()
+        if daemon.poll() is None:  # it mounted after all: stop it, as a refused start never runs
+            daemon.terminate()
+            daemon.wait(timeout=60)
+        mounted = mounting.is_mounted(mountpoint)
+        mounting.unmount_path(mountpoint)
+    assert status == 1 and not mounted
+    errors = [line for line in log.read_text().splitlines() if " ERROR " in line or "Traceback" in line]
+    assert len(errors) == 1 and errors[0].endswith(
+        f"cannot open the store: {disk / ARENA_NAME} is in use by another hicachefs daemon (pid {os.getpid()})")
