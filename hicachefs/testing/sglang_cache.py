@@ -83,7 +83,7 @@ class CacheSetup:
 
     model: ModelShape
     page_size: int = 16
-    device_pages: int = 48
+    device_pages: int = 128
     host_ratio: float = 2.0  # --hicache-ratio: host pool size over device pool size
     layout: str = "page_first_direct"  # --hicache-mem-layout
     write_policy: str = "write_through"  # --hicache-write-policy
@@ -210,7 +210,11 @@ class SGLangCache:
                 if not self.cache.check_prefetch_progress(req.cache_request_handle):
                     continue
                 loaded, _ = self.cache.pop_prefetch_loaded_span(req.cache_request_handle)
-                req.storage_hit_length = loaded
+                if loaded > 0:
+                    req.storage_hit_length = loaded
+                req.init_next_round_input(self.cache)
+                if not self._fits(req):
+                    break  # AddReqResult.NO_TOKEN: it waits until running requests free memory
                 self.cache.storage_prefetch_retries.cancel(req.rid)
                 admitted.append(self._admit(req))
                 waiting.remove(req)
@@ -266,10 +270,14 @@ class SGLangCache:
             time.sleep(0.001)
         raise TimeoutError("SGLang's storage threads never went quiet")
 
+    def _fits(self, req: Req) -> bool:
+        """PrefillAdder's budget: what the request adds fits in free plus evictable slots."""
+        need = len(req.origin_input_ids) + len(req.harness_reply) - req.prefix_len + self.setup.page_size
+        return self.allocator.available_size() + self.cache.evictable_size() >= need
+
     def _admit(self, req: Req) -> RequestResult:
         """PrefillAdder.add_one_req's load-back, then prefill, decode and release."""
         cache, ps = self.cache, self.setup.page_size
-        req.init_next_round_input(cache)
         device_hit = req.prefix_len
         loaded = 0
         admission_lock = cache.lock(req.last_node)  # PrefillAdder._lock_node
