@@ -257,8 +257,11 @@ class SGLangCache:
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         quiet_since = None
         while time.monotonic() < deadline:
+            controller = self.controller
             busy = self.recorder.in_flight or any(not q.empty() for q in (
-                self.controller.prefetch_queue, self.controller.prefetch_buffer))
+                controller.prefetch_queue, controller.prefetch_buffer, controller.prefetch_hit_queue,
+                controller.prefetch_sync_queue, controller.ack_prefetch_queue, controller.backup_queue,
+                controller.ack_backup_queue))
             now = time.monotonic()
             if busy:
                 quiet_since = None
