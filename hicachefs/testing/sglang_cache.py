@@ -125,6 +125,9 @@ class RequestResult:
 
     rid: str
     prompt_pages: int
+    matchable_pages: int  # full pages a match may cover (SGLang keeps the last prompt token out)
+    arrival_device_hit: int  # in the device pool when the request arrived
+    arrival_host_hit: int  # in the host pool when it arrived
     device_hit: int  # matched on the device at admission (before load-back)
     host_hit: int  # loaded back from the host pool (includes what storage prefetched)
     storage_hit: int  # prefetched from storage into the host pool for this request
@@ -198,6 +201,7 @@ class SGLangCache:
         for turn in turns:
             req = self._new_req(turn)
             req.init_next_round_input(self.cache)
+            req.harness_arrival = (req.prefix_len, req.host_hit_length)
             self._prefetch(req)
             waiting.append(req)
         admitted: List[RequestResult] = []
@@ -323,7 +327,9 @@ class SGLangCache:
         req.kv.kv_committed_len = req.kv.kv_allocated_len = len(tokens)
         req.finished_reason = FINISH_LENGTH(length=len(req.harness_reply))
         release_kv_cache(req, cache, checkpoint=True)
-        return RequestResult(req.rid, len(req.origin_input_ids) // ps, device_hit // ps, loaded // ps,
+        matchable = req._compute_max_prefix_len(len(req.origin_input_ids)) // ps
+        return RequestResult(req.rid, len(req.origin_input_ids) // ps, matchable, req.harness_arrival[0] // ps,
+                             req.harness_arrival[1] // ps, device_hit // ps, loaded // ps,
                              req.storage_hit_length // ps, wrong)
 
     # ------------------------------------------------------------------ phases
@@ -358,8 +364,24 @@ class SGLangCache:
         finally:
             self.cache.shutdown()
             self.cache.release_host_resources()
+            for collector in (self.cache.storage_metrics_collector, self.cache.metrics_collector):
+                _unregister_metrics(collector)
             self._parallel.__exit__(None, None, None)
             self.cache = None
+
+
+def _unregister_metrics(collector: Any) -> None:
+    """SGLang's storage metrics register in prometheus_client's process-wide registry, once per
+    process; unregistering them lets a later cache in this process (a test, the demo's second
+    server) register its own."""
+    if collector is None:
+        return
+    from prometheus_client import REGISTRY
+    from prometheus_client.metrics import MetricWrapperBase
+
+    for metric in vars(collector).values():
+        if isinstance(metric, MetricWrapperBase):
+            REGISTRY.unregister(metric)
 
 
 class WarningLog(logging.Handler):
