@@ -159,11 +159,12 @@ def two_hosts(mount_a: str, mount_b: str, workload: Workload) -> TwoHostsResult:
         t = host.tally
         print(f"  host {name}  {t.turns:5d}  {t.wanted:6d}  {t.loaded:6d}  {t.hit_rate:8.1%}  {t.bad:11d}  "
               f"{hits_by_tier(host.tiers)}")
-    a, b = last["A"].tally.hit_rate, last["B"].tally.hit_rate
+    a, b = (last[h].tally.wanted - last[h].tally.loaded for h in ("A", "B"))
     if a == b:
-        print("host B's hit rate equals host A's: it loaded the prefixes host A computed from the shared tier")
+        print(f"host B missed {b} pages, as host A did: only the new user tokens, which no host had stored; "
+              "it loaded the prefixes host A computed from the shared tier")
     else:
-        print(f"host B's hit rate differs from host A's by {100 * (b - a):+.1f} points"
+        print(f"host B missed {b} pages, host A {a}"
               + (f": host A's write-behind dropped {dropped} pages (its queue was full), and a prefix "
                  "stops at its first missing page" if dropped else ""))
     print(f"SGLang's metrics, B  {sglang_metrics(last['B'].metrics)}")
