@@ -49,7 +49,7 @@ def main() -> int:
     parser.add_argument("--memory", default="512M")
     args = parser.parse_args()
     # Qwen2.5-0.5B's KV (24 layers, 2 heads of 64): 64 tokens = 768 KiB a page, as in the demo.
-    setup = CacheSetup(ModelShape("Qwen/Qwen2.5-0.5B-Instruct", 24, 2, 64), page_size=64, device_pages=96,
+    setup = CacheSetup(ModelShape("Qwen/Qwen2.5-0.5B-Instruct", 24, 2, 64), page_size=64, device_pages=200,
                        host_ratio=1.25)
     workload = ChatWorkload(conversations=8, system_tokens=2048, user_tokens=128, reply_tokens=256)
     with tempfile.TemporaryDirectory() as tmp:
