@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MHA, MLA, SMALL_POOLS
+from sglang_runs import MHA, MLA, SMALL_POOLS
 from hicachefs.testing.sglang_cache import CacheSetup
 
 PHASES = ("cold", "warm", "burst")
