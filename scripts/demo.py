@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
-"""The README's demo: a chat serving workload through SGLang's client HiCacheFS on live mounts.
+"""The README's demo: chat turns served by SGLang's own radix cache and cache controller (SGLang
+0.5.23, on the CPU) over HiCacheFS on live mounts: every hit it prints is SGLang's decision.
 
   demo.py serve MOUNT [--show-top]   serve every turn of the workload (scripts/demo_workload.py):
-                                     the hit rate, where the hits came from, how pages moved
-                                     between the tiers, GB/s
+                                     what SGLang found where, its hit rate on hicachefs, where
+                                     those hits came from, how pages moved between the tiers,
+                                     GB/s, and what SGLang's storage metrics say
   demo.py two-hosts MOUNT_A MOUNT_B  two hosts' mounts on one shared tier: host A serves every
                                      turn but the last; the last turn of half the conversations
                                      goes to host B, which loads their prefixes from the shared tier
 
 ``scripts/demo.sh`` mounts, runs these, and shows the mounts with the shell tools and
-``hicachefs stats``/``top``. Exit status 0 when every loaded page held the right bytes and the
-clients saw no errors.
+``hicachefs stats``/``top``. Exit status 0 when every page SGLang handed over, read back and loaded
+to its device held the right bytes and no storage call failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import subprocess
 import sys
@@ -41,6 +44,7 @@ class PassResult:
     tiers: Dict[str, Dict[str, int]]
     errors: Dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    metrics: Dict[str, float] = field(default_factory=dict)  # SGLang's storage metrics afterwards
 
     @property
     def ok(self) -> bool:
@@ -86,18 +90,21 @@ def serve(mountpoint: str, workload: Workload, show_top: bool = False) -> PassRe
                 process.wait()
         server.close()
     t = result.tally
-    print(f"served               {t.turns} turns in {result.seconds:.1f} s")
-    print(f"prefix pages         {t.wanted} wanted, {t.loaded} loaded from hicachefs "
-          f"(hit rate {t.hit_rate:.1%}), {t.bad} with wrong bytes")
+    print(f"served               {t.turns} turns in {result.seconds:.1f} s by SGLang's radix cache and cache controller")
+    print(f"prompt pages         {t.prompt}: {t.device} in SGLang's device pool, {t.host} in its host pool, "
+          f"{t.wanted} left for hicachefs")
+    print(f"hicachefs            SGLang's prefetch loaded {t.loaded} of those {t.wanted} (hit rate {t.hit_rate:.1%}), "
+          f"{t.bad} with wrong bytes")
     print(f"hits by tier         {hits_by_tier(result.tiers)}")
     print(f"pages moved          {moves(result.tiers)}")
     print(f"pages stored         {t.stored} new ({human(t.written_bytes)})"
           if t.stored else "pages stored         none new: every page was there")
     print(f"read                 {human(t.read_bytes)} in {t.read_s:.2f} s = "
-          f"{t.read_bytes / max(t.read_s, 1e-9) / 1e9:.2f} GB/s (preadv into the host pool)")
+          f"{t.read_bytes / max(t.read_s, 1e-9) / 1e9:.2f} GB/s (batch_get_v1 into SGLang's host pool)")
     if t.stored:
         print(f"write                {human(t.written_bytes)} in {t.write_s:.2f} s = "
-              f"{t.written_bytes / max(t.write_s, 1e-9) / 1e9:.2f} GB/s (exists check + pwritev + rename)")
+              f"{t.written_bytes / max(t.write_s, 1e-9) / 1e9:.2f} GB/s (batch_set_v1 from SGLang's host pool)")
+    print(f"SGLang's metrics     {sglang_metrics(result.metrics)}")
     print(f"client errors        {result.errors or 'none'}")
     stats = mount_stats(mountpoint)
     for tier in tiers_top_down(stats):
@@ -116,7 +123,9 @@ def two_hosts(mount_a: str, mount_b: str, workload: Workload) -> TwoHostsResult:
     not know where a conversation was served would send it). Prints what each host saw."""
     print(workload.describe())
     conversations = workload.make_conversations()
-    hosts = {"A": Server(mount_a, workload), "B": Server(mount_b, workload)}
+    # SGLang registers its storage metrics once per process: host B's, the interesting ones.
+    hosts = {"A": Server(mount_a, workload, storage_metrics=False)}
+    hosts["B"] = Server(mount_b, workload)
     try:
         # A real turn takes seconds to decode its reply, and meanwhile the write-behind copies
         # the pages its prompt added; this demo decodes nothing, so it waits for that instead.
@@ -140,7 +149,7 @@ def two_hosts(mount_a: str, mount_b: str, workload: Workload) -> TwoHostsResult:
 
     t, n = earlier.tally, len(conversations)
     print(f"host A               turns 1-{workload.turns - 1} of the {n} conversations ({t.turns} turns): "
-          f"{t.wanted} prefix pages wanted, {t.loaded} loaded (hit rate {t.hit_rate:.1%}), {t.stored} stored")
+          f"{t.wanted} pages left for hicachefs, {t.loaded} loaded (hit rate {t.hit_rate:.1%}), {t.stored} stored")
     seen = (f"host B knows them all {seen_after:.1f} s after host A's last turn" if seen_after is not None
             else f"host B does not know them all within {SHARED_WAIT_S:.0f} s")
     print(f"shared tier          host A wrote {written} pages behind ({dropped} dropped); {seen}")
@@ -150,13 +159,15 @@ def two_hosts(mount_a: str, mount_b: str, workload: Workload) -> TwoHostsResult:
         t = host.tally
         print(f"  host {name}  {t.turns:5d}  {t.wanted:6d}  {t.loaded:6d}  {t.hit_rate:8.1%}  {t.bad:11d}  "
               f"{hits_by_tier(host.tiers)}")
-    a, b = last["A"].tally.hit_rate, last["B"].tally.hit_rate
+    a, b = (last[h].tally.wanted - last[h].tally.loaded for h in ("A", "B"))
     if a == b:
-        print("host B's hit rate equals host A's: it loaded the prefixes host A computed from the shared tier")
+        print(f"host B missed {b} pages, as host A did: only the new user tokens, which no host had stored; "
+              "it loaded the prefixes host A computed from the shared tier")
     else:
-        print(f"host B's hit rate differs from host A's by {100 * (b - a):+.1f} points"
+        print(f"host B missed {b} pages, host A {a}"
               + (f": host A's write-behind dropped {dropped} pages (its queue was full), and a prefix "
                  "stops at its first missing page" if dropped else ""))
+    print(f"SGLang's metrics, B  {sglang_metrics(last['B'].metrics)}")
     errors = {name: host.errors for name, host in [("A", earlier), *last.items()] if host.errors}
     print(f"client errors        {errors or 'none'}")
     return TwoHostsResult(earlier, written, dropped, seen_after, last)
@@ -202,8 +213,22 @@ def serve_turns(hosts: Dict[str, Server], host_of: Callable[[Conversation], str]
     for name, s in hosts.items():
         grown = {k: v - errors_before[name].get(k, 0) for k, v in s.client_errors().items()}
         results[name] = PassResult(tallies[name], tier_activity(before[name], mount_stats(s.mountpoint)),
-                                   {k: v for k, v in grown.items() if v}, seconds)
+                                   {k: v for k, v in grown.items() if v}, seconds, s.storage_metrics())
     return results
+
+
+def sglang_metrics(metrics: Dict[str, float]) -> str:
+    """SGLang's storage metrics in one line: tokens prefetched and backed up, calls and pages."""
+    if not metrics:
+        return "none (--enable-metrics is off)"
+
+    def calls(kind: str) -> str:
+        n, pages = metrics.get(f"sglang:{kind}_pgs:count", 0), metrics.get(f"sglang:{kind}_pgs:sum", 0)
+        bandwidth = metrics.get(f"sglang:{kind}_bandwidth:sum", 0) / n if n else 0
+        return f"{int(n)} {kind} calls ({pages / n if n else 0:.1f} pages, {bandwidth:.2f} GB/s each)"
+
+    return (f"{int(metrics.get('sglang:prefetched_tokens_total', 0))} tokens prefetched, "
+            f"{int(metrics.get('sglang:backuped_tokens_total', 0))} backed up; {calls('prefetch')}, {calls('backup')}")
 
 
 def hits_by_tier(tiers: Dict[str, Dict[str, int]]) -> str:
@@ -225,7 +250,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
     return Workload(model=args.model, conversations=args.conversations, turns=args.turns,
                     system_prompts=args.system_prompts, system_tokens=args.system_tokens,
                     user_tokens=args.user_tokens, reply_tokens=args.reply_tokens,
-                    page_size=args.page_size, tp_size=args.tp_size, seed=args.seed)
+                    page_size=args.page_size, seed=args.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,7 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--reply-tokens", type=int, default=defaults.reply_tokens,
                        help="tokens the model replies per turn")
     shape.add_argument("--page-size", type=int, default=defaults.page_size, help="tokens per page")
-    shape.add_argument("--tp-size", type=int, default=defaults.tp_size, help="shard as rank 0 of this many")
     shape.add_argument("--seed", type=int, default=defaults.seed)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -256,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    # On the CPU, torch.cpu.Event cannot time, and SGLang says so once (hicachefs.testing.sglang_cpu).
+    logging.getLogger("sglang.srt.mem_cache.l2_transfer").setLevel(logging.ERROR)
     parser = build_parser()
     args = parser.parse_args(argv)
     mounts = [args.mountpoint] if args.command == "serve" else [args.mount_a, args.mount_b]
@@ -272,7 +298,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 parser.error(f"{mount} has no shared tier: mount it with --shared")
         result = two_hosts(args.mount_a, args.mount_b, workload_from(args))
     if not result.ok:
-        print("FAILED: wrong bytes or client errors", file=sys.stderr)
+        print("FAILED: wrong bytes, failed storage calls or client errors", file=sys.stderr)
         return 1
     return 0
 

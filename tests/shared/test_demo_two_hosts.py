@@ -1,6 +1,6 @@
 """scripts/demo.py two-hosts on a real GlusterFS volume: host B serves the next turn of
-conversations host A served, loads their prefixes from the shared tier, and hits as often as
-host A does on the same turn."""
+conversations host A served, loads their prefixes from the shared tier, and misses only what
+host A misses on the same turn: the new user tokens no host had stored."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def test_host_b_loads_host_as_prefixes_from_the_shared_tier_and_hits_as_often(de
     assert result.seen_after_s is not None  # host B learnt of every page host A wrote
     on_a, on_b = result.last_turn["A"], result.last_turn["B"]
     assert on_a.tally.turns == on_b.tally.turns == 2
-    assert 0 < on_b.tally.hit_rate == on_a.tally.hit_rate
+    assert on_b.tally.loaded > 0
+    assert on_b.tally.wanted - on_b.tally.loaded == on_a.tally.wanted - on_a.tally.loaded
     assert on_b.tiers["shared"]["hits"] > 0 and on_a.tiers["shared"]["hits"] == 0
     assert b.stats()["tiers"]["shared"]["hits"] == on_b.tiers["shared"]["hits"]
-    assert "host B's hit rate equals host A's" in out
+    assert "as host A did: only the new user tokens" in out

@@ -1,0 +1,88 @@
+"""Per phase (cold, warm after evicting device and host, a burst), SGLang's cache decides the
+same storage hits over HiCacheFS as over HiCacheFile, every byte is exact at every step, no
+call fails and nothing is logged at WARNING."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_runs import MHA, MLA, SMALL_POOLS
+from hicachefs.testing.sglang_cache import CacheSetup
+
+PHASES = ("cold", "warm", "burst")
+
+
+def assert_clean(run) -> None:
+    recorder = run.recorder
+    assert recorder.failures == []
+    assert recorder.wrong_handed_over == 0 and recorder.wrong_read == 0
+    assert recorder.stored_pages > 0 and recorder.read_pages > 0
+    assert all(r.wrong_pages == 0 for phase in PHASES for r in run.phases.requests[phase])
+    assert run.warnings == []
+    assert run.client_errors == {}
+    # What the store holds is what SGLang handed over: each page file, byte for byte.
+    stored = run.stored_pages()
+    assert len(stored) > 0
+    assert all(path.read_bytes() == bytes(recorder.kv.expected(key).numpy()) for path, key in stored.items())
+
+
+def assert_same_decisions(ours, theirs) -> None:
+    for phase in PHASES:
+        assert ours.phases.hits(phase) == theirs.phases.hits(phase), phase
+        assert ours.phases.prefetch_outcomes[phase] == theirs.phases.prefetch_outcomes[phase], phase
+    # The controller asked both the same questions, in batches of the same sizes.
+    for zero_copy, generic in (("batch_exists", "batch_exists"), ("batch_get_v1", "batch_get"),
+                               ("batch_set_v1", "batch_set")):
+        mine, its = ours.recorder.stats[zero_copy], theirs.recorder.stats[generic]
+        assert (mine.calls, mine.pages, mine.hits, mine.batch_sizes) == \
+            (its.calls, its.pages, its.hits, its.batch_sizes), zero_copy
+
+
+def storage_hits(run, phase: str) -> int:
+    return sum(r.storage_hit for r in run.phases.requests[phase])
+
+
+CASES = {
+    "page_first_direct": CacheSetup(MHA, **SMALL_POOLS),
+    "layer_first": CacheSetup(MHA, layout="layer_first", **SMALL_POOLS),
+    "best_effort": CacheSetup(MHA, prefetch_policy="best_effort", **SMALL_POOLS),
+    "timeout": CacheSetup(MHA, prefetch_policy="timeout", **SMALL_POOLS),
+    "write_through_selective": CacheSetup(MHA, write_policy="write_through_selective", **SMALL_POOLS),
+    "mla_all_shard": CacheSetup(MLA, **SMALL_POOLS),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sglang_decides_the_same_hits_over_hicachefs_as_over_hicache_file(side_by_side, case):
+    runs = side_by_side(CASES[case])
+    for run in runs.values():
+        assert_clean(run)
+    assert_same_decisions(runs["hicachefs"], runs["file"])
+    ours = runs["hicachefs"]
+    assert storage_hits(ours, "cold") == 0  # a fresh store
+    assert storage_hits(ours, "warm") > 0 and storage_hits(ours, "burst") > 0
+    if case != "write_through_selective":
+        # Device and host were emptied: every page of the warm turns' stored prefixes came back.
+        assert all(r.device_hit + r.host_hit > 0 for r in ours.phases.requests["warm"])
+    assert ours.phases.prefetch_outcomes["burst"].get("declined_rate_limited", 0) > 0
+
+
+def test_mla_pages_go_to_the_all_shard_once(side_by_side):
+    """Every TP rank holds the same MLA KV: hicachefs keeps one copy, under the ``all`` shard."""
+    ours = side_by_side(CASES["mla_all_shard"])["hicachefs"]
+    stored = ours.stored_pages()
+    assert {path.relative_to(ours.store).parts[2] for path in stored} == {"all"}
+    assert len(set(stored.values())) == len(stored) > 0  # one file per page
+
+
+def test_write_back_reads_back_from_storage(side_by_side):
+    """SGLang issue #26886 reports that under write_back nothing was ever read back from
+    storage. With 0.5.23 here it is: a device eviction backs the node up to the host pool, the
+    host backup's ack writes it to storage, and the warm and burst turns load it back."""
+    runs = side_by_side(CacheSetup(MHA, write_policy="write_back", **SMALL_POOLS))
+    for run in runs.values():
+        assert_clean(run)
+    assert_same_decisions(runs["hicachefs"], runs["file"])
+    ours = runs["hicachefs"]
+    assert storage_hits(ours, "cold") == 0
+    assert storage_hits(ours, "warm") > 0 and storage_hits(ours, "burst") > 0
