@@ -42,6 +42,7 @@ _HELP = {
     "pages": "Pages stored; a page on two tiers counts once.",
     "pending_files": "Files being written that are not published yet.",
     "misses": "Page reads of a name that no tier holds.",
+    "published": "Pages published (a page the ingest file kept as it was is not counted).",
     "tier_capacity_bytes": "Bytes the tier can hold.",
     "tier_used_bytes": "Bytes the tier's pages take up (slots or records).",
     "tier_pages": "Pages held by the tier.",

@@ -196,8 +196,8 @@ class Server:
                 "write_s": sum(stats["batch_set_v1"].seconds) if "batch_set_v1" in stats else 0.0}
 
     def stored_pages(self) -> int:
-        """Pages the client published (its counters; pages already there are not counted)."""
-        return self.sglang.backend.statistics().get("pages_written", 0)
+        """Pages published in the mount (its stats; pages already there are not counted)."""
+        return mount_stats(self.mountpoint)["published"]
 
     def client_errors(self) -> Dict[str, int]:
         """Failures the client met, and calls SGLang's controller saw fail."""

@@ -93,6 +93,7 @@ class PageStore:
         self._listeners: list[GoneListener] = []
         self._gone: list[str] = []
         self._misses = 0
+        self._published = 0
         self._closed = False
         if config.disk_dir is not None:
             position = len(self._tiers)
@@ -176,6 +177,7 @@ class PageStore:
                 self._ram.policy.admit(row)
                 self._ram.counters.bytes_in += page.size
             info = self._info(row)
+            self._published += 1
             shared_copy = self._pinned_reader(row, slot) if self._shared is not None and slot is not None else None
         if shared_copy is not None:  # outside the lock: a refused offer releases at once
             self._shared.offer(page, shared_copy.view(), shared_copy.close)
@@ -520,6 +522,7 @@ class PageStore:
             totals["pages"] = len(live)
             totals["used_bytes"] = int(self._index.size[live].sum())
             totals["misses"] = self._misses  # a lookup that no tier could serve
+            totals["published"] = self._published  # pages published (a page kept as it was is not)
             totals["free_bytes"] = max(0, totals["capacity_bytes"] - totals["used_bytes"])
         if self._shared is not None:  # not in the totals: its room is every host's, not ours
             tiers[self._shared.name] = {**self._shared.statistics(), **self._ahead.statistics()}
