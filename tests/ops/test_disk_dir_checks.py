@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hicachefs.daemon import DaemonConfig
+from hicachefs.daemon.config import DaemonConfig
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.device import ArenaRefused, FileDevice
 from hicachefs.store.ssd_tier import ARENA_NAME
