@@ -12,8 +12,8 @@ import pytest
 from hicachefs.testing import mounting
 
 from hicachefs_client.sglang_types import PoolName, PoolTransfer
-from hicachefs.testing.host_pools import MHAHostPool
-from test_backend import files_under, indices, key, make_fs, page_bytes
+from hicachefs.testing.host_pools import MHAHostPool, page_bytes
+from test_backend import files_under, indices, key, make_fs
 
 
 def _messages(caplog, text):

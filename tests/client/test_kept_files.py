@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from hicachefs.testing.host_pools import MHAHostPool
+from hicachefs.testing.host_pools import MHAHostPool, page_bytes
 from pages import requests_of
-from test_backend import indices, key, make_fs, page_bytes
+from test_backend import indices, key, make_fs
 
 PAGES = 8
 

@@ -12,9 +12,9 @@ import pytest
 
 from hicachefs_client import HiCacheFS, backend
 from hicachefs_client.page_threads import PageThreads
-from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool
+from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
 from conftest import storage_config
-from test_backend import indices, key, make_fs, page_bytes
+from test_backend import indices, key, make_fs
 
 THREADS = {"read_threads": 4, "write_threads": 3}
 PAGES = 24

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from hicachefs.testing.workload import exists_query
+
 
 def main() -> int:
     root, pool, keys, stop = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(","), Path(sys.argv[4])
@@ -40,12 +42,7 @@ def main() -> int:
             os.close(fd)
 
     def exists(rel):
-        fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-        try:
-            os.write(fd, rel.encode() + b"\n")
-            assert os.read(fd, 10) == b"1\n"
-        finally:
-            os.close(fd)
+        assert exists_query(root, [rel]) == "1"
 
     number = 0
     deadline = time.monotonic() + 120

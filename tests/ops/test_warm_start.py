@@ -17,7 +17,8 @@ from hicachefs.cli import recovery_display
 from hicachefs.daemon import recovery_reporter
 from hicachefs.store.ssd_tier import RecoveryProgress
 from hicachefs.testing import mounting
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content
+from pages import publish, read_page
 
 PAGES = 120
 
@@ -57,7 +58,7 @@ def test_a_crash_scans_with_progress_and_umount_makes_the_next_start_warm(mount_
     flags = ["--memory", "64M", "--disk", str(tmp_path / "ssd"), "--disk-size", "256M", "--write-through"]
     mount = mount_factory(*flags)
     pool = mount.page_dir()
-    pages = {f"k{i}": pattern(1 << 20, i) for i in range(PAGES)}
+    pages = {f"k{i}": content(i, 1 << 20) for i in range(PAGES)}
     for key, data in pages.items():
         publish(pool, key, data)
     mounting.kill(mount)

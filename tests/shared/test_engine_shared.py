@@ -3,10 +3,11 @@ finds there is fetched ahead into RAM, and a page removed meanwhile stays remove
 
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
-from shared_helpers import KiB, content, page_name, wait_until
+from shared_helpers import KiB, page_name, wait_until
 
 from hicachefs.store import PageNotFound, PageStore, StoreConfig
 from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.testing.workload import content
 
 MiB = 1024 * KiB
 
