@@ -2,6 +2,7 @@
 
 Pure parsing: no I/O, no check of what a path or size is good for (``mount_config`` does that
 for ``mount``). Every problem is a ``UsageError``, which the command line reports in one line.
+Pure functions: thread-safe.
 """
 
 from __future__ import annotations

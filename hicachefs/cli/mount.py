@@ -5,7 +5,8 @@ a session of its own, logging to its log file; this command waits for the mount 
 (polling the mount table and, with a deadline, the mount's control file), showing meanwhile
 what the daemon reports through the pipe PROGRESS_FD about rebuilding the disk index.
 ``--foreground`` runs the daemon in this process instead. A dead hicachefs mount on the
-mountpoint (its daemon gone) is removed first.
+mountpoint (its daemon gone) is removed first. Runs in the caller's thread and blocks until the
+mount answers: at most ``MOUNT_TIMEOUT_S`` and a second per GiB of the tiers.
 """
 
 from __future__ import annotations
