@@ -15,11 +15,12 @@ for an I/O problem or a bad key: those become misses / ``False`` and are logged 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 import torch
 
@@ -55,6 +56,31 @@ MIN_CHUNK_BYTES = 1 << 20
 # Pages that are copied (layouts other than page-first) through scratch buffers: at most this
 # many bytes of them per run, the scratch memory one thread holds.
 MAX_COPIED_CHUNK_BYTES = 16 << 20
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def guarded(default: Any) -> Callable[[_Method], _Method]:
+    """Decorate a ``HiCacheFS`` method so that an unexpected exception never reaches SGLang: it
+    is logged as an internal error (once per kind, ``_internal_error``) and the call returns
+    ``default``, or ``default(*args, **kwargs)`` when it is callable (for a default made from the
+    call's arguments, like ``[False] * len(keys)``)."""
+    def decorate(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def call(self: "HiCacheFS", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                self._internal_error(method.__name__, exc)
+                return default(*args, **kwargs) if callable(default) else default
+        return call  # type: ignore[return-value]
+    return decorate
+
+
+def _all_failed(keys: Sequence[Any], *_: Any, **__: Any) -> List[bool]:
+    """A batch's answer when the whole call failed: every page failed."""
+    return [False] * len(keys)
 
 
 def threads_setting(extra: Dict[str, Any], key: str) -> int:
@@ -186,15 +212,10 @@ class HiCacheFS(HiCacheStorage):
             return None
         return layout, starts, self._valid_indices(keys)
 
-    def _guarded(self, method: str, transfer: Callable[[int], bool]) -> Callable[[int], bool]:
-        """``transfer`` for one page, with an unexpected exception a failed page (logged)."""
-        def page(j: int) -> bool:
-            try:
-                return transfer(j)
-            except Exception as exc:
-                self._internal_error(method, exc)
-                return False
-        return page
+    @guarded(False)
+    def _run_of_pages(self, transfer: Callable[[int], bool], run: int) -> bool:
+        """``transfer(run)`` on a page thread: an unexpected exception fails that run alone."""
+        return transfer(run)
 
     def _chunks(self, count: int, page_bytes: int, threads: int, copied: bool) -> List[range]:
         """The batch cut into runs of pages, one request each, spread over ``threads``: runs of
@@ -231,7 +252,7 @@ class HiCacheFS(HiCacheStorage):
                 results[i] = ok
             return all(done)
 
-        self.read_threads.run(self._guarded("read", read), len(chunks))
+        self.read_threads.run(functools.partial(self._run_of_pages, read), len(chunks))
         return results
 
     def _write_pages(self, name: str, keys: Sequence[str], host_indices: Any) -> List[bool]:
@@ -261,7 +282,7 @@ class HiCacheFS(HiCacheStorage):
                 results[i] = ok
             return all(done)
 
-        self.write_threads.run(self._guarded("write", write), len(chunks))
+        self.write_threads.run(functools.partial(self._run_of_pages, write), len(chunks))
         return results
 
     def _record(self, kind: str, pages: int, seconds: float, page_bytes: int) -> None:
@@ -284,47 +305,33 @@ class HiCacheFS(HiCacheStorage):
 
     # ---------------------------------------------------------------- SGLang: v1 (zero copy)
 
+    @guarded(_all_failed)
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> List[bool]:
         """Read the KV pages ``keys`` into the host pool at ``host_indices`` (one page each)."""
-        try:
-            return self._timed("prefetch", KV, self._read_pages, list(keys), host_indices)
-        except Exception as exc:
-            self._internal_error("batch_get_v1", exc)
-            return [False] * len(keys)
+        return self._timed("prefetch", KV, self._read_pages, list(keys), host_indices)
 
+    @guarded(_all_failed)
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> List[bool]:
         """Store the KV pages at ``host_indices`` under ``keys``; existing pages are kept."""
-        try:
-            return self._timed("backup", KV, self._write_pages, list(keys), host_indices)
-        except Exception as exc:
-            self._internal_error("batch_set_v1", exc)
-            return [False] * len(keys)
+        return self._timed("backup", KV, self._write_pages, list(keys), host_indices)
 
     # ---------------------------------------------------------------- SGLang: v2 (named pools)
 
     def batch_get_v2(self, transfers: List[PoolTransfer], extra_info: Any = None
                      ) -> Dict[Any, List[bool]]:
-        return self._per_pool("batch_get_v2", "prefetch", self._read_pages, transfers)
+        return {t.name: self._pool_transfer("prefetch", self._read_pages, t) for t in transfers}
 
     def batch_set_v2(self, transfers: List[PoolTransfer], extra_info: Any = None
                      ) -> Dict[Any, List[bool]]:
-        return self._per_pool("batch_set_v2", "backup", self._write_pages, transfers)
+        return {t.name: self._pool_transfer("backup", self._write_pages, t) for t in transfers}
 
-    def _per_pool(self, method: str, kind: str, transfer_pages, transfers: List[PoolTransfer]
-                  ) -> Dict[Any, List[bool]]:
-        """Run ``transfer_pages`` for each pool's transfer; a failing pool fails alone."""
-        results: Dict[Any, List[bool]] = {}
-        for transfer in transfers:
-            keys = list(transfer.keys or [])
-            try:
-                results[transfer.name] = self._timed(
-                    kind, pool_name_str(transfer.name), transfer_pages, keys, transfer.host_indices)
-            except Exception as exc:
-                self._internal_error(method, exc)
-                results[transfer.name] = [False] * len(keys)
-        return results
+    @guarded(lambda kind, transfer_pages, transfer: [False] * len(transfer.keys or []))
+    def _pool_transfer(self, kind: str, transfer_pages, transfer: PoolTransfer) -> List[bool]:
+        """Run ``transfer_pages`` for one pool's transfer: a failing pool fails alone."""
+        return self._timed(kind, pool_name_str(transfer.name), transfer_pages, list(transfer.keys or []),
+                           transfer.host_indices)
 
     # ---------------------------------------------------------------- SGLang: existence
 
@@ -337,22 +344,17 @@ class HiCacheFS(HiCacheStorage):
             answers[i] = there
         return answers
 
+    @guarded(False)
     def exists(self, key: str) -> bool:
-        try:
-            return self._present(KV, [key])[0]
-        except Exception as exc:
-            self._internal_error("exists", exc)
-            return False
+        return self._present(KV, [key])[0]
 
+    @guarded(0)
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many of ``keys``, from the first, are stored (one query for all of them)."""
-        try:
-            present = self._present(KV, list(keys))
-            return present.index(False) if False in present else len(present)
-        except Exception as exc:
-            self._internal_error("batch_exists", exc)
-            return 0
+        present = self._present(KV, list(keys))
+        return present.index(False) if False in present else len(present)
 
+    @guarded(lambda *_, **__: PoolTransferResult.empty())
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
                         extra_info: Any = None) -> PoolTransferResult:
         """The longest restorable prefix across the KV pool and the transfers' pools.
@@ -364,11 +366,7 @@ class HiCacheFS(HiCacheStorage):
         longest one, with each pool's own boundary and the list of restorable lengths. A pool
         with another policy gets no verdict and does not limit the prefix.
         """
-        try:
-            return self._exists_v2(list(keys), list(pool_transfers or []))
-        except Exception as exc:
-            self._internal_error("batch_exists_v2", exc)
-            return PoolTransferResult.empty()
+        return self._exists_v2(list(keys), list(pool_transfers or []))
 
     def _exists_v2(self, keys: List[str], transfers: List[PoolTransfer]) -> PoolTransferResult:
         names = [KV] + [pool_name_str(t.name) for t in transfers]
@@ -417,57 +415,51 @@ class HiCacheFS(HiCacheStorage):
 
     # ---------------------------------------------------------------- SGLang: legacy API
 
+    @guarded(None)
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None
             ) -> Optional[torch.Tensor]:
         """Read KV page ``key`` into ``target_location`` (a tensor; a flat page if None)."""
-        try:
-            if not self._valid(key):
-                return None
-            target = target_location
-            if target is None:
-                layout = self._layout(KV)
-                if layout is None:
-                    return None
-                target = layout.pool.get_dummy_flat_data_page()
-            direct = target.device.type == "cpu" and target.is_contiguous()
-            staging = target if direct else torch.empty(target.shape, dtype=target.dtype)
-            view = memoryview(staging.reshape(-1).view(torch.uint8).numpy()).cast("B")
-            if not self.io.read_page(f"{self._dir_of(KV)}/{key}", [view], len(view), check_longer=True):
-                return None
-            if not direct:
-                target.copy_(staging)
-            return target
-        except Exception as exc:
-            self._internal_error("get", exc)
+        if not self._valid(key):
             return None
+        target = target_location
+        if target is None:
+            layout = self._layout(KV)
+            if layout is None:
+                return None
+            target = layout.pool.get_dummy_flat_data_page()
+        direct = target.device.type == "cpu" and target.is_contiguous()
+        staging = target if direct else torch.empty(target.shape, dtype=target.dtype)
+        view = memoryview(staging.reshape(-1).view(torch.uint8).numpy()).cast("B")
+        if not self.io.read_page(f"{self._dir_of(KV)}/{key}", [view], len(view), check_longer=True):
+            return None
+        if not direct:
+            target.copy_(staging)
+        return target
 
     def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None
                   ) -> List[Optional[torch.Tensor]]:
         locations = list(target_locations) if target_locations is not None else [None] * len(keys)
         return [self.get(key, location) for key, location in zip(keys, locations)]
 
+    @guarded(False)
     def set(self, key: str, value: Any = None, target_location: Any = None,
             target_sizes: Any = None) -> bool:
         """Store tensor ``value`` as KV page ``key``; True if it is stored (or already was)."""
-        try:
-            if not self._valid(key):
-                return False
-            if value is None:
-                value = target_location
-            if not isinstance(value, torch.Tensor):
-                self._refusals.failure("SET_WITHOUT_TENSOR", "set() needs a tensor value")
-                return False
-            if not self.shard.writes(KV):
-                return True
-            directory = self._dir_of(KV)
-            if self.io.exists([f"{directory}/{key}"])[0]:
-                self.counters.add(pages_skipped=1)
-                return True
-            data = tensor_bytes(value)
-            return self.io.publish_page(directory, key, [data], len(data))
-        except Exception as exc:
-            self._internal_error("set", exc)
+        if not self._valid(key):
             return False
+        if value is None:
+            value = target_location
+        if not isinstance(value, torch.Tensor):
+            self._refusals.failure("SET_WITHOUT_TENSOR", "set() needs a tensor value")
+            return False
+        if not self.shard.writes(KV):
+            return True
+        directory = self._dir_of(KV)
+        if self.io.exists([f"{directory}/{key}"])[0]:
+            self.counters.add(pages_skipped=1)
+            return True
+        data = tensor_bytes(value)
+        return self.io.publish_page(directory, key, [data], len(data))
 
     def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
@@ -479,27 +471,24 @@ class HiCacheFS(HiCacheStorage):
 
     # ---------------------------------------------------------------- housekeeping
 
+    @guarded(False)
     def clear(self) -> bool:
         """Remove this rank's own shard directories (``rm -r``, which evicts their pages).
 
         Replicated (MLA) shards belong to their writer rank; other ranks leave them alone.
         """
-        try:
-            names = {KV} if self.mem_pool_host is not None else set()
-            names.update(pool_name_str(n) for n in list(self.registered_pools))
-            shard_dirs = set()
-            for name in names:
-                layout = self._layout(name)
-                if layout is not None and self.shard.writes(name):
-                    shard_dirs.add(f"{self.model}/{layout.format}/{self.shard.segment(name)}")
-            ok = all([self.io.remove_tree(d) for d in sorted(shard_dirs)])
-            if ok:
-                logger.info("hicachefs client: cleared %s", ", ".join(sorted(shard_dirs)) or
-                            "nothing (no pools registered)")
-            return ok
-        except Exception as exc:
-            self._internal_error("clear", exc)
-            return False
+        names = {KV} if self.mem_pool_host is not None else set()
+        names.update(pool_name_str(n) for n in list(self.registered_pools))
+        shard_dirs = set()
+        for name in names:
+            layout = self._layout(name)
+            if layout is not None and self.shard.writes(name):
+                shard_dirs.add(f"{self.model}/{layout.format}/{self.shard.segment(name)}")
+        ok = all([self.io.remove_tree(d) for d in sorted(shard_dirs)])
+        if ok:
+            logger.info("hicachefs client: cleared %s", ", ".join(sorted(shard_dirs)) or
+                        "nothing (no pools registered)")
+        return ok
 
     def statistics(self) -> Dict[str, Any]:
         """Counters since construction: hits, misses, bytes, failures by kind, refused keys."""

@@ -1,4 +1,7 @@
-"""Writing and reading pages the way the contract says a client does (for the FUSE tests)."""
+"""Writing and reading pages the way the contract says a client does (for the FUSE tests).
+
+Page bytes and the exists query: ``hicachefs.testing.workload`` (the scripts use them too).
+"""
 
 from __future__ import annotations
 
@@ -39,14 +42,6 @@ def read_page(path: Path) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def pattern(size: int, seed: int = 0) -> bytes:
-    """Bytes that differ at every position and between seeds, so a misplaced byte shows."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, size, dtype=np.uint8).tobytes()
 
 
 def ingest_batch(fd: int, pages: list[tuple[str, bytes]], flags: int = 0) -> int:

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import trio
 
-from .. import metrics, names
+from .. import names
+from ..daemon import metrics
 from ..store import PageStore
 from .errors import FsError
 from .fetch import FetchHandle

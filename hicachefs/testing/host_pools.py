@@ -5,12 +5,19 @@ import chain needs CUDA builds of torchvision and kernels), so these doubles rep
 storage backends see of them: ``page_size``, ``dtype``, ``layout``, ``kv_buffer`` shapes (one
 padding page, as SGLang sizes them), ``get_page_buffer_meta`` (the same pointer arithmetic),
 ``get_data_page(flat=True)``, ``get_dummy_flat_data_page`` and ``set_from_flat_data_page``,
-for the ``layer_first``, ``page_first`` and ``page_first_direct`` layouts.
+for the ``layer_first``, ``page_first`` and ``page_first_direct`` layouts; ``page_bytes``
+is what a backend stores for one of their pages.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def page_bytes(pool, page: int) -> bytes:
+    """The bytes of page number ``page`` of a host pool (ours or SGLang's), as a backend stores
+    them: ``get_data_page(flat=True)``."""
+    return pool.get_data_page(page * pool.page_size, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
 
 
 class _HostPool:

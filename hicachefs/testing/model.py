@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hicachefs.testing import mounting
-from hicachefs.testing.workload import content, exists_query, page_files, publish, read_or_errno
+from hicachefs.testing.workload import exists_query, labelled_content, page_files, publish, read_or_errno
 
 MODELS = ["m1", "m2"]
 POOLS = [("f", "tp0of1", "kv"), ("f", "all", "kv"), ("g", "tp0of2", "mamba")]
@@ -185,7 +185,7 @@ class MountModel(RuleBasedStateMachine):
     def publish_page(self, model, pool, key, size):
         pool_parts = (model, *pool)
         self.version += 1
-        data = content(key, size, gen=self.version)
+        data = labelled_content(key, size, gen=self.version)
         try:
             publish(self._path(pool_parts), key, data)
             got = 0

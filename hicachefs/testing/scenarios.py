@@ -22,12 +22,12 @@ from pathlib import Path
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
 from hicachefs.testing import mounting
 from hicachefs.testing.workload import (
-    content,
     exists_query,
     exists_raw,
     find_all,
     flip_bytes,
     identify,
+    labelled_content,
     page_files,
     publish,
     read_or_errno,
@@ -258,7 +258,7 @@ def corruption_unmounted(mount_fn, workdir: Path, seed: int = 0, victims: int = 
     flags = ["--memory", "64M", "--disk", str(disk), "--disk-size", "64M", "--max-page-size", "1M"]
     mount = mount_fn(*flags)
     pool = mount.page_dir()
-    pages = {f"cold-{i}": content(f"cold-{i}", rng.choice([8192, 65536, 300_000])) for i in range(16)}
+    pages = {f"cold-{i}": labelled_content(f"cold-{i}", rng.choice([8192, 65536, 300_000])) for i in range(16)}
     for key, data in pages.items():
         publish(pool, key, data)
     mounting.stop(mount)
@@ -285,7 +285,7 @@ def corruption_mounted(mount_fn, workdir: Path, seed: int = 0, victims: int = 3,
     disk = workdir / "disk-hot"
     mount = mount_fn("--memory", "16M", "--disk", str(disk), "--disk-size", "128M", "--max-page-size", "1M")
     pool = mount.page_dir()
-    pages = {f"hot-{i}": content(f"hot-{i}", 1 << 20, gen=seed) for i in range(40)}
+    pages = {f"hot-{i}": labelled_content(f"hot-{i}", 1 << 20, gen=seed) for i in range(40)}
     for key, data in pages.items():
         publish(pool, key, data)
     on_disk = [k for k in pages if os.getxattr(pool / k, "user.hicachefs.tier") == b"disk"]
@@ -431,7 +431,7 @@ def dying_disk(mount_fn, workdir: Path, write_through: bool, seed: int = 0) -> D
         try:
             pool = mount.page_dir()
             count = 12 if write_through else 40  # write-back: 40 MiB through 16 MiB of RAM
-            pages = {f"p{i:03d}": content(f"p{i:03d}", 1 << 20, gen=seed) for i in range(count)}
+            pages = {f"p{i:03d}": labelled_content(f"p{i:03d}", 1 << 20, gen=seed) for i in range(count)}
             for key, data in pages.items():
                 publish(pool, key, data)
             tiers = {key: os.getxattr(pool / key, "user.hicachefs.tier").decode() for key in pages}
@@ -453,7 +453,7 @@ def dying_disk(mount_fn, workdir: Path, write_through: bool, seed: int = 0) -> D
                     figures.disk_pages_failed += 1
             for i in range(32):
                 key = f"n{i:03d}"
-                data = content(key, 1 << 20, gen=seed + 1)
+                data = labelled_content(key, 1 << 20, gen=seed + 1)
                 try:
                     publish(pool, key, data)
                 except OSError as exc:

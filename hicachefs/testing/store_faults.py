@@ -30,7 +30,7 @@ from hicachefs.store.device import FileDevice
 from hicachefs.store.faults import Fault, FaultyDevice
 from hicachefs.store.region_log import HEADER
 from hicachefs.store.ssd_tier import ARENA_NAME
-from hicachefs.testing.workload import content, find_all, identify
+from hicachefs.testing.workload import find_all, identify, labelled_content
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = (4 * KiB, 16 * KiB, 64 * KiB, 150_000)
@@ -155,7 +155,7 @@ def device_fault_round(workdir: Path, seed: int, operations: int = 1500) -> Roun
                 if action < 0.35:
                     generation = check.attempted.get(name, -1) + 1
                     check.attempted[name] = generation
-                    data = content(name.rsplit("/", 1)[1], rng.choice(SIZES), gen=generation)
+                    data = labelled_content(name.rsplit("/", 1)[1], rng.choice(SIZES), gen=generation)
                     try:
                         store.put(name, data)
                         check.acked[name] = generation
@@ -248,7 +248,7 @@ def corruption_round(workdir: Path, seed: int, kind: str, victims: int = 6) -> R
     disk = Path(workdir) / f"corrupt-{seed}"
     shutil.rmtree(disk, ignore_errors=True)
     config = _config(disk, write_through=True, memory=8 * MiB)
-    pages = {f"m/f/tp0of1/kv/{i:064x}": content(f"{i:064x}", rng.choice(SIZES), gen=seed) for i in range(24)}
+    pages = {f"m/f/tp0of1/kv/{i:064x}": labelled_content(f"{i:064x}", rng.choice(SIZES), gen=seed) for i in range(24)}
     store = PageStore(config)
     try:
         for name, data in pages.items():

@@ -12,7 +12,7 @@
       X <errno>                     the mount failed a call: the writer stops
 
 - ``contend``: for ``seconds``, write shared pages (every rank writes the same keys, its own
-  content) and its own pages, and read random ones back through one handle in pieces;
+  labelled content) and its own pages, and read random ones back through one handle in pieces;
   every read is checked to be one whole write of its key. Prints one JSON line of counts.
 """
 
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from hicachefs.testing.workload import content, identify, publish
+from hicachefs.testing.workload import identify, labelled_content, publish
 
 
 def _wait_for_go(cfg: dict) -> bool:
@@ -62,7 +62,7 @@ def publish_storm(cfg: dict) -> int:
             pool_rel, key = rel.rsplit("/", 1)
             tmp = f".{cfg['prefix']}-{cfg['rank']}-{os.urandom(6).hex()}"
             os.write(log, f"B {rel} {gen} {tmp}\n".encode())
-            publish(root / pool_rel, key, content(key, size, cfg["rank"], gen), tmp)
+            publish(root / pool_rel, key, labelled_content(key, size, cfg["rank"], gen), tmp)
             os.write(log, f"P {rel} {gen}\n".encode())
             mine[rel] = (gen, size)
     except OSError as exc:
@@ -90,7 +90,7 @@ def contend(cfg: dict) -> int:
         if rng.random() < 0.4:
             size = cfg["size"] if shared else rng.choice([cfg["size"], cfg["size"] // 2])
             try:
-                publish(pool, key, content(key, size, rank, gen))
+                publish(pool, key, labelled_content(key, size, rank, gen))
                 counts["writes"] += 1
             except OSError as exc:
                 counts["errors"] += 1

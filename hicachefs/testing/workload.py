@@ -1,20 +1,30 @@
-"""Checkable page content and the small probes the reliability tests share.
+"""Checkable page content and the small probes the tests share: the one place for page bytes
+and for asking the exists query.
 
-Every page the reliability tests write is ``content(key, size, writer, gen)``: a 64-byte
-header naming the key, the writer, a generation and the size, then bytes drawn from a
-generator seeded by all four. So any page read back can be checked on its own: the header
-says which write it claims to be, the rest must be exactly that write's bytes. A torn page,
-a page of another key or another writer, or a flipped byte cannot pass.
+``content(seed, size)`` is every test's deterministic page bytes: the same for the same seed,
+different for another, so a page served in another's place shows.
 
-Used by the tests and by ``scripts/stress.py``; also imported by ``storm_worker``, which
-runs in separate processes (no pytest).
+Every page the reliability tests write is ``labelled_content(key, size, writer, gen)``: a
+64-byte label naming the key, the writer, a generation and the size, then ``content`` seeded by
+all four. So any page read back can be checked on its own (``identify``): the label says which
+write it claims to be, the rest must be exactly that write's bytes. A torn page, a page of
+another key or another writer, or a flipped byte cannot pass.
+
+The exists query (DESIGN.md, ``.hicachefs/exists``): ``exists_query`` asks about paths on a
+handle of its own, ``ask_exists`` on an open one (``exists_handle``); ``exists_raw`` sends any
+bytes and reads the whole answer, ``send_exists`` and ``exists_answer`` are its two halves.
+
+Used by the tests and by ``scripts/stress.py``; also imported by ``storm_worker`` and the
+tests' helper processes, which run without pytest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,14 +35,20 @@ _MAGIC = b"HCRT"
 PAGE_GLOB_DEPTH = 4  # model/format/shard/pool
 
 
-def content(key: str, size: int, writer: int = 0, gen: int = 0) -> bytes:
+def content(seed: int | str, size: int) -> bytes:
+    """``size`` deterministic bytes for ``seed``: distinct seeds give distinct bytes (beyond size 0)."""
+    if isinstance(seed, str):
+        seed = int.from_bytes(hashlib.blake2b(seed.encode(), digest_size=8).digest(), "little")
+    return np.random.default_rng(seed).bytes(size)
+
+
+def labelled_content(key: str, size: int, writer: int = 0, gen: int = 0) -> bytes:
     """The one valid content of write ``gen`` of ``key`` by ``writer`` (``size`` bytes)."""
     full = b"%s|%d|%d|%d|%s" % (_MAGIC, writer, gen, size, key.encode())
     header = full[:HEADER_BYTES].ljust(HEADER_BYTES, b"\0")
     # Seeded by the whole key: a long key (64 hex chars) does not fit in the header.
     seed = int.from_bytes(hashlib.blake2b(full, digest_size=8).digest(), "little")
-    body = np.random.default_rng(seed).bytes(max(0, size - HEADER_BYTES))
-    return (header + body)[:size]
+    return (header + content(seed, max(0, size - HEADER_BYTES)))[:size]
 
 
 @dataclass(frozen=True)
@@ -49,7 +65,7 @@ def identify(data: bytes, key: str) -> Identity | None:
     against writer 0, generation 0.
     """
     if len(data) < HEADER_BYTES:
-        return Identity(0, 0, len(data)) if data == content(key, len(data)) else None
+        return Identity(0, 0, len(data)) if data == labelled_content(key, len(data)) else None
     fields = data[:HEADER_BYTES].rstrip(b"\0").split(b"|", 4)
     if len(fields) != 5 or fields[0] != _MAGIC:
         return None
@@ -60,7 +76,7 @@ def identify(data: bytes, key: str) -> Identity | None:
     expected_key = (b"%s|%d|%d|%d|%s" % (_MAGIC, writer, gen, size, key.encode()))[:HEADER_BYTES]
     if data[:HEADER_BYTES].rstrip(b"\0") != expected_key.rstrip(b"\0") or size != len(data):
         return None
-    if data != content(key, size, writer, gen):
+    if data != labelled_content(key, size, writer, gen):
         return None
     return Identity(writer, gen, size)
 
@@ -92,38 +108,56 @@ def publish(pool: Path, key: str, data: bytes, tmp_name: str | None = None) -> N
     os.rename(tmp, pool / key)
 
 
-def exists_raw(root: Path, request: bytes) -> bytes:
-    """Send ``request`` (any bytes) to ``.hicachefs/exists``; the whole answer, to EOF."""
+def send_exists(fd: int, request: bytes) -> None:
+    """Write all of ``request`` (any bytes) to an open exists handle, a MiB at a time (a FUSE
+    WRITE's most); an OSError (EFBIG past the maximum request) is the caller's."""
+    view = memoryview(request)
+    while view:
+        view = view[os.write(fd, view[: 1 << 20]) :]
+
+
+def exists_answer(fd: int) -> bytes:
+    """All an open exists handle answers, to EOF."""
+    answer = bytearray()
+    while piece := os.read(fd, 1 << 20):
+        answer += piece
+    return bytes(answer)
+
+
+def ask_exists(fd: int, paths: list[str]) -> str:
+    """Ask an open exists handle about page paths (relative to the root): one '0' or '1' each,
+    read up to the answer's newline (so the handle can take the next request)."""
+    send_exists(fd, "".join(p + "\n" for p in paths).encode())
+    answer = b""
+    while not answer.endswith(b"\n"):
+        piece = os.read(fd, len(paths) + 1 - len(answer) or 1)
+        if not piece:
+            break
+        answer += piece
+    return answer.decode().rstrip("\n")
+
+
+@contextlib.contextmanager
+def exists_handle(root: Path) -> Iterator[int]:
+    """A handle of the mount's ``.hicachefs/exists`` (its file descriptor), closed after."""
     fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
     try:
-        view, done = memoryview(request), 0
-        while done < len(view):
-            done += os.write(fd, view[done : done + (1 << 20)])
-        answer = b""
-        while piece := os.read(fd, 1 << 20):
-            answer += piece
-        return answer
+        yield fd
     finally:
         os.close(fd)
+
+
+def exists_raw(root: Path, request: bytes) -> bytes:
+    """Send ``request`` (any bytes) to ``.hicachefs/exists``; the whole answer, to EOF."""
+    with exists_handle(root) as fd:
+        send_exists(fd, request)
+        return exists_answer(fd)
 
 
 def exists_query(root: Path, paths: list[str]) -> str:
     """Ask ``.hicachefs/exists`` about page paths (relative to the root); one '0'/'1' each."""
-    fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-    try:
-        request = "".join(p + "\n" for p in paths).encode()
-        view, done = memoryview(request), 0
-        while done < len(view):
-            done += os.write(fd, view[done : done + (1 << 20)])
-        answer = b""
-        while not answer.endswith(b"\n"):
-            piece = os.read(fd, len(paths) + 1 - len(answer) or 1)
-            if not piece:
-                break
-            answer += piece
-        return answer.decode().rstrip("\n")
-    finally:
-        os.close(fd)
+    with exists_handle(root) as fd:
+        return ask_exists(fd, paths)
 
 
 def tier_counter(stats: dict, field: str) -> int:
@@ -166,7 +200,7 @@ def serving(root: Path) -> bool:
     pool = root / "health" / "f" / "all" / "kv"
     pool.mkdir(parents=True, exist_ok=True)
     key = f"probe-{os.urandom(4).hex()}"
-    data = content(key, 8192)
+    data = labelled_content(key, 8192)
     publish(pool, key, data)
     ok = read_whole(pool / key) == data
     os.unlink(pool / key)

@@ -12,7 +12,7 @@ import torch
 from conftest import storage_config
 from hicachefs_client import HiCacheFS
 from hicachefs_client.sglang_types import PoolHitPolicy, PoolName, PoolTransfer
-from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool
+from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
 
 MODEL = "Qwen--Qwen2.5-0.5B-Instruct"
 
@@ -35,10 +35,6 @@ def make_fs(root, pool=None, **cfg) -> HiCacheFS:
 
 def indices(pool, pages):
     return torch.cat([pool.page_indices(p) for p in pages])
-
-
-def page_bytes(pool, page) -> bytes:
-    return pool.get_data_page(page * pool.page_size, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def files_under(root):

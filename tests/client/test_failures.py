@@ -1,4 +1,5 @@
-"""The client never raises into SGLang: a dead daemon, a bare mountpoint, a full or strict store."""
+"""The client never raises into SGLang: a dead daemon, a bare mountpoint, a full or strict store,
+a bug of its own."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import logging
 import os
 import signal
 
+import pytest
+
 from hicachefs.testing import mounting
 
 from hicachefs_client.sglang_types import PoolName, PoolTransfer
-from hicachefs.testing.host_pools import MHAHostPool
-from test_backend import files_under, indices, key, make_fs, page_bytes
+from hicachefs.testing.host_pools import MHAHostPool, page_bytes
+from test_backend import files_under, indices, key, make_fs
 
 
 def _messages(caplog, text):
@@ -106,3 +109,34 @@ def test_full_store_gives_false_not_exceptions(mount_factory, caplog):
     assert fs.batch_set_v1(new_keys, indices(pool, new_pages)) == [True] * 12
     assert fs.batch_get_v1(new_keys, indices(pool, spare)) == [True] * 12
     assert [page_bytes(pool, p) for p in spare] == [page_bytes(pool, p) for p in new_pages]
+
+
+def _kv(keys, pool):
+    return [PoolTransfer(name=PoolName.KV, keys=keys, host_indices=indices(pool, range(len(keys))))]
+
+
+@pytest.mark.parametrize("call, answered", [
+    (lambda fs, keys, pool: fs.batch_get_v1(keys, indices(pool, [0, 1])), [False, False]),
+    (lambda fs, keys, pool: fs.batch_set_v1(keys=keys, host_indices=indices(pool, [0, 1])), [False, False]),
+    (lambda fs, keys, pool: fs.batch_get_v2(_kv(keys, pool)), {PoolName.KV: [False, False]}),
+    (lambda fs, keys, pool: fs.batch_set_v2(_kv(keys, pool)), {PoolName.KV: [False, False]}),
+    (lambda fs, keys, pool: fs.exists(keys[0]), False),
+    (lambda fs, keys, pool: fs.batch_exists(keys), 0),
+    (lambda fs, keys, pool: (lambda r: (r.kv_hit_pages, r.extra_pool_hit_pages))(fs.batch_exists_v2(keys)), (0, {})),
+    (lambda fs, keys, pool: fs.get(keys[0]), None),
+    (lambda fs, keys, pool: fs.set(keys[0], pool.get_data_page(0)), False),
+    (lambda fs, keys, pool: fs.clear(), False),
+], ids=["batch_get_v1", "batch_set_v1", "batch_get_v2", "batch_set_v2", "exists", "batch_exists",
+        "batch_exists_v2", "get", "set", "clear"])
+def test_an_unexpected_exception_is_a_failure_counted_and_logged_never_raised(plain_root, caplog, call, answered):
+    pool = MHAHostPool()
+    fs = make_fs(plain_root, pool)
+
+    def broken(name):
+        raise RuntimeError("a bug in the client")
+
+    fs._layout = broken  # every call above needs its pool's layout
+    with caplog.at_level(logging.ERROR, logger="hicachefs_client"):
+        assert call(fs, [key("bug", 0), key("bug", 1)], pool) == answered
+    assert fs.statistics()["errors"] == {"INTERNAL_RuntimeError": 1}
+    assert len(_messages(caplog, "a bug in the client")) == 1

@@ -12,9 +12,9 @@ import pytest
 
 from hicachefs_client import HiCacheFS, backend
 from hicachefs_client.page_threads import PageThreads
-from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool
+from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
 from conftest import storage_config
-from test_backend import indices, key, make_fs, page_bytes
+from test_backend import indices, key, make_fs
 
 THREADS = {"read_threads": 4, "write_threads": 3}
 PAGES = 24
@@ -45,11 +45,15 @@ def test_batch_round_trip_on_several_threads(store_root, kind, layout, monkeypat
     target.zero()
     reader = make_fs(store_root, target, mla=kind == "mla", extra=THREADS)
     threads_used = set()
+    spread = threading.Event()  # a second thread has taken a run
     read_pages = reader.io.read_pages
 
     def recording(*args, **kwargs):
         threads_used.add(threading.get_ident())
-        time.sleep(0.002)  # long enough that the helpers take runs too
+        if len(threads_used) > 1:
+            spread.set()
+        elif not spread.wait(10):  # the first run waits for another thread to take one
+            spread.set()  # none came: the rest go on, and the test fails below
         return read_pages(*args, **kwargs)
 
     monkeypatch.setattr(reader.io, "read_pages", recording)
@@ -174,21 +178,34 @@ def test_run_returns_only_when_every_page_is_done():
     """The caller's buffers are never touched after the batch returns, even when the helpers
     are slow to start or a page raises."""
     runner = PageThreads(4)
-    done = []
+    before = set(threading.enumerate())
+    late = []  # pages whose work began or ended after their run() had returned
 
-    def work(i):
-        time.sleep(0.001 * (i % 5))
-        if i == 3:
-            raise RuntimeError("page 3")
-        done.append(i)
-        return True
+    def batch(returned: threading.Event):
+        def work(i):
+            if returned.is_set():
+                late.append(i)
+            time.sleep(0.001 * (i % 5))
+            if i == 3:
+                raise RuntimeError("page 3")
+            done.append(i)
+            if returned.is_set():
+                late.append(i)
+            return True
+        return work
 
     for _ in range(5):
-        done.clear()
-        results = runner.run(work, 40)
+        done = []
+        returned = threading.Event()
+        results = runner.run(batch(returned), 40)
+        returned.set()
         assert sorted(done) == [i for i in range(40) if i != 3]
         assert results == [i != 3 for i in range(40)]
-        time.sleep(0.05)
-        assert len(done) == 39  # nothing ran on after run() returned
+    helpers = set(threading.enumerate()) - before
+    assert helpers, "the batches ran on the caller's thread alone"
     runner.close()
+    for helper in helpers:  # once they have ended, nothing can run on
+        helper.join(10)
+    assert not any(helper.is_alive() for helper in helpers)
+    assert late == []
     assert runner.run(lambda i: i % 2 == 0, 5) == [True, False, True, False, True]

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from hicachefs.testing.host_pools import MHAHostPool
-from test_backend import indices, key, make_fs, page_bytes
+from hicachefs.testing.host_pools import MHAHostPool, page_bytes
+from test_backend import indices, key, make_fs
 
 THREADS = 8
 ROUNDS = 6

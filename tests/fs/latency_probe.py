@@ -3,8 +3,9 @@
 ``python latency_probe.py ROOT POOL_REL KEYS_CSV STOP_FILE``: until STOP_FILE exists, repeat:
 stat a name never asked before (a lookup the daemon must answer), open and read a page (open
 and release reach the daemon even when the kernel holds the data), read ``.hicachefs/stats``
-and ask ``.hicachefs/exists`` about one page. Prints one JSON line: every request's start
-(CLOCK_MONOTONIC, shared with the test process), duration and kind.
+and ask ``.hicachefs/exists`` about one page. Prints ``started`` once it has made each kind of
+request, then, at the end, one JSON line: every request's start (CLOCK_MONOTONIC, shared with
+the test process), duration and kind.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from hicachefs.testing.workload import exists_query
 
 
 def main() -> int:
@@ -39,15 +42,9 @@ def main() -> int:
             os.close(fd)
 
     def exists(rel):
-        fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-        try:
-            os.write(fd, rel.encode() + b"\n")
-            assert os.read(fd, 10) == b"1\n"
-        finally:
-            os.close(fd)
+        assert exists_query(root, [rel]) == "1"
 
     number = 0
-    print("started", flush=True)
     deadline = time.monotonic() + 120
     while not stop.exists() and time.monotonic() < deadline:
         key = keys[number % len(keys)]
@@ -55,6 +52,8 @@ def main() -> int:
         timed("read", read_page, root / pool / key)
         timed("stats", (root / ".hicachefs" / "stats").read_bytes)
         timed("exists", exists, f"{pool}/{key}")
+        if number == 0:
+            print("started", flush=True)
         number += 1
     print(json.dumps(samples), flush=True)
     return 0

@@ -1,4 +1,5 @@
-"""The command line: validation before anything is mounted, umount, stats."""
+"""The command line: validation before anything is mounted, umount, stats, and what the light
+commands load."""
 
 from __future__ import annotations
 
@@ -82,6 +83,30 @@ def test_umount_and_stats_commands(mount_factory):
     assert not os.path.ismount(mount.path)
     assert not mounting.alive(mount.pid)
     assert hicachefs("umount", str(mount.path)).returncode == 2
+
+
+#: What only the daemon needs: a look at a busy host's store must not pay for loading these.
+DAEMON_ONLY = {"pyfuse3", "trio", "numpy"}
+
+
+def _imported(importtime: str) -> set[str]:
+    """The top-level names of the modules a ``python -X importtime`` run imported (its stderr)."""
+    return {line.rsplit("|", 1)[1].strip().split(".")[0]
+            for line in importtime.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("command, shows", [(["stats"], "capacity"), (["stats", "--json"], '"pages": 1'),
+                                            (["top", "--count", "1", "--interval", "0.1"], "hicachefs top"),
+                                            (["umount"], "unmounted")])
+def test_stats_top_and_umount_load_neither_fuse_nor_trio_nor_numpy(mount_factory, command, shows):
+    mount = mount_factory("--memory", "64M")
+    publish(mount.page_dir(), "k", b"x" * 4096)
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hicachefs.cli", command[0], str(mount.path),
+                             *command[1:]], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and shows in result.stdout, result.stdout + result.stderr[-2000:]
+    modules = _imported(result.stderr)
+    assert {"hicachefs", "json"} <= modules  # the import log was read
+    assert not modules & DAEMON_ONLY, f"hicachefs {command[0]} imported {sorted(modules & DAEMON_ONLY)}"
 
 
 def test_restart_with_disk_tier_keeps_pages(mount_factory, tmp_path):

@@ -9,19 +9,10 @@ import os
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hicachefs.testing.workload import ask_exists, exists_handle
 from pages import publish, read_page
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
-
-
-def ask(fd: int, paths: list[str]) -> str:
-    os.write(fd, "".join(p + "\n" for p in paths).encode())
-    answer = b""
-    while not answer.endswith(b"\n"):
-        chunk = os.read(fd, 1 << 20)
-        assert chunk, "exists answer ended early"
-        answer += chunk
-    return answer.decode()[:-1]
 
 
 def test_exists_answers_many_paths_in_one_request(mounted):
@@ -30,52 +21,38 @@ def test_exists_answers_many_paths_in_one_request(mounted):
     for key in stored:
         publish(pool, key, b"p")
     paths = [f"{POOL}/{i:064x}" for i in range(10000)]
-    fd = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
-    try:
-        answer = ask(fd, paths)
-    finally:
-        os.close(fd)
+    with exists_handle(mounted.path) as fd:
+        answer = ask_exists(fd, paths)
     assert answer == "".join("1" if f"{i:064x}" in stored else "0" for i in range(10000))
 
 
 def test_exists_handle_serves_many_requests_and_appends_writes(mounted):
     pool = mounted.page_dir()
     publish(pool, "a", b"1")
-    fd = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
-    try:
+    with exists_handle(mounted.path) as fd:
         os.write(fd, f"{POOL}/a\n".encode())
         os.write(fd, f"{POOL}/b\n".encode())
         assert os.read(fd, 100) == b"10\n"
         assert os.read(fd, 100) == b""
-        assert ask(fd, [f"{POOL}/b", f"{POOL}/a", f"{POOL}/a"]) == "011"
+        assert ask_exists(fd, [f"{POOL}/b", f"{POOL}/a", f"{POOL}/a"]) == "011"
         publish(pool, "b", b"2")
-        assert ask(fd, [f"{POOL}/b"]) == "1"
-    finally:
-        os.close(fd)
+        assert ask_exists(fd, [f"{POOL}/b"]) == "1"
 
 
 def test_exists_handles_are_independent(mounted):
     publish(mounted.page_dir(), "a", b"1")
-    first = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
-    second = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
-    try:
+    with exists_handle(mounted.path) as first, exists_handle(mounted.path) as second:
         os.write(first, f"{POOL}/a\n".encode())
         os.write(second, f"{POOL}/x\n{POOL}/a\n".encode())
         assert os.read(second, 10) == b"01\n"
         assert os.read(first, 10) == b"1\n"
-    finally:
-        os.close(first)
-        os.close(second)
 
 
 def test_exists_treats_malformed_lines_as_absent(mounted):
     publish(mounted.page_dir(), "a", b"1")
-    fd = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
-    try:
+    with exists_handle(mounted.path) as fd:
         os.write(fd, b"\xff\xfe\n\n../../etc/passwd\n" + f"{POOL}/a\n".encode() + b"a/b\n" + f"{POOL}/.tmp\n".encode())
         assert os.read(fd, 100) == b"000100\n"
-    finally:
-        os.close(fd)
 
 
 def test_stats_counts_pages_hits_and_misses(mounted):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
+from hicachefs.testing.workload import exists_answer, exists_handle, send_exists
 from pages import publish
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -28,19 +29,6 @@ def _peak_rss(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) << 10
     raise AssertionError("no VmHWM in /proc/PID/status")
-
-
-def _send(fd: int, request: bytes) -> None:
-    view = memoryview(request)
-    while view:
-        view = view[os.write(fd, view[: 1 << 20]) :]
-
-
-def _receive(fd: int) -> bytes:
-    answer = bytearray()
-    while piece := os.read(fd, 1 << 20):
-        answer += piece
-    return bytes(answer)
 
 
 def test_a_request_at_the_maximum_delays_no_other_client(mounted, tmp_path):
@@ -60,18 +48,13 @@ def test_a_request_at_the_maximum_delays_no_other_client(mounted, tmp_path):
     probe = subprocess.Popen([sys.executable, str(PROBE), str(mounted.path), POOL, ",".join(keys), str(stop)],
                              stdout=subprocess.PIPE, text=True)
     try:
-        assert probe.stdout.readline().strip() == "started"
-        time.sleep(0.5)
+        assert probe.stdout.readline().strip() == "started"  # the daemon has served each kind once
         peak_before = _peak_rss(mounted.pid)
-        fd = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
-        try:
-            _send(fd, request)
+        with exists_handle(mounted.path) as fd:
+            send_exists(fd, request)
             started = time.monotonic()
-            answer = _receive(fd)
+            answer = exists_answer(fd)
             answered = time.monotonic()
-        finally:
-            os.close(fd)
-        time.sleep(0.2)
     finally:
         stop.touch()
         try:
@@ -96,11 +79,10 @@ def test_a_request_at_the_maximum_delays_no_other_client(mounted, tmp_path):
 def test_a_request_over_the_maximum_fails_at_the_write_and_the_read(mounted):
     publish(mounted.page_dir(), "a", b"1")
     present = f"{POOL}/a\n".encode()
-    fd = os.open(mounted.path / ".hicachefs" / "exists", os.O_RDWR)
-    try:
-        _send(fd, present * (MAX_EXISTS_REQUEST // len(present)))
+    with exists_handle(mounted.path) as fd:
+        send_exists(fd, present * (MAX_EXISTS_REQUEST // len(present)))
         with pytest.raises(OSError) as write_error:
-            _send(fd, present * 2)
+            send_exists(fd, present * 2)
         assert write_error.value.errno == errno.EFBIG
         with pytest.raises(OSError) as more_writes:  # the failed request takes nothing more
             os.write(fd, present)
@@ -109,6 +91,4 @@ def test_a_request_over_the_maximum_fails_at_the_write_and_the_read(mounted):
             os.read(fd, 1 << 20)
         assert read_error.value.errno == errno.EFBIG
         os.write(fd, present + f"{POOL}/b\n".encode())  # the next write starts a new request
-        assert _receive(fd) == b"10\n"
-    finally:
-        os.close(fd)
+        assert exists_answer(fd) == b"10\n"

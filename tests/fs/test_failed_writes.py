@@ -17,24 +17,16 @@ import time
 
 import pytest
 
-from pages import pattern, publish, read_page, write_all
+from hicachefs.testing.workload import content, exists_query
+from pages import publish, read_page, write_all
 
 MiB = 1 << 20
 POOL = ("model", "bfloat16-page_first-64", "tp0of1", "kv")
 
 
-def _exists(mount, key: str) -> str:
-    fd = os.open(mount.path / ".hicachefs" / "exists", os.O_RDWR)
-    try:
-        os.write(fd, ("/".join(POOL) + f"/{key}\n").encode())
-        return os.read(fd, 10).decode()
-    finally:
-        os.close(fd)
-
-
 def _not_published(mount, pool, key: str) -> None:
     assert key not in os.listdir(pool)
-    assert _exists(mount, key) == "0\n"
+    assert exists_query(mount.path, ["/".join(POOL) + f"/{key}"]) == "0"
     deadline = time.monotonic() + 1.0  # the kernel is told to forget the name given at create
     while os.path.lexists(pool / key) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -45,7 +37,7 @@ def _write_past_the_maximum(path, seed: int) -> None:
     """Create ``path``, write half a MiB, then a byte at 1 MiB (past --max-page-size 1M): EFBIG."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        write_all(fd, pattern(MiB // 2, seed))
+        write_all(fd, content(seed, MiB // 2))
         with pytest.raises(OSError) as info:
             os.pwrite(fd, b"x", MiB)
         assert info.value.errno == errno.EFBIG
@@ -57,12 +49,12 @@ def test_cp_of_a_file_over_the_maximum_page_size_fails_and_publishes_nothing(mou
     mount = mount_factory("--memory", "64M", "--max-page-size", "1M")
     pool = mount.page_dir(*POOL)
     source = tmp_path / "big.bin"
-    source.write_bytes(pattern(3 * MiB, 1))
+    source.write_bytes(content(1, 3 * MiB))
     result = subprocess.run(["cp", str(source), str(pool / "big")], capture_output=True, text=True)
     assert result.returncode != 0 and "File too large" in result.stderr, result.stderr
     _not_published(mount, pool, "big")
-    publish(pool, "big", pattern(MiB, 2))  # the key is free: a whole page can be published
-    assert read_page(pool / "big") == pattern(MiB, 2)
+    publish(pool, "big", content(2, MiB))  # the key is free: a whole page can be published
+    assert read_page(pool / "big") == content(2, MiB)
 
 
 def test_a_temporary_file_with_a_write_over_the_maximum_cannot_be_renamed_into_a_page(mount_factory):
@@ -81,16 +73,16 @@ def test_a_temporary_file_whose_write_found_no_room_cannot_be_renamed_into_a_pag
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         for i in range(8):  # readers hold every RAM slot: nothing can be evicted
-            publish(pool, f"held{i}", pattern(2 * MiB, i))
+            publish(pool, f"held{i}", content(i, 2 * MiB))
             held.append(os.open(pool / f"held{i}", os.O_RDONLY))
         with pytest.raises(OSError) as info:
-            os.pwrite(fd, pattern(2 * MiB, 3), 0)
+            os.pwrite(fd, content(3, 2 * MiB), 0)
         assert info.value.errno == errno.ENOSPC
         for reader in held:
             os.close(reader)
         held.clear()
         with pytest.raises(OSError) as info:  # there is room again, but the file lost a write
-            os.pwrite(fd, pattern(2 * MiB, 3), 0)
+            os.pwrite(fd, content(3, 2 * MiB), 0)
         assert info.value.errno == errno.ENOSPC
     finally:
         for reader in held:
@@ -105,8 +97,8 @@ def _rename_fails_and_the_key_stays_free(mount, pool, tmp) -> None:
     assert info.value.errno == errno.EIO
     _not_published(mount, pool, "page")
     os.unlink(tmp)
-    publish(pool, "page", pattern(MiB, 4))
-    assert read_page(pool / "page") == pattern(MiB, 4)
+    publish(pool, "page", content(4, MiB))
+    assert read_page(pool / "page") == content(4, MiB)
 
 
 def test_a_file_created_under_a_key_with_a_failed_write_is_not_published_at_close(mount_factory):

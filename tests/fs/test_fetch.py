@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from pages import as_nobody, fetch_pages, pattern, publish, read_page, requests_of
+from hicachefs.testing.workload import content
+from pages import as_nobody, fetch_pages, publish, read_page, requests_of
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
 
@@ -23,7 +24,7 @@ def stored(mount, count: int, size: int, seed: int = 0) -> list[tuple[str, bytes
     pool = mount.page_dir()
     made = []
     for i in range(count):
-        data = pattern(size, seed + i)
+        data = content(seed + i, size)
         publish(pool, f"p{i:04d}", data)
         made.append((f"{POOL}/p{i:04d}", data))
     return made
@@ -66,7 +67,7 @@ def test_a_page_spanning_reads_is_one_version_even_when_replaced_between_them(mo
     os.write(fetch, f"{len(old)} {path}\n".encode())
     first = os.pread(fetch, 1 << 20, 0)
     assert first == old[: 1 << 20]
-    publish(mounted.page_dir(), path.rsplit("/", 1)[1], pattern(3 << 20, seed=99))
+    publish(mounted.page_dir(), path.rsplit("/", 1)[1], content(99, 3 << 20))
     rest = os.pread(fetch, 2 << 20, 1 << 20)
     assert rest == old[1 << 20 :]
 

@@ -9,7 +9,8 @@ import struct
 
 import pytest
 
-from pages import as_nobody, ingest_batch, ingest_status, pattern, publish, read_page, requests_of
+from hicachefs.testing.workload import content
+from pages import as_nobody, ingest_batch, ingest_status, publish, read_page, requests_of
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
 KEEP_EXISTING = 1
@@ -24,7 +25,7 @@ def ingest(mounted):
 
 
 def pages(count: int, size: int, seed: int = 0, prefix: str = "k") -> list[tuple[str, bytes]]:
-    return [(f"{POOL}/{prefix}{i:04d}", pattern(size, seed + i)) for i in range(count)]
+    return [(f"{POOL}/{prefix}{i:04d}", content(seed + i, size)) for i in range(count)]
 
 
 def test_a_batch_publishes_every_page_whole_in_few_requests(mounted, ingest):
@@ -138,7 +139,7 @@ def test_a_page_replaces_its_name_atomically_unless_kept(mounted, ingest):
     publish(mounted.path / POOL, path.rsplit("/", 1)[1], old)
     assert read_page(mounted.path / path) == old  # the kernel now caches the old page
     before = os.stat(mounted.path / path)
-    new = pattern(64 << 10, seed=2)
+    new = content(2, 64 << 10)
     ingest_batch(ingest, [(path, new)], flags=KEEP_EXISTING)
     assert read_page(mounted.path / path) == old and os.stat(mounted.path / path).st_mtime_ns == before.st_mtime_ns
     ingest_batch(ingest, [(path, new)])

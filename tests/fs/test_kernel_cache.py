@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content, exists_query
+from pages import publish, read_page
 
 PAGE = 1 << 20
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -40,15 +41,6 @@ def read_elsewhere(path) -> bytes:
     return out.stdout
 
 
-def exists(root, rel: str) -> str:
-    fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-    try:
-        os.write(fd, rel.encode() + b"\n")
-        return os.read(fd, 10).decode().strip()
-    finally:
-        os.close(fd)
-
-
 def until(condition, seconds: float = 1.0) -> float:
     """Wait until ``condition()`` holds; returns the seconds it took (fails past ``seconds``)."""
     start = time.monotonic()
@@ -60,7 +52,7 @@ def until(condition, seconds: float = 1.0) -> float:
 
 def test_a_new_page_is_read_from_the_kernel_cache_from_the_first_read(mounted):
     pool = mounted.page_dir()
-    pages = {f"k{i}": pattern(PAGE, i) for i in range(8)}
+    pages = {f"k{i}": content(i, PAGE) for i in range(8)}
     for key, data in pages.items():
         publish(pool, key, data, size_hint=False)
     until(lambda: mounted.stats()["kernel_cache"].get("pushes", 0) == len(pages), 10)
@@ -75,7 +67,7 @@ def test_a_new_page_is_read_from_the_kernel_cache_from_the_first_read(mounted):
 def test_without_the_kernel_cache_every_read_reaches_the_daemon(mount_factory):
     mount = mount_factory("--memory", "256M", "--no-kernel-cache")
     pool = mount.page_dir()
-    data = pattern(PAGE, 1)
+    data = content(1, PAGE)
     publish(pool, "k", data)
     for _ in range(3):
         assert daemon_reads(mount, lambda: read_page(pool / "k")) >= 1
@@ -85,7 +77,7 @@ def test_without_the_kernel_cache_every_read_reaches_the_daemon(mount_factory):
 def test_a_replaced_page_read_by_another_process_gives_the_new_bytes(mounted):
     pool = mounted.page_dir()
     for version in range(5):
-        data = pattern(PAGE, 100 + version)
+        data = content(100 + version, PAGE)
         publish(pool, "same-key", data)
         assert read_elsewhere(pool / "same-key") == data
         assert read_page(pool / "same-key") == data
@@ -93,7 +85,7 @@ def test_a_replaced_page_read_by_another_process_gives_the_new_bytes(mounted):
 
 def test_a_reader_with_the_page_open_keeps_the_old_bytes(mounted):
     pool = mounted.page_dir()
-    old, new = pattern(PAGE, 1), pattern(PAGE, 2)
+    old, new = content(1, PAGE), content(2, PAGE)
     publish(pool, "k", old)
     fd = os.open(pool / "k", os.O_RDONLY)
     try:
@@ -112,12 +104,12 @@ def test_a_reader_with_the_page_open_keeps_the_old_bytes(mounted):
 def test_stat_getfattr_and_exists_agree_within_a_second_of_an_eviction(mount_factory, flags):
     mount = mount_factory("--memory", "16M", *flags)  # 2 MiB pages at most; no disk tier
     pool = mount.page_dir()
-    publish(pool, "first", pattern(PAGE, 0))
+    publish(pool, "first", content(0, PAGE))
     assert os.stat(pool / "first").st_size == PAGE  # the kernel now caches its entry
     assert os.getxattr(pool / "first", "user.hicachefs.tier") == b"memory"
     for i in range(20):  # 20 MiB through a 16 MiB RAM tier: "first" is evicted
-        publish(pool, f"more{i}", pattern(PAGE, i + 1))
-    assert exists(mount.path, f"{POOL}/first") == "0"
+        publish(pool, f"more{i}", content(i + 1, PAGE))
+    assert exists_query(mount.path, [f"{POOL}/first"]) == "0"
 
     def gone() -> bool:
         try:

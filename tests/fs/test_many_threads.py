@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
 
+from hicachefs.testing.workload import content
 from pages import publish, read_page
-
-
-def content(key: str, size: int) -> bytes:
-    seed = hashlib.sha256(key.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
 
 
 def test_threads_writing_and_reading_agree(mounted):

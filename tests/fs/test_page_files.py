@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from pages import pattern, publish, read_page, write_all
+from hicachefs.testing.workload import content, exists_query
+from pages import publish, read_page, write_all
 
 SIZES = [0, 1, 4095, 4096, 1 << 20, (1 << 20) + 1, 8 << 20, 64 << 20]
 
@@ -17,7 +18,7 @@ SIZES = [0, 1, 4095, 4096, 1 << 20, (1 << 20) + 1, 8 << 20, 64 << 20]
 @pytest.mark.parametrize("size", SIZES)
 def test_bytes_written_are_bytes_read(mounted, size):
     pool = mounted.page_dir()
-    data = pattern(size, seed=size)
+    data = content(size, size)
     publish(pool, "k", data)
     assert read_page(pool / "k") == data
     assert (pool / "k").stat().st_size == size
@@ -25,7 +26,7 @@ def test_bytes_written_are_bytes_read(mounted, size):
 
 def test_page_without_size_hint_round_trips(mounted):
     pool = mounted.page_dir()
-    data = pattern(3 << 20, seed=7)
+    data = content(7, 3 << 20)
     publish(pool, "nohint", data, size_hint=False)
     assert read_page(pool / "nohint") == data
 
@@ -39,13 +40,13 @@ def test_page_is_invisible_until_renamed(mounted):
         write_all(fd, b"x" * 4096)
         assert not (pool / "key").exists()
         assert "key" not in os.listdir(pool)
-        assert _exists_query(mounted.path, ["model/bfloat16-page_first-64/tp0of1/kv/key"]) == "0"
+        assert exists_query(mounted.path, ["model/bfloat16-page_first-64/tp0of1/kv/key"]) == "0"
     finally:
         os.close(fd)
     os.rename(tmp, pool / "key")
     assert (pool / "key").exists()
     assert not tmp.exists()
-    assert _exists_query(mounted.path, ["model/bfloat16-page_first-64/tp0of1/kv/key"]) == "1"
+    assert exists_query(mounted.path, ["model/bfloat16-page_first-64/tp0of1/kv/key"]) == "1"
 
 
 def test_published_page_is_immutable(mounted):
@@ -63,7 +64,7 @@ def test_published_page_is_immutable(mounted):
 
 def test_rename_onto_existing_key_replaces_it(mounted):
     pool = mounted.page_dir()
-    old, new = pattern(2 << 20, 1), pattern(1 << 20, 2)
+    old, new = content(1, 2 << 20), content(2, 1 << 20)
     publish(pool, "k", old)
     publish(pool, "k", new)
     assert read_page(pool / "k") == new
@@ -72,12 +73,12 @@ def test_rename_onto_existing_key_replaces_it(mounted):
 
 def test_open_reader_keeps_old_bytes_across_replace_and_unlink(mounted):
     pool = mounted.page_dir()
-    old = pattern(4 << 20, 3)
+    old = content(3, 4 << 20)
     publish(pool, "k", old)
     fd = os.open(pool / "k", os.O_RDONLY)
     try:
         head = os.pread(fd, 1 << 20, 0)
-        publish(pool, "k", pattern(4 << 20, 4))
+        publish(pool, "k", content(4, 4 << 20))
         middle = os.pread(fd, 2 << 20, 1 << 20)
         os.unlink(pool / "k")
         tail = os.pread(fd, 1 << 20, 3 << 20)
@@ -90,7 +91,7 @@ def test_open_reader_keeps_old_bytes_across_replace_and_unlink(mounted):
 def test_stat_shows_size_blocks_and_times(mounted):
     pool = mounted.page_dir()
     before = time.time()
-    path = publish(pool, "k", pattern(10000))
+    path = publish(pool, "k", content(0, 10000))
     st = path.stat()
     assert st.st_size == 10000
     assert st.st_blocks * 512 >= 10000
@@ -100,7 +101,7 @@ def test_stat_shows_size_blocks_and_times(mounted):
 
 def test_file_created_under_key_is_published_at_close(mounted):
     pool = mounted.page_dir()
-    data = pattern(100000, 9)
+    data = content(9, 100000)
     with open(pool / "direct", "wb") as f:
         f.write(data)
     assert read_page(pool / "direct") == data
@@ -128,14 +129,14 @@ def test_page_over_max_page_size_is_refused_with_efbig(mount_factory):
 def test_full_store_gives_enospc_and_loses_nothing(mount_factory):
     mount = mount_factory("--memory", "16M")  # pages up to 2 MiB, 1/8 of the RAM tier
     pool = mount.page_dir()
-    pages = {f"p{i}": pattern(2 << 20, i) for i in range(8)}
+    pages = {f"p{i}": content(i, 2 << 20) for i in range(8)}
     held = []
     try:
         for key, data in pages.items():  # hold every page open: none may be evicted
             publish(pool, key, data)
             held.append(os.open(pool / key, os.O_RDONLY))
         with pytest.raises(OSError) as info:
-            publish(pool, "one-too-many", pattern(2 << 20, 99))
+            publish(pool, "one-too-many", content(99, 2 << 20))
         assert info.value.errno == errno.ENOSPC
         for fd, data in zip(held, pages.values()):
             assert os.pread(fd, len(data) + 1, 0) == data
@@ -158,15 +159,6 @@ def test_abandoned_temporary_file_is_discarded(mount_factory):
         time.sleep(0.2)
     assert ".abandoned" not in os.listdir(pool)
     assert mount.stats()["pending_files"] == 0
-
-
-def _exists_query(root, paths) -> str:
-    fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-    try:
-        os.write(fd, "".join(p + "\n" for p in paths).encode())
-        return os.read(fd, len(paths) + 1).decode().rstrip("\n")
-    finally:
-        os.close(fd)
 
 
 def test_unwritten_bytes_read_as_zeros_never_an_earlier_page(mounted):

@@ -8,7 +8,7 @@ import logging
 import trio
 import trio.testing
 
-from hicachefs.daemon import _reap_abandoned
+from hicachefs.daemon.daemon import _reap_abandoned
 
 
 class FlakyNamespace:

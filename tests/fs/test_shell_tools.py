@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content
+from pages import publish, read_page
 
 
 def sh(*args: str, cwd=None) -> str:
@@ -20,7 +21,7 @@ def sh(*args: str, cwd=None) -> str:
 def test_ls_du_df_find_getfattr_cat(mounted):
     pool = mounted.page_dir("m", "bfloat16-page_first-64", "tp0of2", "kv")
     for i in range(3):
-        publish(pool, f"key{i}", pattern(1 << 20, i))
+        publish(pool, f"key{i}", content(i, 1 << 20))
 
     listing = sh("ls", "-la", str(pool))
     assert listing.count("-r--r--r--") == 3 and "key2" in listing and "1048576" in listing
@@ -54,7 +55,7 @@ def test_ls_du_df_find_getfattr_cat(mounted):
 def test_cp_in_and_out(mounted, tmp_path):
     pool = mounted.page_dir()
     source = tmp_path / "page.bin"
-    source.write_bytes(pattern(5 << 20, 5))
+    source.write_bytes(content(5, 5 << 20))
     sh("cp", str(source), str(pool / "copied"))
     sh("cp", str(pool / "copied"), str(tmp_path / "back.bin"))
     assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
@@ -80,7 +81,7 @@ def test_tar_of_a_pool_extracts_into_another_mount_and_exits_0(mount_factory, tm
     are still refused."""
     source = mount_factory("--memory", "64M")
     pool_parts = ("m", "bfloat16-page_first-64", "tp0of1", "kv")
-    pages = {f"{i:064x}": pattern(256 << 10, i) for i in range(6)}
+    pages = {f"{i:064x}": content(i, 256 << 10) for i in range(6)}
     for key, data in pages.items():
         publish(source.page_dir(*pool_parts), key, data)
     archive = tmp_path / "pool.tar"
@@ -113,7 +114,7 @@ def test_df_and_du_agree_for_write_through_pages(mount_factory, tmp_path):
                           "--write-through")
     pool = mount.page_dir()
     for i in range(100):
-        publish(pool, f"{i:064x}", pattern(1 << 20, i))
+        publish(pool, f"{i:064x}", content(i, 1 << 20))
     assert mount.stats()["tiers"]["disk"]["pages"] == 100  # really in both tiers
     df = sh("df", "-B1", str(mount.path)).splitlines()[1].split()
     total, used = int(df[1]), int(df[2])
@@ -129,7 +130,7 @@ def test_find_counts_pages_and_the_name_limit_is_the_key_limit(mounted):
     pools = [mounted.page_dir("m", "bfloat16-page_first-64", f"tp{r}of2", "kv") for r in range(2)]
     for r, pool in enumerate(pools):
         for i in range(7):
-            publish(pool, f"key{i}", pattern(4096, r * 10 + i))
+            publish(pool, f"key{i}", content(r * 10 + i, 4096))
     found = sh("find", str(mounted.path), "-type", "f").split()
     assert len(found) == 14 == mounted.stats()["pages"]
     assert sh("stat", "-f", "-c", "%l", str(mounted.path)).strip() == "200"

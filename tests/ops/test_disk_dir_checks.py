@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from hicachefs.daemon import DaemonConfig
+from hicachefs.daemon.config import DaemonConfig
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.device import ArenaRefused, FileDevice
 from hicachefs.store.ssd_tier import ARENA_NAME
 from hicachefs.testing import mounting
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content
+from pages import publish, read_page
 
 DISK = ["--disk-size", "64M"]
 
@@ -43,7 +44,7 @@ def refused(result: subprocess.CompletedProcess, mountpoint: Path, log: Path) ->
 def test_a_second_daemon_on_one_disk_directory_is_refused(mount_factory, tmp_path):
     disk = tmp_path / "ssd"
     first = mount_factory("--memory", "32M", "--disk", str(disk), *DISK, "--write-through")
-    publish(first.page_dir(), "k", pattern(1 << 20, 1))
+    publish(first.page_dir(), "k", content(1, 1 << 20))
     second, log = tmp_path / "second", tmp_path / "second.log"
     second.mkdir()
     line = refused(mount_command(second, disk, log), second, log)
@@ -51,10 +52,10 @@ def test_a_second_daemon_on_one_disk_directory_is_refused(mount_factory, tmp_pat
     # The daemon holds the arena for its life, not only while the command checks it.
     with pytest.raises(ArenaRefused):
         PageStore(StoreConfig(memory_bytes=16 << 20, disk_dir=disk, disk_bytes=64 << 20)).close()
-    assert read_page(first.page_dir() / "k") == pattern(1 << 20, 1)
+    assert read_page(first.page_dir() / "k") == content(1, 1 << 20)
     mounting.stop(first)
     again = mount_factory("--memory", "32M", "--disk", str(disk), *DISK, path=second)  # free once it is gone
-    assert read_page(again.page_dir() / "k") == pattern(1 << 20, 1)
+    assert read_page(again.page_dir() / "k") == content(1, 1 << 20)
 
 
 def fingerprint(path: Path) -> tuple:
@@ -79,7 +80,7 @@ def test_a_foreign_file_larger_than_the_tier_is_refused_and_not_truncated(tmp_pa
     mountpoint.mkdir()
     disk.mkdir()
     arena = disk / ARENA_NAME
-    arena.write_bytes(bytes(4096) + pattern(80 << 20, 7))  # zeros first, then 80 MiB of someone's data
+    arena.write_bytes(bytes(4096) + content(7, 80 << 20))  # zeros first, then 80 MiB of someone's data
     before = fingerprint(arena)
     line = refused(mount_command(mountpoint, disk, log), mountpoint, log)
     assert line == (f"--disk {disk}: {arena} is not a hicachefs disk arena (a file of {before[0]:,} bytes; "

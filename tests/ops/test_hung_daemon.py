@@ -12,7 +12,8 @@ import sys
 import time
 
 from hicachefs.testing import mounting
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content
+from pages import publish, read_page
 
 #: The deadline the tools promise, and how long a command may take on top of it (start-up of
 #: Python on a busy 2-core machine).
@@ -34,7 +35,7 @@ def finish(command: subprocess.Popen) -> tuple[int, str, str, float]:
 def test_tools_give_up_on_a_stopped_daemon_and_umount_removes_its_mount(mount_factory, tmp_path):
     flags = ["--memory", "32M", "--disk", str(tmp_path / "ssd"), "--disk-size", "64M"]
     mount = mount_factory(*flags)
-    publish(mount.page_dir(), "k", pattern(1 << 20, 1))  # in RAM only: no --write-through
+    publish(mount.page_dir(), "k", content(1, 1 << 20))  # in RAM only: no --write-through
     path = mount.path
     commands: list[subprocess.Popen] = []
     os.kill(mount.pid, signal.SIGSTOP)
@@ -72,4 +73,4 @@ def test_tools_give_up_on_a_stopped_daemon_and_umount_removes_its_mount(mount_fa
     assert mounting.wait_gone(mount.pid, 30), "the continued daemon did not end"
     assert "unmounted" in mount.log_text() and "store closed" in mount.log_text()
     again = mount_factory(*flags, path=path)
-    assert read_page(again.page_dir() / "k") == pattern(1 << 20, 1)  # written down on its way out
+    assert read_page(again.page_dir() / "k") == content(1, 1 << 20)  # written down on its way out

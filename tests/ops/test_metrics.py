@@ -17,7 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hicachefs.testing import mounting
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content
+from pages import publish, read_page
 
 LEVELS = ["hicachefs_capacity_bytes", "hicachefs_used_bytes", "hicachefs_free_bytes", "hicachefs_pages",
           "hicachefs_pending_files", "hicachefs_tier_capacity_bytes", "hicachefs_tier_used_bytes",
@@ -64,7 +65,7 @@ def traffic(mount: mounting.Mount) -> None:
     """Pages on both tiers, a read from each, a refused write: every family has samples."""
     pool = mount.page_dir()
     for i in range(PAGES):
-        publish(pool, f"k{i}", pattern(1 << 20, i))
+        publish(pool, f"k{i}", content(i, 1 << 20))
     for i in (0, PAGES - 1):
         read_page(pool / f"k{i}")
     with pytest.raises(PermissionError):

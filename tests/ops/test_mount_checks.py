@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from hicachefs.testing import mounting
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content
+from pages import publish, read_page
 
 
 def hicachefs(*args: str) -> subprocess.CompletedProcess:
@@ -43,7 +44,7 @@ def test_mount_over_a_dead_mount_cleans_it_and_serves_the_disk_tier(mount_factor
     flags = ["--memory", "32M", "--disk", str(tmp_path / "ssd"), "--disk-size", "128M", "--write-through"]
     mount = mount_factory(*flags)
     pool = mount.page_dir()
-    pages = {f"k{i}": pattern(1 << 20, i) for i in range(4)}
+    pages = {f"k{i}": content(i, 1 << 20) for i in range(4)}
     for key, data in pages.items():
         publish(pool, key, data)
     kill_daemon(mount)

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from hicachefs.testing import mounting
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content
+from pages import publish, read_page
 
 
 def wait_gone(pid: int) -> None:
@@ -35,7 +36,7 @@ def test_mount_t_and_fstab_line_mount_and_umount_cleanly(mount_namespace, tmp_pa
     assert (config["memory_bytes"], config["disk_bytes"], config["max_page_size"]) == (64 << 20, 256 << 20, 4 << 20)
     pool = ns.outside(mnt) / "m" / "bfloat16-page_first-64" / "tp0of1" / "kv"
     pool.mkdir(parents=True)
-    pages = {f"k{i}": pattern(1 << 20, i) for i in range(8)}
+    pages = {f"k{i}": content(i, 1 << 20) for i in range(8)}
     for key, data in pages.items():
         publish(pool, key, data)
     pid = ns.daemon_pid(mnt)
@@ -100,7 +101,7 @@ def test_stop_signals_during_the_write_down_do_not_cut_it_short(mount_factory, t
     flags = ["--memory", "256M", "--disk", str(tmp_path / "ssd"), "--disk-size", "512M"]
     mount = mount_factory(*flags)
     pool = mount.page_dir()
-    pages = {f"k{i}": pattern(1 << 20, i) for i in range(160)}
+    pages = {f"k{i}": content(i, 1 << 20) for i in range(160)}
     for key, data in pages.items():
         publish(pool, key, data)
     assert mount.stats()["tiers"]["disk"]["pages"] == 0  # all of them only in RAM

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from hicachefs.testing import mounting
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content
+from pages import publish, read_page
 
 UNIT = Path(__file__).resolve().parents[2] / "contrib" / "systemd" / "hicachefs@.service"
 
@@ -112,7 +113,7 @@ def test_stop_is_a_clean_unmount_and_a_restart_is_warm(mount_namespace, tmp_path
     assert ns.daemon_pid(mountpoint) == pid
     pool = ns.outside(mountpoint) / "m" / "bfloat16-page_first-64" / "tp0of1" / "kv"
     pool.mkdir(parents=True)
-    pages = {f"k{i}": pattern(1 << 20, i) for i in range(8)}
+    pages = {f"k{i}": content(i, 1 << 20) for i in range(8)}
     for key, data in pages.items():
         publish(pool, key, data)
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from hicachefs.testing import mounting
-from pages import pattern, publish
+from hicachefs.testing.workload import content
+from pages import publish
 
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -90,7 +91,7 @@ def test_rates_add_up_to_the_pages_written_and_read(mounted):
     first = read_first_view(top)
     writes_before = mounted.stats()["requests"].get("write", 0)
     for i in range(pages):
-        publish(pool, f"k{i}", pattern(size, i))
+        publish(pool, f"k{i}", content(i, size))
     writes = mounted.stats()["requests"]["write"] - writes_before
     for i in range(pages):
         assert len(read_uncached(pool / f"k{i}")) == size
@@ -120,7 +121,7 @@ def test_demotions_promotions_and_disk_reads_show(mount_factory, tmp_path):
     first = read_first_view(top)
     before = mount.stats()["tiers"]
     for i in range(24):  # more than the RAM tier holds: the oldest move down
-        publish(pool, f"k{i}", pattern(1 << 20, i))
+        publish(pool, f"k{i}", content(i, 1 << 20))
     for _ in range(3):  # a disk page is promoted on its second read, then served from RAM
         for i in range(4):
             read_uncached(pool / f"k{i}")

@@ -13,10 +13,12 @@ import subprocess
 import sys
 import time
 
-from hicachefs import recovery_progress
+from hicachefs.cli import recovery_display
+from hicachefs.daemon import recovery_reporter
 from hicachefs.store.ssd_tier import RecoveryProgress
 from hicachefs.testing import mounting
-from pages import pattern, publish, read_page
+from hicachefs.testing.workload import content
+from pages import publish, read_page
 
 PAGES = 120
 
@@ -56,7 +58,7 @@ def test_a_crash_scans_with_progress_and_umount_makes_the_next_start_warm(mount_
     flags = ["--memory", "64M", "--disk", str(tmp_path / "ssd"), "--disk-size", "256M", "--write-through"]
     mount = mount_factory(*flags)
     pool = mount.page_dir()
-    pages = {f"k{i}": pattern(1 << 20, i) for i in range(PAGES)}
+    pages = {f"k{i}": content(i, 1 << 20) for i in range(PAGES)}
     for key, data in pages.items():
         publish(pool, key, data)
     mounting.kill(mount)
@@ -76,11 +78,11 @@ def test_a_crash_scans_with_progress_and_umount_makes_the_next_start_warm(mount_
         assert outcome and int(outcome[1].replace(",", "")) == PAGES, screen
         assert screen[outcome.end():].startswith(f"hicachefs: mounted {mount.path} (pid ")
         log = scan_log.read_text()
-        assert "INFO hicachefs.recovery_progress: rebuilding the disk index by scanning the arena: " \
+        assert "INFO hicachefs.daemon.recovery_reporter: rebuilding the disk index by scanning the arena: " \
                "it was not unmounted cleanly\n" in log
-        assert re.search(r" INFO hicachefs.recovery_progress: scanning: [\d,]+ pages found, \d+% done, "
+        assert re.search(r" INFO hicachefs.daemon.recovery_reporter: scanning: [\d,]+ pages found, \d+% done, "
                          r"about \d+ s left\n", log)
-        assert f"INFO hicachefs.recovery_progress: scanned the disk arena: {PAGES} pages in " in log
+        assert f"INFO hicachefs.daemon.recovery_reporter: scanned the disk arena: {PAGES} pages in " in log
         for key, data in pages.items():
             assert read_page(pool / key) == data
         result = hicachefs("umount", str(mount.path))
@@ -109,7 +111,7 @@ def test_a_crash_scans_with_progress_and_umount_makes_the_next_start_warm(mount_
 
 
 class Clock:
-    """Stands in for ``time`` in recovery_progress: the test moves it."""
+    """Stands in for ``time`` in the recovery reporter and display: the test moves it."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -120,11 +122,12 @@ class Clock:
 
 def test_off_a_terminal_a_long_scan_prints_progress_every_few_seconds(monkeypatch, caplog):
     clock = Clock()
-    monkeypatch.setattr(recovery_progress, "time", clock)
+    monkeypatch.setattr(recovery_reporter, "time", clock)
+    monkeypatch.setattr(recovery_display, "time", clock)
     caplog.set_level(logging.INFO, "hicachefs")
     read_end, write_end = os.pipe()
-    reporter, out = recovery_progress.Reporter(write_end), io.StringIO()
-    display = recovery_progress.Display(read_end, out)
+    reporter, out = recovery_reporter.Reporter(write_end), io.StringIO()
+    display = recovery_display.Display(read_end, out)
     gib = 1 << 30
     reporter(RecoveryProgress("scan", "its index snapshot is missing", 0, 0, 0, 0.0, False))
     for second in range(1, 21):  # a 20 s scan of 20 GiB, one report a second
@@ -143,7 +146,7 @@ def test_off_a_terminal_a_long_scan_prints_progress_every_few_seconds(monkeypatc
         "hicachefs: scanning: 20,000 pages found, 100% done, about 0 s left",
         "hicachefs: scanned the disk arena: 20,000 pages in 20.0 s",
     ]
-    logged = [r.getMessage() for r in caplog.records if r.name == "hicachefs.recovery_progress"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "hicachefs.daemon.recovery_reporter"]
     assert logged[0] == "rebuilding the disk index by scanning the arena: its index snapshot is missing"
     assert logged[1:-1] == [f"scanning: {n:,} pages found, {n // 200}% done, about {20 - n // 1000} s left"
                             for n in (1000, 6000, 11000, 16000)]

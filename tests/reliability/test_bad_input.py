@@ -13,7 +13,8 @@ import stat
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
 from hicachefs.testing import mounting
 from hicachefs.testing.scenarios import fuzz_names
-from hicachefs.testing.workload import content, errno_of, exists_query, exists_raw, publish, read_whole, serving
+from hicachefs.testing.workload import (errno_of, exists_handle, exists_query, exists_raw, labelled_content, publish,
+                                        read_whole, serving)
 
 ANY_ERROR = "any error"  # the contract names no errno; any refusal but EIO (the daemon's "internal error")
 
@@ -94,7 +95,7 @@ def _cases(root, pool, good, temp_fd, page_fd):
 def test_every_bad_request_gets_an_error_and_the_daemon_keeps_serving(mounted):
     root = mounted.path
     pool = mounted.page_dir()
-    data = content("good", 50_000)
+    data = labelled_content("good", 50_000)
     publish(pool, "good", data)
     good = pool / "good"
     temp_fd = os.open(pool / ".writing", os.O_RDWR | os.O_CREAT, 0o644)
@@ -133,7 +134,7 @@ def test_every_bad_request_gets_an_error_and_the_daemon_keeps_serving(mounted):
 def test_malformed_exists_requests_of_the_maximum_size_answer_zeros(mounted):
     root = mounted.path
     pool = mounted.page_dir()
-    publish(pool, "present", content("present", 4096))
+    publish(pool, "present", labelled_content("present", 4096))
     present = str((pool / "present").relative_to(root))
     rng = random.Random(5)
     garbage = bytes(rng.getrandbits(8) for _ in range(1 << 16)) * (MAX_EXISTS_REQUEST >> 16)  # NULs, bad UTF-8
@@ -153,11 +154,8 @@ def test_malformed_exists_requests_of_the_maximum_size_answer_zeros(mounted):
         assert answer == expected, f"{name}: {len(answer)} bytes answered, {answer[:40]!r}"
         assert mounting.alive(mounted.pid)
     assert exists_query(root, [present, present + "x"]) == "10"
-    fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-    try:
+    with exists_handle(root) as fd:
         assert os.read(fd, 100) == b"\n", "a read with no request answers an empty line"
-    finally:
-        os.close(fd)
     assert serving(root)
 
 

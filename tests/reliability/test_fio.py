@@ -17,7 +17,7 @@ import shutil
 import subprocess
 
 from hicachefs.testing import mounting
-from hicachefs.testing.workload import content, publish
+from hicachefs.testing.workload import labelled_content, publish
 
 FIO = shutil.which("fio") or "/usr/bin/fio"
 
@@ -64,7 +64,7 @@ def test_fio_four_jobs_and_the_temporary_file_protocol(mounted):
 def test_fio_verify_catches_a_page_that_is_not_fios(mounted):
     """The verify read can fail: a page of other bytes does not pass."""
     pool = mounted.page_dir()
-    publish(pool, "other", content("other", 4 << 20))
+    publish(pool, "other", labelled_content("other", 4 << 20))
     result = fio(pool, "--rw=read", "--filename=other")
     assert result.returncode != 0 and "verify" in (result.stdout + result.stderr).lower()
 

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from hicachefs.testing.workload import content, exists_query, publish, read_or_errno, read_whole, serving, tier_counter
+from hicachefs.testing.workload import exists_query, labelled_content, publish, read_or_errno, read_whole, serving, tier_counter
 
 MiB = 1 << 20
 
@@ -20,12 +20,12 @@ def test_ram_and_ssd_full_evict_oldest_only_and_an_open_reader_keeps_its_page(mo
     mount = mount_factory("--memory", "16M", "--disk", str(tmp_path / "disk"), "--disk-size", "32M",
                           "--max-page-size", "1M")
     pool = mount.page_dir()
-    first = content("p000", MiB)
+    first = labelled_content("p000", MiB)
     publish(pool, "p000", first)
     held = os.open(pool / "p000", os.O_RDONLY)
     try:
         head = os.pread(held, MiB // 2, 0)
-        pages = {f"p{i:03d}": content(f"p{i:03d}", MiB) for i in range(1, 90)}
+        pages = {f"p{i:03d}": labelled_content(f"p{i:03d}", MiB) for i in range(1, 90)}
         for key, data in pages.items():  # 90 MiB through 48 MiB of tiers: every publish succeeds
             publish(pool, key, data)
         tail = os.pread(held, MiB, MiB // 2)
@@ -48,7 +48,7 @@ def test_ram_and_ssd_full_evict_oldest_only_and_an_open_reader_keeps_its_page(mo
 def test_ram_pinned_by_readers_and_drafts_gives_enospc_and_loses_nothing(mount_factory):
     mount = mount_factory("--memory", "16M", "--max-page-size", "2M")
     pool = mount.page_dir()
-    held_pages = {f"held-{i}": content(f"held-{i}", 2 * MiB) for i in range(4)}
+    held_pages = {f"held-{i}": labelled_content(f"held-{i}", 2 * MiB) for i in range(4)}
     fds = []
     drafts = []
     refused = 0
@@ -60,7 +60,7 @@ def test_ram_pinned_by_readers_and_drafts_gives_enospc_and_loses_nothing(mount_f
             fd = os.open(pool / f".draft-{i}", os.O_WRONLY | os.O_CREAT, 0o644)
             try:
                 os.ftruncate(fd, 2 * MiB)
-                os.pwrite(fd, content(f"d{i}", 2 * MiB), 0)
+                os.pwrite(fd, labelled_content(f"d{i}", 2 * MiB), 0)
             except OSError as exc:
                 assert exc.errno == errno.ENOSPC, exc
                 refused += 1
@@ -81,7 +81,7 @@ def test_ram_pinned_by_readers_and_drafts_gives_enospc_and_loses_nothing(mount_f
         for _, fd in drafts:
             os.close(fd)
     for name in os.listdir(pool):
-        expected = held_pages.get(name) or content(name, 2 * MiB)
+        expected = held_pages.get(name) or labelled_content(name, 2 * MiB)
         assert read_whole(pool / name) == expected
     assert mount.stats()["errors"].get("ENOSPC", 0) >= refused
     assert serving(mount.path)
@@ -100,8 +100,8 @@ def test_pages_over_max_page_size_get_efbig_and_the_limit_itself_fits(mount_fact
     finally:
         os.close(fd)
     os.unlink(pool / ".big")
-    publish(pool, "exactly-max", content("exactly-max", MiB))
-    assert read_whole(pool / "exactly-max") == content("exactly-max", MiB)
+    publish(pool, "exactly-max", labelled_content("exactly-max", MiB))
+    assert read_whole(pool / "exactly-max") == labelled_content("exactly-max", MiB)
     assert os.listdir(pool) == ["exactly-max"]
 
 
@@ -110,7 +110,7 @@ def test_two_thousand_open_files_on_pages(mounted):
     if soft < 4096:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
     pool = mounted.page_dir()
-    pages = {f"k{i}": content(f"k{i}", 8192 + i) for i in range(200)}
+    pages = {f"k{i}": labelled_content(f"k{i}", 8192 + i) for i in range(200)}
     for key, data in pages.items():
         publish(pool, key, data)
     fds = []
@@ -132,7 +132,7 @@ def test_two_thousand_open_files_on_pages(mounted):
 @pytest.mark.parametrize("removal", ["unlink", "rm -r", "replace"])
 def test_open_reader_keeps_old_bytes_when_page_is_removed(mounted, removal):
     pool = mounted.page_dir("m", "f", "tp0of1", "kv")
-    old = content("k", 3 * MiB)
+    old = labelled_content("k", 3 * MiB)
     publish(pool, "k", old)
     fd = os.open(pool / "k", os.O_RDONLY)
     try:
@@ -142,7 +142,7 @@ def test_open_reader_keeps_old_bytes_when_page_is_removed(mounted, removal):
         elif removal == "rm -r":
             shutil.rmtree(mounted.path / "m")
         else:
-            publish(pool, "k", content("k", 3 * MiB, gen=1))
+            publish(pool, "k", labelled_content("k", 3 * MiB, gen=1))
         try:
             rest = os.pread(fd, 2 * MiB, MiB)
         except OSError as exc:  # allowed by the contract: EIO, never other bytes
@@ -152,7 +152,7 @@ def test_open_reader_keeps_old_bytes_when_page_is_removed(mounted, removal):
     finally:
         os.close(fd)
     if removal == "replace":
-        assert read_whole(pool / "k") == content("k", 3 * MiB, gen=1)
+        assert read_whole(pool / "k") == labelled_content("k", 3 * MiB, gen=1)
     else:
         assert not (mounted.path / "m" / "f" / "tp0of1" / "kv" / "k").exists()
 
@@ -160,12 +160,12 @@ def test_open_reader_keeps_old_bytes_when_page_is_removed(mounted, removal):
 def test_pinned_ram_page_survives_pressure_without_disk(mount_factory):
     mount = mount_factory("--memory", "16M", "--max-page-size", "1M")
     pool = mount.page_dir()
-    old = content("pinned", MiB)
+    old = labelled_content("pinned", MiB)
     publish(pool, "pinned", old)
     fd = os.open(pool / "pinned", os.O_RDONLY)
     try:
         for i in range(40):
-            publish(pool, f"pressure-{i}", content(f"pressure-{i}", MiB))
+            publish(pool, f"pressure-{i}", labelled_content(f"pressure-{i}", MiB))
         got = os.pread(fd, MiB + 1, 0)
         assert got == old
     finally:

@@ -6,19 +6,15 @@ import hashlib
 import time
 from collections.abc import Callable
 
-import numpy as np
 import xxhash
 
 from hicachefs.store.tier import PageMeta
+from hicachefs.testing.workload import content
 
 KiB, MiB = 1 << 10, 1 << 20
 #: Short periods and deadlines, so that faults and recoveries play out in a fraction of a second.
 FAST = dict(deadline_s=0.25, tick_s=0.02, poll_s=0.02, retry_s=0.1, sweep_interval_s=0.3, sweep_budget_s=0.05)
 POOL = "m/bf16-page_first-64/tp0of1/kv"
-
-
-def content(seed: int, size: int) -> bytes:
-    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
 
 
 def page_name(i: int, pool: str = POOL) -> str:
@@ -38,6 +34,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(step)
     return time.monotonic() - start
+
+
+def wait_for_sweeps(tiers: list, cycles: int = 2, timeout: float = 10.0) -> None:
+    """Wait until each tier has finished ``cycles`` more sweeps of the whole shared directory,
+    with an eviction round at every tick between: whatever its bound would still remove is gone."""
+    start = [tier.statistics()["sweep_cycles"] for tier in tiers]
+    wait_until(lambda: all(tier.statistics()["sweep_cycles"] >= first + cycles for tier, first in zip(tiers, start)),
+               timeout)
 
 
 class Releases:

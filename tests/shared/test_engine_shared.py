@@ -2,11 +2,12 @@
 finds there is fetched ahead into RAM, and a page removed meanwhile stays removed."""
 
 import pytest
-from shared_helpers import KiB, content, page_name, wait_until
+from held_calls import HOLD_TIMEOUT_S, HeldCall
+from shared_helpers import KiB, page_name, wait_until
 
 from hicachefs.store import PageNotFound, PageStore, StoreConfig
-from hicachefs.store.faults import Fault, FaultyDevice
 from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.testing.workload import content
 
 MiB = 1024 * KiB
 
@@ -50,22 +51,24 @@ def test_pages_the_exists_query_finds_there_are_in_ram_before_their_read(hosts):
 
 @pytest.mark.parametrize("remove", ["page", "tree"])
 def test_a_page_removed_while_it_is_fetched_does_not_come_back(hosts, remove):
-    device = FaultyDevice(DirectoryDevice())
+    device = DirectoryDevice()
     a, b = hosts(device)
     name = page_name(1)
     a.put(name, content(1, 64 * KiB))
     wait_until(lambda: b.may_be_shared(name))
-    device.inject(Fault("preadv", delay_s=1.0))  # every read of the shared tier is slow now
+    fetch_read = HeldCall(device, "preadv")  # the fetch's read waits in the shared tier until released
     assert b.exists_many([name]) == [True]  # starts the fetch
-    wait_until(lambda: b.statistics()["tiers"]["shared"]["fetches_in_flight"] == 1)
+    assert fetch_read.entered.wait(HOLD_TIMEOUT_S)
+    assert b.statistics()["tiers"]["shared"]["fetches_in_flight"] == 1
     if remove == "page":
         b.delete(name)
         b.delete_shared(name)
     else:
         b.delete_tree(name.rpartition("/")[0])
         b.delete_shared(name)
-    device.clear()
+    fetch_read.release()
     wait_until(lambda: b.statistics()["tiers"]["shared"]["fetches_in_flight"] == 0)
+    assert not fetch_read.timed_out
     assert b.info(name) is None and b.exists_many([name]) == [False]
     with pytest.raises(PageNotFound):
         b.open(name)

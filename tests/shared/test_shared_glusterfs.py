@@ -6,7 +6,7 @@ import os
 import time
 
 from shared_helpers import FAST
-from shared_helpers import KiB, make_page, read_page, wait_until
+from shared_helpers import KiB, make_page, read_page, wait_for_sweeps, wait_until
 
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.layout import Layout, place
@@ -68,7 +68,7 @@ def test_the_size_bound_holds_with_two_hosts_evicting(make_tier, gluster_root):
         return [os.path.exists(Layout(root_a).page_path(place(page.name))) for page in pages]
 
     wait_until(lambda: sum(left()) <= 15, timeout=20)
-    time.sleep(0.5)  # a few more ticks: nothing more may go
+    wait_for_sweeps([a, b], timeout=20)  # nothing more may go
     assert left() == [False] * 25 + [True] * 15
     assert a.statistics()["evictions"] + b.statistics()["evictions"] == 25
     assert a.statistics()["io_errors"] == b.statistics()["io_errors"] == 0

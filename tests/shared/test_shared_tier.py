@@ -7,7 +7,8 @@ import threading
 import time
 
 import pytest
-from shared_helpers import KiB, Releases, make_page, page_name, read_page, wait_until
+from held_calls import HOLD_TIMEOUT_S, HeldCall
+from shared_helpers import KiB, Releases, make_page, page_name, read_page, wait_for_sweeps, wait_until
 
 from hicachefs.store.faults import Fault, FaultyDevice
 from hicachefs.store.shared import format as page_format
@@ -147,8 +148,8 @@ def test_another_versions_file_is_neither_served_nor_removed(tmp_path, make_tier
 
 
 def test_the_write_behind_queue_is_bounded_in_pages_and_bytes_and_counts_drops(tmp_path, make_tier):
-    device = FaultyDevice(DirectoryDevice())
-    device.inject(Fault("pwritev", delay_s=0.3))  # the workers are slow; the queue fills
+    device = DirectoryDevice()
+    write = HeldCall(device, "pwritev")  # the one writer is stuck in its first write; the queue fills
     tier = make_tier(tmp_path / "shared", device=device, writers=1, queue_pages=4, queue_bytes=10 * 64 * KiB)
     releases = Releases()
     pages = [make_page(i) for i in range(12)]
@@ -161,7 +162,7 @@ def test_the_write_behind_queue_is_bounded_in_pages_and_bytes_and_counts_drops(t
             assert releases.calls[page.name] == 1  # a dropped page is released at once
     big, big_data = make_page(99, 11 * 64 * KiB)
     assert not tier.offer(big, memoryview(big_data), releases(big.name))  # more than the queue's bytes
-    device.clear()
+    write.release()
     wait_until(lambda: tier.statistics()["written_behind"] == accepted.count(True))
     assert releases.calls == {page.name: 1 for page, _ in pages} | {big.name: 1}
     assert all(tier.contains_many([page.name for (page, _), ok in zip(pages, accepted) if ok]))
@@ -182,16 +183,18 @@ def test_write_behind_admits_only_what_it_can_write_within_its_lag_bound(tmp_pat
 
 
 def test_write_behind_releases_the_payload_before_it_writes(tmp_path, make_tier):
-    device = FaultyDevice(DirectoryDevice())
-    device.inject(Fault("pwritev", delay_s=0.5))
+    device = DirectoryDevice()
+    write = HeldCall(device, "pwritev")
     tier = make_tier(tmp_path / "shared", device=device)
     page, data = make_page(1)
     payload = bytearray(data)
     released = threading.Event()
     tier.offer(page, memoryview(payload), released.set)
-    assert released.wait(0.4)  # while the write is still sleeping in the filesystem
+    assert write.entered.wait(HOLD_TIMEOUT_S) and released.wait(HOLD_TIMEOUT_S)  # while the write is held
     payload[:] = bytes(len(payload))  # the engine reuses its slot
+    write.release()
     wait_until(lambda: tier.statistics()["written_behind"] == 1)
+    assert not write.timed_out
     assert read_page(tier, page.name) == data
 
 
@@ -225,7 +228,7 @@ def test_the_size_bound_holds_by_removing_the_oldest_pages(tmp_path, make_tier):
     pages = _write_aged(writer, root, 60, 16 * KiB, time.time() - 1000)
     bounded = make_tier(root, capacity=20 * file_size)
     wait_until(lambda: sum(_present(root, pages)) <= 20)
-    time.sleep(0.2)  # a few more ticks: nothing more may go
+    wait_for_sweeps([bounded])  # nothing more may go
     assert _present(root, pages) == [False] * 40 + [True] * 20  # the 40 oldest went
     assert bounded.statistics()["used_bytes"] == 20 * file_size
     assert bounded.statistics()["evictions"] == 40
@@ -240,7 +243,7 @@ def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     writer.close()
     a, b = make_tier(root, capacity=30 * file_size), make_tier(root, capacity=30 * file_size)
     wait_until(lambda: sum(_present(root, pages)) <= 30)
-    time.sleep(0.2)
+    wait_for_sweeps([a, b])  # nothing more may go
     assert _present(root, pages) == [False] * 50 + [True] * 30
     stats = [a.statistics(), b.statistics()]
     assert stats[0]["evictions"] + stats[1]["evictions"] == 50  # each page removed once

@@ -18,7 +18,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
 from hicachefs.testing import mounting
-from hicachefs.testing.host_pools import MHAHostPool
+from hicachefs.testing.host_pools import MHAHostPool, page_bytes
 from hicachefs_client import HiCacheFS
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -42,10 +42,6 @@ def keys(tag: str, count: int = PAGES) -> list[str]:
 
 def indices(pool: MHAHostPool, pages) -> torch.Tensor:
     return torch.cat([pool.page_indices(p) for p in pages])
-
-
-def page_bytes(pool: MHAHostPool, page: int) -> bytes:
-    return pool.get_data_page(page * pool.page_size, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def wait_for(condition, seconds: float):

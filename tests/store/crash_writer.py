@@ -8,9 +8,10 @@ import random
 import sys
 from pathlib import Path
 
-from store_helpers import KiB, MiB, content, page_name
+from store_helpers import KiB, MiB, page_name
 
 from hicachefs.store import PageStore, StoreConfig
+from hicachefs.testing.workload import content
 
 
 def main() -> None:

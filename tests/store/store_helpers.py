@@ -1,4 +1,4 @@
-"""Page contents that identify themselves, so that a read of any other page's bytes is caught."""
+"""Names, reads and crashes for the store's tests (page bytes: ``hicachefs.testing.workload.content``)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,10 @@ import os
 import traceback
 from collections.abc import Callable
 
-import numpy as np
-
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.ssd_tier import RecoveryProgress
 
 KiB, MiB = 1 << 10, 1 << 20
-
-
-def content(seed: int | str, size: int) -> bytes:
-    """Deterministic bytes for ``seed``: distinct seeds give distinct bytes (beyond size 0)."""
-    if isinstance(seed, str):
-        seed = int.from_bytes(hashlib.blake2b(seed.encode(), digest_size=8).digest(), "little")
-    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
 
 
 def key(i: int) -> str:

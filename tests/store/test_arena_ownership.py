@@ -13,7 +13,8 @@ import pytest
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.device import ArenaRefused
 from hicachefs.store.ssd_tier import ARENA_NAME
-from store_helpers import MiB, content, read_all
+from hicachefs.testing.workload import content
+from store_helpers import MiB, read_all
 
 DISK_BYTES = 32 * MiB
 

@@ -3,9 +3,10 @@
 import random
 import threading
 
-from store_helpers import KiB, MiB, content, page_name
+from store_helpers import KiB, MiB, page_name
 
 from hicachefs.store import PageNotFound
+from hicachefs.testing.workload import content
 
 
 def _page(version: int, size: int) -> bytes:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import errno
 import threading
-import time
 
 import pytest
-from store_helpers import KiB, MiB, content, page_name, read_all
+from held_calls import HOLD_TIMEOUT_S, HeldCall
+from store_helpers import KiB, MiB, page_name, read_all
 
 from hicachefs.store import DeviceError, PageCorrupt, PageStore, StoreConfig
 from hicachefs.store.device import FileDevice
 from hicachefs.store.faults import Fault, FaultyDevice
 from hicachefs.store.ssd_tier import ARENA_NAME
+from hicachefs.testing.workload import content
 
 PAGE = 256 * KiB
 
@@ -144,19 +145,23 @@ def test_a_flipped_bit_on_read_is_caught_and_the_page_dropped(faulty_store):
 
 
 def test_a_slow_disk_read_does_not_hold_up_ram_pages(faulty_store):
+    """The disk read is held in the device until the RAM pages have been read: had the store
+    made them wait for it, the hold would have timed out first."""
     store, device = faulty_store()
     written = _fill(store)
     on_disk = next(n for n in written if store.info(n).tier == "disk")
     in_ram = [n for n in written if store.info(n).tier == "memory"]
-    device.inject(Fault("preadv", delay_s=2.0, count=1))
-    slow = threading.Thread(target=read_all, args=(store, on_disk))
+    disk_read = HeldCall(device, "preadv")
+    slow_read: list[bytes] = []
+    slow = threading.Thread(target=lambda: slow_read.append(read_all(store, on_disk)))
     slow.start()
     try:
-        time.sleep(0.2)  # the slow read is under way
-        assert slow.is_alive()
+        assert disk_read.entered.wait(HOLD_TIMEOUT_S), "the disk read never reached the device"
         served = [read_all(store, name) == written[name] for name in in_ram]
-        assert served and all(served) and slow.is_alive()  # RAM answered while the disk stalled
+        assert served and all(served)
     finally:
+        disk_read.release()
         slow.join()
-    assert device.injected["preadv:delay"] == 1
+    assert not disk_read.timed_out, "the RAM reads waited for the stalled disk read"
+    assert slow_read == [written[on_disk]]
     assert_consistent(store, written)

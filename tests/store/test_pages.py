@@ -3,8 +3,9 @@
 import pytest
 
 from hicachefs.store import PageNotFound, PageTooLarge, StoreFull
+from hicachefs.testing.workload import content
 
-from store_helpers import KiB, MiB, content, page_name, read_all
+from store_helpers import KiB, MiB, page_name, read_all
 
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 1 * MiB, 8 * MiB + 3])

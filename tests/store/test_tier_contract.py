@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from store_helpers import KiB, MiB, content
+from store_helpers import KiB, MiB
 
 from hicachefs.store.eviction import LruPolicy
 from hicachefs.store.ram_tier import RamTier
 from hicachefs.store.region_log import payload_checksum
 from hicachefs.store.ssd_tier import SsdTier
 from hicachefs.store.tier import PageMeta, ReadResult
+from hicachefs.testing.workload import content
 
 
 def _ram(tmp_path, reclaimed):

@@ -2,9 +2,10 @@
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import KiB, MiB, content, page_name, read_all
+from store_helpers import KiB, MiB, page_name, read_all
 
 from hicachefs.store import PageStore, StoreConfig
+from hicachefs.testing.workload import content
 
 
 def test_lru_evicts_the_least_recently_used(make_store):

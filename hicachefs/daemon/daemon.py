@@ -3,7 +3,7 @@
 Run in the foreground by ``hicachefs mount --foreground``, or as ``python -m
 hicachefs.daemon CONFIG_JSON [PROGRESS_FD]`` by the background form of the same command, which
 shows on its terminal how rebuilding the disk index goes from what the daemon writes to
-PROGRESS_FD (``recovery_progress``). SIGTERM, SIGINT and SIGHUP end the loop after the requests
+PROGRESS_FD (``recovery_reporter``). SIGTERM, SIGINT and SIGHUP end the loop after the requests
 in flight (``pyfuse3.terminate``); then the mount is removed and the store closed, which writes
 the RAM tier down to disk and the disk tier's index snapshot (further stop signals are ignored
 meanwhile). An unmount from outside (``umount``,
@@ -23,20 +23,21 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import pyfuse3
 import trio
 
-from .fs.control import ControlFiles
-from .fs.kernel_notifier import KernelNotifier
-from .fs.namespace import Namespace
-from .fs.operations import Operations
+from ..fs.control import ControlFiles
+from ..fs.kernel_notifier import KernelNotifier
+from ..fs.namespace import Namespace
+from ..fs.operations import Operations
+from ..store import PageStore, StoreError
+from .config import DaemonConfig
 from .metrics_endpoint import MetricsEndpoint
-from .recovery_progress import Reporter
+from .recovery_reporter import Reporter
 from .sd_notify import notify
-from .store import PageStore, StoreConfig, StoreError
 
 log = logging.getLogger("hicachefs")
 
@@ -47,38 +48,6 @@ READ_AHEAD_KB = 8192
 #: stay pinned there until pushed; beyond, a push is skipped). A quarter holds a whole batch of
 #: 128 pages of 8 MiB on a 4 GiB tier.
 PUSH_SHARE = 4
-
-
-@dataclass(frozen=True)
-class DaemonConfig:
-    """Everything the daemon needs, as validated by the command line."""
-
-    mountpoint: str
-    memory_bytes: int
-    disk_dir: str | None
-    disk_bytes: int
-    write_through: bool
-    max_page_size: int
-    log_level: str
-    log_file: str | None
-    temp_timeout_s: float = 60.0
-    shared_dir: str | None = None
-    shared_bytes: int | None = None
-    kernel_cache: bool = True
-    metrics_listen: str | None = None
-    #: Kernel mount flags given with ``-o`` (nosuid, noatime...), passed on with the mount.
-    fuse_options: tuple[str, ...] = ()
-
-    def store_config(self) -> StoreConfig:
-        return StoreConfig(
-            memory_bytes=self.memory_bytes,
-            disk_dir=Path(self.disk_dir) if self.disk_dir else None,
-            disk_bytes=self.disk_bytes,
-            write_through=self.write_through,
-            max_page_size=self.max_page_size,
-            shared_dir=Path(self.shared_dir) if self.shared_dir else None,
-            shared_bytes=self.shared_bytes,
-        )
 
 
 def setup_logging(config: DaemonConfig) -> None:
@@ -230,6 +199,3 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("daemon failed")
         return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

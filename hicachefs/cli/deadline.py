@@ -29,6 +29,10 @@ class NoAnswer(Exception):
         super().__init__(f"no answer within {seconds:g} s")
         self.seconds = seconds
 
+    def about(self, mountpoint: object) -> str:
+        """The one line a command prints when ``mountpoint``'s daemon did not answer."""
+        return f"{mountpoint}: its daemon did not answer within {self.seconds:g} s"
+
 
 def call(work: Callable[[], T], timeout_s: float = ANSWER_TIMEOUT_S) -> T:
     """``work()``'s result, or its exception, if it returns within ``timeout_s``; else NoAnswer."""

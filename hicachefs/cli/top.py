@@ -9,11 +9,13 @@ On a terminal the view is redrawn in place (rich's ``Live``, on the alternate sc
 Ctrl-C. With ``--count N``, or when the output is not a terminal, views are printed one after
 another as plain text, each starting with a ``hicachefs top`` line. Runs in the caller's
 thread; blocks in sleeps and in reads of the stats file, each of which has a deadline
-(``deadline.NoAnswer`` when the daemon does not answer).
+(``deadline.NoAnswer`` when the daemon does not answer). ``command`` checks ``--count`` and
+``--interval`` first.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -28,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import deadline
+from .arguments import UsageError
 
 #: Per-tier counters shown as rates.
 _TIER_RATES = ("bytes_in", "bytes_out", "hits", "evictions", "demotions", "promotions")
@@ -156,7 +159,18 @@ def _errors(old: dict, new: dict, seconds: float) -> Table | Text:
     return table
 
 
-def run(mountpoint: Path, count: int | None, interval: float) -> int:
+def command(args: argparse.Namespace) -> int:
+    if args.count is not None and args.count < 1:
+        raise UsageError("--count must be at least 1")
+    if not 0.1 <= args.interval <= 3600:
+        raise UsageError("--interval must be from 0.1 to 3600 seconds")
+    try:
+        return show(Path(args.mountpoint), args.count, args.interval)
+    except StatsUnreadable as exc:
+        raise UsageError(str(exc)) from None
+
+
+def show(mountpoint: Path, count: int | None, interval: float) -> int:
     """Show views until ``count`` have been printed, or until Ctrl-C. Raises StatsUnreadable,
     or deadline.NoAnswer."""
     console = _Console(highlight=False)

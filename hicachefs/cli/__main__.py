@@ -1,0 +1,7 @@
+"""``python -m hicachefs.cli``: the ``hicachefs`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,98 @@
+"""``hicachefs mount``: check the flags, start the daemon, return once the mount answers.
+
+In the background form the daemon is ``python -m hicachefs.daemon CONFIG_JSON PROGRESS_FD`` in
+a session of its own, logging to its log file; this command waits for the mount to answer
+(polling the mount table and, with a deadline, the mount's control file), showing meanwhile
+what the daemon reports through the pipe PROGRESS_FD about rebuilding the disk index.
+``--foreground`` runs the daemon in this process instead. A dead hicachefs mount on the
+mountpoint (its daemon gone) is removed first. Runs in the caller's thread and blocks until the
+mount answers: at most ``MOUNT_TIMEOUT_S`` and a second per GiB of the tiers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from . import deadline, mount_table
+from .arguments import UsageError
+from .mount_config import check_mountpoint, daemon_config
+from .recovery_display import Display
+
+MOUNT_TIMEOUT_S = 60.0
+
+
+def command(args: argparse.Namespace) -> int:
+    mountpoint = Path(mount_table.resolve(args.mountpoint))
+    dead_mount = check_mountpoint(mountpoint, args.mountpoint, dead_ok=True)
+    config = daemon_config(args, mountpoint)
+    if dead_mount:
+        try:
+            mount_table.remove(config.mountpoint)
+        except OSError as exc:
+            raise UsageError(f"cannot remove the dead mount at {args.mountpoint}: {exc.strerror}") from None
+        print(f"hicachefs: removed the dead mount at {config.mountpoint} (its daemon was gone)")
+        check_mountpoint(mountpoint, args.mountpoint)
+    if args.foreground:
+        from ..daemon import daemon  # pyfuse3 and trio: only the foreground form runs them here
+
+        daemon.setup_logging(config)
+        return daemon.run(config)
+    progress_read, progress_write = os.pipe()  # the daemon tells how rebuilding the disk index goes
+    try:
+        with open(config.log_file, "ab") as log:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "hicachefs.daemon", json.dumps(asdict(config)), str(progress_write)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                pass_fds=(progress_write,),
+            )
+    finally:
+        os.close(progress_write)
+    progress = Display(progress_read)
+    # Populating the RAM arena and scanning the disk tier take time in proportion to their size.
+    timeout = MOUNT_TIMEOUT_S + (config.memory_bytes + config.disk_bytes) / (1 << 30)
+    until = time.monotonic() + timeout
+    control = Path(config.mountpoint, ".hicachefs", "config")
+    while time.monotonic() < until:
+        progress.poll()
+        if child.poll() is not None:
+            progress.close()
+            reason = _last_error(config.log_file)
+            print(f"hicachefs: the daemon exited with status {child.returncode}{reason}; see {config.log_file}",
+                  file=sys.stderr)
+            return 1
+        if mount_table.filesystem_type(config.mountpoint) == mount_table.FSTYPE:
+            try:
+                live = deadline.call(control.exists)
+            except deadline.NoAnswer as exc:
+                progress.close()
+                print(f"hicachefs: {exc.about(config.mountpoint)} once mounted; see {config.log_file}",
+                      file=sys.stderr)
+                return 1
+            if live:
+                progress.close()
+                print(f"hicachefs: mounted {config.mountpoint} (pid {child.pid}, log {config.log_file})")
+                return 0
+        time.sleep(0.05)
+    progress.close()
+    print(f"hicachefs: the mount did not come up within {timeout:.0f} s; see {config.log_file}",
+          file=sys.stderr)
+    return 1
+
+
+def _last_error(log_file: str) -> str:
+    """': MESSAGE' of the last ERROR line in the daemon's log (its reason for exiting), or ''."""
+    try:
+        with open(log_file, "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - 65536))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in lines if " ERROR " in line]
+    return ": " + errors[-1].split(": ", 1)[-1] if errors else ""

@@ -1,0 +1,232 @@
+"""The mount command's flags, checked, as the daemon's configuration.
+
+Every check that can fail runs here, before anything is mounted: sizes against each other and
+against the host's memory and disk, the disk and shared directories (writable, not inside the
+mountpoint, an arena that is ours and free), the metrics address, FUSE itself, the log file.
+Each failure is a ``UsageError`` naming the first problem. Blocks for at most
+``SHARED_PROBE_TIMEOUT_S`` on a shared filesystem that does not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from ..daemon.config import DaemonConfig
+from ..daemon.metrics_endpoint import check_can_listen, parse_listen_address
+from ..store.device import ArenaRefused
+from ..store.ssd_tier import check_disk_dir
+from . import mount_table
+from .arguments import UsageError, parse_size
+from .mount_table import Answer
+
+MIN_MEMORY = 16 << 20
+DEFAULT_MAX_PAGE = 64 << 20
+#: The reaper looks for abandoned temporary files every quarter of --temp-timeout (at most every
+#: 5 s). Below a second it would wake more than 4 times a second (an idle daemon measured on the
+#: 2-core VM: 0.001 s, every 0.25 ms, took 4.9-8 % of a core; 1 s took 0.1 %; 60 s 0.0 %), and a
+#: file that a client on a loaded host closes and renames a moment later could be discarded in
+#: between.
+MIN_TEMP_TIMEOUT_S = 1.0
+#: DESIGN.md: a temporary file nobody renamed is discarded at the latest 60 s after its last close.
+MAX_TEMP_TIMEOUT_S = 60.0
+#: How long mount waits for the shared filesystem to answer a test write.
+SHARED_PROBE_TIMEOUT_S = 5.0
+
+
+def daemon_config(args: argparse.Namespace, mountpoint: Path) -> DaemonConfig:
+    """Validate the mount command's flags for the (checked) ``mountpoint``; raises UsageError
+    naming the first problem."""
+    memory = parse_size(args.memory)
+    if memory < MIN_MEMORY:
+        raise UsageError(f"--memory {args.memory} is below the minimum of 16M")
+    _check_memory_available(memory, args.memory)
+    # The RAM arena is cut into slabs of at most 1/8 of it, and a page must fit in one slab.
+    max_page = parse_size(args.max_page_size) if args.max_page_size else min(DEFAULT_MAX_PAGE, memory // 8)
+    if not 0 < max_page <= memory // 8:
+        raise UsageError(f"--max-page-size {args.max_page_size} must be above 0 and at most 1/8 of --memory")
+    disk_dir, disk_bytes = _disk_tier(args, max_page, mountpoint)
+    shared_dir, shared_bytes = _shared_tier(args, max_page, mountpoint)
+    if args.write_through and disk_dir is None:
+        raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
+    _check_temp_timeout(args.temp_timeout)
+    metrics_listen = None if args.metrics_listen is None else _metrics_listen(args.metrics_listen)
+    _check_fuse()
+    log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
+    if log_file is not None:
+        _check_log_file(log_file, args.log_file)
+    return DaemonConfig(
+        mountpoint=str(mountpoint),
+        memory_bytes=memory,
+        disk_dir=disk_dir,
+        disk_bytes=disk_bytes,
+        write_through=args.write_through,
+        shared_dir=shared_dir,
+        shared_bytes=shared_bytes,
+        max_page_size=max_page,
+        log_level=args.log_level,
+        log_file=log_file,
+        temp_timeout_s=args.temp_timeout,
+        kernel_cache=args.kernel_cache,
+        metrics_listen=metrics_listen,
+        fuse_options=tuple(args.fuse_options),
+    )
+
+
+def check_mountpoint(mountpoint: Path, given: str, dead_ok: bool = False) -> bool:
+    """An empty directory with nothing mounted on it; with ``dead_ok``, a hicachefs mount whose
+    daemon is gone passes too (True: the caller removes it, then checks again)."""
+    fstype = mount_table.filesystem_type(mountpoint)
+    if fstype is not None:
+        answer = mount_table.answer(mountpoint)
+        if dead_ok and fstype == mount_table.FSTYPE and answer is Answer.DEAD:
+            return True
+        how = {Answer.DEAD: " whose daemon is gone", Answer.SILENT: " whose daemon does not answer"}.get(answer, "")
+        raise UsageError(f"mountpoint {given} is already a mount point ({fstype}{how})")
+    if not mountpoint.is_dir():
+        raise UsageError(f"mountpoint {given} is not an existing directory")
+    if any(mountpoint.iterdir()):
+        raise UsageError(f"mountpoint {given} is not empty")
+    return False
+
+
+def _check_memory_available(memory: int, given: str) -> None:
+    """The RAM tier is mapped and populated at start; more than the host can give would kill
+    the daemon after this command returned."""
+    available = _meminfo_bytes("MemAvailable")
+    if available is not None and memory > available:
+        raise UsageError(f"--memory {given} is more than the {available / (1 << 30):.1f} GiB "
+                         f"of memory this host has available")
+
+
+def _meminfo_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                name, _, value = line.partition(":")
+                if name == field:
+                    return int(value.split()[0]) << 10  # kB
+    except OSError:
+        pass
+    return None
+
+
+def _metrics_listen(address: str) -> str:
+    """The address in full (``127.0.0.1:9100`` for ``9100``), once it is known to be free."""
+    try:
+        host, port = parse_listen_address(address)
+        check_can_listen(host, port)
+    except ValueError as exc:
+        raise UsageError(f"--metrics-listen {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--metrics-listen {address}: cannot listen there ({exc.strerror})") from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path) -> tuple[str | None, int]:
+    """The disk directory, made if missing, checked writable and free for this daemon: its
+    arena, if any, is ours and held by no other daemon (the daemon checks again as it opens it)."""
+    if (args.disk is None) != (args.disk_size is None):
+        raise UsageError("--disk and --disk-size go together")
+    if args.disk is None:
+        return None, 0
+    size = parse_size(args.disk_size)
+    if size < max_page:
+        raise UsageError(f"--disk-size {args.disk_size} is smaller than --max-page-size")
+    disk = Path(args.disk).resolve()
+    if disk == mountpoint or mountpoint in disk.parents:
+        raise UsageError(f"--disk {args.disk} is the mountpoint or inside it: the mount would hide the disk tier")
+    try:
+        disk.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=disk, prefix=".hicachefs-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"disk directory {args.disk} cannot be written: {exc.strerror}") from None
+    try:
+        check_disk_dir(disk)
+    except ArenaRefused as exc:
+        raise UsageError(f"--disk {args.disk}: {exc}") from None
+    existing = sum(f.stat().st_size for f in disk.glob("*.arena"))
+    free = shutil.disk_usage(disk).free
+    if size > free + existing:
+        raise UsageError(f"--disk-size {args.disk_size} is more than the {free >> 30} GiB free in {args.disk}")
+    return str(disk), size
+
+
+def _shared_tier(args: argparse.Namespace, max_page: int, mountpoint: Path) -> tuple[str | None, int | None]:
+    """The shared directory, made if missing and checked writable. A filesystem that does not
+    answer in time is not an error: the tier starts unavailable and the daemon retries it."""
+    if args.shared is None:
+        if args.shared_size is not None:
+            raise UsageError("--shared-size needs --shared")
+        return None, None
+    size = None if args.shared_size is None else parse_size(args.shared_size)
+    if size is not None and size < max_page:
+        raise UsageError(f"--shared-size {args.shared_size} is smaller than --max-page-size")
+    shared = Path(args.shared).resolve()
+    if shared == mountpoint or mountpoint in shared.parents:
+        raise UsageError(f"--shared {args.shared} is inside the mountpoint")
+    probe = _ProbeWrite(shared)
+    probe.start()
+    probe.join(SHARED_PROBE_TIMEOUT_S)
+    if probe.is_alive():
+        print(f"hicachefs: the shared filesystem at {args.shared} does not answer; the shared tier "
+              "starts unavailable and is retried", file=sys.stderr)
+    elif probe.error is not None:
+        raise UsageError(f"shared directory {args.shared} cannot be written: {probe.error.strerror}")
+    return str(shared), size
+
+
+class _ProbeWrite(threading.Thread):
+    """Make the directory and a file in it, in a thread: a hung filesystem must not hang us."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(daemon=True)
+        self.directory = directory
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".hicachefs-probe-"):
+                pass
+        except OSError as exc:
+            self.error = exc
+
+
+def _check_temp_timeout(seconds: float) -> None:
+    if math.isnan(seconds):
+        raise UsageError(f"--temp-timeout {seconds:g} is not a number of seconds")
+    if seconds < MIN_TEMP_TIMEOUT_S:
+        raise UsageError(f"--temp-timeout {seconds:g} is below the minimum of {MIN_TEMP_TIMEOUT_S:g} second")
+    if seconds > MAX_TEMP_TIMEOUT_S:
+        raise UsageError(f"--temp-timeout {seconds:g} is above the maximum of {MAX_TEMP_TIMEOUT_S:g} seconds")
+
+
+def _check_log_file(path: str, given: str | None) -> None:
+    """The background daemon logs to ``path``: one it cannot append to fails here, in one line."""
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        where = f"--log-file {given}" if given else f"the log file {path}"
+        raise UsageError(f"{where}: cannot write there ({exc.strerror})") from None
+
+
+def _check_fuse() -> None:
+    if not os.path.exists("/dev/fuse"):
+        raise UsageError("/dev/fuse is missing: load the fuse module (modprobe fuse)")
+    if shutil.which("fusermount3") is None:
+        raise UsageError("fusermount3 is missing: install the fuse3 package")
+
+
+def _default_log_file(mountpoint: Path) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", str(mountpoint)).strip("-") or "root"
+    return str(Path(tempfile.gettempdir()) / f"hicachefs-{slug}.log")
