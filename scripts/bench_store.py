@@ -31,6 +31,7 @@ import numpy as np
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.snapshot import SNAPSHOT_NAME
 from hicachefs.store.ssd_tier import ARENA_NAME
+from hicachefs.testing.store_tools import delete_tree, drop_disk_cache
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -62,7 +63,7 @@ def bench_ram(page_size: int, total: int) -> tuple[float, float, float]:
     for name in names:
         store.put(name, data)
     first = len(names) * page_size / (time.perf_counter() - start) / 1e9
-    store.delete_tree("bench")
+    delete_tree(store, "bench")
     start = time.perf_counter()
     for name in names:
         store.put(name, data)
@@ -91,14 +92,14 @@ def bench_ssd(page_size: int, total: int, directory: Path) -> tuple[float, float
     put = len(names) * page_size / (time.perf_counter() - start) / 1e9
     store.close()
     store = PageStore(config)  # every page on disk only
-    store.tier("disk").drop_cache()
+    drop_disk_cache(store)
     out = np.empty(page_size, np.uint8)
     start = time.perf_counter()
     for name in names:
         with store.open(name) as reader:
             out[:] = reader.read(0, page_size)
     get = len(names) * page_size / (time.perf_counter() - start) / 1e9
-    assert store.statistics()["tiers"]["disk"]["hits"] == len(names)
+    assert store.statistics().tier("disk").hits == len(names)
     store.close()
     (directory / ARENA_NAME).unlink()
     return put, get
@@ -156,7 +157,7 @@ def bench_recovery(count: int, directory: Path) -> dict:
             store = PageStore(config, progress=reports.append)
             facts[f"{method}_{cache}_s"] = time.perf_counter() - start
             facts[f"{method}_{cache}_recovery_s"] = reports[-1].seconds
-            assert reports[-1].method == method and store.statistics()["pages"] == count
+            assert reports[-1].method == method and store.statistics().pages == count
             store.close()
             del store
             gc.collect()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import logging
 import os
@@ -34,10 +35,12 @@ from ..fs.kernel_notifier import KernelNotifier
 from ..fs.namespace import Namespace
 from ..fs.operations import Operations
 from ..store import PageStore, StoreError
+from . import metrics
 from .config import DaemonConfig
 from .metrics_endpoint import MetricsEndpoint
 from .recovery_reporter import Reporter
 from .sd_notify import notify
+from .statistics import DaemonStatistics
 
 log = logging.getLogger("hicachefs")
 
@@ -90,16 +93,12 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
     try:
         effective = {**asdict(config), "pid": os.getpid()}
         notifier = KernelNotifier(config.memory_bytes // PUSH_SHARE)
-        statistics = lambda: {  # noqa: E731 - wiring, read at every open of .hicachefs/stats
-            **store.statistics(),
-            "errors": dict(operations.errors),
-            "requests": dict(operations.requests),
-            "pending_files": namespace.pending_count(),
-            "kernel_cache": notifier.statistics(),
-        }
-        namespace = Namespace(store, ControlFiles(store, statistics, effective), notifier,
+        statistics = lambda: DaemonStatistics(  # noqa: E731 - wiring, read at every open of .hicachefs/stats
+            store.statistics(), dict(operations.errors), dict(operations.requests),
+            namespace.pending_count(), notifier.statistics())
+        namespace = Namespace(store, ControlFiles(store, statistics, metrics.render, effective), notifier,
                               config.temp_timeout_s, config.kernel_cache)
-        operations = Operations(namespace, store)
+        operations = Operations(namespace)
         if config.metrics_listen:  # bound before mounting: a port in use fails the start
             endpoint = MetricsEndpoint(config.metrics_listen, statistics)
         # No default_permissions (pyfuse3's default): Operations checks who may change what.
@@ -146,7 +145,9 @@ async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoi
         nursery.start_soon(_reap_abandoned, namespace)
         nursery.start_soon(_end_pin_leases, namespace)
         if os.getuid() == 0:
-            nursery.start_soon(trio.to_thread.run_sync, _raise_readahead, mountpoint)
+            # Abandoned on cancel: its stat is served by this very loop, which may be ending.
+            nursery.start_soon(functools.partial(trio.to_thread.run_sync, _raise_readahead, mountpoint,
+                                                 abandon_on_cancel=True))
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 

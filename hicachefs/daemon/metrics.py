@@ -1,17 +1,14 @@
-"""The daemon's statistics as Prometheus metric families: the one mapping from the stats dict.
+"""The daemon's statistics as Prometheus metric families: the one mapping from the typed values.
 
 Both ``.hicachefs/metrics`` and the ``--metrics-listen`` endpoint render through
 ``StatisticsCollector``, so the file and the scrape always agree.
 
-Levels, which go up and down (capacity, used and free bytes, pages, files being written, queue
-lengths, availability), are gauges named for their unit (``hicachefs_tier_used_bytes``).
-Running totals are counters, which prometheus_client exposes with the ``_total`` suffix
-(``hicachefs_tier_hits_total``). Sums over the tiers that the stats dict also carries at its
-top level (hits, evictions, bytes in...) are not exported: ``sum by`` gives them, and a scraper
-would otherwise count them twice.
-
-A new statistics field is a counter unless it is a bool or its name is in ``LEVELS`` or ends in
-one of ``LEVEL_SUFFIXES``; add a new level there. Pure functions of the dict: thread-safe.
+Every number's kind is its field's own (``store.statistics``): a level (capacity, used and free
+bytes, pages, files being written, queue lengths, availability) is a gauge named for its unit
+(``hicachefs_tier_used_bytes``); a total is a counter, which prometheus_client exposes with the
+``_total`` suffix (``hicachefs_tier_hits_total``). The store's sums over its tiers (hits,
+evictions, bytes in...) are not exported: ``sum by`` gives them, and a scraper would otherwise
+count them twice. Pure functions of the values: thread-safe.
 """
 
 from __future__ import annotations
@@ -21,17 +18,10 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-PREFIX = "hicachefs_"
+from ..typed_stats import LEVEL, numbers
+from .statistics import DaemonStatistics
 
-LEVELS = frozenset({"capacity_bytes", "used_bytes", "free_bytes", "pages", "pending_files",
-                    "available", "queue_length", "in_flight",
-                    # the shared tier's write-behind, call guard and sweep
-                    "queue_pages", "queue_bytes", "queue_max_pages", "queue_max_bytes", "writing",
-                    "lag_seconds", "last_lag_seconds", "write_seconds_avg", "io_threads_busy",
-                    "io_calls_waiting", "unavailable_seconds", "journal_pending", "eviction_candidates",
-                    "fs_free_bytes", "sweep_last_cycle_seconds"})
-LEVEL_SUFFIXES = ("_capacity_bytes", "_used_bytes", "_free_bytes", "_pages", "_queue_length", "_queue_bytes",
-                  "_in_flight", "_pending", "_available")
+PREFIX = "hicachefs_"
 
 #: Fields whose exported name or help says more than the field's own name.
 _NAMES = {"bytes_in": "written_bytes", "bytes_out": "read_bytes"}
@@ -58,56 +48,47 @@ _HELP = {
     "errors": "Requests refused with an error, by errno.",
     "fuse_requests": "FUSE requests answered, by operation.",
 }
-#: Top-level fields that are sums over the tiers (see the module docstring).
+#: The store's fields that are sums over its tiers (see the module docstring).
 _TIER_SUMS = frozenset({"hits", "evictions", "demotions", "promotions", "checksum_failures",
                         "io_errors", "bytes_in", "bytes_out"})
 
 
-def is_level(field: str, value: object) -> bool:
-    return isinstance(value, bool) or field in LEVELS or field.endswith(LEVEL_SUFFIXES)
-
-
-def metric_families(facts: dict) -> list[Metric]:
-    """The statistics dict of ``PageStore.statistics`` plus the daemon's counters, as families."""
+def metric_families(facts: DaemonStatistics) -> list[Metric]:
+    """The daemon's statistics as metric families."""
     families: dict[str, Metric] = {}
 
-    def add(field: str, value: object, labels: dict[str, str] | None = None) -> None:
-        if not isinstance(value, (int, float)):
-            return
+    def add(field: str, kind: str, value: float, labels: dict[str, str] | None = None) -> None:
         labels = labels or {}
         family = families.get(field)
         if family is None:
-            level = is_level(field.removeprefix("tier_"), value)
-            kind = GaugeMetricFamily if level else CounterMetricFamily
+            make = GaugeMetricFamily if kind == LEVEL else CounterMetricFamily
             help_text = _HELP.get(field, f"hicachefs {field.replace('_', ' ')}.")
-            family = families[field] = kind(PREFIX + field, help_text, labels=list(labels))
+            family = families[field] = make(PREFIX + field, help_text, labels=list(labels))
         family.add_metric(list(labels.values()), float(value))
 
-    for tier, counters in facts.get("tiers", {}).items():
-        for field, value in counters.items():
-            add("tier_" + _NAMES.get(field, field), value, {"tier": tier})
-    for err, count in facts.get("errors", {}).items():
-        add("errors", count, {"errno": err})
-    for op, count in facts.get("requests", {}).items():
-        add("fuse_requests", count, {"operation": op})
-    for field, value in facts.items():
-        if field in ("tiers", "errors", "requests") or field in _TIER_SUMS:
-            continue
-        if isinstance(value, dict):  # a section of its own: flattened into its fields
-            for sub, sub_value in value.items():
-                add(f"{field}_{sub}", sub_value)
-        else:
-            add(_NAMES.get(field, field), value)
+    for tier in facts.store.tiers:
+        for field, kind, value in numbers(tier):
+            add("tier_" + _NAMES.get(field, field), kind, value, {"tier": tier.name})
+    for err, count in facts.errors.items():
+        add("errors", "total", count, {"errno": err})
+    for op, count in facts.requests.items():
+        add("fuse_requests", "total", count, {"operation": op})
+    for field, kind, value in numbers(facts.store):
+        if field not in _TIER_SUMS:
+            add(_NAMES.get(field, field), kind, value)
+    add("pending_files", LEVEL, facts.pending_files)
+    for field, kind, value in numbers(facts.kernel_cache):
+        add(f"kernel_cache_{field}", kind, value)
     return list(families.values())
 
 
 class StatisticsCollector:
-    """A prometheus_client collector over a callable that returns the statistics dict.
+    """A prometheus_client collector over a callable that returns the daemon's statistics.
 
     Thread-safety is the callable's: the collector runs in whichever thread renders.
     """
 
-    def __init__(self, statistics: Callable[[], dict | None]):
+    def __init__(self, statistics: Callable[[], DaemonStatistics | None]):
         self.statistics = statistics
 
     def collect(self) -> Iterator[Metric]:
@@ -116,12 +97,12 @@ class StatisticsCollector:
             yield from metric_families(facts)
 
 
-def registry_of(statistics: Callable[[], dict | None]) -> CollectorRegistry:
+def registry_of(statistics: Callable[[], DaemonStatistics | None]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatisticsCollector(statistics))
     return registry
 
 
-def render(facts: dict) -> bytes:
+def render(facts: DaemonStatistics) -> bytes:
     """The statistics in Prometheus text format (version 0.0.4), as ``/metrics`` serves it."""
     return generate_latest(registry_of(lambda: facts))

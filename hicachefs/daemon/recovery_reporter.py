@@ -20,7 +20,7 @@ import logging
 import os
 import time
 
-from ..store.ssd_tier import RecoveryProgress
+from ..store.tier import RecoveryProgress
 
 log = logging.getLogger(__name__)
 

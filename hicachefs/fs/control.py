@@ -16,11 +16,11 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
 from .. import names
-from ..daemon import metrics
 from ..store import PageStore
 from .errors import FsError
 from .fetch import FetchHandle
@@ -53,6 +53,8 @@ _DIGITS = bytes.maketrans(b"\x00\x01", b"01")
 class SnapshotHandle:
     """A read-only control file's content, fixed when it was opened."""
 
+    cacheable = False
+
     def __init__(self, content: bytes):
         self.content = content
 
@@ -69,6 +71,8 @@ class SnapshotHandle:
 class IngestHandle:
     """A handle on ``.hicachefs/ingest``: its writes are batches of pages, a read tells how the
     last one went (``ingest.py``)."""
+
+    cacheable = False
 
     def __init__(self, publisher: Publisher, max_page_size: int):
         self.stream = IngestStream(publisher, max_page_size)
@@ -95,6 +99,8 @@ class ExistsHandle:
     Offsets are ignored on purpose: the protocol is a stream, so ``write``/``read`` and
     ``pwrite``/``pread`` at any offset behave the same.
     """
+
+    cacheable = False
 
     def __init__(self, store: PageStore):
         self.store = store
@@ -179,14 +185,22 @@ class ExistsHandle:
         return found.translate(_DIGITS)
 
 
+class Statistics(Protocol):
+    def as_dict(self) -> dict: ...
+
+
 class ControlFiles:
-    """Serves ``.hicachefs/*`` from callables that produce the daemon's facts."""
+    """Serves ``.hicachefs/*`` from callables that produce the daemon's facts: ``statistics()``
+    (a value with ``as_dict``, which the stats file shows) and ``render_metrics`` (which makes
+    the metrics file of it)."""
 
     dir_inode = CONTROL_DIR_INODE
 
-    def __init__(self, store: PageStore, statistics: Callable[[], dict], config: dict):
+    def __init__(self, store: PageStore, statistics: Callable[[], Statistics],
+                 render_metrics: Callable[[Statistics], bytes], config: dict):
         self.store = store
         self.statistics = statistics
+        self.render_metrics = render_metrics
         self.config = config
         self.started_ns = time.time_ns()
 
@@ -221,9 +235,9 @@ class ControlFiles:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
             raise FsError(errno.EACCES, "control file is read-only")
         if inode == _FILES[b"stats"]:
-            return SnapshotHandle(render_json(self.statistics()))
+            return SnapshotHandle(render_json(self.statistics().as_dict()))
         if inode == _FILES[b"metrics"]:
-            return SnapshotHandle(metrics.render(self.statistics()))
+            return SnapshotHandle(self.render_metrics(self.statistics()))
         return SnapshotHandle(render_json(self.config))
 
 

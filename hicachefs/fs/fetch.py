@@ -29,7 +29,7 @@ import errno
 
 import trio
 
-from ..store import DeviceError, PageCorrupt, PageNotFound, PageReader, PageStore
+from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
 from .errors import FsError
 
 #: The largest request one handle accepts: 4,096 lines of the longest page path.
@@ -38,6 +38,8 @@ MAX_FETCH_REQUEST = 4 << 20
 
 class FetchHandle:
     """One client's batch read. See the module docstring."""
+
+    cacheable = False
 
     def __init__(self, store: PageStore) -> None:
         self.store = store
@@ -81,8 +83,8 @@ class FetchHandle:
                 reader = previous.pop(index, None)
                 if reader is None:
                     reader = self._open(*pages[index])
-                    if reader is False:  # on a lower tier: read and verify it off the event loop
-                        reader = await self._open_slowly(*pages[index])
+                    if isinstance(reader, NeedsIO):  # on a lower tier: read it off the event loop
+                        reader = await self._open_slowly(reader, pages[index][1])
                 if reader is None:
                     break
                 self._held[index] = reader
@@ -121,18 +123,18 @@ class FetchHandle:
         self._pages, self._starts = pages, starts
         self._request = bytearray()
 
-    def _open(self, name: str, size: int) -> PageReader | None | bool:
-        """The page pinned for reading from RAM; None if it cannot be served as asked, False
-        if it is on a lower tier (``_open_slowly``)."""
+    def _open(self, name: str, size: int) -> PageReader | None | NeedsIO:
+        """The page pinned for reading from RAM; None if it cannot be served as asked;
+        ``NeedsIO`` when it is on a lower tier (``_open_slowly``)."""
         try:
-            reader = self.store.open(name, memory_only=True)
+            reader = self.store.try_open(name)
         except PageNotFound:
             return None
-        return False if reader is None else self._checked(reader, size)
+        return reader if isinstance(reader, NeedsIO) else self._checked(reader, size)
 
-    async def _open_slowly(self, name: str, size: int) -> PageReader | None:
+    async def _open_slowly(self, needs: NeedsIO, size: int) -> PageReader | None:
         try:
-            reader = await trio.to_thread.run_sync(self.store.open, name)
+            reader = await trio.to_thread.run_sync(needs.work)
         except (PageNotFound, PageCorrupt, DeviceError):
             return None
         return self._checked(reader, size)

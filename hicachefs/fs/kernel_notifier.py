@@ -22,16 +22,31 @@ import logging
 import queue
 import threading
 from collections import Counter
+from dataclasses import dataclass
 
 import pyfuse3
 
 from ..store import PageReader
+from ..typed_stats import level, total
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
 #: Errors that only mean the kernel no longer knows what we tell it about.
 _FORGOTTEN = {errno.ENOENT, errno.ENOTCONN, errno.EBADF}
+
+
+@dataclass(frozen=True)
+class KernelCacheStatistics:
+    """What the kernel was told: pages pushed into its cache (and skipped, past the budget),
+    names and inodes it was told to forget, notifications that failed; bytes queued to push."""
+
+    pushes: int = total()
+    pushes_skipped: int = total()
+    entries_invalidated: int = total()
+    inodes_invalidated: int = total()
+    notify_failures: int = total()
+    push_queue_bytes: int = level()
 
 
 class KernelNotifier:
@@ -84,9 +99,9 @@ class KernelNotifier:
     def forget_inode(self, inode: int) -> None:
         self._queue.put(("inode", inode, None))
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> KernelCacheStatistics:
         with self._lock:
-            return {**self.counters, "push_queue_bytes": self._queued_bytes}
+            return KernelCacheStatistics(**self.counters, push_queue_bytes=self._queued_bytes)
 
     def _run(self) -> None:
         while True:

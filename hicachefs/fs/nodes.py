@@ -17,7 +17,9 @@ from .errors import FsError
 
 @dataclass(slots=True)
 class Stat:
-    """What ``stat`` shows for one inode (the FUSE adapter turns it into EntryAttributes)."""
+    """What ``stat`` shows for one inode (the FUSE adapter turns it into EntryAttributes).
+    ``volatile``: it may change without a request of the kernel's (a page only another host's
+    tier holds), so the kernel must not keep it."""
 
     inode: int
     mode: int
@@ -25,6 +27,7 @@ class Stat:
     nlink: int = 1
     mtime_ns: int = 0
     atime_ns: int = 0
+    volatile: bool = False
 
 
 @dataclass(eq=False, slots=True)

@@ -22,7 +22,7 @@ import time
 
 import trio
 
-from ..store import DeviceError, PageCorrupt, PageNotFound, PageReader, PageStore
+from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
 from .errors import FsError
 
 #: Seconds a handle keeps its page pinned after its last read: far longer than any one reader
@@ -68,10 +68,12 @@ class Leases:
 class PageHandle:
     """An open published page. See the module docstring."""
 
-    __slots__ = ("store", "leases", "reader", "name", "version", "size", "pinned_until", "queued")
+    __slots__ = ("store", "leases", "reader", "name", "version", "size", "pinned_until", "queued", "cacheable")
 
-    def __init__(self, store: PageStore, leases: Leases, reader: PageReader) -> None:
+    def __init__(self, store: PageStore, leases: Leases, reader: PageReader, cacheable: bool = False) -> None:
+        """``cacheable``: whether the kernel may keep the page's data (see ``Namespace``)."""
         self.store = store
+        self.cacheable = cacheable
         self.leases = leases
         self.reader: PageReader | None = reader
         self.name = reader.info.name
@@ -102,9 +104,9 @@ class PageHandle:
     async def _find_again(self) -> PageReader:
         """The version this handle opened, pinned again; EIO when it is no longer stored."""
         try:
-            reader = self.store.open(self.name, memory_only=True)
-            if reader is None:  # on a lower tier: read and verify it off the event loop
-                reader = await trio.to_thread.run_sync(self.store.open, self.name)
+            reader = self.store.try_open(self.name)
+            if isinstance(reader, NeedsIO):  # on a lower tier: read and verify it off the event loop
+                reader = await trio.to_thread.run_sync(reader.work)
         except (PageNotFound, PageCorrupt, DeviceError):
             reader = None
         if reader is not None and (reader.info.checksum, reader.info.mtime_ns) == self.version:

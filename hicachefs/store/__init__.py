@@ -6,12 +6,14 @@ Never imports pyfuse3 or torch; the daemon in ``hicachefs.fs`` is one caller, th
 
 from hicachefs.store.config import StoreConfig
 from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
-from hicachefs.store.pages import Draft, PageInfo, PageReader
+from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader
+from hicachefs.store.statistics import StoreStatistics, TierStatistics
 from hicachefs.store.store import PageStore
 
 __all__ = [
     "DeviceError",
     "Draft",
+    "NeedsIO",
     "PageCorrupt",
     "PageInfo",
     "PageNotFound",
@@ -21,4 +23,6 @@ __all__ = [
     "StoreConfig",
     "StoreError",
     "StoreFull",
+    "StoreStatistics",
+    "TierStatistics",
 ]

@@ -74,11 +74,6 @@ class FileDevice:
     def fsync(self) -> None:
         os.fsync(self.fd)
 
-    def drop_cache(self) -> None:
-        """Write back and evict this file from the kernel's page cache (benchmarks)."""
-        os.fdatasync(self.fd)
-        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-
     def close(self) -> None:
         os.close(self.fd)
 

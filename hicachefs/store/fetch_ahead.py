@@ -16,14 +16,22 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from hicachefs.store.errors import StoreError
+from hicachefs.typed_stats import level, total
 
 log = logging.getLogger(__name__)
 
 #: Threads that fetch, and pages fetched or waiting to be at once (more are not fetched ahead).
 FETCHERS = 4
 IN_FLIGHT = 256
+
+
+@dataclass(frozen=True)
+class FetchAheadStatistics:
+    fetched_ahead: int = total()
+    fetches_in_flight: int = level()
 
 
 class FetchAhead:
@@ -75,9 +83,9 @@ class FetchAhead:
         with self._lock:
             return name in self._cancelled
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> FetchAheadStatistics:
         with self._lock:
-            return {"fetched_ahead": self._fetched, "fetches_in_flight": len(self._fetching)}
+            return FetchAheadStatistics(fetched_ahead=self._fetched, fetches_in_flight=len(self._fetching))
 
     def close(self) -> None:
         """Let running fetches end, drop the rest, and free anyone waiting on them."""

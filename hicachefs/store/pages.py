@@ -1,4 +1,5 @@
-"""What the store hands out: facts about a page, a page being written, an open page."""
+"""What the store hands out: facts about a page, a page being written, an open page, and the
+answer that says a request needs blocking I/O."""
 
 from __future__ import annotations
 
@@ -22,10 +23,39 @@ class PageInfo:
     hits: int
     mtime_ns: int
     atime_ns: int
+    #: Whether this store holds a copy of its own; a page only a tier other hosts write holds
+    #: may be replaced or removed there at any time, without a call here.
+    held_here: bool = True
 
 
 def checksum_text(value: int) -> str:
     return f"xxh3_64:{value:016x}"
+
+
+class NeedsIO:
+    """What a non-blocking call answers when only blocking I/O can finish it (a read from the
+    disk tier, the shared tier's filesystem): run ``work()`` in a worker thread, then hand its
+    result to ``finish`` on the caller's own thread, which gives the call's answer (or another
+    ``NeedsIO``). The layer that knows what blocks says so; its callers only follow. ``then``
+    adds a step of the caller's own to run on its thread after the work."""
+
+    __slots__ = ("work", "steps")
+
+    def __init__(self, work: Callable[[], object], steps: tuple[Callable[[object], object], ...] = ()) -> None:
+        self.work = work
+        self.steps = steps
+
+    def then(self, step: Callable[[object], object]) -> NeedsIO:
+        return NeedsIO(self.work, self.steps + (step,))
+
+    def finish(self, value: object) -> object:
+        for i, step in enumerate(self.steps):
+            value = step(value)
+            if isinstance(value, NeedsIO):  # more I/O first: the steps left follow it
+                for rest in self.steps[i + 1 :]:
+                    value = value.then(rest)
+                return value
+        return value
 
 
 class Draft:
@@ -83,11 +113,13 @@ class PageReader:
     """An open page: reads return views of bytes pinned until ``close`` (no copy for RAM pages).
     Safe to read from several threads; close once (later closes do nothing)."""
 
-    __slots__ = ("info", "meta", "size", "_view", "_release")
+    __slots__ = ("info", "meta", "size", "in_ram", "_view", "_release")
 
     def __init__(self, info: PageInfo, meta: PageMeta, view: memoryview,
-                 release: Callable[[], None] | None) -> None:
+                 release: Callable[[], None] | None, in_ram: bool = False) -> None:
+        """``in_ram``: the reader was served from the RAM tier (a read is a memory copy)."""
         self.info = info
+        self.in_ram = in_ram
         self.meta = meta
         self.size = info.size
         self._view = view

@@ -1,8 +1,10 @@
-"""The RAM tier: the arena, its eviction policy, and pins that keep slots alive for readers.
+"""The RAM tier: the arena, its eviction order, and pins that keep slots alive for readers.
 
 A location here is a slot's offset in the arena. Pages are written in place (a Draft is a
 view of its slot) and read without a copy (``view``), so beside the Tier methods this tier
-hands out slots and views, and keeps the LRU order the store asks for victims.
+hands out slots and views, and keeps the order in which its pages should leave; it is the top
+of every chain. The engine tells it what happens to its pages (``admit``, ``hit``, ``release``)
+and it counts those itself.
 
 A slot leaves the tier in two steps: ``drop``/``retire`` (the page is no longer reachable by
 name) and the actual free, which waits for the last reader's ``unpin``. So a reader keeps the
@@ -14,19 +16,21 @@ Not thread-safe: the store's lock guards every call. Nothing here blocks.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from hicachefs.store.arena import Arena
 from hicachefs.store.errors import StoreFull
 from hicachefs.store.eviction import LruPolicy
-from hicachefs.store.stats import TierCounters
+from hicachefs.store.statistics import TierCounters
 from hicachefs.store.tier import PageMeta, ReadResult, Tier
 
 
 class RamTier(Tier):
     name = "memory"
 
-    def __init__(self, capacity: int, slab_bytes: int, policy: LruPolicy) -> None:
+    def __init__(self, capacity: int, slab_bytes: int, policy: LruPolicy | None = None) -> None:
         self.arena = Arena(capacity, slab_bytes)
-        self.policy = policy
+        self.policy = policy or LruPolicy()
         self.counters = TierCounters()
         self._pins: dict[int, int] = {}  # slot offset -> readers
         self._retired: set[int] = set()  # pinned slots whose page is gone; freed at last unpin
@@ -64,6 +68,49 @@ class RamTier(Tier):
 
     def drop(self, page: PageMeta, location: int) -> None:
         self.retire(location)
+
+    # -- what happens to its pages (the engine tells; the tier counts) -----------------------
+
+    def admit(self, row: int, size: int, promoted: bool = False) -> None:
+        """A page (index ``row``) now lives here: published into its slot, or promoted up."""
+        self.policy.admit(row)
+        self.counters.bytes_in += size
+        if promoted:
+            self.counters.promotions += 1
+
+    def hit(self, row: int, size: int) -> None:
+        """The page was read from here: it is the most recently used."""
+        self.policy.touch(row)
+        self.counters.hits += 1
+        self.counters.bytes_out += size
+
+    def touch(self, row: int) -> None:
+        """The page was read without this tier's help (the kernel's cache): most recently used."""
+        self.policy.touch(row)
+        self.counters.hits += 1
+
+    def release(self, row: int, slot: int, demoted: bool) -> None:
+        """The page leaves RAM: moved down (``demoted``), or out of the store (evicted)."""
+        self.policy.forget(row)
+        self.retire(slot)
+        if demoted:
+            self.counters.demotions += 1
+        else:
+            self.counters.evictions += 1
+
+    def forget(self, row: int, slot: int) -> None:
+        """The page was removed or replaced at the caller's request."""
+        self.policy.forget(row)
+        self.retire(slot)
+
+    def victims(self) -> Iterator[int]:
+        """The rows of its pages, the next to leave first (stop before changing the tier)."""
+        return self.policy.in_order()
+
+    def oldest_first(self) -> list[int]:
+        return list(self.policy.oldest_first())
+
+    # -- slots held by readers ----------------------------------------------------------------
 
     def pin(self, offset: int) -> None:
         self._pins[offset] = self._pins.get(offset, 0) + 1

@@ -5,16 +5,18 @@ Chooses the region size: four of the largest records, so that the tail a region 
 least 16 MiB; and at least 8 regions, so that reclaiming one drops at most an eighth of the
 tier (a small tier gets smaller regions, and pages too large for them stay in RAM only).
 
-Making room is the tier's own business: when the ring wraps, the oldest region is reclaimed
-and ``on_reclaim(start, end)`` tells the store which locations are about to be overwritten.
-Writes are serialised by the store's lock; ``read_into`` may run outside it (see RegionLog).
+Making room is the tier's own business: when the ring wraps, the oldest region is reclaimed,
+the engine it is bound to is told which locations are about to be overwritten
+(``TierEvents.reclaiming``), and the pages that thereby leave the store are counted here as
+evictions. Writes are serialised by the store's lock; ``read_into`` may run outside it (see
+RegionLog).
 
 The arena is the tier's alone (``FileDevice`` locks it; a file at its name that is not ours is
 refused, never reformatted: ``region_log.check_ours``).
 
-So is its recovery: at start the tier fills its location column of the store's index, from
-the index snapshot that the last clean close wrote (``write_snapshot``) when that still
-describes the arena exactly, else by scanning the arena (see ``snapshot.py`` for when a
+So is its recovery: at start the tier gives the engine its pages (``recover``), from the index
+snapshot that the last clean close wrote (``persist``) when that still describes the arena
+exactly, else by scanning the arena (see ``snapshot.py`` for when a
 snapshot is trusted). A snapshot spares the scan, not the checks: every read still verifies
 the record's header and payload checksum, so a block that went bad while the daemon was down
 is caught at its first read, as it is in a running store.
@@ -25,38 +27,20 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from hicachefs.store import snapshot
 from hicachefs.store.device import FileDevice
-from hicachefs.store.index import PageIndex
+from hicachefs.store.index import PageColumns
 from hicachefs.store.region_log import RegionLog, check_ours, record_length
-from hicachefs.store.stats import TierCounters
-from hicachefs.store.tier import PageMeta, ReadResult, Tier
+from hicachefs.store.statistics import TierCounters
+from hicachefs.store.tier import (PageMeta, ReadResult, RecoveryListener, RecoveryProgress, RecoverySink, Tier,
+                                  TierEvents)
 
 log = logging.getLogger(__name__)
 
 ARENA_NAME = "hicachefs.arena"
 _MiB = 1 << 20
-
-
-class RecoveryProgress(NamedTuple):
-    """How far rebuilding the tier's index has come: by ``method`` 'snapshot' or 'scan' (then
-    ``reason`` says why no snapshot served); ``pages`` found so far; for a scan, arena bytes
-    scanned of ``total_bytes``; ``seconds`` since it began. The last report has ``finished``."""
-
-    method: str
-    reason: str
-    pages: int
-    scanned_bytes: int
-    total_bytes: int
-    seconds: float
-    finished: bool
-
-
-RecoveryListener = Callable[[RecoveryProgress], None]
 
 
 def region_size(capacity: int, max_page_size: int) -> int:
@@ -84,7 +68,7 @@ class SsdTier(Tier):
     name = "disk"
 
     def __init__(self, directory: Path, capacity: int, max_page_size: int,
-                 on_reclaim: Callable[[int, int], None], device: FileDevice | None = None) -> None:
+                 device: FileDevice | None = None) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
@@ -95,7 +79,14 @@ class SsdTier(Tier):
             device.close()
             raise
         self.counters = TierCounters()
-        self._on_reclaim = on_reclaim
+        self._events: TierEvents | None = None
+
+    def bind(self, events: TierEvents) -> None:
+        self._events = events
+
+    def _reclaiming(self, start: int, end: int) -> None:
+        if self._events is not None:
+            self.counters.evictions += self._events.reclaiming(start, end)
 
     @property
     def capacity_bytes(self) -> int:
@@ -111,11 +102,11 @@ class SsdTier(Tier):
     def retention_bytes(self) -> int:
         return self.log.capacity - self.log.region_bytes
 
-    def recover(self, index: PageIndex, position: int, progress: RecoveryListener | None = None) -> None:
-        """Fill the empty ``index``'s column ``position`` with this tier's pages: loaded from the
-        snapshot if it describes the arena exactly, else scanned (then a name found twice, when
-        a process died between writing a newer copy and invalidating the older, keeps the newer).
-        ``progress`` hears how it goes; its last report has ``finished`` set."""
+    def recover(self, sink: RecoverySink, progress: RecoveryListener | None = None) -> None:
+        """Give ``sink`` this tier's pages: loaded from the snapshot if it describes the arena
+        exactly, else scanned (then a name found twice, when a process died between writing a
+        newer copy and invalidating the older, keeps the newer). ``progress`` hears how it
+        goes; its last report has ``finished`` set."""
         started = time.monotonic()
         report = progress or (lambda _: None)
         try:
@@ -128,7 +119,7 @@ class SsdTier(Tier):
                 log.warning("%s: %s; scanning the arena instead", self.directory / snapshot.SNAPSHOT_NAME, reason)
         else:
             self.log.restore(loaded.log)
-            index.load(position, loaded.pages)
+            sink.load(loaded.pages)
             report(RecoveryProgress("snapshot", "", len(loaded.pages.size), 0, 0, time.monotonic() - started, True))
             return
         report(RecoveryProgress("scan", reason, 0, 0, 0, time.monotonic() - started, False))
@@ -144,30 +135,29 @@ class SsdTier(Tier):
             report(RecoveryProgress("scan", reason, found, done, total, time.monotonic() - started, False))
 
         for record in self.log.scan(corrupt, scanned):
-            older = index.find(record.name)
-            if older >= 0:
-                self.drop(PageMeta(record.name, int(index.size[older]), int(index.checksum[older]), 0),
-                          int(index.loc[older, position]))
-                index.remove(older)
-                pages -= 1
-            index.add(record.name, record.size, record.checksum, record.mtime_ns, position, record.offset)
-            pages += 1
+            page = PageMeta(record.name, record.size, record.checksum, record.mtime_ns)
+            older = sink.found(page, record.offset)
+            if older is not None:
+                self.drop(*older)
+            else:
+                pages += 1
         report(RecoveryProgress("scan", reason, pages, extent[0], extent[0], time.monotonic() - started, True))
 
-    def write_snapshot(self, index: PageIndex, position: int) -> None:
-        """Save the index's pages in this tier and the log's state, then mark the arena clean, so
-        the next start loads them instead of scanning. A failure is logged: that start scans."""
+    def persist(self, pages: PageColumns) -> None:
+        """Save the engine's index of this tier's pages and the log's state, then mark the arena
+        clean, so the next start loads them instead of scanning. A failure is logged: that start
+        scans."""
         try:
             self.log.sync()  # the records first: a snapshot never names a record that is not durable
             token = os.urandom(16)
-            snapshot.write(self.directory, token, self.log, index.pages_in(position))
+            snapshot.write(self.directory, token, self.log, pages)
             self.log.mark_clean(token)
         except OSError as exc:
             log.warning("could not write the disk tier's index snapshot (the next start scans): %s", exc)
 
     def write(self, page: PageMeta, payload) -> int:
         try:
-            offset = self.log.append(page.name.encode(), payload, page.checksum, page.mtime_ns, self._on_reclaim)
+            offset = self.log.append(page.name.encode(), payload, page.checksum, page.mtime_ns, self._reclaiming)
         except OSError:
             self.counters.io_errors += 1
             raise
@@ -183,6 +173,8 @@ class SsdTier(Tier):
         if result is ReadResult.OK:
             self.counters.hits += 1
             self.counters.bytes_out += page.size
+        elif result is ReadResult.CORRUPT:
+            self.counters.checksum_failures += 1
         return result
 
     def drop(self, page: PageMeta, location: int) -> None:
@@ -195,10 +187,6 @@ class SsdTier(Tier):
 
     def sync(self) -> None:
         self.log.sync()
-
-    def drop_cache(self) -> None:
-        """Evict the arena from the kernel's page cache, so the next reads are cold (benchmarks)."""
-        self.log.device.drop_cache()
 
     def close(self) -> None:
         self.log.close()

@@ -1,19 +1,29 @@
 """The one interface every tier of the store implements (RAM, SSD, shared).
 
-A tier owns its bytes, its space accounting, its counters and its recovery. The store decides
-which pages live where and moves them between tiers through these methods alone, so a new kind
-of tier is one new module. A page is addressed in a tier by the ``location`` the tier chose
-when it was written (a RAM slot, an SSD record offset; a tier that finds pages by name, such as
-the shared tier, ignores it).
+The store is given a chain of tiers (``chain.py`` builds it from the configuration) and moves
+pages between them through these methods alone; a tier owns its bytes, its space accounting,
+its counters and its recovery, so a new kind of tier is one new module and a line where the
+chain is built.
+
+Two kinds of tier:
+- an *indexed* tier (RAM, SSD) holds pages at locations it chooses (a RAM slot, an SSD record
+  offset); the engine's index keeps, per page, its location in each indexed tier;
+- a tier that is not indexed finds pages by name itself, because others put pages there too (the
+  shared tier, which other hosts write): the engine asks it ``contains_many`` (from memory) and
+  ``find`` (blocking), offers it every page published here (``offer``), and ignores locations.
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from hicachefs.store.stats import TierCounters
+from hicachefs.store.statistics import TierCounters, TierStatistics
+
+if TYPE_CHECKING:
+    from hicachefs.store.index import PageColumns
 
 
 class PageMeta(NamedTuple):
@@ -28,19 +38,56 @@ class PageMeta(NamedTuple):
 class ReadResult(enum.Enum):
     OK = "ok"
     MISMATCH = "mismatch"  # not the expected page there (reclaimed, replaced, removed): a miss
-    CORRUPT = "corrupt"  # the expected page, but its bytes fail the checksum
+    CORRUPT = "corrupt"  # the expected page, but its bytes fail the checksum (the tier counted it)
+
+
+class RecoveryProgress(NamedTuple):
+    """How far rebuilding a tier's index has come: by ``method`` 'snapshot' or 'scan' (then
+    ``reason`` says why no snapshot served); ``pages`` found so far; for a scan, bytes scanned of
+    ``total_bytes``; ``seconds`` since it began. The last report has ``finished``."""
+
+    method: str
+    reason: str
+    pages: int
+    scanned_bytes: int
+    total_bytes: int
+    seconds: float
+    finished: bool
+
+
+RecoveryListener = Callable[[RecoveryProgress], None]
+
+
+class RecoverySink(Protocol):
+    """Where a tier puts the pages it finds at start (the engine's index, for this tier)."""
+
+    def load(self, pages: PageColumns) -> None:
+        """All of the tier's pages at once (from a snapshot), into an index still empty."""
+
+    def found(self, page: PageMeta, location: int) -> tuple[PageMeta, int] | None:
+        """One page found by a scan. A name found before is kept in its newer copy: the older
+        one and its location are returned, for the tier to drop; else None."""
+
+
+class TierEvents(Protocol):
+    """What a tier tells the engine it is bound to."""
+
+    def reclaiming(self, start: int, end: int) -> int:
+        """The tier is about to overwrite locations [start, end): the engine forgets what it
+        held there; the answer is how many of those pages left the store (no copy elsewhere)."""
 
 
 class Tier(ABC):
     """One level of the page store. See the module docstring.
 
     ``name`` is what stats and ``user.hicachefs.tier`` show. ``write`` and ``read_into`` may
-    block on I/O and raise ``OSError`` when the device fails; the store counts that and leaves
-    its own state as it was.
+    block on I/O and raise ``OSError`` when the device fails; the tier counts that, and the
+    store leaves its own state as it was.
     """
 
     name: str
     counters: TierCounters
+    indexed: bool = True
 
     @property
     @abstractmethod
@@ -71,9 +118,45 @@ class Tier(ABC):
         room (a ring reclaims its oldest region before it is full)."""
         return self.capacity_bytes
 
-    def statistics(self) -> dict:
-        return {"capacity_bytes": self.capacity_bytes, "used_bytes": self.used_bytes,
-                **self.counters.as_dict()}
+    # -- pages found by name (a tier that is not indexed) ---------------------------------
+
+    def contains_many(self, names: list[str]) -> list[bool]:
+        """Whether the tier holds each page, from memory: never blocks."""
+        return [False] * len(names)
+
+    def has_directory(self, path: str) -> bool:
+        """Whether the tier holds pages under directory ``path``, from memory."""
+        return False
+
+    def find(self, name: str, reading: bool = False) -> PageMeta | None:
+        """The facts of the page ``name`` (blocking); ``reading``: a ``read_into`` follows."""
+        return None
+
+    def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
+        """A page was just published: keep a copy if this tier takes every page (never blocks).
+        ``release`` is called once the payload is no longer needed (at once when refused)."""
+        release()
+        return False
+
+    # -- life ------------------------------------------------------------------------------
+
+    def bind(self, events: TierEvents) -> None:
+        """The engine that holds this tier's index, told of what the tier does on its own."""
+
+    def recover(self, sink: RecoverySink, progress: RecoveryListener | None = None) -> None:
+        """Put the pages the tier holds from an earlier run into ``sink`` (nothing to recover
+        for a tier that does not outlive the process)."""
+
+    def persist(self, pages: PageColumns) -> None:
+        """The engine's index of this tier's pages at a clean close, kept for ``recover``."""
+
+    def count_miss(self) -> None:
+        """A lookup found the name on no tier."""
+        self.counters.misses += 1
+
+    def statistics(self) -> TierStatistics:
+        return TierStatistics(name=self.name, capacity_bytes=self.capacity_bytes, used_bytes=self.used_bytes,
+                              **self.counters.snapshot())
 
     def sync(self) -> None:
         """Make what was written durable, as far as the tier promises."""

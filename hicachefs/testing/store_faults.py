@@ -27,7 +27,7 @@ from pathlib import Path
 
 from hicachefs.store import DeviceError, PageCorrupt, PageNotFound, PageStore, StoreConfig, StoreError
 from hicachefs.store.device import FileDevice
-from hicachefs.store.faults import Fault, FaultyDevice
+from hicachefs.testing.faults import Fault, FaultyDevice
 from hicachefs.store.region_log import HEADER
 from hicachefs.store.ssd_tier import ARENA_NAME
 from hicachefs.testing.workload import find_all, identify, labelled_content
@@ -122,11 +122,11 @@ class _Checker:
     def counts_add_up(self, universe: list[str]) -> None:
         stats = self.store.statistics()
         present = sum(self.store.info(name) is not None for name in universe)
-        if stats["pages"] != present:
-            self.wrong(f"statistics count {stats['pages']} pages, {present} can be looked up")
-        for tier, facts in stats["tiers"].items():
-            if not 0 <= facts["used_bytes"] <= facts["capacity_bytes"]:
-                self.wrong(f"{tier}: {facts['used_bytes']} bytes used of {facts['capacity_bytes']}")
+        if stats.pages != present:
+            self.wrong(f"statistics count {stats.pages} pages, {present} can be looked up")
+        for facts in stats.tiers:
+            if not 0 <= facts.used_bytes <= facts.capacity_bytes:
+                self.wrong(f"{facts.name}: {facts.used_bytes} bytes used of {facts.capacity_bytes}")
 
 
 def device_fault_round(workdir: Path, seed: int, operations: int = 1500) -> RoundFigures:
@@ -221,10 +221,9 @@ def _check_restart(config: StoreConfig, check: _Checker, figures: RoundFigures, 
                 figures.resurrected += 1
         for name in universe:
             store.delete(name)
-        stats = store.statistics()
-        for tier, facts in stats["tiers"].items():
-            if facts["used_bytes"] or facts["pages"]:
-                check.wrong(f"{tier}: {facts['pages']} pages, {facts['used_bytes']} bytes left after deleting all")
+        for facts in store.statistics().tiers:
+            if facts.used_bytes or facts.pages:
+                check.wrong(f"{facts.name}: {facts.pages} pages, {facts.used_bytes} bytes left after deleting all")
     finally:
         store.close()
 
@@ -328,7 +327,7 @@ def corruption_round(workdir: Path, seed: int, kind: str, victims: int = 6) -> R
                 figures.note(f"{kind}: {name}: undamaged, lost")
             elif got is None:
                 figures.lost_by_design += 1
-        if kind in ("flip", "torn") and store.statistics()["tiers"]["disk"]["checksum_failures"] < len(damaged):
+        if kind in ("flip", "torn") and store.statistics().tier("disk").checksum_failures < len(damaged):
             figures.inconsistencies += 1
             figures.note(f"{kind}: {len(damaged)} damaged pages, fewer checksum failures counted")
     finally:

@@ -24,7 +24,7 @@ def store(tmp_path):
 
 
 def used(store) -> int:
-    return store.statistics()["tiers"]["memory"]["used_bytes"]
+    return store.statistics().tier("memory").used_bytes
 
 
 def test_a_handle_keeps_its_bytes_during_the_lease_and_pins_nothing_after(store):

@@ -15,7 +15,7 @@ import time
 
 from hicachefs.cli import recovery_display
 from hicachefs.daemon import recovery_reporter
-from hicachefs.store.ssd_tier import RecoveryProgress
+from hicachefs.store.tier import RecoveryProgress
 from hicachefs.testing import mounting
 from hicachefs.testing.workload import content
 from pages import publish, read_page

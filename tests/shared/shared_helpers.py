@@ -39,8 +39,8 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float
 def wait_for_sweeps(tiers: list, cycles: int = 2, timeout: float = 10.0) -> None:
     """Wait until each tier has finished ``cycles`` more sweeps of the whole shared directory,
     with an eviction round at every tick between: whatever its bound would still remove is gone."""
-    start = [tier.statistics()["sweep_cycles"] for tier in tiers]
-    wait_until(lambda: all(tier.statistics()["sweep_cycles"] >= first + cycles for tier, first in zip(tiers, start)),
+    start = [tier.statistics().sweep.sweep_cycles for tier in tiers]
+    wait_until(lambda: all(tier.statistics().sweep.sweep_cycles >= first + cycles for tier, first in zip(tiers, start)),
                timeout)
 
 

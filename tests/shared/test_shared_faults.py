@@ -10,7 +10,7 @@ import pytest
 from shared_helpers import FAST
 from shared_helpers import KiB, Releases, make_page, read_page, wait_until
 
-from hicachefs.store.faults import Fault, FaultyDevice
+from hicachefs.testing.faults import Fault, FaultyDevice
 from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import Layout, place
 from hicachefs.store.tier import ReadResult
@@ -51,12 +51,12 @@ def test_a_failing_filesystem_marks_the_tier_unavailable_until_it_answers_again(
     assert tier.contains_many([page.name]) == [True]
     for op in OPS:
         device.inject(Fault(op, errno=code))
-    wait_until(lambda: not tier.statistics()["available"], timeout=5)
+    wait_until(lambda: not tier.statistics().guard.available, timeout=5)
     assert_refuses_without_touching_the_filesystem(tier, device, page, data)
     stats = tier.statistics()
-    assert stats["io_errors"] > 0 and os.strerror(code) in stats["last_error"]
+    assert stats.io_errors > 0 and os.strerror(code) in stats.guard.last_error
     device.clear()
-    wait_until(lambda: tier.statistics()["available"], timeout=5)
+    wait_until(lambda: tier.statistics().guard.available, timeout=5)
     assert read_page(tier, page.name) == data
     later, later_data = make_page(2)
     assert tier.offer(later, memoryview(later_data), lambda: None)
@@ -75,7 +75,7 @@ def test_stale_handles_on_page_files_are_plain_misses(tmp_path, make_tier):
         assert tier.find(page.name) is None
         assert tier.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH
     stats = tier.statistics()
-    assert stats["available"] and stats["io_errors"] == 0 and stats["checksum_failures"] == 0
+    assert stats.guard.available and stats.io_errors == 0 and stats.checksum_failures == 0
 
 
 def test_a_full_filesystem_pauses_writes_frees_room_and_keeps_reads(tmp_path, make_tier):
@@ -85,20 +85,20 @@ def test_a_full_filesystem_pauses_writes_frees_room_and_keeps_reads(tmp_path, ma
     for number, (page, data) in enumerate(pages):
         tier.write(page, data)
         os.utime(Layout(root).page_path(place(page.name)), (time.time() - 100 + number,) * 2)
-    wait_until(lambda: tier.statistics()["eviction_candidates"] == 10)
+    wait_until(lambda: tier.statistics().sweep.eviction_candidates == 10)
     device.inject(Fault("pwritev", errno=errno.ENOSPC))
     new, new_data = make_page(100)
     with pytest.raises(OSError) as raised:
         tier.write(new, new_data)
     assert raised.value.errno == errno.ENOSPC
     stats = tier.statistics()
-    assert stats["available"] and not stats["writable"]
+    assert stats.guard.available and not stats.writable
     assert not tier.offer(new, memoryview(new_data), lambda: None)  # dropped while full
-    wait_until(lambda: tier.statistics()["evictions"] == 4)  # room for four pages like it
+    wait_until(lambda: tier.statistics().evictions == 4)  # room for four pages like it
     assert [read_page(tier, page.name) == data for page, data in pages] == [False] * 4 + [True] * 6
     assert not [name for name in page_files(root) if name.startswith(".")]  # no temporary file left
     device.clear()
-    wait_until(lambda: tier.statistics()["writable"], timeout=5)
+    wait_until(lambda: tier.statistics().writable, timeout=5)
     tier.write(new, new_data)
     assert read_page(tier, new.name) == new_data
 
@@ -128,14 +128,14 @@ def test_a_hung_filesystem_never_holds_a_caller_past_its_deadline(tmp_path, make
     assert results == [None] * 24 and max(took) < PROMPT_S
     assert contains_took < PROMPT_S and set(answers) <= {True, False}
     stats = tier.statistics()
-    assert not stats["available"] and stats["timeouts"] >= 1
-    assert stats["io_threads_busy"] <= 4  # stuck calls never pile up beyond the fixed threads
+    assert not stats.guard.available and stats.guard.timeouts >= 1
+    assert stats.guard.io_threads_busy <= 4  # stuck calls never pile up beyond the fixed threads
     assert tier.contains_many([pages[0][0].name]) == [False]
     start = time.monotonic()
     assert not tier.offer(pages[0][0], memoryview(pages[0][1]), lambda: None)
     assert time.monotonic() - start < PROMPT_S
     device.clear()
-    wait_until(lambda: tier.statistics()["available"], timeout=HANG_S + 5)
+    wait_until(lambda: tier.statistics().guard.available, timeout=HANG_S + 5)
     assert [read_page(tier, page.name) for page, _ in pages] == [data for _, data in pages]
 
 
@@ -162,7 +162,7 @@ def test_a_short_write_never_becomes_a_page(tmp_path, make_tier):
     with pytest.raises(OSError):
         a.write(page, data)
     assert a.offer(page, memoryview(data), lambda: None)
-    wait_until(lambda: a.statistics()["write_failures"] == 1)
+    wait_until(lambda: a.statistics().write_behind.write_failures == 1)
     assert page_files(root) == [] and b.find(page.name) is None
     assert a.contains_many([page.name]) == [False]
 
@@ -176,7 +176,7 @@ def test_a_read_that_comes_back_flipped_is_caught(tmp_path, make_tier, op):
     a.write(page, data)
     device.inject(Fault(op, flip=True, count=1))
     assert read_page(b, page.name) is None
-    assert b.statistics()["checksum_failures"] == 1 and device.injected[f"{op}:flip"] == 1
+    assert b.statistics().checksum_failures == 1 and device.injected[f"{op}:flip"] == 1
     assert b.find(page.name) is None  # a damaged copy is removed, not served later
 
 
@@ -187,7 +187,7 @@ def test_read_errors_are_misses_and_counted(tmp_path, make_tier):
     device.inject(Fault("preadv", errno=errno.EIO, count=1))
     assert read_page(tier, page.name) is None
     stats = tier.statistics()
-    assert stats["io_errors"] == 1 and stats["checksum_failures"] == 0 and stats["available"]
+    assert stats.io_errors == 1 and stats.checksum_failures == 0 and stats.guard.available
     assert read_page(tier, page.name) == data  # the file was not touched
 
 
@@ -209,5 +209,5 @@ def test_a_read_announced_to_find_comes_with_the_header_and_is_checked(tmp_path,
     device.inject(Fault("preadv", flip=True, count=1))  # the combined read's last byte: the payload
     found = b.find(page.name, reading=True)
     assert found == page and b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.CORRUPT
-    assert device.injected["preadv:flip"] == 1 and b.statistics()["checksum_failures"] == 1
+    assert device.injected["preadv:flip"] == 1 and b.statistics().checksum_failures == 1
     assert b.find(page.name) is None and not os.path.exists(Layout(root).page_path(place(page.name)))

@@ -31,8 +31,8 @@ def test_pages_published_on_one_host_are_read_byte_exact_on_the_other(make_tier,
     wait_until(lambda: all(b.contains_many(names)))
     assert [read_page(b, page.name) for page, _ in pages] == [data for _, data in pages]
     stats = b.statistics()
-    assert stats["hits"] == len(pages) and stats["checksum_failures"] == 0 and stats["io_errors"] == 0
-    assert a.statistics()["written_behind"] == len(pages) and b.statistics()["journal_received"] == len(pages)
+    assert stats.hits == len(pages) and stats.checksum_failures == 0 and stats.io_errors == 0
+    assert a.statistics().write_behind.written_behind == len(pages) and b.statistics().journal_received == len(pages)
 
 
 def test_a_damaged_file_on_the_volume_is_caught_and_removed(make_tier, gluster_root):
@@ -46,7 +46,7 @@ def test_a_damaged_file_on_the_volume_is_caught_and_removed(make_tier, gluster_r
     found = b.find(page.name)
     assert b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.CORRUPT
     path_b = Layout(gluster_root[1]).page_path(place(page.name))
-    assert b.statistics()["checksum_failures"] == 1 and not os.path.exists(path_b)
+    assert b.statistics().checksum_failures == 1 and not os.path.exists(path_b)
     wait_until(lambda: not os.path.exists(path_a), 5.0)  # host A's kernel keeps the entry about 1 s
     wait_until(lambda: a.contains_many([page.name]) == [False])
 
@@ -70,8 +70,8 @@ def test_the_size_bound_holds_with_two_hosts_evicting(make_tier, gluster_root):
     wait_until(lambda: sum(left()) <= 15, timeout=20)
     wait_for_sweeps([a, b], timeout=20)  # nothing more may go
     assert left() == [False] * 25 + [True] * 15
-    assert a.statistics()["evictions"] + b.statistics()["evictions"] == 25
-    assert a.statistics()["io_errors"] == b.statistics()["io_errors"] == 0
+    assert a.statistics().evictions + b.statistics().evictions == 25
+    assert a.statistics().io_errors == b.statistics().io_errors == 0
 
 
 def test_a_volume_stopped_under_a_host_gives_fast_misses_until_it_is_back(make_tier, gluster, gluster_root):
@@ -83,17 +83,17 @@ def test_a_volume_stopped_under_a_host_gives_fast_misses_until_it_is_back(make_t
     wait_until(lambda: all(b.contains_many(names)))
     gluster.stop()
     try:
-        wait_until(lambda: not b.statistics()["available"], timeout=10)
+        wait_until(lambda: not b.statistics().guard.available, timeout=10)
         start = time.monotonic()
         assert b.contains_many(names * 25) == [False] * 125
         assert b.find(names[0]) is None and read_page(b, names[1]) is None
         released = []
         assert not b.offer(pages[0][0], memoryview(pages[0][1]), lambda: released.append(1)) and released == [1]
         assert time.monotonic() - start < PROMPT_S
-        assert "Transport endpoint is not connected" in b.statistics()["last_error"]
+        assert "Transport endpoint is not connected" in b.statistics().guard.last_error
     finally:
         gluster.start()
-    wait_until(lambda: b.statistics()["available"] and a.statistics()["available"], timeout=30)
+    wait_until(lambda: b.statistics().guard.available and a.statistics().guard.available, timeout=30)
     assert [read_page(b, name) for name in names] == [data for _, data in pages]
     later, later_data = make_page(100, 64 * KiB)
     assert a.offer(later, memoryview(later_data), lambda: None)
@@ -112,10 +112,10 @@ def test_a_frozen_brick_never_holds_a_caller_past_its_deadline(make_tier, gluste
         start = time.monotonic()
         assert b.find(names[0]) is None
         assert time.monotonic() - start < PROMPT_S
-        wait_until(lambda: not b.statistics()["available"], timeout=10)
+        wait_until(lambda: not b.statistics().guard.available, timeout=10)
         start = time.monotonic()
         assert b.contains_many(names) == [False] * 3 and read_page(b, names[1]) is None
         assert time.monotonic() - start < PROMPT_S
-        assert b.statistics()["io_threads_busy"] <= 4
-    wait_until(lambda: b.statistics()["available"], timeout=30)
+        assert b.statistics().guard.io_threads_busy <= 4
+    wait_until(lambda: b.statistics().guard.available, timeout=30)
     assert [read_page(b, name) for name in names] == [data for _, data in pages]

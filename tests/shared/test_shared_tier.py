@@ -10,7 +10,7 @@ import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
 from shared_helpers import KiB, Releases, make_page, page_name, read_page, wait_for_sweeps, wait_until
 
-from hicachefs.store.faults import Fault, FaultyDevice
+from hicachefs.testing.faults import Fault, FaultyDevice
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import JOURNAL_DIR, Layout, place
@@ -39,7 +39,7 @@ def test_pages_offered_on_one_host_are_found_and_read_on_another(tmp_path, make_
         assert read_page(b, page.name) == data
     assert releases.calls == {name: 1 for name in names}
     assert b.contains_many([page_name(100), names[0]]) == [False, True]
-    assert b.statistics()["hits"] == len(pages) and b.statistics()["bytes_out"] == sum(p.size for p, _ in pages)
+    assert b.statistics().hits == len(pages) and b.statistics().bytes_out == sum(p.size for p, _ in pages)
     with open(page_path(tmp_path / "shared", names[4]), "rb") as file:  # one file: header, then the page
         assert file.read()[page_format.header_length(names[4]) :] == pages[4][1]
 
@@ -55,7 +55,7 @@ def test_pages_already_there_are_found_by_the_sweep_without_any_journal(tmp_path
     b = make_tier(root)
     names = [page.name for page, _ in pages]
     wait_until(lambda: all(b.contains_many(names)))
-    assert b.statistics()["pages"] == 50 and b.statistics()["journal_received"] == 0
+    assert b.statistics().pages == 50 and b.statistics().journal_received == 0
 
 
 def test_a_page_removed_on_one_host_goes_from_the_others(tmp_path, make_tier):
@@ -70,7 +70,7 @@ def test_a_page_removed_on_one_host_goes_from_the_others(tmp_path, make_tier):
     assert b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH
     assert b.find(page.name) is None and read_page(b, page.name) is None
     stats = b.statistics()
-    assert stats["checksum_failures"] == 0 and stats["io_errors"] == 0
+    assert stats.checksum_failures == 0 and stats.io_errors == 0
 
 
 def test_a_page_removed_between_find_and_read_is_a_plain_miss(tmp_path, make_tier):
@@ -83,7 +83,7 @@ def test_a_page_removed_between_find_and_read_is_a_plain_miss(tmp_path, make_tie
     os.unlink(page_path(tmp_path / "shared", page.name))
     assert b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH
     stats = b.statistics()
-    assert stats["checksum_failures"] == 0 and stats["io_errors"] == 0 and stats["misses"] == 1
+    assert stats.checksum_failures == 0 and stats.io_errors == 0 and stats.misses == 1
 
 
 def test_a_page_replaced_by_another_version_is_a_mismatch_not_corruption(tmp_path, make_tier):
@@ -96,7 +96,7 @@ def test_a_page_replaced_by_another_version_is_a_mismatch_not_corruption(tmp_pat
     assert tier.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.OK  # the file it opened
     assert tier.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH
     assert read_page(tier, page.name) == data[::-1]
-    assert tier.statistics()["checksum_failures"] == 0
+    assert tier.statistics().checksum_failures == 0
 
 
 def _damage_payload(path):
@@ -130,7 +130,7 @@ def test_damaged_files_are_caught_counted_and_removed(tmp_path, make_tier, damag
         assert found is None
     else:
         assert b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.CORRUPT
-    assert b.statistics()["checksum_failures"] == 1
+    assert b.statistics().checksum_failures == 1
     assert not os.path.exists(path) and b.contains_many([page.name]) == [False]
     wait_until(lambda: a.contains_many([page.name]) == [False])  # announced to the other host
 
@@ -144,7 +144,7 @@ def test_another_versions_file_is_neither_served_nor_removed(tmp_path, make_tier
         file.seek(4)
         file.write((page_format.VERSION + 1).to_bytes(2, "little"))
     assert tier.find(page.name) is None
-    assert os.path.exists(path) and tier.statistics()["checksum_failures"] == 0
+    assert os.path.exists(path) and tier.statistics().checksum_failures == 0
 
 
 def test_the_write_behind_queue_is_bounded_in_pages_and_bytes_and_counts_drops(tmp_path, make_tier):
@@ -155,18 +155,18 @@ def test_the_write_behind_queue_is_bounded_in_pages_and_bytes_and_counts_drops(t
     pages = [make_page(i) for i in range(12)]
     accepted = [tier.offer(page, memoryview(data), releases(page.name)) for page, data in pages]
     stats = tier.statistics()
-    assert stats["queue_pages"] <= 4 and stats["queue_bytes"] <= 4 * 64 * KiB
-    assert accepted.count(True) in (4, 5) and stats["dropped"] == accepted.count(False)  # 4 queued + 1 writing
+    assert stats.write_behind.queue_pages <= 4 and stats.write_behind.queue_bytes <= 4 * 64 * KiB
+    assert accepted.count(True) in (4, 5) and stats.write_behind.dropped == accepted.count(False)  # 4 queued + 1 writing
     for (page, _), ok in zip(pages, accepted):
         if not ok:
             assert releases.calls[page.name] == 1  # a dropped page is released at once
     big, big_data = make_page(99, 11 * 64 * KiB)
     assert not tier.offer(big, memoryview(big_data), releases(big.name))  # more than the queue's bytes
     write.release()
-    wait_until(lambda: tier.statistics()["written_behind"] == accepted.count(True))
+    wait_until(lambda: tier.statistics().write_behind.written_behind == accepted.count(True))
     assert releases.calls == {page.name: 1 for page, _ in pages} | {big.name: 1}
     assert all(tier.contains_many([page.name for (page, _), ok in zip(pages, accepted) if ok]))
-    assert tier.statistics()["lag_seconds"] == 0.0
+    assert tier.statistics().write_behind.lag_seconds == 0.0
 
 
 def test_write_behind_admits_only_what_it_can_write_within_its_lag_bound(tmp_path, make_tier):
@@ -175,11 +175,11 @@ def test_write_behind_admits_only_what_it_can_write_within_its_lag_bound(tmp_pat
     tier = make_tier(tmp_path / "shared", device=device, writers=1, queue_lag_s=0.5)
     first, first_data = make_page(0)
     tier.offer(first, memoryview(first_data), lambda: None)
-    wait_until(lambda: tier.statistics()["written_behind"] == 1)  # the pace is known: ~0.2 s a page
+    wait_until(lambda: tier.statistics().write_behind.written_behind == 1)  # the pace is known: ~0.2 s a page
     accepted = [tier.offer(page, memoryview(data), lambda: None) for page, data in map(make_page, range(1, 21))]
     assert 2 <= accepted.count(True) <= 4  # about 0.5 s of writes
-    assert tier.statistics()["dropped_queue_full"] == accepted.count(False)
-    wait_until(lambda: tier.statistics()["written_behind"] == 1 + accepted.count(True))
+    assert tier.statistics().write_behind.dropped_queue_full == accepted.count(False)
+    wait_until(lambda: tier.statistics().write_behind.written_behind == 1 + accepted.count(True))
 
 
 def test_write_behind_releases_the_payload_before_it_writes(tmp_path, make_tier):
@@ -193,7 +193,7 @@ def test_write_behind_releases_the_payload_before_it_writes(tmp_path, make_tier)
     assert write.entered.wait(HOLD_TIMEOUT_S) and released.wait(HOLD_TIMEOUT_S)  # while the write is held
     payload[:] = bytes(len(payload))  # the engine reuses its slot
     write.release()
-    wait_until(lambda: tier.statistics()["written_behind"] == 1)
+    wait_until(lambda: tier.statistics().write_behind.written_behind == 1)
     assert not write.timed_out
     assert read_page(tier, page.name) == data
 
@@ -230,8 +230,8 @@ def test_the_size_bound_holds_by_removing_the_oldest_pages(tmp_path, make_tier):
     wait_until(lambda: sum(_present(root, pages)) <= 20)
     wait_for_sweeps([bounded])  # nothing more may go
     assert _present(root, pages) == [False] * 40 + [True] * 20  # the 40 oldest went
-    assert bounded.statistics()["used_bytes"] == 20 * file_size
-    assert bounded.statistics()["evictions"] == 40
+    assert bounded.statistics().used_bytes == 20 * file_size
+    assert bounded.statistics().evictions == 40
     wait_until(lambda: writer.contains_many([pages[0].name, pages[-1].name]) == [False, True])
 
 
@@ -246,8 +246,8 @@ def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     wait_for_sweeps([a, b])  # nothing more may go
     assert _present(root, pages) == [False] * 50 + [True] * 30
     stats = [a.statistics(), b.statistics()]
-    assert stats[0]["evictions"] + stats[1]["evictions"] == 50  # each page removed once
-    assert all(s["io_errors"] == 0 and s["available"] for s in stats)
+    assert stats[0].evictions + stats[1].evictions == 50  # each page removed once
+    assert all(s.io_errors == 0 and s.guard.available for s in stats)
 
 
 def test_temporary_files_of_dead_writers_are_removed(tmp_path, make_tier):

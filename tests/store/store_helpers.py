@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Callable
 
 from hicachefs.store import PageStore, StoreConfig
-from hicachefs.store.ssd_tier import RecoveryProgress
+from hicachefs.store.tier import RecoveryProgress
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -77,6 +77,6 @@ def test_threads_agree_with_a_model(make_store):
     for thread in threads:
         thread.join()
     assert errors == []
-    stats = store.statistics()
-    assert stats["tiers"]["memory"]["used_bytes"] <= stats["tiers"]["memory"]["capacity_bytes"]
-    assert stats["tiers"]["memory"]["demotions"] > 0 and stats["tiers"]["memory"]["promotions"] > 0
+    memory = store.statistics().tier("memory")
+    assert memory.used_bytes <= memory.capacity_bytes
+    assert memory.demotions > 0 and memory.promotions > 0

@@ -16,7 +16,7 @@ from store_helpers import KiB, MiB, page_name, read_all
 
 from hicachefs.store import DeviceError, PageCorrupt, PageStore, StoreConfig
 from hicachefs.store.device import FileDevice
-from hicachefs.store.faults import Fault, FaultyDevice
+from hicachefs.testing.faults import Fault, FaultyDevice
 from hicachefs.store.ssd_tier import ARENA_NAME
 from hicachefs.testing.workload import content
 
@@ -51,9 +51,9 @@ def assert_consistent(store: PageStore, expected: dict[str, bytes]) -> None:
         if store.info(name) is not None:
             assert read_all(store, name) == data, f"{name}: wrong bytes"
     stats = store.statistics()
-    memory = stats["tiers"]["memory"]
-    assert memory["used_bytes"] == memory["pages"] * PAGE  # no slot leaked
-    assert stats["pages"] == sum(store.info(n) is not None for n in expected)
+    memory = stats.tier("memory")
+    assert memory.used_bytes == memory.pages * PAGE  # no slot leaked
+    assert stats.pages == sum(store.info(n) is not None for n in expected)
 
 
 @pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC])
@@ -67,7 +67,7 @@ def test_a_failing_write_through_publishes_nothing_and_keeps_the_old_page(faulty
         store.put(page_name(2), content(2, PAGE))
     assert store.info(page_name(2)) is None
     assert_consistent(store, {page_name(1): content("old", PAGE)})
-    assert store.statistics()["tiers"]["disk"]["io_errors"] == 2
+    assert store.statistics().tier("disk").io_errors == 2
     device.clear()
     store.put(page_name(2), content(2, PAGE))  # the device works again: so does the store
     assert_consistent(store, {page_name(1): content("old", PAGE), page_name(2): content(2, PAGE)})
@@ -83,8 +83,8 @@ def test_ram_keeps_serving_when_pages_cannot_be_written_down(faulty_store, fault
         written[page_name(i)] = content(i, PAGE)
         store.put(page_name(i), written[page_name(i)])
     stats = store.statistics()
-    assert stats["tiers"]["disk"]["io_errors"] > 0 and stats["tiers"]["disk"]["pages"] == 0
-    assert stats["tiers"]["memory"]["evictions"] > 0
+    assert stats.tier("disk").io_errors > 0 and stats.tier("disk").pages == 0
+    assert stats.tier("memory").evictions > 0
     recent = [page_name(i) for i in range(40 - 8, 40)]
     assert all(store.info(name).tier == "memory" for name in recent)
     assert_consistent(store, written)
@@ -125,7 +125,7 @@ def test_a_failing_read_surfaces_as_eio_and_loses_nothing(faulty_store):
     for name in on_disk[:3]:
         with pytest.raises(DeviceError):
             read_all(store, name)
-    assert store.statistics()["tiers"]["disk"]["io_errors"] == 3
+    assert store.statistics().tier("disk").io_errors == 3
     device.clear()
     assert_consistent(store, written)
     assert all(store.info(n) is not None for n in on_disk)
@@ -139,7 +139,7 @@ def test_a_flipped_bit_on_read_is_caught_and_the_page_dropped(faulty_store):
     with pytest.raises(PageCorrupt):
         read_all(store, victim)
     assert store.info(victim) is None
-    assert store.statistics()["tiers"]["disk"]["checksum_failures"] == 1
+    assert store.statistics().tier("disk").checksum_failures == 1
     del written[victim]
     assert_consistent(store, written)
 

@@ -125,7 +125,7 @@ def test_a_flipped_payload_byte_is_never_served(tmp_path, crash):
             with pytest.raises(PageCorrupt):
                 store.open(page_name(7))
         assert store.info(page_name(7)) is None
-        assert store.statistics()["tiers"]["disk"]["checksum_failures"] == 1
+        assert store.statistics().tier("disk").checksum_failures == 1
         for i in set(range(20)) - {7}:
             assert read_all(store, page_name(i)) == pages[page_name(i)]
     finally:
@@ -145,13 +145,13 @@ def test_a_flipped_byte_under_a_running_store_is_never_served(tmp_path):
         with pytest.raises(PageCorrupt):
             store.open(victim)
         assert store.info(victim) is None  # dropped
-        assert store.statistics()["tiers"]["disk"]["checksum_failures"] == 1
+        assert store.statistics().tier("disk").checksum_failures == 1
         assert read_all(store, page_name(3)) == pages[page_name(3)]
     finally:
         store.close()
     store = PageStore(config)  # the dropped record stays dropped
     try:
-        assert store.info(victim) is None and store.statistics()["tiers"]["disk"]["checksum_failures"] == 0
+        assert store.info(victim) is None and store.statistics().tier("disk").checksum_failures == 0
     finally:
         store.close()
 
@@ -181,7 +181,7 @@ def test_arena_of_another_size_is_reinitialised(tmp_path):
     bigger = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=48 * MiB)
     store = PageStore(bigger)
     try:
-        assert store.info("d/a") is None and store.statistics()["tiers"]["disk"]["capacity_bytes"] > 32 * MiB
+        assert store.info("d/a") is None and store.statistics().tier("disk").capacity_bytes > 32 * MiB
         store.put("d/b", b"b")
     finally:
         store.close()

@@ -62,7 +62,7 @@ class Model:
             assert read_all(store, name) == data, name
         for name in self.deleted:
             assert store.info(name) is None, f"{name} came back"
-        assert store.statistics()["pages"] == len(self.pages)
+        assert store.statistics().pages == len(self.pages)
 
 
 def first_session(store: PageStore, model: Model) -> None:
@@ -92,8 +92,8 @@ def run(config: StoreConfig, session, model: Model) -> None:
 
 
 def disk_facts(store: PageStore) -> tuple[int, int]:
-    disk = store.statistics()["tiers"]["disk"]
-    return disk["pages"], disk["used_bytes"]
+    disk = store.statistics().tier("disk")
+    return disk.pages, disk.used_bytes
 
 
 def scanned_facts(config: StoreConfig, tmp_path: Path) -> tuple[int, int]:

@@ -17,8 +17,22 @@ def _ram(tmp_path, reclaimed):
     return RamTier(8 * MiB, 1 * MiB, LruPolicy())
 
 
+class _Engine:
+    """What a tier tells the engine it is bound to (``TierEvents``): here, written down. Each
+    reclaimed page is said to have left the store (no other copy)."""
+
+    def __init__(self, reclaimed):
+        self.reclaimed = reclaimed
+
+    def reclaiming(self, start: int, end: int) -> int:
+        self.reclaimed.append((start, end))
+        return 1
+
+
 def _ssd(tmp_path, reclaimed):
-    return SsdTier(tmp_path / "disk", 64 * MiB, 1 * MiB, on_reclaim=lambda s, e: reclaimed.append((s, e)))
+    tier = SsdTier(tmp_path / "disk", 64 * MiB, 1 * MiB)
+    tier.bind(_Engine(reclaimed))
+    return tier
 
 
 TIERS = {"memory": _ram, "disk": _ssd}
@@ -45,7 +59,7 @@ def test_a_written_page_reads_back_exactly_and_is_accounted(tier):
         out = memoryview(bytearray(meta.size))
         assert tier.read_into(meta, location, out) is ReadResult.OK
         assert bytes(out) == data
-    assert tier.statistics()["bytes_in"] == sum(meta.size for meta, _ in pages)
+    assert tier.statistics().bytes_in == sum(meta.size for meta, _ in pages)
 
 
 def test_a_dropped_page_frees_its_room(tier):
@@ -86,5 +100,6 @@ def test_the_disk_tier_reclaims_its_oldest_region_and_says_which(tmp_path):
             ssd.write(*_page(i, 1 * MiB))
         assert reclaimed and any(start <= first < end for start, end in reclaimed)
         assert ssd.used_bytes <= ssd.capacity_bytes
+        assert ssd.statistics().evictions == len(reclaimed)  # the tier counts what left the store
     finally:
         ssd.close()

@@ -17,8 +17,8 @@ def test_lru_evicts_the_least_recently_used(make_store):
     store.put(page_name(17), content(17, 64 * KiB))
     present = [store.info(page_name(i)) is not None for i in range(18)]
     assert present == [True, False, False] + [True] * 15
-    stats = store.statistics()["tiers"]["memory"]
-    assert stats["evictions"] == 2 and stats["used_bytes"] == stats["capacity_bytes"] == 1 * MiB
+    stats = store.statistics().tier("memory")
+    assert stats.evictions == 2 and stats.used_bytes == stats.capacity_bytes == 1 * MiB
 
 
 def test_a_freed_slab_goes_to_the_size_that_needs_it(make_store):
@@ -28,7 +28,7 @@ def test_a_freed_slab_goes_to_the_size_that_needs_it(make_store):
     for i in range(4):  # three slabs are free; the fourth big page evicts the small ones
         store.put(page_name(1000 + i), content(1000 + i, 1 * MiB))
     assert all(read_all(store, page_name(1000 + i)) == content(1000 + i, 1 * MiB) for i in range(4))
-    assert store.statistics()["tiers"]["memory"]["evictions"] == 256
+    assert store.statistics().tier("memory").evictions == 256
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -47,8 +47,8 @@ def test_capacity_is_never_exceeded_and_pages_stay_exact(make_store, ops):
             model.pop(name, None)
         elif name in model and store.info(name) is not None:
             assert read_all(store, name) == model[name]
-        stats = store.statistics()["tiers"]["memory"]
-        assert stats["used_bytes"] <= stats["capacity_bytes"] == 2 * MiB
+        stats = store.statistics().tier("memory")
+        assert stats.used_bytes <= stats.capacity_bytes == 2 * MiB
         assert sum(store.info(n).size for n in model if store.info(n)) <= 2 * MiB
     for name, data in model.items():  # evicted pages are gone, never wrong
         if store.info(name) is not None:
@@ -62,7 +62,7 @@ def test_demotion_and_promotion_keep_bytes_exact(make_store):
     for i, size in enumerate(sizes):
         store.put(page_name(i), content(i, size))
     stats = store.statistics()
-    assert stats["tiers"]["memory"]["demotions"] > 0 and stats["pages"] == len(sizes)
+    assert stats.tier("memory").demotions > 0 and stats.pages == len(sizes)
     assert store.info(page_name(0)).tier == "disk"
     assert read_all(store, page_name(0)) == content(0, sizes[0])
     assert store.info(page_name(0)).tier == "disk"  # read once: served from disk, not promoted
@@ -72,8 +72,8 @@ def test_demotion_and_promotion_keep_bytes_exact(make_store):
         for i, size in enumerate(sizes):
             assert read_all(store, page_name(i)) == content(i, size)
     stats = store.statistics()
-    assert stats["tiers"]["memory"]["promotions"] > 0 and stats["tiers"]["disk"]["hits"] > 0
-    assert stats["tiers"]["memory"]["used_bytes"] <= 8 * MiB
+    assert stats.tier("memory").promotions > 0 and stats.tier("disk").hits > 0
+    assert stats.tier("memory").used_bytes <= 8 * MiB
 
 
 def test_pages_larger_than_a_ram_slab_go_to_disk(make_store):
@@ -93,15 +93,15 @@ def test_a_reader_keeps_the_old_bytes_and_its_page_stays_in_ram(make_store):
     for i in range(40):  # floods the RAM tier several times over
         store.put(page_name(i), content(100 + i, 64 * KiB))
     assert store.info("d/open").tier == "memory"  # the oldest page, but open: not evicted
-    assert store.statistics()["tiers"]["memory"]["used_bytes"] <= 1 * MiB
+    assert store.statistics().tier("memory").used_bytes <= 1 * MiB
     assert bytes(deleted.read(0, 64 * KiB)) == content(1, 64 * KiB)
     assert bytes(replaced.read(0, 64 * KiB)) == content(2, 64 * KiB)
     assert bytes(held.read(0, 64 * KiB)) == content(3, 64 * KiB)
     assert read_all(store, "d/replaced") == content(22, 64 * KiB)
-    used = store.statistics()["tiers"]["memory"]["used_bytes"]
+    used = store.statistics().tier("memory").used_bytes
     for reader in (deleted, replaced):
         reader.close()
-    assert store.statistics()["tiers"]["memory"]["used_bytes"] < used  # the retired slots are free now
+    assert store.statistics().tier("memory").used_bytes < used  # the retired slots are free now
     assert store.info("d/deleted") is None
     held.close()
     for i in range(40, 80):
@@ -116,7 +116,7 @@ def test_restart_after_clean_close_is_warm(tmp_path):
     for i in range(10):
         store.put(page_name(i), content(i, 100 * KiB * i))
     store.delete(page_name(3))
-    assert store.statistics()["tiers"]["disk"]["pages"] == 0  # write-back: all in RAM so far
+    assert store.statistics().tier("disk").pages == 0  # write-back: all in RAM so far
     store.close()
     progress = []
     store = PageStore(config, progress=progress.append)
@@ -139,8 +139,8 @@ def test_disk_tier_evicts_its_oldest_region_when_full(tmp_path):
     try:
         for i in range(200):  # 50 MiB through a 16 MiB disk tier
             store.put(page_name(i), content(i, 256 * KiB))
-        stats = store.statistics()
-        assert stats["tiers"]["disk"]["evictions"] > 0 and stats["tiers"]["disk"]["used_bytes"] <= stats["tiers"]["disk"]["capacity_bytes"]
+        disk = store.statistics().tier("disk")
+        assert disk.evictions > 0 and disk.used_bytes <= disk.capacity_bytes
         present = [i for i in range(200) if store.info(page_name(i)) is not None]
         assert present == list(range(200 - len(present), 200))  # the newest survive, the oldest went first
         assert len(present) * 256 * KiB >= 12 * MiB

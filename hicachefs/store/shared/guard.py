@@ -23,6 +23,8 @@ import errno
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from hicachefs.typed_stats import level, total
 
 
 class Refused(OSError):
@@ -42,6 +44,19 @@ class _Call:
         self.error: BaseException | None = None
         self.started = False
         self.abandoned = False
+
+
+@dataclass(frozen=True)
+class GuardStatistics:
+    available: bool = level(True)
+    unavailable_seconds: float = level(0.0)
+    last_error: str | None = None
+    timeouts: int = total()
+    failures: int = total()
+    refused: int = total()
+    availability_changes: int = total()
+    io_threads_busy: int = level()
+    io_calls_waiting: int = level()
 
 
 class CallGuard:
@@ -149,20 +164,15 @@ class CallGuard:
                 except Exception:
                     pass  # releasing what nobody waits for any more: nothing left to tell
 
-    def statistics(self) -> dict:
+    def statistics(self) -> GuardStatistics:
         with self._lock:
             since = self._unavailable_since
-            return {
-                "available": self.available,
-                "unavailable_seconds": round(time.monotonic() - since, 3) if since is not None else 0.0,
-                "last_error": self._last_error,
-                "timeouts": self._timeouts,
-                "failures": self._failures,
-                "refused": self._refused,
-                "availability_changes": self._changes,
-                "io_threads_busy": self._running,
-                "io_calls_waiting": len(self._waiting),
-            }
+            return GuardStatistics(
+                available=self.available,
+                unavailable_seconds=round(time.monotonic() - since, 3) if since is not None else 0.0,
+                last_error=self._last_error, timeouts=self._timeouts, failures=self._failures,
+                refused=self._refused, availability_changes=self._changes,
+                io_threads_busy=self._running, io_calls_waiting=len(self._waiting))
 
     def close(self) -> None:
         """Refuse new calls and let idle threads end; threads stuck in a call stay behind

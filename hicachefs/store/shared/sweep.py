@@ -22,12 +22,14 @@ import heapq
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from hicachefs.store.shared.layout import FANOUT_NAMES, Layout, fanout_name, key_hash
 from hicachefs.store.shared.presence import PresenceIndex
+from hicachefs.typed_stats import level, total
 
 _GONE = (errno.ENOENT, errno.ESTALE)
 
@@ -38,6 +40,15 @@ class Candidate(NamedTuple):
     mtime_ns: int
     name: str
     size: int
+
+
+@dataclass(frozen=True)
+class SweepStatistics:
+    sweep_cycles: int = total()
+    sweep_last_cycle_seconds: float = level(0.0)
+    sweep_directories_listed: int = total()
+    sweep_temp_removed: int = total()
+    eviction_candidates: int = level()
 
 
 class Sweeper:
@@ -155,11 +166,7 @@ class Sweeper:
         self.last_cycle_end = time.monotonic()
         self.last_cycle_s = self.last_cycle_end - self._cycle_start
 
-    def statistics(self) -> dict:
-        return {
-            "sweep_cycles": self.cycles,
-            "sweep_last_cycle_seconds": round(self.last_cycle_s, 3),
-            "sweep_directories_listed": self.directories_listed,
-            "sweep_temp_removed": self.temp_removed,
-            "eviction_candidates": len(self.candidates),
-        }
+    def statistics(self) -> SweepStatistics:
+        return SweepStatistics(sweep_cycles=self.cycles, sweep_last_cycle_seconds=round(self.last_cycle_s, 3),
+                               sweep_directories_listed=self.directories_listed,
+                               sweep_temp_removed=self.temp_removed, eviction_candidates=len(self.candidates))

@@ -37,17 +37,19 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.device import DirectoryDevice
-from hicachefs.store.shared.guard import CallGuard, Refused
+from hicachefs.store.shared.guard import CallGuard, GuardStatistics, Refused
 from hicachefs.store.shared.journal import Journal
 from hicachefs.store.shared.layout import Layout, Place, place
 from hicachefs.store.shared.presence import PresenceIndex
-from hicachefs.store.shared.sweep import Sweeper
-from hicachefs.store.shared.write_behind import WriteBehind
-from hicachefs.store.stats import TierCounters
+from hicachefs.store.shared.sweep import Sweeper, SweepStatistics
+from hicachefs.store.shared.write_behind import WriteBehind, WriteBehindStatistics
+from hicachefs.store.statistics import TierCounters, TierStatistics
+from hicachefs.typed_stats import level, part, total
 from hicachefs.store.tier import PageMeta, ReadResult, Tier
 
 _log = logging.getLogger(__name__)
@@ -81,8 +83,25 @@ class _Corrupt(Exception):
     """Raised inside a guarded call: the file is damaged (and was removed)."""
 
 
+@dataclass(frozen=True)
+class SharedTierStatistics(TierStatistics):
+    """The shared tier's facts beside every tier's: whether it takes writes, its bound, and
+    its parts' (write-behind, the guarded calls, the sweep, pages fetched ahead)."""
+
+    writable: bool = level(True)
+    size_bound: bool = level(False)
+    fs_free_bytes: int | None = level(None)
+    journal_announced: int = total()
+    journal_received: int = total()
+    journal_pending: int = level()
+    write_behind: WriteBehindStatistics = part(WriteBehindStatistics)
+    guard: GuardStatistics = part(GuardStatistics)
+    sweep: SweepStatistics = part(SweepStatistics)
+
+
 class SharedTier(Tier):
     name = "shared"
+    indexed = False
 
     def __init__(self, root: Path, capacity_bytes: int | None, *, device=None, deadline_s: float = 0.5,
                  io_threads: int = 4, writers: int = 2, queue_pages: int = 256, queue_bytes: int = 256 * _MiB,
@@ -273,27 +292,18 @@ class SharedTier(Tier):
     def used_bytes(self) -> int:
         return self._presence.totals()[1]
 
-    def statistics(self) -> dict:
+    def statistics(self) -> SharedTierStatistics:
         pages, used = self._presence.totals()
         with self._lock:
-            counters = self.counters.as_dict()
+            totals = self.counters.snapshot()
             full = time.monotonic() < self._full_until
         guard = self._guard.statistics()
-        return {
-            "capacity_bytes": self._limit if self._limit is not None else used + (self._fs_free or 0),
-            "used_bytes": used,
-            **counters,
-            "writable": guard["available"] and not full,
-            "pages": pages,
-            "size_bound": self._limit is not None,
-            "fs_free_bytes": self._fs_free,
-            **self._write_behind.statistics(),
-            **guard,
-            "journal_announced": self._journal.announced,
-            "journal_received": self._journal.received,
-            "journal_pending": self._journal.pending(),
-            **self._sweeper.statistics(),
-        }
+        return SharedTierStatistics(
+            name=self.name, capacity_bytes=self._limit if self._limit is not None else used + (self._fs_free or 0),
+            used_bytes=used, pages=pages, **totals, writable=guard.available and not full, size_bound=self._limit is not None,
+            fs_free_bytes=self._fs_free, journal_announced=self._journal.announced,
+            journal_received=self._journal.received, journal_pending=self._journal.pending(),
+            write_behind=self._write_behind.statistics(), guard=guard, sweep=self._sweeper.statistics())
 
     def close(self) -> None:
         """Write what is queued for up to a few deadlines, then stop; never hangs on a dead

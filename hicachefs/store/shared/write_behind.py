@@ -21,8 +21,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from hicachefs.store.tier import PageMeta
+from hicachefs.typed_stats import level, total
 
 _log = logging.getLogger(__name__)
 
@@ -42,6 +44,24 @@ class _Queued:
 def _release(item: _Queued) -> None:
     item.payload = None
     item.release()
+
+
+@dataclass(frozen=True)
+class WriteBehindStatistics:
+    queue_pages: int = level()
+    queue_bytes: int = level()
+    queue_max_pages: int = level()
+    queue_max_bytes: int = level()
+    writing: int = level()
+    written_behind: int = total()
+    written_behind_bytes: int = total()
+    dropped: int = total()
+    dropped_queue_full: int = total()
+    dropped_unavailable: int = total()
+    write_seconds_avg: float = level(0.0)
+    write_failures: int = total()
+    lag_seconds: float = level(0.0)
+    last_lag_seconds: float = level(0.0)
 
 
 class WriteBehind:
@@ -144,25 +164,18 @@ class WriteBehind:
                     self.failed += 1
                 self._lock.notify_all()
 
-    def statistics(self) -> dict:
+    def statistics(self) -> WriteBehindStatistics:
         with self._lock:
             oldest = self._queue[0].offered if self._queue else None
-            return {
-                "queue_pages": len(self._queue),
-                "queue_bytes": self._queued_bytes,
-                "queue_max_pages": self.max_pages,
-                "queue_max_bytes": self.max_bytes,
-                "writing": self._in_progress,
-                "written_behind": self.written,
-                "written_behind_bytes": self.written_bytes,
-                "dropped": self.dropped_queue_full + self.dropped_unavailable,
-                "dropped_queue_full": self.dropped_queue_full,
-                "dropped_unavailable": self.dropped_unavailable,
-                "write_seconds_avg": round(self._write_s, 4),
-                "write_failures": self.failed,
-                "lag_seconds": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
-                "last_lag_seconds": round(self.last_lag_s, 3),
-            }
+            return WriteBehindStatistics(
+                queue_pages=len(self._queue), queue_bytes=self._queued_bytes,
+                queue_max_pages=self.max_pages, queue_max_bytes=self.max_bytes, writing=self._in_progress,
+                written_behind=self.written, written_behind_bytes=self.written_bytes,
+                dropped=self.dropped_queue_full + self.dropped_unavailable,
+                dropped_queue_full=self.dropped_queue_full, dropped_unavailable=self.dropped_unavailable,
+                write_seconds_avg=round(self._write_s, 4), write_failures=self.failed,
+                lag_seconds=round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
+                last_lag_seconds=round(self.last_lag_s, 3))
 
     def close(self, deadline_s: float) -> None:
         """Let the workers write what is queued for up to ``deadline_s``, drop the rest, and

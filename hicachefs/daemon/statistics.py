@@ -1,0 +1,29 @@
+"""The daemon's statistics: the store's, and what only the daemon knows (FUSE requests answered
+and refused, files being written, what it told the kernel), as one typed value.
+
+``as_dict`` is ``.hicachefs/stats``; ``metrics.py`` exports the same value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..fs.kernel_notifier import KernelCacheStatistics
+from ..store import StoreStatistics
+from ..typed_stats import as_dict
+
+
+@dataclass(frozen=True)
+class DaemonStatistics:
+    """``errors``: requests refused, by errno name; ``requests``: FUSE requests answered, by
+    operation; ``pending_files``: files being written that are not published yet."""
+
+    store: StoreStatistics
+    errors: dict[str, int] = field(default_factory=dict)
+    requests: dict[str, int] = field(default_factory=dict)
+    pending_files: int = 0
+    kernel_cache: KernelCacheStatistics = field(default_factory=KernelCacheStatistics)
+
+    def as_dict(self) -> dict:
+        return {**self.store.as_dict(), "errors": dict(self.errors), "requests": dict(self.requests),
+                "pending_files": self.pending_files, "kernel_cache": as_dict(self.kernel_cache)}

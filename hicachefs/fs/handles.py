@@ -1,0 +1,103 @@
+"""Open files by handle number, and the kinds of handle that are not published pages or
+control files: a file being written, a directory being listed.
+
+Every handle has the same face: ``read``/``write`` coroutines (a handle may wait for a worker
+thread or pause between steps), ``release``, and ``cacheable`` (whether the kernel may keep its
+data: only a published page's). Published pages' handles are in ``page_handle.py``, the control
+files' in ``control.py``. Not thread-safe: the daemon's trio thread only.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+from collections.abc import Callable
+from typing import Protocol
+
+from .errors import FsError
+from .nodes import PendingFile, Stat
+
+
+class Handle(Protocol):
+    cacheable: bool
+
+    async def read(self, offset: int, size: int): ...
+
+    async def write(self, offset: int, data: bytes) -> int: ...
+
+    def release(self) -> None: ...
+
+
+class HandleTable:
+    """Handle numbers (the FUSE ``fh``) to handles."""
+
+    def __init__(self) -> None:
+        self._numbers = itertools.count(1)
+        self._handles: dict[int, Handle] = {}
+
+    def add(self, handle: Handle) -> int:
+        fh = next(self._numbers)
+        self._handles[fh] = handle
+        return fh
+
+    def get(self, fh: int) -> Handle:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise FsError(errno.EBADF, "unknown file handle")
+        return handle
+
+    def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if handle is not None:
+            handle.release()
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+
+class PendingHandle:
+    """An open file that is still being written."""
+
+    cacheable = False
+
+    def __init__(self, pending: PendingFile, closed: Callable[[PendingFile], None]):
+        self.pending = pending
+        self._closed = closed
+
+    async def read(self, offset: int, size: int):
+        return self.pending.read(offset, size)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        if self.pending.gone:
+            raise FsError(errno.EPERM, "the file was published or discarded; pages are immutable")
+        return self.pending.write(offset, data)
+
+    def release(self) -> None:
+        self._closed(self.pending)
+
+
+#: One entry of a listing: its name, and a function giving its attributes that also records,
+#: when ``counted``, that the kernel took the entry (a readdirplus entry counts as a lookup).
+Entry = tuple[bytes, Callable[[bool], Stat]]
+
+
+class DirectoryHandle:
+    """A directory being listed: its entries as they were at ``opendir``."""
+
+    cacheable = False
+
+    def __init__(self, entries: list[Entry]):
+        self.entries = entries
+
+    def listing(self, start: int) -> list[tuple[int, Entry]]:
+        """The entries from position ``start`` on, each with the position that follows it."""
+        return [(i + 1, entry) for i, entry in enumerate(self.entries[start:], start)]
+
+    async def read(self, offset: int, size: int):
+        raise FsError(errno.EISDIR, "is a directory")
+
+    async def write(self, offset: int, data: bytes) -> int:
+        raise FsError(errno.EISDIR, "is a directory")
+
+    def release(self) -> None:
+        self.entries = []

@@ -1,0 +1,208 @@
+"""Files being written, and the rules that publish them (DESIGN.md, "Page files").
+
+A file is a ``PendingFile`` until it is published: a temporary (``.``-prefixed) file by the
+rename onto its key, a file created under a key name at its last close, and a page sent through
+the ingest file once its last byte arrived (``publish_page``: the ``ingest.Publisher`` side). A
+file with a failed write is never published (the rename fails with EIO, the close discards it),
+and a temporary file nobody renamed is discarded once it has been closed for ``temp_timeout_s``.
+
+Publishing under a name the kernel knows replaces what it held atomically: an inode the kernel
+holds for the name keeps leading to the name (now the new page, read past the cache), so an open
+racing the replace finds one of the two pages, never none, and the kernel is told to drop what it
+cached. The data of a page just published is pushed into the kernel's page cache when the kernel
+knows its inode (the file it was written as), so its first read is a warm one.
+
+Not thread-safe: the daemon's trio thread only; nothing here blocks beyond the store's
+memory-speed calls.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from typing import Protocol
+
+from .. import names
+from ..store import Draft, PageNotFound, PageReader, PageStore
+from .errors import FsError
+from .handles import PendingHandle
+from .inodes import InodeNumbers, PageNodes
+from .nodes import Directory, PageNode, PendingFile
+from .tree import DirectoryTree
+
+log = logging.getLogger(__name__)
+
+
+class KernelNotices(Protocol):
+    """Where the namespace reports what the kernel must learn (see ``kernel_notifier``)."""
+
+    def push(self, inode: int, reader: PageReader) -> bool: ...
+
+    def forget_entry(self, parent_inode: int, name: bytes) -> None: ...
+
+    def forget_inode(self, inode: int) -> None: ...
+
+
+class Publishing:
+    """The files being written and their publication. See the module docstring."""
+
+    def __init__(self, store: PageStore, tree: DirectoryTree, nodes: PageNodes, numbers: InodeNumbers,
+                 notices: KernelNotices, temp_timeout_s: float, kernel_cache: bool) -> None:
+        self.store = store
+        self.tree = tree
+        self.nodes = nodes
+        self.numbers = numbers
+        self.notices = notices
+        self.temp_timeout_s = temp_timeout_s
+        self.kernel_cache = kernel_cache
+        self._pending: dict[int, PendingFile] = {}
+
+    # -- files being written ----------------------------------------------------------
+
+    def get(self, inode: int) -> PendingFile | None:
+        return self._pending.get(inode)
+
+    def create(self, parent: Directory, text: str, visible: bool) -> PendingFile:
+        pending = PendingFile(self.numbers.new(), parent, text, visible, self.store)
+        pending.nlookup = 1
+        parent.pending[text] = pending
+        self._pending[pending.inode] = pending
+        return pending
+
+    def open(self, pending: PendingFile) -> PendingHandle:
+        pending.opens += 1
+        return PendingHandle(pending, self.closed)
+
+    def closed(self, pending: PendingFile) -> None:
+        """A handle on the file closed: a file created under a key is published at its last."""
+        pending.opens -= 1
+        pending.last_close = time.monotonic()
+        if pending.opens == 0 and pending.visible and not pending.gone:
+            if pending.failed:  # its writer got the error: nothing to publish
+                log.info("not publishing %s/%s: a write to it failed", pending.directory.path, pending.name)
+                self.discard(pending)
+                return
+            try:
+                self.publish(pending, pending.directory, pending.name)
+            except Exception as exc:  # release cannot report errors: log and drop the file
+                log.error("could not publish %s at close: %s", pending.name, exc)
+                self.discard(pending)
+        self._drop_if_unused(pending)
+
+    def forget(self, inode: int, nlookup: int) -> bool:
+        pending = self._pending.get(inode)
+        if pending is None:
+            return False
+        pending.nlookup -= nlookup
+        self._drop_if_unused(pending)
+        return True
+
+    def unlink(self, directory: Directory, name: str) -> None:
+        """The file's name goes; a writer that still has it open writes to nothing published."""
+        pending = directory.pending.pop(name)
+        pending.gone = True
+        pending.discard()
+        self._drop_if_unused(pending)
+
+    def discard(self, pending: PendingFile) -> None:
+        pending.directory.pending.pop(pending.name, None)
+        self.notices.forget_entry(pending.directory.inode, pending.name.encode("utf-8", "surrogateescape"))
+        pending.gone = True
+        pending.discard()
+        self._drop_if_unused(pending)
+
+    def reap_abandoned(self, now: float | None = None) -> int:
+        """Discard temporary files closed longer than the timeout ago (their writer died)."""
+        now = time.monotonic() if now is None else now
+        stale = [
+            p for p in self._pending.values()
+            if not p.gone and p.opens == 0 and now - p.last_close >= self.temp_timeout_s
+        ]
+        for pending in stale:
+            log.info("discarding abandoned temporary file %s/%s", pending.directory.path, pending.name)
+            self.discard(pending)
+        return len(stale)
+
+    def count(self) -> int:
+        return sum(1 for p in self._pending.values() if not p.gone)
+
+    def _drop_if_unused(self, pending: PendingFile) -> None:
+        if pending.gone and pending.opens <= 0 and pending.nlookup <= 0:
+            self._pending.pop(pending.inode, None)
+
+    # -- publishing -------------------------------------------------------------------
+
+    def publish(self, pending: PendingFile, directory: Directory, key: str) -> None:
+        """Publish a file being written under ``key`` of ``directory`` (a rename, a last close)."""
+        if pending.failed:
+            raise FsError(errno.EIO, "a write to this file failed; it is never published")
+        draft = pending.filled_draft()
+        info = self.store.publish(draft, directory.page_name(key), pending.mtime_ns)
+        directory.last_page_size = draft.size
+        pending.directory.pending.pop(pending.name, None)
+        pending.gone = True
+        old = self.nodes.unname(directory, key)
+        if old is not None:
+            self.notices.forget_inode(old.inode)
+        node = PageNode(pending.inode, directory, key, info, pending.nlookup)
+        if node.nlookup > 0:  # the kernel knows the file's inode: it is the page's now
+            self.nodes.adopt(node)
+            self._push(node.inode, info.name)
+        pending.nlookup = 0
+        self._drop_if_unused(pending)
+        directory.mtime_ns = time.time_ns()
+
+    def _push(self, inode: int, name: str) -> None:
+        """Give the kernel the new page's bytes now, so that its first read is from memory."""
+        if not self.kernel_cache:
+            return
+        try:
+            reader = self.store.try_open(name, counted=False)
+        except PageNotFound:  # not in RAM (too large for a slot): it is not pushed
+            return
+        self.notices.push(inode, reader)
+
+    # -- the ingest file's pages (``ingest.Publisher``) ---------------------------------
+
+    def has_page(self, path: str) -> bool:
+        try:
+            directory, key = self.tree.pool_and_key(path)
+        except FsError:
+            return False
+        return self.store.info(directory.page_name(key)) is not None
+
+    def reserve_page(self, path: str, size: int) -> Draft:
+        """Room for the page ``path`` will name, once the path is known to be publishable."""
+        self.tree.pool_and_key(path)
+        return self.store.reserve(size)
+
+    def abandon_page(self, draft: Draft) -> None:
+        self.store.abandon(draft)
+
+    def publish_page(self, path: str, draft: Draft) -> None:
+        """Publish a filled draft under ``path``, replacing what the name held, as a rename
+        onto it would; the draft is consumed whatever happens."""
+        try:
+            directory, key = self.tree.pool_and_key(path)
+        except BaseException:
+            self.store.abandon(draft)
+            raise
+        self.store.publish(draft, directory.page_name(key))
+        directory.last_page_size = draft.size
+        directory.mtime_ns = time.time_ns()
+        known = key in directory.pending
+        if known:  # a file being written under the key is replaced, as by a rename
+            self.unlink(directory, key)
+        old = self.nodes.unname(directory, key)
+        if old is not None:
+            self.notices.forget_inode(old.inode)
+        if known or old is not None:
+            self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
+
+    @staticmethod
+    def checked_name(name: bytes, temporary: bool = False) -> str:
+        try:
+            return names.check_temporary(name) if temporary else names.check_component(name)
+        except names.BadName as exc:
+            raise FsError(exc.errno, str(exc)) from None

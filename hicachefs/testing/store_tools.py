@@ -1,0 +1,26 @@
+"""What the tests and the store benchmark do to a store that the daemon never does."""
+
+from __future__ import annotations
+
+import os
+
+from hicachefs.store import PageStore
+from hicachefs.store.ssd_tier import ARENA_NAME
+
+
+def delete_tree(store: PageStore, prefix: str) -> int:
+    """Delete every page under directory ``prefix``; how many there were."""
+    under = [d for d in store.directories() if d == prefix or d.startswith(prefix + "/")]
+    names = [info.name for directory in under for info in store.list_dir(directory)]
+    return sum(store.delete(name) for name in names)
+
+
+def drop_disk_cache(store: PageStore) -> None:
+    """Evict the store's disk arena from the kernel's page cache, so the next reads are cold."""
+    path = os.path.join(store.config.disk_dir, ARENA_NAME)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)  # dirty pages are not evicted: write them back first
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

@@ -1,0 +1,136 @@
+"""The publish rules of DESIGN.md ("Page files"), asked of the namespace alone, without FUSE."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import pytest
+
+from hicachefs.fs.errors import FsError
+from hicachefs.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE
+from hicachefs.store import NeedsIO
+from namespace_alone import alone, settled
+
+
+@pytest.fixture
+def ns():
+    made = alone()
+    yield made
+    made.store.close()
+
+
+def refused(call, *args) -> int:
+    with pytest.raises(FsError) as info:
+        settled(call(*args))
+    return info.value.errno
+
+
+def test_a_temporary_file_is_a_page_only_once_renamed_and_then_whole(ns):
+    inode, fh = ns.create(b".tmp")
+    ns.write(fh, b"first half ")
+    ns.write(fh, b"second half", offset=11)
+    assert ns.lookup(b"key") is None
+    ns.close(fh)
+    assert ns.lookup(b"key") is None  # closing does not publish a temporary file
+    ns.ns.rename(ns.pool, b".tmp", ns.pool, b"key", 0)
+    assert ns.contents(b"key") == b"first half second half"
+    assert ns.lookup(b".tmp") is None
+
+
+def test_a_file_created_under_a_key_is_published_at_its_last_close(ns):
+    inode, fh = ns.create(b"key")
+    second, _ = ns.open(inode, os.O_WRONLY)
+    ns.write(fh, b"bytes")
+    ns.close(fh)
+    assert ns.store.info("m/f/tp0of1/kv/key") is None  # still open for writing elsewhere
+    ns.close(second)
+    assert ns.contents(b"key") == b"bytes"
+
+
+def test_a_file_whose_write_failed_is_never_published(ns):
+    inode, fh = ns.create(b".tmp")
+    with pytest.raises(FsError) as info:
+        ns.write(fh, b"x", offset=2 << 20)  # past the maximum page size (1 MiB here)
+    assert info.value.errno == errno.EFBIG
+    with pytest.raises(FsError):
+        ns.write(fh, b"y")  # the same error again: the writer's retry must see why
+    ns.close(fh)
+    assert refused(ns.ns.rename, ns.pool, b".tmp", ns.pool, b"key", 0) == errno.EIO
+    assert ns.lookup(b"key") is None and ns.store.statistics().pages == 0
+
+
+def test_published_pages_are_immutable(ns):
+    inode = ns.publish(b"key", b"page")
+    assert refused(ns.ns.open, inode, os.O_WRONLY) == errno.EPERM
+    assert refused(ns.ns.truncate, inode, 0) == errno.EPERM
+    assert refused(ns.ns.create, ns.pool, b"key", os.O_WRONLY) == errno.EEXIST
+    assert ns.contents(b"key") == b"page"
+
+
+def test_renames_replace_atomically_and_refuse_what_they_cannot_do(ns):
+    ns.publish(b"key", b"old")
+    inode, fh = ns.create(b".new")
+    ns.write(fh, b"new")
+    ns.close(fh)
+    assert refused(ns.ns.rename, ns.pool, b".new", ns.pool, b"key", RENAME_NOREPLACE) == errno.EEXIST
+    assert refused(ns.ns.rename, ns.pool, b".new", ns.pool, b"key", RENAME_EXCHANGE) == errno.EINVAL
+    assert ns.contents(b"key") == b"old"
+    ns.ns.rename(ns.pool, b".new", ns.pool, b"key", 0)
+    assert ns.contents(b"key") == b"new" and ns.store.statistics().pages == 1
+    assert refused(ns.ns.rename, ROOT_INODE, b"m", ROOT_INODE, b"n", 0) == errno.EXDEV
+
+
+def test_a_page_renamed_moves_with_the_inode_the_kernel_holds(ns):
+    inode = ns.publish(b"old", b"payload")
+    settled(ns.ns.rename(ns.pool, b"old", ns.pool, b"new", 0))
+    assert ns.lookup(b"old") is None
+    assert ns.lookup(b"new").inode == inode and ns.contents(b"new") == b"payload"
+
+
+def test_unlink_removes_a_page_and_drops_a_file_being_written(ns):
+    ns.publish(b"key", b"page")
+    assert settled(ns.ns.unlink(ns.pool, b"key")) is None
+    assert ns.lookup(b"key") is None
+    assert refused(ns.ns.unlink, ns.pool, b"key") == errno.ENOENT
+    inode, fh = ns.create(b"direct")
+    ns.write(fh, b"never")
+    ns.ns.unlink(ns.pool, b"direct")
+    ns.close(fh)  # its last close publishes nothing: the name is gone
+    assert ns.lookup(b"direct") is None
+
+
+def test_temporary_files_nobody_renamed_are_discarded_after_the_timeout():
+    made = alone(temp_timeout_s=10)
+    inode, fh = made.create(b".abandoned")
+    made.write(fh, b"x" * 100)
+    made.close(fh)
+    assert made.ns.reap_abandoned() == 0 and made.ns.pending_count() == 1
+    assert made.ns.reap_abandoned(now=time.monotonic() + 11) == 1
+    assert made.ns.pending_count() == 0 and made.store.statistics().tiers[0].used_bytes == 0
+    made.store.close()
+
+
+def test_directories_keep_the_tree_shape(ns):
+    assert refused(ns.ns.mkdir, ns.pool, b"deeper") == errno.EPERM  # pools hold pages
+    assert refused(ns.ns.create, ROOT_INODE, b"page", os.O_WRONLY) == errno.EPERM
+    ns.publish(b"key", b"page")
+    shard = ns.lookup(b"..").inode
+    assert refused(ns.ns.rmdir, shard, b"kv") == errno.ENOTEMPTY
+    assert refused(ns.ns.mkdir, ns.pool, b".hidden") == errno.EINVAL
+
+
+def test_a_page_on_the_disk_tier_needs_io_to_open_and_is_read_past_the_cache(tmp_path):
+    made = alone(tmp_path)
+    made.publish(b"cold", b"c" * (1 << 20))
+    for i in range(40):  # 40 MiB through a 16 MiB RAM tier: the first page goes down
+        made.publish(f"p{i}".encode(), bytes(1 << 20))
+    assert made.store.info("m/f/tp0of1/kv/cold").tier == "disk"
+    answer = made.ns.open(made.lookup(b"cold").inode, os.O_RDONLY)
+    assert isinstance(answer, NeedsIO)  # the namespace, not the adapter, says it blocks
+    handle = settled(answer)
+    assert not handle.cacheable
+    fh = made.ns.handles.add(handle)
+    assert made.read(fh) == b"c" * (1 << 20)
+    made.store.close()
