@@ -73,9 +73,9 @@ def one_process(threads: List[int], plan: dict, page_mib: int, daemon: Daemon,
                 Bench._call(made[name, op], pool, tag, keys_for(tag), call, write,
                             clients[name] if command == "second" else None)
                 made[name, op].daemon_cpu += daemon.cpu() - before
-    for client in clients.values():
-        client.clear()
-        client.close()
+    for backend in clients.values():
+        backend.clear()
+        backend.close()
 
 
 def ranks(threads: List[int], plan: dict, page_mib: int, daemon: Daemon,
