@@ -113,11 +113,13 @@ from bench_sglang import (
     make_file,
     make_hicachefs,
     reader,
+    timed_call,
     warm_up,
     writer,
 )
 from hicachefs.testing import glusterfs, mounting
 from hicachefs_client import HiCacheFS
+from hicachefs_client.backend import DEFAULT_THREADS as CLIENT_THREADS
 
 # The RAM cases: (page size, pages a call).
 RAM_CASES = (("128 KiB", 8), ("256 KiB", 8), ("1 MiB", 8), ("1 MiB", 128), ("8 MiB", 128))
@@ -285,30 +287,15 @@ class Bench:
               write: bool, keeper: Optional[HiCacheFS]) -> None:
         """One call of ``op``, timed; ``keeper``: the client whose background keep of the
         pages this call read is waited for after it (its CPU time counts, not its time)."""
-        if write:
-            pool.stamp(tag)
-        else:
-            pool.scribble()
         kept = kept_files(keeper) if keeper is not None else 0
-        start, start_cpu = time.perf_counter(), time.process_time()
-        outcome = op(keys)
-        result.seconds.append(time.perf_counter() - start)
-        result.cpu += time.process_time() - start_cpu
+        call = timed_call(pool, tag, keys, op, write)
+        result.add(call)
         if keeper is not None:
-            done = keep_wait(keeper, kept + outcome)
+            done = keep_wait(keeper, kept + call.pages)
             result.cpu += done.cpu
             result.keep_seconds += done.seconds
             if not done.done:
                 result.invalid = "(the background keep did not finish: later reads are not all kept)"
-        if write:
-            result.failed += 0 if outcome else len(keys)
-            result.pages += len(keys)
-        else:
-            result.failed += len(keys) - outcome
-            result.pages += outcome
-            checked, bad = pool.check(tag, outcome)
-            result.checked += checked
-            result.bad_pages += bad
 
     def ram_case(self, size: str, batch: int, daemon: Daemon, shm: Path) -> None:
         """Write, first read, second read, later reads: hicachefs's RAM tier vs HiCacheFile
@@ -610,18 +597,15 @@ def rank_phase(result: Result, workers: List[RankWorker], phase: str, tag: str,
     result.wall += max(a["end"] for a in answers) - min(a["start"] for a in answers)
     result.keep_seconds += max(a["keep_seconds"] for a in answers)  # the ranks keep at once
     for a in answers:
-        result.seconds += a["seconds"]
-        result.cpu += a["cpu"]
-        result.pages += a["pages"]
-        result.failed += a["failed"]
-        result.bad_pages += a["bad"]
-        result.checked += a["checked"]
+        for call in a["calls"]:
+            result.add(call)
+        result.cpu += a["keep_cpu"]
         result.kept_reads += a["kept_reads"]
         result.page_bytes = a["page_bytes"]
         if not a["keep_done"]:
             result.invalid = "(the background keep did not finish: later reads are not all kept)"
     if daemon is not None:
-        pages = sum(a["pages"] for a in answers)
+        pages = sum(call.pages for a in answers for call in a["calls"])
         if phase != "write" and not daemon.wait_for_hits(mark, pages):
             result.note += "; the daemon did not count every read within 5 s"
         requests, cpu = daemon.since(mark)
@@ -775,7 +759,8 @@ def main() -> int:
           "memory (as CUDA's caching host allocator does for SGLang's staging pages); HiCacheFile "
           "through the cache controller's generic path (the one it takes for the file backend), "
           "defaults (no size cap, metadata cache off); hicachefs through the zero-copy v1 path "
-          f"(interface_v1), client extra_config {json.dumps(args.client) or '{}'}; "
+          f"(interface_v1), client extra_config {json.dumps(args.client)} over its default "
+          f"threads {CLIENT_THREADS}; "
           f"'{FAST_FILE}': {FastFileCore.label}, our own lines: pwritev/preadv between the pool's "
           "page buffers (get_page_buffer_meta) and tmpfs files, temporary file + rename, reads in "
           "runs of at least 1 MiB on 4 threads, writes one by one")

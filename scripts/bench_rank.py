@@ -20,38 +20,26 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
 
-from bench_sglang import (
-    Pool,
-    Shape,
-    as_sglang_runs,
-    keep_wait,
-    kept_files,
-    keys_for,
-    make_file,
-    make_hicachefs,
-    reader,
-    warm_up,
-    writer,
-)
+import bench_sglang as calls
 
 PHASE_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 60.0
 
 
-def serve(conn: Connection, backend: str, root: str, shape: Shape, rank: int, batches: int,
-          client: dict) -> None:
+def serve(conn: Connection, backend: str, root: str, shape: calls.Shape, rank: int,
+          batches: int, client: dict) -> None:
     """The rank's process: build its pool and backend, say ``ready``, then run each
     ``(phase, tag)`` it is sent and answer with what it measured; ``("clear", "")`` removes
     its pages, ``None`` ends it. Phases: ``write``, ``read``, and ``second`` (a read, then
     the wait for the background keep it started, after the phase's end time)."""
     logging.basicConfig(level=logging.ERROR)
-    as_sglang_runs()
-    pool = Pool(shape, tp_rank=rank, seed=rank + 1)
+    calls.as_sglang_runs()
+    pool = calls.Pool(shape, tp_rank=rank, seed=rank + 1)
     if backend == "hicachefs":
-        store = make_hicachefs(Path(root), pool, client)
+        store = calls.make_hicachefs(Path(root), pool, client)
     else:
-        store = make_file(Path(root), pool)
-    write, read = writer(store, pool), reader(store, pool)
+        store = calls.make_file(Path(root), pool)
+    write, read = calls.writer(store, pool), calls.reader(store, pool)
     conn.send("ready")
     while True:
         try:
@@ -72,36 +60,17 @@ def serve(conn: Connection, backend: str, root: str, shape: Shape, rank: int, ba
         close()
 
 
-def _phase(store, pool: Pool, call, phase: str, tag: str, rank: int, batches: int) -> dict:
-    seconds, cpu, pages, failed, bad, checked = [], 0.0, 0, 0, 0, 0
+def _phase(store, pool: calls.Pool, op, phase: str, tag: str, rank: int, batches: int) -> dict:
     if phase == "write":
-        warm_up(store, pool, f"{tag}/tp{rank}")
-    kept_reads, kept = _kept_reads(store), kept_files(store)
+        calls.warm_up(store, pool, f"{tag}/tp{rank}")
+    kept_reads, kept = _kept_reads(store), calls.kept_files(store)
     start = time.monotonic()  # system-wide: comparable across ranks
-    for b in range(batches):
-        batch_tag = f"{tag}/tp{rank}/b{b}"
-        keys = keys_for(batch_tag)
-        if phase == "write":
-            pool.stamp(batch_tag)
-        else:
-            pool.scribble()
-        began, began_cpu = time.perf_counter(), time.process_time()
-        outcome = call(keys)
-        seconds.append(time.perf_counter() - began)
-        cpu += time.process_time() - began_cpu
-        if phase == "write":
-            pages += len(keys)
-            failed += 0 if outcome else len(keys)
-        else:
-            pages += outcome
-            failed += len(keys) - outcome
-            sampled, wrong = pool.check(batch_tag, outcome)
-            checked, bad = checked + sampled, bad + wrong
+    made = [calls.timed_call(pool, f"{tag}/tp{rank}/b{b}", calls.keys_for(f"{tag}/tp{rank}/b{b}"),
+                             op, phase == "write") for b in range(batches)]
     end = time.monotonic()
-    keep = keep_wait(store, kept + pages if phase == "second" else 0)
-    return {"start": start, "end": end, "seconds": seconds, "cpu": cpu + keep.cpu, "pages": pages,
-            "failed": failed, "bad": bad, "checked": checked, "page_bytes": pool.page_bytes,
-            "keep_seconds": keep.seconds, "keep_done": keep.done,
+    keep = calls.keep_wait(store, kept + sum(c.pages for c in made) if phase == "second" else 0)
+    return {"start": start, "end": end, "calls": made, "page_bytes": pool.page_bytes,
+            "keep_seconds": keep.seconds, "keep_cpu": keep.cpu, "keep_done": keep.done,
             "kept_reads": _kept_reads(store) - kept_reads}
 
 
@@ -130,7 +99,7 @@ def _forkserver() -> multiprocessing.context.ForkServerContext:
 class RankWorker:
     """One rank process: started here, stopped here by its PID."""
 
-    def __init__(self, backend: str, root: Path, shape: Shape, rank: int, batches: int,
+    def __init__(self, backend: str, root: Path, shape: calls.Shape, rank: int, batches: int,
                  client: dict) -> None:
         self.conn, child = _forkserver().Pipe()
         self.proc = _forkserver().Process(

@@ -80,6 +80,15 @@ class Result:
     keep_seconds: float = 0.0  # waited for the background keep after the calls (second read)
     kept_reads: int = 0        # pages read through files the client keeps open
 
+    def add(self, call) -> None:
+        """Count one call (a ``bench_sglang.Call``)."""
+        self.seconds.append(call.seconds)
+        self.cpu += call.cpu
+        self.pages += call.pages
+        self.failed += call.failed
+        self.checked += call.checked
+        self.bad_pages += call.bad
+
     @property
     def total(self) -> float:
         return self.wall if self.wall is not None else sum(self.seconds)
@@ -224,7 +233,21 @@ def _scaling(results: List[Result], one: Result) -> Optional[Check]:
         return None
     (fs1, fs2), (hf1, hf2) = pairs
     ours, theirs = fs2.gbps / fs1.gbps, hf2.gbps / hf1.gbps
-    return Check(f"{ours:.2f}x >= HiCacheFile's {theirs:.2f}x", f"{ours:.2f}x", ours >= theirs)
+    return Check(f"scaling >= HiCacheFile's {theirs:.2f}x", f"{ours:.2f}x", ours >= theirs)
+
+
+def _ranks_label(case: str, ranks: int) -> str:
+    return f"{case} ({ranks} rank{'s' * (ranks > 1)})"
+
+
+def _label(r: Result) -> str:
+    """The row's case, with its rank count when ranks ran at once."""
+    return _ranks_label(r.case, r.ranks) if r.wall is not None else r.case
+
+
+def _row_name(where: Tuple[str, str, str, int]) -> str:
+    table_name, case, op, ranks = where
+    return f"{_ranks_label(case, ranks) if table_name == 'host' and case.startswith('ranks ') else case} {op}"
 
 
 def _cell(found: Checks, where: Tuple[str, str, str, int]) -> str:
@@ -272,10 +295,9 @@ def host_table(results: List[Result], found: Checks) -> List[str]:
     lines = [head, "-" * len(head)]
     for r in rows:
         hf = find(results, r.case, r.op, FILE, r.ranks)
-        core = 1e6 / r.daemon_us_per_page if r.daemon_us_per_page > 0 else float("inf")
+        core = 1e6 / r.daemon_us_per_page if r.daemon_us_per_page > 0 else float("nan")
         host = HOST_RANKS * hf.pages_per_s / hf.ranks if hf else float("nan")
-        label = f"{r.case}" + (f" ({r.ranks} rank{'s' * (r.ranks > 1)})" if r.wall is not None else "")
-        lines.append(f"{label:<30}{r.op:<19}{r.requests_per_page:>9.2f}{r.requests_per_mib:>8.2f}"
+        lines.append(f"{_label(r):<30}{r.op:<19}{r.requests_per_page:>9.2f}{r.requests_per_mib:>8.2f}"
                      f"{r.daemon_us_per_page:>15,.0f}{core:>15,.0f}{host:>13,.0f}"
                      f"{core / host:>10.2f}x  {_cell(found, ('host', r.case, r.op, r.ranks))}")
     return lines
@@ -341,29 +363,24 @@ def table(results: List[Result], memcpy: float, ranks_note: str) -> str:
                   "the per-rank rate measured in the same case and run:", *host]
     lines += ["", "FUSE requests per page seen by the daemon, by kind:"]
     for r in results:
-        if r.requests and r.pages:
+        if r.backend == HICACHEFS and r.requests and r.pages:
             per = ", ".join(f"{op} {n / r.pages:.3f}" for op, n in
                             sorted(r.requests.items(), key=lambda kv: -kv[1]))
-            lines.append(f"  {r.case}{f' ({r.ranks} ranks)' if r.wall is not None else ''} "
-                         f"{r.op}: {per}")
+            lines.append(f"  {_label(r)} {r.op}: {per}")
     notes = [r for r in results if r.note]
     if notes:
         lines += ["", "Notes:"]
-        lines += [f"  {r.case} {r.op} {r.backend}"
-                  f"{f' ({r.ranks} ranks)' if r.wall is not None else ''}: {r.note.strip('; ')}"
-                  for r in notes]
+        lines += [f"  {_label(r)} {r.op} {r.backend}: {r.note.strip('; ')}" for r in notes]
     lines.append("")
     problems = [r for r in results if r.failed or r.bad_pages or r.invalid]
     for r in problems:
-        lines.append(f"PROBLEM {r.case} {r.op} {r.backend} ({r.ranks} ranks): {r.failed} pages "
-                     f"failed, {r.bad_pages} sampled pages wrong {r.invalid}".rstrip())
+        lines.append(f"PROBLEM {_label(r)} {r.op} {r.backend}: {r.failed} pages failed, "
+                     f"{r.bad_pages} sampled pages wrong {r.invalid}".rstrip())
     if not problems:
         lines.append(f"Every call succeeded; {sum(r.checked for r in results):,} sampled pages "
                      "read back byte-exact.")
     every = [(where, c) for where, cs in found.items() for c in cs]
-    missed = [f"{case}{f' ({n} ranks)' if table_name == 'host' and case.startswith('ranks') else ''} "
-              f"{op}: {c.want} (measured {c.measured})"
-              for (table_name, case, op, n), c in every if not c.ok]
+    missed = [f"{_row_name(where)}: {c.want} (measured {c.measured})" for where, c in every if not c.ok]
     lines.append(f"Targets: {len(every) - len(missed)} ok, {len(missed)} MISS"
                  + (": " + "; ".join(missed) if missed else "."))
     return "\n".join(lines)

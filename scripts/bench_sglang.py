@@ -274,6 +274,35 @@ def reader(backend, pool: Pool):
     return backend.read
 
 
+@dataclass
+class Call:
+    """What one timed call did."""
+
+    seconds: float
+    cpu: float      # this process's CPU time in the call, all its threads
+    pages: int      # written, or read before the first miss
+    failed: int
+    checked: int    # sampled pages compared byte for byte after a read
+    bad: int        # of those, the pages whose bytes were wrong
+
+
+def timed_call(pool: Pool, tag: str, keys: List[str], op, write: bool) -> Call:
+    """One call of ``op`` (a ``writer`` or ``reader``) on the batch ``tag``, timed. A write
+    stamps the pool's pages first (each page unique); a read overwrites the sampled pages
+    first and checks them after."""
+    if write:
+        pool.stamp(tag)
+    else:
+        pool.scribble()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    outcome = op(keys)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    if write:
+        return Call(seconds, cpu, len(keys), 0 if outcome else len(keys), 0, 0)
+    checked, bad = pool.check(tag, outcome)
+    return Call(seconds, cpu, outcome, len(keys) - outcome, checked, bad)
+
+
 def warm_up(backend, pool: Pool, tag: str) -> None:
     """One untimed page before a pass of writes, left in place: it makes the pool's directories
     and opens the client's handles (a new pool's first batch costs hicachefs a failed try and a
