@@ -265,7 +265,8 @@ class Bench:
         nothing); a read pass ends once the daemon has counted every page it read (reads
         through kept files are reported up to half a second later). ``keep``: after each
         hicachefs call, wait for the background keep it started (a second read)."""
-        mark = daemon.mark()
+        ours = results[HICACHEFS]
+        mark, pages = daemon.mark(), ours.pages
         kept_reads = fs.statistics()["kept_reads"]
         names = list(ops)
         for n, (tag, keys) in enumerate(progress(batches.items(), label)):
@@ -273,8 +274,7 @@ class Bench:
                 self._call(results[name], pool, tag, keys, ops[name], write,
                            fs if keep and name == HICACHEFS else None)
                 after_call()
-        ours = results[HICACHEFS]
-        if not write and not daemon.wait_for_hits(mark, ours.pages - ours.kept_reads):
+        if not write and not daemon.wait_for_hits(mark, ours.pages - pages):
             ours.note += "; the daemon did not count every read within 5 s"
         requests, cpu = daemon.since(mark)
         for op, count in requests.items():
