@@ -61,7 +61,9 @@ memcpy rate measured in the same run, CPU seconds per GB), the ranks table, a ta
 operation and page size of the daemon's FUSE requests and CPU time per page, the pages per
 second one daemon core could therefore serve and 8 ranks of HiCacheFile at the per-rank rate
 of the same run, and the issues' targets with ok/MISS; writes a PNG chart (a panel per case).
-Needs root (FUSE, drop_caches). About 8 minutes on 2 cores; --quick about 3.
+Needs root (FUSE, drop_caches). --quick took 1.3 minutes on the 2-core development VM (load
+average 0.5-1.9); a full run, 3-6 times the volume of each case, about 5 (estimated from the
+quick run's case times).
 """
 
 from __future__ import annotations
@@ -643,7 +645,7 @@ def ranks_cases(bench: Bench, counts: List[int], worker_counts: List[int], worke
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller volumes: about 3 min")
+    parser.add_argument("--quick", action="store_true", help="smaller volumes: about 1.5 min")
     parser.add_argument("--chart", type=Path, default=Path("bench.png"),
                         help="where the PNG chart goes (default: bench.png here)")
     parser.add_argument("--disk-dir", type=Path, default=Path("/var/tmp"),

@@ -191,7 +191,7 @@ def checks(results: List[Result]) -> Checks:
                 continue
             want, ratio = _ratio_target(r.case, r.op, r.page_bytes), _ratio(r, hf)
             if want is not None and ratio is not None:
-                add(("pages", r.case, r.op, 1), Check(f">={want:g}x", f"{ratio:.2f}x", ratio >= want))
+                add(("pages", r.case, r.op, 1), Check(f">={want:g}x", f"{ratio:.3f}x", ratio >= want))
         elif r.ranks == 1 and r.op in SCALING_OPS:
             scaling = _scaling(results, r)
             if scaling is not None:
@@ -213,14 +213,14 @@ def _daemon_checks(r: Result) -> List[Check]:
     """Issue 17's targets on the daemon's own counters that apply to this row."""
     found = []
     if r.op == WRITE:
-        found.append(Check(f"<={PUBLISH_REQUESTS_PER_MIB:g} req/MiB", f"{r.requests_per_mib:.2f}",
+        found.append(Check(f"<={PUBLISH_REQUESTS_PER_MIB:g} req/MiB", f"{r.requests_per_mib:.3f}",
                            r.requests_per_mib <= PUBLISH_REQUESTS_PER_MIB))
         if r.page_bytes == MIB and r.case.startswith("RAM "):
             found.append(Check(f"<={PUBLISH_US_PER_MIB_PAGE:g} us/page",
                                f"{r.daemon_us_per_page:.0f} us",
                                r.daemon_us_per_page <= PUBLISH_US_PER_MIB_PAGE))
     elif r.op in (FIRST, SECOND, LATER) and r.page_bytes <= MIB:
-        found.append(Check(f"<={READ_REQUESTS_PER_PAGE:g} req/page", f"{r.requests_per_page:.2f}",
+        found.append(Check(f"<={READ_REQUESTS_PER_PAGE:g} req/page", f"{r.requests_per_page:.3f}",
                            r.requests_per_page <= READ_REQUESTS_PER_PAGE))
     return found
 
