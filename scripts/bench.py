@@ -62,8 +62,8 @@ operation and page size of the daemon's FUSE requests and CPU time per page, the
 second one daemon core could therefore serve and 8 ranks of HiCacheFile at the per-rank rate
 of the same run, and the issues' targets with ok/MISS; writes a PNG chart (a panel per case).
 Needs root (FUSE, drop_caches). --quick took 1.3 minutes on the 2-core development VM (load
-average 0.5-1.9); a full run, 3-6 times the volume of each case, about 5 (estimated from the
-quick run's case times).
+average 0.5-1.9); a full run (each case 1.5 to 10 times the volume) about 4-5, estimated from
+the quick run's case times.
 """
 
 from __future__ import annotations
