@@ -22,13 +22,14 @@ page: a small model or a high TP degree), 1 MiB (Llama-3.1-8B at TP8) and 8 MiB 
 Reads are split in three, since hicachefs reads a page differently each time: the first read
 after the write (the fetch file: one WRITE and a READ per MiB), the second read (the fetch file
 again, then a thread of the client opens, reads and keeps each page's file: waited for after
-each call, outside its time, its CPU time and requests counted in the row), later reads (through
-the kept files, from the kernel's page cache, no request to the daemon).
+each call, or after each phase of the ranks, outside the calls' time, its CPU time and requests
+counted in the row), later reads (through the kept files, from the kernel's page cache, no
+request to the daemon).
 
 Cases (the backends take turns call by call, the first one rotating, so that load from
 elsewhere hits them alike):
   - RAM: hicachefs's RAM tier vs ``HiCacheFile`` and the fast_file core on tmpfs: 8 pages a
-    call (the batches SGLang's controller makes when serving) of 128 KiB, 256 KiB and 1 MiB,
+    call (what SGLang's controller gave each call in issue 17's runs) of 128 KiB, 256 KiB and 1 MiB,
     and 128 pages a call (``STORAGE_BATCH_SIZE``, its largest) of 1 MiB and 8 MiB: write,
     first read, second read, later reads.
   - ranks: 1, 2 and 4 client processes at once (``--ranks``; TP ranks of Llama-3.1-8B at TP8,
