@@ -2,24 +2,40 @@
 """hicachefs beside SGLang's own ``file`` backend (``HiCacheFile``), both as SGLang runs them.
 
 Every process runs with one torch thread, as SGLang's ``ModelRunner`` sets on a GPU server.
-Both backends get exactly the calls SGLang 0.5.23's cache controller makes for them, in batches
-of 128 pages (``STORAGE_BATCH_SIZE``), on a host pool laid out as SGLang's MHA ``page_first``
-pool (page-aligned, as SGLang's pinned pool is), filled with random bytes and stamped so that
-every written page is unique (``bench_sglang.py``):
+Both backends get exactly the calls SGLang 0.5.23's cache controller makes for them, on a host
+pool laid out as SGLang's MHA ``page_first`` pool (page-aligned, as SGLang's pinned pool is),
+filled with random bytes and stamped so that every written page is unique
+(``bench_sglang.py``):
   - ``HiCacheFile`` with its defaults, on tmpfs (``/dev/shm``), its fastest home: the
     controller's generic path, the only one it gives the ``file`` backend. Write:
     ``get_data_page`` of every page, then ``batch_set``. Read: one ``get_dummy_flat_data_page``
     staging page per key, ``batch_get`` into them, then ``set_from_flat_data_page``.
   - hicachefs (``HiCacheFS`` on a mount this script makes and removes): the zero-copy v1 path
     the controller takes for a dynamic backend with ``interface_v1``: ``batch_set_v1`` /
-    ``batch_get_v1`` with host indices.
+    ``batch_get_v1`` with host indices, the client's default threads.
+  - in the RAM cases also the core of SGLang's ``fast_file`` backend (open PR #39880, not in
+    0.5.23), our own few lines (``bench_fast_file.py``): pwritev/preadv between the pool's page
+    buffers and tmpfs files, temporary file + rename, reads on 4 threads.
 
-Cases (the two backends alternate call by call, so that load from elsewhere hits both alike):
-  - RAM: hicachefs's RAM tier vs ``HiCacheFile`` on tmpfs; pages of 1 MiB (Llama-3.1-8B at
-    TP8) and 8 MiB (at TP1): write, first read after write, repeated read.
-  - ranks: 1, then 2 client processes (TP ranks tp0of2 and tp1of2, each its own host pool
-    and its own pages; ``bench_rank.py``) doing each phase at the same moment; aggregate GB/s
-    and the scaling from 1 to 2 ranks of each backend. 1 MiB pages (and 8 MiB in a full run).
+Pages (``bench_sglang.PAGES``): 128 and 256 KiB (Llama-3.2-1B at TP8, 32 and 64 tokens a
+page: a small model or a high TP degree), 1 MiB (Llama-3.1-8B at TP8) and 8 MiB (at TP1).
+Reads are split in three, since hicachefs reads a page differently each time: the first read
+after the write (the fetch file: one WRITE and a READ per MiB), the second read (the fetch file
+again, then a thread of the client opens, reads and keeps each page's file: waited for after
+each call, or after each phase of the ranks, outside the calls' time, its CPU time and requests
+counted in the row), later reads (through the kept files, from the kernel's page cache, no
+request to the daemon).
+
+Cases (the backends take turns call by call, the first one rotating, so that load from
+elsewhere hits them alike):
+  - RAM: hicachefs's RAM tier vs ``HiCacheFile`` and the fast_file core on tmpfs: 8 pages a
+    call (what SGLang's controller gave each call in issue 17's runs) of 128 KiB, 256 KiB and 1 MiB,
+    and 128 pages a call (``STORAGE_BATCH_SIZE``, its largest) of 1 MiB and 8 MiB: write,
+    first read, second read, later reads.
+  - ranks: 1, 2 and 4 client processes at once (``--ranks``; TP ranks of Llama-3.1-8B at TP8,
+    each its own process, host pool and pages; ``bench_rank.py``), each phase at the same
+    moment; 1 MiB pages, 128 a call; aggregate GB/s and the scaling from 1 rank of each
+    backend, once per daemon worker count (``--workers``; today's daemon is one process).
   - existence: ``batch_exists`` of 128 stored keys with 100,000 pages stored (10,000 --quick).
   - SSD cold, 1 and 8 MiB (1 MiB with --quick): hicachefs with a 128 MiB RAM tier, so pages
     are demoted to ``--disk`` on the disk filesystem, vs ``HiCacheFile`` on the same
@@ -34,12 +50,21 @@ Cases (the two backends alternate call by call, so that load from elsewhere hits
     paced as prefill paces backups (each starts once A's write-behind has the last one on the
     volume), so no page is dropped; B's hits out of what it asked show whether B found every
     page A has. Then ``batch_exists`` on B of 128 keys no host wrote (most of SGLang's queries
-    miss). Skipped, with a line saying why, where GlusterFS cannot start.
-Sampled pages of every read call are checked byte for byte.
+    miss). Skipped, with a line saying why, where GlusterFS cannot start. Run it under
+    ``flock /tmp/hicachefs-gluster.lock`` on a shared machine (one GlusterFS at a time).
+Every pass of writes starts with one untimed page per backend, left in place: a new pool's
+directories are made by its first write (hicachefs's first batch into a new pool tries each page
+once, gets ENOENT, makes them and writes again). Sampled pages of every read call are checked
+byte for byte.
 
-Prints a table (GB/s, pages/s, p50/p99 per call, ratio hicachefs/HiCacheFile, fraction of the
-memcpy rate measured in the same run, CPU seconds per GB, FUSE requests per page, the daemon's
-own CPU per GB, the issue's targets with ok/MISS) and writes a PNG chart. Needs root (FUSE, drop_caches). About 5 minutes; --quick about 1.
+Prints a table (GB/s, pages/s, p50/p99 per call, each backend over HiCacheFile, fraction of the
+memcpy rate measured in the same run, CPU seconds per GB), the ranks table, a table per
+operation and page size of the daemon's FUSE requests and CPU time per page, the pages per
+second one daemon core could therefore serve and 8 ranks of HiCacheFile at the per-rank rate
+of the same run, and the issues' targets with ok/MISS; writes a PNG chart (a panel per case).
+Needs root (FUSE, drop_caches). --quick took 1.3 minutes on the 2-core development VM (load
+average 0.5-1.9); a full run (each case 1.5 to 10 times the volume) about 4-5, estimated from
+the quick run's case times.
 """
 
 from __future__ import annotations
@@ -55,62 +80,84 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 from tqdm import tqdm
 
+from bench_daemon import Daemon, config_line, has_flag, print_log_tail
+from bench_fast_file import FastFileCore
 from bench_rank import RankWorker
-from bench_report import FILE, HICACHEFS, Result, chart, table
+from bench_report import (
+    FAST_FILE,
+    FILE,
+    FIRST,
+    HICACHEFS,
+    LATER,
+    SECOND,
+    WRITE,
+    Result,
+    chart,
+    table,
+)
 from bench_sglang import (
     MIB,
-    MODEL,
+    PAGES,
     STORAGE_BATCH_SIZE,
     TORCH_THREADS,
     Pool,
     as_sglang_runs,
+    found_then_read,
+    keep_wait,
+    kept_files,
     keys_for,
     make_file,
-    found_then_read,
     make_hicachefs,
     reader,
+    timed_call,
+    warm_up,
     writer,
 )
 from hicachefs.testing import glusterfs, mounting
-from hicachefs_client import paths as client_paths
+from hicachefs_client import HiCacheFS
+from hicachefs_client.backend import DEFAULT_THREADS as CLIENT_THREADS
 
+# The RAM cases: (page size, pages a call).
+RAM_CASES = (("128 KiB", 8), ("256 KiB", 8), ("1 MiB", 8), ("1 MiB", 128), ("8 MiB", 128))
 
 
 @dataclass
 class Plan:
     """How much each case moves. Volumes are per backend (ranks: per rank)."""
 
-    ram_memory: str              # --memory of the RAM-tier mount
-    ram_batches: Dict[int, int]  # page MiB -> batches written per round (kept for reads)
-    ram_write_rounds: int        # rounds of writes (all but the last are removed again)
-    ram_read_passes: int         # passes over the kept batches: the first, then repeated
-    ranks_batches: Dict[int, int]  # page MiB -> batches per rank
-    ranks_read_passes: int
-    ssd_batches: Dict[int, int]
+    ram_memory: str                  # --memory of the RAM-tier mount
+    ram_calls: Dict[tuple, int]      # RAM case -> calls written per round (kept for the reads)
+    ram_write_rounds: int            # rounds of writes (all but the last are removed again)
+    later_passes: int                # passes of later reads (after the first and second)
+    ranks_calls: int                 # calls of 128 pages of 1 MiB per rank and phase
+    ssd_calls: Dict[str, int]        # page size -> calls of 128 pages
     exists_pages: int
     exists_queries: int
     memcpy_bytes: int
-    cross_host_batches: int      # batches of 1 MiB pages host A writes and host B reads
+    cross_host_calls: int            # calls of 128 pages of 1 MiB host A writes and host B reads
 
 
-# Memory: the RAM case keeps up to 4 GiB per backend, ranks at 8 MiB 2 GiB per backend plus 1 GiB
-# of host pool per rank process: with the kernel's cache of the mount as a mirror, more would
-# push pages out of it on a 24 GiB machine and turn repeated reads into first reads.
-FULL = Plan("5G", {1: 16, 8: 4}, 2, 3, {1: 12, 8: 1}, 3, {1: 16, 8: 4}, 100_000, 400, 1 << 30, 8)
-QUICK = Plan("2560M", {1: 8, 8: 2}, 1, 2, {1: 4}, 2, {1: 4}, 10_000, 100, 256 << 20, 3)
+# Memory on a 24 GiB machine: each RAM case keeps at most 3 GiB per backend (three backends, and
+# the kernel's cache of the mount as a mirror of hicachefs's), ranks 512 MiB per rank and
+# backend plus a 128 MiB host pool per rank process; more would push pages out of the kernel's
+# cache and turn later reads into first reads.
+FULL = Plan("5G", dict(zip(RAM_CASES, (400, 400, 128, 16, 3))), 2, 2, 4, {"1 MiB": 16, "8 MiB": 4},
+            100_000, 400, 1 << 30, 8)
+QUICK = Plan("2560M", dict(zip(RAM_CASES, (100, 100, 32, 8, 2))), 1, 1, 2, {"1 MiB": 4},
+             10_000, 100, 256 << 20, 3)
+RANKS_PAGE = "1 MiB"
+RANKS_MEMORY_SLACK = 512 * MIB  # the ranks mount's RAM tier beyond the pages of the most ranks
 SSD_MEMORY, SSD_MAX_PAGE, SSD_DISK_SIZE = "128M", "16M", "8G"
 HOST_MEMORY = "1G"  # each cross-host daemon's RAM tier
 WRITE_BEHIND_WAIT_S = 60.0
-RANKS = 2
 FILL_THREADS = 4  # threads that store the existence case's pages
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------------- small facts
@@ -172,32 +219,6 @@ def kernel_copy_rate(directory: Path, size: int = 8 * MIB, repeats: int = 64) ->
         path.unlink()
 
 
-def request_delta(before: dict, after: dict) -> Dict[str, int]:
-    b, a = before.get("requests", {}), after.get("requests", {})
-    return {op: a[op] - b.get(op, 0) for op in a if a[op] - b.get(op, 0)}
-
-
-def daemon_config(mount: mounting.Mount) -> str:
-    """The mount's effective configuration, minus what only names this run's paths."""
-    config = json.loads((mount.path / ".hicachefs" / "config").read_text())
-    shown = {k: v for k, v in config.items()
-             if k not in ("pid", "mountpoint", "log_file", "disk_dir")}
-    return ", ".join(f"{k}={v}" for k, v in shown.items())
-
-
-def daemon_cpu(mount: mounting.Mount) -> float:
-    """CPU seconds the daemon has used (all its threads; clock-tick resolution)."""
-    fields = Path(f"/proc/{mount.pid}/stat").read_text().rsplit(") ", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def print_log_tail(mount: mounting.Mount, lines: int = 40) -> None:
-    print(f"mount {mount.path}: {'mounted' if mounting.is_mounted(mount.path) else 'NOT mounted'}"
-          f", daemon {mount.pid} {'alive' if mounting.alive(mount.pid) else 'gone'}; daemon log "
-          f"{mount.log_file} (last {lines} lines):", file=sys.stderr)
-    print("\n".join(mount.log_text().splitlines()[-lines:]), file=sys.stderr)
-
-
 def timed(label: str, case: Callable, *args) -> None:
     start = time.perf_counter()
     case(*args)
@@ -208,112 +229,135 @@ def progress(items, label: str):
     return tqdm(items, desc=label, unit="call", leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
+def counts_list(text: str) -> List[int]:
+    """``1,2,4`` -> [1, 2, 4]: positive integers, sorted, each once."""
+    try:
+        counts = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, not {text!r}") from None
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"counts of at least 1, not {text!r}")
+    return counts
+
+
 # ---------------------------------------------------------------------------- one process
 
 
 class Bench:
-    """The RAM, SSD and existence cases, in this process; the ranks case in rank workers."""
+    """The RAM, SSD, existence and cross-host cases, in this process; the ranks case in rank
+    workers (``ranks_case``)."""
 
     def __init__(self, plan: Plan, client: dict) -> None:
         self.plan, self.client = plan, client
         self.results: List[Result] = []
-        self.pools: Dict[int, Pool] = {}
 
-    def pool(self, page_mib: int) -> Pool:
-        if page_mib not in self.pools:
-            self.pools[page_mib] = Pool(page_mib)
-        return self.pools[page_mib]
-
-    def _recorded(self, case: str, op: str, **fields) -> Dict[str, Result]:
+    def _recorded(self, case: str, op: str, backends, pool: Optional[Pool] = None,
+                  **fields) -> Dict[str, Result]:
         """A result per backend for ``op`` in ``case``, already part of the report."""
-        made = {name: Result(case, op, name, **fields) for name in (HICACHEFS, FILE)}
+        if pool is not None:
+            fields.update(page_bytes=pool.page_bytes, batch=pool.batch)
+        made = {name: Result(case, op, name, **fields) for name in backends}
         self.results.extend(made.values())
         return made
 
-    def _interleaved(self, results: Dict[str, Result], pool: Pool, batches: Dict[str, List[str]],
-                     ops: Dict[str, Callable], write: bool, mount: mounting.Mount,
-                     label: str, after_call: Callable[[], None] = lambda: None) -> None:
-        """Each batch through every backend, alternating which goes first."""
-        before = mount.stats()
+    def _pass(self, results: Dict[str, Result], pool: Pool, batches: Dict[str, List[str]],
+              ops: Dict[str, Callable], write: bool, daemon: Daemon, fs: HiCacheFS, label: str,
+              keep: bool = False, after_call: Callable[[], None] = lambda: None) -> None:
+        """Each batch through every backend, the first one rotating call by call. The daemon's
+        requests and CPU time over the pass are hicachefs's (the other backends cost it
+        nothing); a read pass ends once the daemon has counted every page it read (reads
+        through kept files are reported up to half a second later). ``keep``: after each
+        hicachefs call, wait for the background keep it started (a second read)."""
+        ours = results[HICACHEFS]
+        mark, pages = daemon.mark(), ours.pages
+        kept_reads = fs.statistics()["kept_reads"]
+        names = list(ops)
         for n, (tag, keys) in enumerate(progress(batches.items(), label)):
-            for name in (list(ops) if n % 2 == 0 else list(ops)[::-1]):
+            for name in names[n % len(names):] + names[:n % len(names)]:
                 self._call(results[name], pool, tag, keys, ops[name], write,
-                           mount if name == HICACHEFS else None)
+                           fs if keep and name == HICACHEFS else None)
                 after_call()
-        for op, count in request_delta(before, mount.stats()).items():
-            requests = results[HICACHEFS].requests
-            requests[op] = requests.get(op, 0) + count
+        if not write and not daemon.wait_for_hits(mark, ours.pages - pages):
+            ours.note += "; the daemon did not count every read within 5 s"
+        requests, cpu = daemon.since(mark)
+        for op, count in requests.items():
+            ours.requests[op] = ours.requests.get(op, 0) + count
+        ours.daemon_cpu += cpu
+        ours.kept_reads += fs.statistics()["kept_reads"] - kept_reads
 
     @staticmethod
     def _call(result: Result, pool: Pool, tag: str, keys: List[str], op: Callable,
-              write: bool, mount: Optional[mounting.Mount]) -> None:
-        """One call of ``op``, timed; ``mount``: the daemon whose CPU time it costs too."""
-        if write:
-            pool.stamp(tag)
-        else:
-            pool.scribble()
-        daemon_before = daemon_cpu(mount) if mount is not None else 0.0
-        start, start_cpu = time.perf_counter(), time.process_time()
-        outcome = op(keys)
-        result.seconds.append(time.perf_counter() - start)
-        result.cpu += time.process_time() - start_cpu
-        if mount is not None:
-            result.daemon_cpu += daemon_cpu(mount) - daemon_before
-        if write:
-            result.failed += 0 if outcome else len(keys)
-            result.pages += len(keys)
-        else:
-            result.failed += len(keys) - outcome
-            result.pages += outcome
-            result.bad_pages += pool.check(tag, outcome)
+              write: bool, keeper: Optional[HiCacheFS]) -> None:
+        """One call of ``op``, timed; ``keeper``: the client whose background keep of the
+        pages this call read is waited for after it (its CPU time counts, not its time)."""
+        kept = kept_files(keeper) if keeper is not None else 0
+        call = timed_call(pool, tag, keys, op, write)
+        result.add(call)
+        if keeper is not None:
+            done = keep_wait(keeper, kept + call.pages)
+            result.cpu += done.cpu
+            result.keep_seconds += done.seconds
+            if not done.done:
+                result.invalid = "(the background keep did not finish: later reads are not all kept)"
 
-    def ram_case(self, page_mib: int, mount: mounting.Mount, file_dir: Path) -> None:
-        """Write, first read, repeated reads: hicachefs's RAM tier vs HiCacheFile on tmpfs."""
-        pool = self.pool(page_mib)
-        case = f"RAM {page_mib} MiB"
-        file_dir.mkdir(parents=True, exist_ok=True)
-        fs = make_hicachefs(mount.path, pool, client=self.client)
-        hf = make_file(file_dir, pool)
-        backends = {HICACHEFS: fs, FILE: hf}
-        writes = self._recorded(case, "write", page_bytes=pool.page_bytes)
-        batches: Dict[str, List[str]] = {}
+    def ram_case(self, size: str, batch: int, daemon: Daemon, shm: Path) -> None:
+        """Write, first read, second read, later reads: hicachefs's RAM tier vs HiCacheFile
+        and the fast_file core on tmpfs."""
+        pool = Pool(PAGES[size], batch)
+        case = f"RAM {size} x{batch}"
+        fs = make_hicachefs(daemon.mount.path, pool, client=self.client)
+        hf = make_file(shm / "file", pool)
+        ff = FastFileCore(shm / "fast_file", pool)
+        backends = {HICACHEFS: fs, FILE: hf, FAST_FILE: ff}
+        writes = self._recorded(case, WRITE, backends, pool)
         rounds = self.plan.ram_write_rounds
+        batches: Dict[str, List[str]] = {}
         for r in range(rounds):
-            batches = {f"{case}/r{r}/b{i}": keys_for(f"{case}/r{r}/b{i}")
-                       for i in range(self.plan.ram_batches[page_mib])}
-            self._interleaved(writes, pool, batches,
-                              {n: writer(b, pool) for n, b in backends.items()}, True, mount,
-                              f"{case} write {r + 1}/{rounds}")
+            batches = {f"{case}/r{r}/b{i}": keys_for(f"{case}/r{r}/b{i}", batch)
+                       for i in range(self.plan.ram_calls[size, batch])}
+            for backend in backends.values():
+                warm_up(backend, pool, f"{case}/r{r}")
+            self._pass(writes, pool, batches, {n: writer(b, pool) for n, b in backends.items()},
+                       True, daemon, fs, f"{case} write {r + 1}/{rounds}")
             if r < rounds - 1:
-                fs.clear()
-                hf.clear()
+                for backend in backends.values():
+                    backend.clear()
         reads = {n: reader(b, pool) for n, b in backends.items()}
-        passes = self.plan.ram_read_passes
-        self._interleaved(self._recorded(case, "first read", page_bytes=pool.page_bytes), pool, batches,
-                          reads, False, mount, f"{case} first read")
-        repeated = self._recorded(case, "repeated read", page_bytes=pool.page_bytes)
-        for p in range(1, passes):
-            self._interleaved(repeated, pool, batches, reads, False, mount,
-                              f"{case} repeated read {p}/{passes - 1}")
-        fs.clear()
+        self._pass(self._recorded(case, FIRST, backends, pool), pool, batches, reads, False,
+                   daemon, fs, f"{case} first read")
+        second = self._recorded(case, SECOND, backends, pool)
+        self._pass(second, pool, batches, reads, False, daemon, fs, f"{case} second read", keep=True)
+        second[HICACHEFS].note = (f"background keep: {second[HICACHEFS].keep_seconds * 1e3 / len(batches):.2f} "
+                                  "ms a call after the call's own time")
+        later = self._recorded(case, LATER, backends, pool)
+        for p in range(self.plan.later_passes):
+            self._pass(later, pool, batches, reads, False, daemon, fs,
+                       f"{case} later reads {p + 1}/{self.plan.later_passes}")
+        ours = later[HICACHEFS]
+        ours.note = f"{ours.kept_reads:,} of {ours.pages:,} pages read through kept files"
+        for backend in backends.values():
+            backend.clear()
         fs.close()
-        hf.clear()
-        shutil.rmtree(file_dir, ignore_errors=True)
+        ff.close()
+        shutil.rmtree(shm / "file", ignore_errors=True)
+        shutil.rmtree(shm / "fast_file", ignore_errors=True)
 
-    def ssd_case(self, page_mib: int, mount: mounting.Mount, file_dir: Path) -> None:
+    def ssd_case(self, size: str, daemon: Daemon, file_dir: Path) -> None:
         """Write, then read cold: hicachefs's disk tier vs HiCacheFile on the same disk."""
-        pool = self.pool(page_mib)
-        case = f"SSD cold {page_mib} MiB"
+        pool = Pool(PAGES[size])
+        case = f"SSD cold {size} x{pool.batch}"
+        mount = daemon.mount
         file_dir.mkdir(parents=True, exist_ok=True)
         fs = make_hicachefs(mount.path, pool, client=self.client)
         hf = make_file(file_dir, pool)
         backends = {HICACHEFS: fs, FILE: hf}
-        writes = self._recorded(case, "write", page_bytes=pool.page_bytes)
-        batches = {f"{case}/b{i}": keys_for(f"{case}/b{i}")
-                   for i in range(self.plan.ssd_batches[page_mib])}
+        writes = self._recorded(case, WRITE, backends, pool)
+        batches = {f"{case}/b{i}": keys_for(f"{case}/b{i}") for i in range(self.plan.ssd_calls[size])}
+        for backend in backends.values():
+            warm_up(backend, pool, case)
         # os.sync between calls: the next writer does not pay for this one's writeback.
-        self._interleaved(writes, pool, batches, {n: writer(b, pool) for n, b in backends.items()},
-                          True, mount, f"{case} write", after_call=os.sync)
+        self._pass(writes, pool, batches, {n: writer(b, pool) for n, b in backends.items()},
+                   True, daemon, fs, f"{case} write", after_call=os.sync)
 
         # Only batches whose every page the daemon holds on disk: a cold read is a disk read.
         directory = Path(mount.path, fs._dir_of("kv"))
@@ -322,21 +366,19 @@ class Bench:
                           for k in keys)}
         note = f"{len(on_disk)} of {len(batches)} batches wholly on the disk tier"
         for name, backend in backends.items():
-            result = Result(case, "cold read", name, page_bytes=pool.page_bytes, note=note)
-            self.results.append(result)
+            result = self._recorded(case, "cold read", [name], pool, note=note)[name]
             drop_caches()
-            before = mount.stats()
+            mark = daemon.mark()
             if name == HICACHEFS:
                 result.note += "; " + self._arena_residency(mount)
             read = reader(backend, pool)
             for tag, keys in progress(on_disk.items(), f"{case} cold read {name}"):
-                self._call(result, pool, tag, keys, read, False,
-                           mount if name == HICACHEFS else None)
+                self._call(result, pool, tag, keys, read, False, None)
             if name == HICACHEFS:
-                after = mount.stats()
-                result.requests = request_delta(before, after)
-                moved = {k: after[k] - before[k] for k in ("promotions", "demotions")}
-                per_mib = result.requests.get("read", 0) / max(1, result.pages) / page_mib
+                after = daemon.stats()
+                moved = {k: after[k] - mark.stats[k] for k in ("promotions", "demotions")}
+                result.requests, result.daemon_cpu = daemon.since(mark)
+                per_mib = result.requests.get("read", 0) / max(1, result.pages) * MIB / pool.page_bytes
                 result.note += (f"; daemon READ requests per MiB read: {per_mib:.2f} (>= 1: none "
                                 f"served from the kernel's cache); promotions "
                                 f"{moved['promotions']}, demotions {moved['demotions']}")
@@ -357,18 +399,18 @@ class Bench:
         resident = sum(int(x) for x in out.stdout.split() if x.isdigit())
         return f"disk arena resident in page cache after drop_caches: {resident / MIB:.0f} MiB"
 
-    def exists_case(self, mount: mounting.Mount, file_dir: Path) -> None:
+    def exists_case(self, daemon: Daemon, file_dir: Path) -> None:
         """batch_exists of 128 stored keys with many pages stored."""
-        pool = self.pool(1)
+        pool = Pool(PAGES["1 MiB"])
         model = "bench/exists"
         count = self.plan.exists_pages
         keys = keys_for("exists", count)
-        fs = make_hicachefs(mount.path, pool, client=self.client, model=model)
+        fs = make_hicachefs(daemon.mount.path, pool, client=self.client, model=model)
         file_dir.mkdir(parents=True, exist_ok=True)
         hf = make_file(file_dir, pool, model=model)
 
         # Stored with plain file I/O (64-byte pages), on a few threads: only the query is timed.
-        directory = Path(mount.path, fs._dir_of("kv"))
+        directory = Path(daemon.mount.path, fs._dir_of("kv"))
         directory.mkdir(parents=True, exist_ok=True)
         payload = b"\0" * 64
 
@@ -397,10 +439,10 @@ class Bench:
         rng = np.random.default_rng(2)
         queries = [[keys[int(j)] for j in rng.choice(count, STORAGE_BATCH_SIZE, replace=False)]
                    for _ in range(self.plan.exists_queries)]
-        results = self._recorded("exists", "exists")
+        results = self._recorded("exists", "exists", (HICACHEFS, FILE))
         for name, rate in rates.items():
             results[name].note = f"{count:,} pages stored ({rate:,.0f}/s to store them on {FILL_THREADS} threads)"
-        before = mount.stats()
+        mark = daemon.mark()
         for n, q in enumerate(progress(queries, "exists")):
             for name, backend in (((HICACHEFS, fs), (FILE, hf)) if n % 2 == 0
                                   else ((FILE, hf), (HICACHEFS, fs))):
@@ -409,46 +451,48 @@ class Bench:
                 results[name].seconds.append(time.perf_counter() - start)
                 results[name].pages += len(q)
                 results[name].failed += len(q) - hits
-        results[HICACHEFS].requests = request_delta(before, mount.stats())
+        results[HICACHEFS].requests, results[HICACHEFS].daemon_cpu = daemon.since(mark)
         fs.clear()
         fs.close()
         shutil.rmtree(file_dir, ignore_errors=True)
 
-
-    def cross_host_case(self, host_a: mounting.Mount, host_b: mounting.Mount,
-                        volume: glusterfs.GlusterVolume) -> None:
+    def cross_host_case(self, host_a: Daemon, host_b: Daemon, volume: glusterfs.GlusterVolume) -> None:
         """Host A writes, host B reads: hicachefs's shared tier vs HiCacheFile on one volume."""
-        pool = self.pool(1)
-        case = "cross-host 1 MiB"
-        fs_a = make_hicachefs(host_a.path, pool, client=self.client)
-        fs_b = make_hicachefs(host_b.path, pool, client=self.client)
+        pool = Pool(PAGES["1 MiB"])
+        case = f"cross-host 1 MiB x{pool.batch}"
+        fs_a = make_hicachefs(host_a.mount.path, pool, client=self.client)
+        fs_b = make_hicachefs(host_b.mount.path, pool, client=self.client)
         hf_a, hf_b = make_file(volume.a / "file", pool), make_file(volume.b / "file", pool)
-        batches = {f"{case}/b{i}": keys_for(f"{case}/b{i}") for i in range(self.plan.cross_host_batches)}
-        writes = self._recorded(case, "write on A", page_bytes=pool.page_bytes)
+        batches = {f"{case}/b{i}": keys_for(f"{case}/b{i}") for i in range(self.plan.cross_host_calls)}
+        writes = self._recorded(case, "write on A", (HICACHEFS, FILE), pool)
 
         def write_behind_done() -> None:
             deadline = time.monotonic() + WRITE_BEHIND_WAIT_S
-            while (host_a.stats()["tiers"]["shared"]["queue_pages"] or
-                   host_a.stats()["tiers"]["shared"]["writing"]) and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                shared = host_a.stats()["tiers"]["shared"]
+                if not (shared["queue_pages"] or shared["writing"]):
+                    break
                 time.sleep(0.02)
 
-        self._interleaved(writes, pool, batches, {HICACHEFS: writer(fs_a, pool), FILE: writer(hf_a, pool)},
-                          True, host_a, f"{case} write on A", after_call=write_behind_done)
+        warm_up(fs_a, pool, case)
+        warm_up(hf_a, pool, case)
+        self._pass(writes, pool, batches, {HICACHEFS: writer(fs_a, pool), FILE: writer(hf_a, pool)},
+                   True, host_a, fs_a, f"{case} write on A", after_call=write_behind_done)
         # Another host's pages are announced within about a second: wait for the last one by a
         # lookup of its name on B (the exists query would fetch pages ahead, before the timing).
         last_key = batches[list(batches)[-1]][-1]
-        last = host_b.path / next(host_a.path.rglob(last_key)).relative_to(host_a.path)
+        last = host_b.mount.path / next(host_a.mount.path.rglob(last_key)).relative_to(host_a.mount.path)
         deadline = time.monotonic() + 10
         while not last.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         dropped = host_a.stats()["tiers"]["shared"]["dropped"]
-        reads = self._recorded(case, "exists + read on B", page_bytes=pool.page_bytes)
-        self._interleaved(reads, pool, batches, {HICACHEFS: found_then_read(fs_b, pool),
-                                                 FILE: found_then_read(hf_b, pool)},
-                          False, host_b, f"{case} read on B")
+        reads = self._recorded(case, "exists + read on B", (HICACHEFS, FILE), pool)
+        self._pass(reads, pool, batches, {HICACHEFS: found_then_read(fs_b, pool),
+                                          FILE: found_then_read(hf_b, pool)},
+                   False, host_b, fs_b, f"{case} read on B")
         shared_b = host_b.stats()["tiers"]["shared"]
         for name, result in reads.items():
-            result.note = (f"host B read {result.pages} of the {len(batches) * STORAGE_BATCH_SIZE} pages host A "
+            result.note = (f"host B read {result.pages} of the {len(batches) * pool.batch} pages host A "
                            "wrote" + (f" (host A's write-behind dropped {dropped}; host B's shared tier: "
                                       f"{shared_b['fetched_ahead']} fetched ahead, {shared_b['timeouts']} "
                                       f"timeouts, {shared_b['failures']} failures)" if name == HICACHEFS else ""))
@@ -458,7 +502,8 @@ class Bench:
 
     def _cross_host_misses(self, case: str, fs_b, hf_b) -> None:
         """batch_exists on B of 128 keys no host wrote: what most of SGLang's queries are."""
-        misses = self._recorded(case, "exists", note="128 keys that no host wrote (all misses)")
+        misses = self._recorded(case, "exists", (HICACHEFS, FILE),
+                                note="128 keys that no host wrote (all misses)")
         for n in range(self.plan.exists_queries // 4):
             keys = keys_for(f"{case}/missing{n}")
             for name, backend in (((HICACHEFS, fs_b), (FILE, hf_b)) if n % 2 == 0 else ((FILE, hf_b), (HICACHEFS, fs_b))):
@@ -481,7 +526,7 @@ def cross_host(bench: Bench, work: Path, mount_options: List[str]) -> Optional[s
             hosts.append(mounting.start(work / f"host-{name}", work / f"host-{name}.log",
                                         ["--memory", HOST_MEMORY, "--shared", str(view / "hc"),
                                          *mount_options]))
-        timed("cross-host 1 MiB", bench.cross_host_case, *hosts, volume)
+        timed("cross-host 1 MiB", bench.cross_host_case, *(Daemon(h) for h in hosts), volume)
     except BaseException:
         for host in hosts:
             print_log_tail(host)
@@ -496,69 +541,109 @@ def cross_host(bench: Bench, work: Path, mount_options: List[str]) -> Optional[s
 # ---------------------------------------------------------------------------- ranks
 
 
-def ranks_case(bench: Bench, page_mib: int, mount: mounting.Mount, file_dir: Path) -> None:
-    """1 rank, then ``RANKS`` ranks of each backend. All ranks of a backend run each phase at
-    the same moment; the backends take turns phase by phase."""
+RANK_PHASES = (("write", WRITE), ("read", FIRST), ("second", SECOND))
+
+
+def ranks_case(bench: Bench, counts: List[int], daemon: Daemon, file_dir: Path,
+               label: str = "") -> None:
+    """1, then each larger count of ranks of each backend: all ranks of a backend run each
+    phase at the same moment; the backends take turns phase by phase."""
     plan = bench.plan
-    case = f"ranks {page_mib} MiB"
+    shape = replace(PAGES[RANKS_PAGE], tp_size=max(8, counts[-1]))  # ranks of one TP8 server
+    case = f"ranks {RANKS_PAGE} x{STORAGE_BATCH_SIZE}{label}"
     file_dir.mkdir(parents=True, exist_ok=True)
-    roots = {HICACHEFS: mount.path, FILE: file_dir}
+    roots = {HICACHEFS: daemon.mount.path, FILE: file_dir}
     workers: Dict[str, List[RankWorker]] = {name: [] for name in roots}
-    phases = [("write", "write"), ("read", "first read")] + \
-        [("read", "repeated read")] * (plan.ranks_read_passes - 1)
+    phases = list(RANK_PHASES) + [("read", LATER)] * plan.later_passes
     try:
         for name, root in roots.items():
-            for rank in range(RANKS):
-                workers[name].append(RankWorker(name, root, rank, RANKS, page_mib,
-                                                plan.ranks_batches[page_mib], bench.client))
+            for rank in range(counts[-1]):
+                workers[name].append(RankWorker(name, root, shape, rank, plan.ranks_calls,
+                                                bench.client))
         for worker in (w for group in workers.values() for w in group):
             if worker.receive() != "ready":
                 raise RuntimeError(f"rank process {worker.proc.pid} did not start")
-        for ranks in (1, RANKS):
-            made: Dict[Tuple[str, str], Result] = {}
+        for ranks in counts:
+            made: Dict[tuple, Result] = {}
             for n, (command, op) in enumerate(progress(phases, f"{case} x{ranks}")):
                 for name in (list(roots) if n % 2 == 0 else list(roots)[::-1]):
                     if (name, op) not in made:
-                        made[name, op] = Result(case, op, name, ranks=ranks, wall=0.0)
+                        made[name, op] = Result(case, op, name, ranks=ranks, wall=0.0,
+                                                batch=STORAGE_BATCH_SIZE)
                         bench.results.append(made[name, op])
-                    _rank_phase(made[name, op], workers[name][:ranks], command,
-                                f"ranks{page_mib}x{ranks}", mount if name == HICACHEFS else None)
-            # Room for the next round's pages (the RAM tier holds one round).
-            shutil.rmtree(mount.path / client_paths.model_segment(MODEL), ignore_errors=True)
-            for path in file_dir.iterdir():
-                path.unlink()
+                    rank_phase(made[name, op], workers[name][:ranks], command,
+                               f"ranks{ranks}", daemon if name == HICACHEFS else None)
+            ours = made[HICACHEFS, LATER]
+            ours.note = f"{ours.kept_reads:,} of {ours.pages:,} pages read through kept files"
+            clear(w for group in workers.values() for w in group[:ranks])
     finally:
         for worker in (w for group in workers.values() for w in group):
             worker.stop()
     shutil.rmtree(file_dir, ignore_errors=True)
 
 
-def _rank_phase(result: Result, workers: List[RankWorker], phase: str, tag: str,
-                mount: Optional[mounting.Mount]) -> None:
-    """All ``workers`` run ``phase`` at once; ``mount``: the daemon they cost (hicachefs)."""
-    before = mount.stats() if mount is not None else None
-    daemon_before = daemon_cpu(mount) if mount is not None else 0.0
+def clear(workers) -> None:
+    """Each worker removes its pages, one after the other (HiCacheFile's ``clear`` empties its
+    whole directory, which its ranks share): room for the next count's pages."""
+    for worker in workers:
+        worker.send("clear")
+        worker.receive()
+
+
+def rank_phase(result: Result, workers: List[RankWorker], phase: str, tag: str,
+               daemon: Optional[Daemon]) -> None:
+    """All ``workers`` run ``phase`` at once; ``daemon``: the one they cost (hicachefs)."""
+    mark = daemon.mark() if daemon is not None else None
     for worker in workers:
         worker.send(phase, tag)
     answers = [worker.receive() for worker in workers]
     result.wall += max(a["end"] for a in answers) - min(a["start"] for a in answers)
+    result.keep_seconds += max(a["keep_seconds"] for a in answers)  # the ranks keep at once
     for a in answers:
-        result.seconds += a["seconds"]
-        result.cpu += a["cpu"]
-        result.pages += a["pages"]
-        result.failed += a["failed"]
-        result.bad_pages += a["bad"]
+        for call in a["calls"]:
+            result.add(call)
+        result.cpu += a["keep_cpu"]
+        result.kept_reads += a["kept_reads"]
         result.page_bytes = a["page_bytes"]
-    if mount is not None:
-        result.daemon_cpu += daemon_cpu(mount) - daemon_before
-        for op, n in request_delta(before, mount.stats()).items():
+        if not a["keep_done"]:
+            result.invalid = "(the background keep did not finish: later reads are not all kept)"
+    if daemon is not None:
+        pages = sum(call.pages for a in answers for call in a["calls"])
+        if phase != "write" and not daemon.wait_for_hits(mark, pages):
+            result.note += "; the daemon did not count every read within 5 s"
+        requests, cpu = daemon.since(mark)
+        for op, n in requests.items():
             result.requests[op] = result.requests.get(op, 0) + n
+        result.daemon_cpu += cpu
+
+
+def ranks_cases(bench: Bench, counts: List[int], worker_counts: List[int], workers_flag: bool,
+                work: Path, shm: Path, mount_options: List[str], configs: List[str]) -> None:
+    """The ranks case on a mount of its own, once per daemon worker count."""
+    memory = counts[-1] * bench.plan.ranks_calls * STORAGE_BATCH_SIZE * PAGES[RANKS_PAGE].page_bytes \
+        + RANKS_MEMORY_SLACK
+    for workers in worker_counts:
+        flags = ["--memory", f"{memory // MIB}M", *mount_options]
+        label = ""
+        if workers_flag:
+            flags += ["--workers", str(workers)]
+            label = f", --workers {workers}"
+        mount = mounting.start(work / f"ranks-{workers}", work / f"ranks-{workers}.log", flags)
+        configs.append(f"ranks mount{label}: {config_line(mount)}")
+        try:
+            timed(f"ranks{label}", ranks_case, bench, counts, Daemon(mount), shm / f"ranks-{workers}",
+                  label)
+        except BaseException:
+            print_log_tail(mount)
+            raise
+        finally:
+            mounting.stop(mount)
 
 
 # ---------------------------------------------------------------------------- main
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller volumes: about 1.5 min")
@@ -571,18 +656,36 @@ def main() -> int:
                         help="more extra_config keys for HiCacheFS, JSON (e.g. "
                              "'{\"read_threads\": 1}'); default: the client's defaults")
     parser.add_argument("--mount-option", action="append", default=[], metavar="FLAG",
-                        help="one more flag for both hicachefs mounts, e.g. "
+                        help="one more flag for every hicachefs mount, e.g. "
                              "--mount-option=--no-kernel-cache (repeatable)")
+    parser.add_argument("--ranks", type=counts_list, default=[1, 2, 4], metavar="N,N,...",
+                        help="rank processes at once in the ranks case (default 1,2,4; 1 is "
+                             "always run: the scaling is from one rank)")
+    parser.add_argument("--workers", type=counts_list, default=[1], metavar="N,N,...",
+                        help="daemon worker processes: the ranks case runs once per count, "
+                             "each on a mount with --workers N (default 1)")
     parser.add_argument("--only", choices=("ram", "ranks", "exists", "ssd", "cross-host"), action="append",
                         help="run only these cases (repeatable; default all)")
     args = parser.parse_args()
+    args.ranks = sorted({1, *args.ranks})
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     if os.geteuid() != 0:
         print("bench.py needs root (FUSE mounts and drop_caches)", file=sys.stderr)
+        return 2
+    cases = set(args.only or ("ram", "ranks", "exists", "ssd", "cross-host"))
+    workers_flag = has_flag("--workers")
+    if "ranks" in cases and args.workers != [1] and not workers_flag:
+        print(f"bench.py: --workers {','.join(map(str, args.workers))}: the daemon has no "
+              "--workers flag (hicachefs mount --help), so it runs one worker; use --workers 1",
+              file=sys.stderr)
         return 2
     plan = QUICK if args.quick else FULL
     if args.exists_pages:
         plan.exists_pages = args.exists_pages
-    cases = set(args.only or ("ram", "ranks", "exists", "ssd", "cross-host"))
     skipped = None
     logging.basicConfig(level=logging.ERROR)
     as_sglang_runs()
@@ -602,40 +705,38 @@ def main() -> int:
     bench = Bench(plan, args.client)
     memcpy = memcpy_rate(plan.memcpy_bytes)
     kernel_copy = kernel_copy_rate(shm)
-    configs = []
+    configs: List[str] = []
     try:
-        if cases & {"ram", "ranks", "exists"}:
+        if cases & {"ram", "exists"}:
             mount = mounting.start(work / "ram", work / "ram.log",
                                    ["--memory", plan.ram_memory, *args.mount_option])
-            configs.append(f"RAM mount: {daemon_config(mount)}")
+            configs.append(f"RAM mount: {config_line(mount)}")
+            daemon = Daemon(mount)
             try:
                 if "ram" in cases:
-                    for page_mib in (1, 8):
-                        timed(f"RAM {page_mib} MiB", bench.ram_case, page_mib, mount,
-                              shm / f"file-{page_mib}")
-                    bench.pools.clear()  # the rank processes have their own
-                if "ranks" in cases:
-                    for page_mib in plan.ranks_batches:
-                        timed(f"ranks {page_mib} MiB", ranks_case, bench, page_mib, mount,
-                              shm / f"ranks-{page_mib}")
+                    for size, batch in RAM_CASES:
+                        timed(f"RAM {size} x{batch}", bench.ram_case, size, batch, daemon, shm)
                 if "exists" in cases:
-                    timed("exists", bench.exists_case, mount, shm / "file-exists")
+                    timed("exists", bench.exists_case, daemon, shm / "file-exists")
             except BaseException:
                 print_log_tail(mount)
                 raise
             finally:
                 mounting.stop(mount)
+        if "ranks" in cases:
+            ranks_cases(bench, args.ranks, args.workers, workers_flag, work, shm,
+                        args.mount_option, configs)
         if "ssd" in cases:
             (disk / "arena").mkdir()
             mount = mounting.start(work / "ssd", work / "ssd.log",
                                    ["--memory", SSD_MEMORY, "--max-page-size", SSD_MAX_PAGE,
                                     "--disk", str(disk / "arena"), "--disk-size", SSD_DISK_SIZE,
                                     *args.mount_option])
-            configs.append(f"SSD mount: {daemon_config(mount)}")
+            configs.append(f"SSD mount: {config_line(mount)}")
             try:
-                for page_mib in plan.ssd_batches:
-                    timed(f"SSD cold {page_mib} MiB", bench.ssd_case, page_mib, mount,
-                          disk / f"file-{page_mib}")
+                daemon = Daemon(mount)
+                for size in plan.ssd_calls:
+                    timed(f"SSD cold {size}", bench.ssd_case, size, daemon, disk / f"file-{size}")
             except BaseException:
                 print_log_tail(mount)
                 raise
@@ -657,15 +758,23 @@ def main() -> int:
     print(f"hicachefs vs SGLang {sglang_version()} HiCacheFile"
           f"{' (--quick)' if args.quick else ''}: {os.cpu_count()} CPUs; at start {load_start}, "
           f"at end {load()}; {elapsed / 60:.1f} min")
-    print(f"As SGLang runs them: torch threads {TORCH_THREADS} in every process; HiCacheFile "
+    print(f"As SGLang runs them: torch threads {TORCH_THREADS} in every process, glibc keeping freed "
+          "memory (as CUDA's caching host allocator does for SGLang's staging pages); HiCacheFile "
           "through the cache controller's generic path (the one it takes for the file backend), "
           "defaults (no size cap, metadata cache off); hicachefs through the zero-copy v1 path "
-          f"(interface_v1), client extra_config {json.dumps(args.client) or '{}'}")
+          f"(interface_v1), client extra_config {json.dumps(args.client)} over its default "
+          f"threads {CLIENT_THREADS}; "
+          f"'{FAST_FILE}': {FastFileCore.label}, our own lines: pwritev/preadv between the pool's "
+          "page buffers (get_page_buffer_meta) and tmpfs files, temporary file + rename, reads in "
+          "runs of at least 1 MiB on 4 threads, writes one by one")
+    print("pages: " + "; ".join(f"{label} {shape.describe()}" for label, shape in PAGES.items()))
     print(f"RAM and ranks: hicachefs --memory {plan.ram_memory} vs HiCacheFile on tmpfs; SSD cold: "
           f"hicachefs --memory {SSD_MEMORY} --disk on {disk_fs} vs HiCacheFile on {disk_fs}, "
           "page cache dropped before each backend's read pass")
     print("cross-host: hicachefs --memory {0} --shared on each of a GlusterFS volume's two mounts vs "
           "HiCacheFile on the same mounts; host A writes, host B reads".format(HOST_MEMORY))
+    if "ranks" in cases and not workers_flag:
+        print("daemon workers: 1 (the daemon has no --workers flag yet; the ranks case ran once)")
     for line in configs:
         print(line)
     if skipped:
@@ -674,13 +783,15 @@ def main() -> int:
           f"{memcpy_end:.2f} GB/s at the end; one kernel copy (preadv of a hot 8 MiB tmpfs file): "
           f"{kernel_copy:.2f} GB/s")
     print()
+    most = args.ranks[-1]
     print(table(bench.results, memcpy,
-                f"ranks: each rank its own process, host pool and pages ({RANKS} ranks: shards "
-                f"tp0of{RANKS}..tp{RANKS - 1}of{RANKS}), all at once:", len(Pool.SAMPLE_SLOTS)))
+                f"ranks: each rank its own process, host pool and pages (TP ranks tp0..tp{most - 1} "
+                f"of Llama-3.1-8B at TP{max(8, most)}), all at once, {plan.ranks_calls} calls of "
+                f"{STORAGE_BATCH_SIZE} pages per rank and phase:"))
     args.chart.parent.mkdir(parents=True, exist_ok=True)
     chart(bench.results, memcpy, args.chart,
-          f"hicachefs (zero-copy v1) vs SGLang HiCacheFile (generic path), torch threads "
-          f"{TORCH_THREADS}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+          f"hicachefs (zero-copy v1) vs SGLang HiCacheFile (generic path) and the fast_file core, "
+          f"torch threads {TORCH_THREADS}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     print(f"\nchart: {args.chart.resolve()}")
     return 1 if any(r.failed or r.bad_pages or r.invalid for r in bench.results) else 0
 

@@ -5,8 +5,9 @@
 Clients with different thread counts (the same for reads and writes) take turns call by call on one mount (each on its own
 pages), so that load from elsewhere on the machine hits them alike; the same SGLang calls as
 ``bench.py`` (``batch_set_v1``/``batch_get_v1`` of 128 pages, torch threads 1):
-  - one process: write, first read, repeated read at 1 and 8 MiB pages;
-  - ranks: 1 and 2 processes per client (tp0of2, tp1of2) running each phase at once.
+  - one process: write, first read, second read (and its background keep, waited for after
+    each call), later reads (through kept files) at 1 and 8 MiB pages;
+  - ranks: 1 and 2 processes per client (TP ranks 0 and 1 of 8) running each phase at once.
 Prints GB/s and CPU seconds per GB for each count and the ratio to the first one.
 Needs root (FUSE). About 4 minutes; --quick about 2. Extra flags for the daemon (for example
 ``--mount-option=--no-kernel-cache``) show how the answer depends on the daemon's read path.
@@ -21,25 +22,20 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List
 
-from bench import (
-    RANKS,
-    Bench,
-    _rank_phase,
-    daemon_config,
-    load,
-    print_log_tail,
-    progress,
-)
+from bench import RANK_PHASES, Bench, clear, load, progress, rank_phase
+from bench_daemon import Daemon, config_line, print_log_tail
 from bench_rank import RankWorker
-from bench_report import Result
-from bench_sglang import MIB, Pool, as_sglang_runs, keys_for, make_hicachefs, reader, writer
+from bench_report import LATER, Result
+from bench_sglang import PAGES, Pool, as_sglang_runs, keys_for, make_hicachefs, reader, writer
 from hicachefs.testing import mounting
 
-FULL = {"batches": {1: 8, 8: 2}, "passes": 3, "ranks_batches": {1: 8, 8: 1}}
-QUICK = {"batches": {1: 4, 8: 1}, "passes": 2, "ranks_batches": {1: 4}}
+FULL = {"batches": {1: 8, 8: 2}, "later": 2, "ranks_batches": {1: 8, 8: 1}}
+QUICK = {"batches": {1: 4, 8: 1}, "later": 1, "ranks_batches": {1: 4}}
+RANKS = 2
 
 
 def label(threads: int) -> str:
@@ -54,44 +50,47 @@ def rotated(items: list, n: int) -> list:
     return items[n % len(items):] + items[:n % len(items)]
 
 
-def one_process(threads: List[int], plan: dict, page_mib: int, mount: mounting.Mount,
+def one_process(threads: List[int], plan: dict, page_mib: int, daemon: Daemon,
                 results: List[Result]) -> None:
-    pool = Pool(page_mib)
+    pool = Pool(PAGES[f"{page_mib} MiB"])
     case = f"RAM {page_mib} MiB"
-    clients = {label(t): make_hicachefs(mount.path, pool, client=client(t),
+    clients = {label(t): make_hicachefs(daemon.mount.path, pool, client=client(t),
                                         model=f"threads/{t}") for t in threads}
     names = list(clients)
     batches = range(plan["batches"][page_mib])
-    phases = [("write", True)] + [("first read", False)] + \
-        [("repeated read", False)] * (plan["passes"] - 1)
+    phases = list(RANK_PHASES) + [("read", LATER)] * plan["later"]
     made: Dict[tuple, Result] = {}
-    for p, (op, write) in enumerate(phases):
+    for p, (command, op) in enumerate(phases):
         for b in progress(batches, f"{case} {op}"):
             for name in rotated(names, b + p):
                 if (name, op) not in made:
                     made[name, op] = Result(case, op, name, page_bytes=pool.page_bytes)
                     results.append(made[name, op])
                 tag = f"{case}/{name}/b{b}"
+                write = command == "write"
                 call = (writer if write else reader)(clients[name], pool)
-                Bench._call(made[name, op], pool, tag, keys_for(tag), call, write, mount)
-    for client in clients.values():
-        client.clear()
-        client.close()
+                before = daemon.cpu()
+                Bench._call(made[name, op], pool, tag, keys_for(tag), call, write,
+                            clients[name] if command == "second" else None)
+                made[name, op].daemon_cpu += daemon.cpu() - before
+    for backend in clients.values():
+        backend.clear()
+        backend.close()
 
 
-def ranks(threads: List[int], plan: dict, page_mib: int, mount: mounting.Mount,
+def ranks(threads: List[int], plan: dict, page_mib: int, daemon: Daemon,
           results: List[Result]) -> None:
     case = f"ranks {page_mib} MiB"
     names = [label(t) for t in threads]
     workers: Dict[str, List[RankWorker]] = {name: [] for name in names}
-    phases = [("write", "write"), ("read", "first read")] + \
-        [("read", "repeated read")] * (plan["passes"] - 1)
+    phases = list(RANK_PHASES) + [("read", LATER)] * plan["later"]
+    shape = PAGES[f"{page_mib} MiB"]
+    shape = replace(shape, tp_size=max(RANKS, shape.tp_size))
     try:
         for t, name in zip(threads, names):
             for rank in range(RANKS):
-                workers[name].append(RankWorker("hicachefs", mount.path, rank, RANKS, page_mib,
-                                                plan["ranks_batches"][page_mib],
-                                                client(t)))
+                workers[name].append(RankWorker("hicachefs", daemon.mount.path, shape, rank,
+                                                plan["ranks_batches"][page_mib], client(t)))
         for worker in (w for group in workers.values() for w in group):
             if worker.receive() != "ready":
                 raise RuntimeError(f"rank process {worker.proc.pid} did not start")
@@ -102,11 +101,9 @@ def ranks(threads: List[int], plan: dict, page_mib: int, mount: mounting.Mount,
                     if (name, op) not in made:
                         made[name, op] = Result(case, op, name, ranks=count, wall=0.0)
                         results.append(made[name, op])
-                    _rank_phase(made[name, op], workers[name][:count], command,
-                                f"{name}x{count}", mount)
-            for entry in os.scandir(mount.path):
-                if not entry.name.startswith("."):
-                    shutil.rmtree(entry.path)
+                    rank_phase(made[name, op], workers[name][:count], command,
+                               f"{name}x{count}", daemon)
+            clear(w for group in workers.values() for w in group[:count])
     finally:
         for worker in (w for group in workers.values() for w in group):
             worker.stop()
@@ -165,11 +162,12 @@ def main() -> int:
     results: List[Result] = []
     mount = mounting.start(work / "mnt", work / "log", ["--memory", memory, *args.mount_option])
     try:
-        config = daemon_config(mount)
+        config = config_line(mount)
+        daemon = Daemon(mount)
         for page_mib in (1, 8):
-            one_process(threads, plan, page_mib, mount, results)
+            one_process(threads, plan, page_mib, daemon, results)
         for page_mib in plan["ranks_batches"]:
-            ranks(threads, plan, page_mib, mount, results)
+            ranks(threads, plan, page_mib, daemon, results)
     except BaseException:
         print_log_tail(mount)
         raise
@@ -180,9 +178,8 @@ def main() -> int:
           f"{os.cpu_count()} CPUs; at start {load_start}, at end {load()}; "
           f"{(time.perf_counter() - started) / 60:.1f} min")
     print(f"mount: {config}")
-    print(f"pages of {', '.join(f'{m} MiB' for m in plan['batches'])} ({MIB >> 20} MiB = "
-          "Llama-3.1-8B at TP8); 'ranks' are processes per client, each phase at once "
-          "(GB/s aggregate)")
+    print("pages: " + "; ".join(f"{m} MiB {PAGES[f'{m} MiB'].describe()}" for m in plan["batches"])
+          + "; 'ranks' are processes per client, each phase at once (GB/s aggregate)")
     print()
     print(table(results, [label(t) for t in threads]))
     return 1 if any(r.failed or r.bad_pages for r in results) else 0

@@ -20,24 +20,26 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
 
-from bench_sglang import Pool, as_sglang_runs, keys_for, make_file, make_hicachefs, reader, writer
+import bench_sglang as calls
 
 PHASE_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 60.0
 
 
-def serve(conn: Connection, backend: str, root: str, rank: int, tp_size: int, page_mib: int,
+def serve(conn: Connection, backend: str, root: str, shape: calls.Shape, rank: int,
           batches: int, client: dict) -> None:
     """The rank's process: build its pool and backend, say ``ready``, then run each
-    ``(phase, tag)`` it is sent and answer with what it measured; ``None`` ends it."""
+    ``(phase, tag)`` it is sent and answer with what it measured; ``("clear", "")`` removes
+    its pages, ``None`` ends it. Phases: ``write``, ``read``, and ``second`` (a read, then
+    the wait for the background keep it started, after the phase's end time)."""
     logging.basicConfig(level=logging.ERROR)
-    as_sglang_runs()
-    pool = Pool(page_mib, tp_size=tp_size, seed=rank + 1)
+    calls.as_sglang_runs()
+    pool = calls.Pool(shape, tp_rank=rank, seed=rank + 1)
     if backend == "hicachefs":
-        store = make_hicachefs(Path(root), pool, rank, client)
+        store = calls.make_hicachefs(Path(root), pool, client)
     else:
-        store = make_file(Path(root), pool, rank)
-    write, read = writer(store, pool), reader(store, pool)
+        store = calls.make_file(Path(root), pool)
+    write, read = calls.writer(store, pool), calls.reader(store, pool)
     conn.send("ready")
     while True:
         try:
@@ -47,31 +49,35 @@ def serve(conn: Connection, backend: str, root: str, rank: int, tp_size: int, pa
         if command is None:
             break
         phase, tag = command
-        seconds, cpu, pages, failed, bad = [], 0.0, 0, 0, 0
-        start = time.monotonic()  # system-wide: comparable across ranks
-        for b in range(batches):
-            batch_tag = f"{tag}/tp{rank}/b{b}"
-            keys = keys_for(batch_tag)
-            if phase == "write":
-                pool.stamp(batch_tag)
-            else:
-                pool.scribble()
-            began, began_cpu = time.perf_counter(), time.process_time()
-            outcome = write(keys) if phase == "write" else read(keys)
-            seconds.append(time.perf_counter() - began)
-            cpu += time.process_time() - began_cpu
-            if phase == "write":
-                pages += len(keys)
-                failed += 0 if outcome else len(keys)
-            else:
-                pages += outcome
-                failed += len(keys) - outcome
-                bad += pool.check(batch_tag, outcome)
-        conn.send({"start": start, "end": time.monotonic(), "seconds": seconds, "cpu": cpu,
-                   "pages": pages, "failed": failed, "bad": bad, "page_bytes": pool.page_bytes})
+        if phase == "clear":
+            store.clear()
+            conn.send("cleared")
+            continue
+        conn.send(_phase(store, pool, write if phase == "write" else read, phase, tag, rank,
+                         batches))
     close = getattr(store, "close", None)
     if close is not None:
         close()
+
+
+def _phase(store, pool: calls.Pool, op, phase: str, tag: str, rank: int, batches: int) -> dict:
+    if phase == "write":
+        calls.warm_up(store, pool, f"{tag}/tp{rank}")
+    kept_reads, kept = _kept_reads(store), calls.kept_files(store)
+    start = time.monotonic()  # system-wide: comparable across ranks
+    made = [calls.timed_call(pool, f"{tag}/tp{rank}/b{b}", calls.keys_for(f"{tag}/tp{rank}/b{b}"),
+                             op, phase == "write") for b in range(batches)]
+    end = time.monotonic()
+    keep = calls.keep_wait(store, kept + sum(c.pages for c in made) if phase == "second" else 0)
+    return {"start": start, "end": end, "calls": made, "page_bytes": pool.page_bytes,
+            "keep_seconds": keep.seconds, "keep_cpu": keep.cpu, "keep_done": keep.done,
+            "kept_reads": _kept_reads(store) - kept_reads}
+
+
+def _kept_reads(store) -> int:
+    """Pages the client has read through the files it keeps open (HiCacheFS; 0 for others)."""
+    statistics = getattr(store, "statistics", None)
+    return statistics().get("kept_reads", 0) if statistics is not None else 0
 
 
 _context: Optional[multiprocessing.context.ForkServerContext] = None
@@ -93,16 +99,16 @@ def _forkserver() -> multiprocessing.context.ForkServerContext:
 class RankWorker:
     """One rank process: started here, stopped here by its PID."""
 
-    def __init__(self, backend: str, root: Path, rank: int, tp_size: int, page_mib: int,
-                 batches: int, client: dict) -> None:
+    def __init__(self, backend: str, root: Path, shape: calls.Shape, rank: int, batches: int,
+                 client: dict) -> None:
         self.conn, child = _forkserver().Pipe()
         self.proc = _forkserver().Process(
-            target=serve, args=(child, backend, str(root), rank, tp_size, page_mib, batches,
-                                client), name=f"rank {rank} {backend}")
+            target=serve, args=(child, backend, str(root), shape, rank, batches, client),
+            name=f"rank {rank} {backend}")
         self.proc.start()
         child.close()
 
-    def send(self, phase: str, tag: str) -> None:
+    def send(self, phase: str, tag: str = "") -> None:
         self.conn.send((phase, tag))
 
     def receive(self, timeout: float = PHASE_TIMEOUT_S):

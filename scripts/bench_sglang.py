@@ -3,13 +3,16 @@ workers (``bench_rank.py``); not a benchmark by itself.
 
 - ``as_sglang_runs()``: one torch thread, as SGLang's ``ModelRunner.load_model`` sets on a GPU
   server (``torch.set_num_threads(1)``); the host-pool copies of the generic path run in it.
+- ``Shape`` and ``PAGES``: the pages the bench moves, each as one TP rank of a real model stores it
+  (SGLang's MHA pool, bf16, K then V).
 - ``Pool``: a host pool laid out as SGLang's MHA ``page_first`` pool, page-aligned as SGLang's
-  pinned pool is, filled with random bytes; every written batch is stamped so that each page is
-  unique, and sampled pages are checked byte for byte after a read.
+  pinned pool is, filled with random bytes, holding one call's pages; every written batch is
+  stamped so that each page is unique, and sampled pages are checked byte for byte after a read.
 - The calls SGLang's ``HiCacheController`` makes. It picks them by backend type: the zero-copy
   ``_page_get_zero_copy``/``_page_set_zero_copy`` only for hf3fs, mooncake (and the other
   built-in zero-copy backends) and for a ``dynamic`` backend with ``interface_v1``; SGLang's
   own ``file`` backend (``HiCacheFile``) gets ``_generic_page_get``/``_generic_page_set``.
+  A peer of our own (``bench_fast_file.FastFileCore``) is called by its ``write``/``read``.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import ctypes
 import ctypes.util
 import hashlib
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -33,15 +38,49 @@ from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheStorageConfig,
 )
 
+from bench_report import size_label  # noqa: E402
 from hicachefs_client import HiCacheFS  # noqa: E402
 
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-LAYERS, HEAD_DIM, TOKENS_PER_PAGE = 32, 128, 64
-# Page MiB -> KV heads per rank: Llama-3.1-8B has 8 KV heads, so 1 MiB is its page at TP8
-# (32 layers x K,V x 1 head x 128 x bf16 x 64 tokens) and 8 MiB at TP1.
-HEADS = {1: 1, 8: 8}
+
+@dataclass(frozen=True)
+class Shape:
+    """A KV page as one TP rank of a model stores it: SGLang's MHA pool, bf16, K then V."""
+
+    model: str
+    layers: int
+    heads: int      # KV heads on this rank
+    head_dim: int
+    tokens: int     # tokens per page (SGLang's --page-size)
+    tp_size: int
+
+    @property
+    def page_bytes(self) -> int:
+        return 2 * self.layers * self.heads * self.head_dim * 2 * self.tokens
+
+    @property
+    def label(self) -> str:
+        return size_label(self.page_bytes)
+
+    def describe(self) -> str:
+        return (f"{self.model.split('/')[-1]} at TP{self.tp_size}, {self.tokens} tokens a page "
+                f"({self.layers} layers, {self.heads} KV head{'s' * (self.heads > 1)} of "
+                f"{self.head_dim})")
+
+
+LLAMA_1B, LLAMA_8B = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"
+# Llama-3.2-1B has 16 layers and 8 KV heads of 64, Llama-3.1-8B 32 layers and 8 KV heads of 128.
+PAGES = {shape.label: shape for shape in (
+    Shape(LLAMA_1B, 16, 1, 64, 32, 8),    # 128 KiB: a small model at TP8
+    Shape(LLAMA_1B, 16, 1, 64, 64, 8),    # 256 KiB
+    Shape(LLAMA_8B, 32, 1, 128, 64, 8),   # 1 MiB
+    Shape(LLAMA_8B, 32, 8, 128, 64, 1),   # 8 MiB
+)}
 MIB = 1 << 20
 TORCH_THREADS = 1
+# The background keep of a second read (HiCacheFS opens, reads and keeps each page's file on a
+# thread of its own) is waited for by polling the client's count of kept files this often,
+# for at most this long.
+KEEP_POLL_S, KEEP_TIMEOUT_S = 0.001, 30.0
 # Bytes between the starts of two token rows in the random block of Pool's fill: 4 KiB-aligned
 # pieces of two rows can only match when the rows are 512 apart and the pieces 397,312 bytes.
 _ROW_SHIFT = 8 * 97
@@ -65,29 +104,29 @@ def _keep_freed_memory() -> None:
     libc.mallopt(m_trim_threshold, (1 << 31) - 1)  # and never give the heap's top back
 
 
-def storage_config(tp_rank: int, tp_size: int, extra: dict, model: str = MODEL
-                   ) -> HiCacheStorageConfig:
+def storage_config(tp_rank: int, tp_size: int, extra: dict, model: str) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
         model_name=model, extra_config=dict(extra))
 
 
-def make_hicachefs(mount: Path, pool: "Pool", tp_rank: int = 0, client: dict = None,
-                   model: str = MODEL) -> HiCacheFS:
+def make_hicachefs(mount: Path, pool: "Pool", client: dict = None, model: str = "") -> HiCacheFS:
     """``HiCacheFS`` as SGLang's dynamic backend factory builds it, zero copy (``interface_v1``).
     ``client``: more extra_config keys (``read_threads``, ``write_threads``)."""
     extra = {"backend_name": "hicachefs", "module_path": "hicachefs_client",
              "class_name": "HiCacheFS", "interface_v1": 1, "mountpoint": str(mount),
              **(client or {})}
-    backend = HiCacheFS(storage_config(tp_rank, pool.tp_size, extra, model), {})
+    backend = HiCacheFS(storage_config(pool.tp_rank, pool.shape.tp_size, extra,
+                                       model or pool.shape.model), {})
     backend.register_mem_pool_host(pool.host)
     return backend
 
 
-def make_file(directory: Path, pool: "Pool", tp_rank: int = 0, model: str = MODEL) -> HiCacheFile:
+def make_file(directory: Path, pool: "Pool", model: str = "") -> HiCacheFile:
     """``HiCacheFile`` with its defaults (no size cap, metadata cache off), in ``directory``."""
-    backend = HiCacheFile(storage_config(tp_rank, pool.tp_size, {}, model),
+    backend = HiCacheFile(storage_config(pool.tp_rank, pool.shape.tp_size, {},
+                                         model or pool.shape.model),
                           file_path=str(directory))
     backend.register_mem_pool_host(pool.host)
     return backend
@@ -121,30 +160,26 @@ class AlignedMHAHostPool(MHAHostPool):
 
 
 class Pool:
-    """An MHA page_first host pool of one batch of pages (+1 padding), with stamps and checks.
+    """An MHA page_first host pool of one call's pages (+1 padding), with stamps and checks:
+    ``shape``'s pages for TP rank ``tp_rank``, ``batch`` of them (a call of SGLang's)."""
 
-    ``tp_size`` is the TP size whose shard a page of this size is (1 MiB: TP8, 8 MiB: TP1)
-    unless given (the ranks case runs two ranks of 1 MiB pages).
-    """
-
-    SAMPLE_SLOTS = (0, 1, 37, 64, 101, 127)  # pages checked byte for byte after every read
-
-    def __init__(self, page_mib: int, tp_size: int = 0, seed: int = 0) -> None:
-        heads = HEADS[page_mib]
-        self.tp_size = tp_size or 8 // heads
-        self.host = AlignedMHAHostPool(layer_num=LAYERS, head_num=heads, head_dim=HEAD_DIM,
-                                       page_size=TOKENS_PER_PAGE, pages=STORAGE_BATCH_SIZE,
-                                       dtype=torch.bfloat16, layout="page_first")
+    def __init__(self, shape: Shape, batch: int = STORAGE_BATCH_SIZE, tp_rank: int = 0,
+                 seed: int = 0) -> None:
+        self.shape, self.batch, self.tp_rank = shape, batch, tp_rank
+        self.host = AlignedMHAHostPool(layer_num=shape.layers, head_num=shape.heads,
+                                       head_dim=shape.head_dim, page_size=shape.tokens,
+                                       pages=batch, dtype=torch.bfloat16, layout="page_first")
         if seed:
             self.host.fill_random(seed)
-        self.page_bytes = 2 * LAYERS * heads * HEAD_DIM * 2 * TOKENS_PER_PAGE
-        assert self.page_bytes == page_mib * MIB
-        self.ps = TOKENS_PER_PAGE
+        self.page_bytes = shape.page_bytes
+        self.ps = shape.tokens
         assert self.host.kv_buffer.data_ptr() % 4096 == 0
         # kv_buffer[2, tokens, layers, heads, head_dim] as bytes
         self.u8 = self.host.kv_buffer.view(torch.int16).numpy().view(np.uint8)
-        self.indices = torch.arange(0, STORAGE_BATCH_SIZE * self.ps, dtype=torch.int64)
-        self.reference = {s: self.page(s).copy() for s in self.SAMPLE_SLOTS}
+        self.indices = torch.arange(0, batch * self.ps, dtype=torch.int64)
+        # Pages checked byte for byte after every read: the first two, the last, and some between.
+        self.sample_slots = sorted({0, 1, batch // 3, batch // 2, 4 * batch // 5, batch - 1})
+        self.reference = {s: self.page(s).copy() for s in self.sample_slots}
 
     def page(self, slot: int) -> np.ndarray:
         """The flat page bytes of ``slot`` (K then V), as SGLang's get_data_page gives them."""
@@ -157,20 +192,21 @@ class Pool:
 
     def stamp(self, batch_tag: str) -> None:
         """Make every page of the next batch unique: 16 bytes at the start of its K and V."""
-        for slot in range(STORAGE_BATCH_SIZE):
+        for slot in range(self.batch):
             t = self.tag(batch_tag, slot)
             self.u8[0, slot * self.ps, 0, 0, :16] = t
             self.u8[1, slot * self.ps, 0, 0, :16] = t
 
     def scribble(self) -> None:
         """Overwrite the sampled pages so that a read which does not land shows."""
-        for s in self.SAMPLE_SLOTS:
+        for s in self.sample_slots:
             self.u8[:, s * self.ps:(s + 1) * self.ps] = 0xA5
 
-    def check(self, batch_tag: str, read: int = STORAGE_BATCH_SIZE) -> int:
-        """Sampled pages among the first ``read`` hold exactly what was written under
-        ``batch_tag``: how many do not (a page not read is a miss, counted as such elsewhere)."""
-        bad = 0
+    def check(self, batch_tag: str, read: int) -> Tuple[int, int]:
+        """Whether the sampled pages among the first ``read`` hold exactly what was written
+        under ``batch_tag``: (pages checked, pages wrong); a page not read is a miss, counted
+        as such elsewhere."""
+        checked = bad = 0
         half = self.page_bytes // 2
         for s, ref in self.reference.items():
             if s >= read:
@@ -179,8 +215,9 @@ class Pool:
             t = self.tag(batch_tag, s)
             want[:16] = t
             want[half:half + 16] = t
+            checked += 1
             bad += not np.array_equal(self.page(s), want)
-        return bad
+        return checked, bad
 
 
 # ---------------------------------------------------------------------------- the calls
@@ -211,7 +248,7 @@ def file_read(backend: HiCacheFile, pool: Pool, keys: List[str]) -> int:
 
 def fs_write(backend: HiCacheFS, pool: Pool, keys: List[str]) -> bool:
     """CacheController._page_set_zero_copy."""
-    return all(backend.batch_set_v1(keys, pool.indices))
+    return all(backend.batch_set_v1(keys, pool.indices[: len(keys) * pool.ps]))
 
 
 def fs_read(backend: HiCacheFS, pool: Pool, keys: List[str]) -> int:
@@ -222,13 +259,87 @@ def fs_read(backend: HiCacheFS, pool: Pool, keys: List[str]) -> int:
 
 
 def writer(backend, pool: Pool):
-    return (lambda keys: fs_write(backend, pool, keys)) if isinstance(backend, HiCacheFS) \
-        else (lambda keys: file_write(backend, pool, keys))
+    if isinstance(backend, HiCacheFS):
+        return lambda keys: fs_write(backend, pool, keys)
+    if isinstance(backend, HiCacheFile):
+        return lambda keys: file_write(backend, pool, keys)
+    return backend.write  # a peer of our own, which knows its pool
 
 
 def reader(backend, pool: Pool):
-    return (lambda keys: fs_read(backend, pool, keys)) if isinstance(backend, HiCacheFS) \
-        else (lambda keys: file_read(backend, pool, keys))
+    if isinstance(backend, HiCacheFS):
+        return lambda keys: fs_read(backend, pool, keys)
+    if isinstance(backend, HiCacheFile):
+        return lambda keys: file_read(backend, pool, keys)
+    return backend.read
+
+
+@dataclass
+class Call:
+    """What one timed call did."""
+
+    seconds: float
+    cpu: float      # this process's CPU time in the call, all its threads
+    pages: int      # written, or read before the first miss
+    failed: int
+    checked: int    # sampled pages compared byte for byte after a read
+    bad: int        # of those, the pages whose bytes were wrong
+
+
+def timed_call(pool: Pool, tag: str, keys: List[str], op, write: bool) -> Call:
+    """One call of ``op`` (a ``writer`` or ``reader``) on the batch ``tag``, timed. A write
+    stamps the pool's pages first (each page unique); a read overwrites the sampled pages
+    first and checks them after."""
+    if write:
+        pool.stamp(tag)
+    else:
+        pool.scribble()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    outcome = op(keys)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    if write:
+        return Call(seconds, cpu, len(keys), 0 if outcome else len(keys), 0, 0)
+    checked, bad = pool.check(tag, outcome)
+    return Call(seconds, cpu, outcome, len(keys) - outcome, checked, bad)
+
+
+def warm_up(backend, pool: Pool, tag: str) -> None:
+    """One untimed page before a pass of writes, left in place: it makes the pool's directories
+    and opens the client's handles (a new pool's first batch costs hicachefs a failed try and a
+    status read per page, once), so that the pass measures what every later batch costs."""
+    writer(backend, pool)(keys_for(f"{tag}/warm-up", 1))
+
+
+def kept_files(backend) -> int:
+    """Page files ``backend`` keeps open for later reads (HiCacheFS only; 0 for the others).
+    The client has no public count, so this reads its table (``page_files.PageFiles``): the
+    bench waits on it for the background keep of a second read to finish."""
+    return len(backend.io.files._kept) if isinstance(backend, HiCacheFS) else 0
+
+
+@dataclass
+class Keep:
+    """A wait for the background keep: finished?, seconds waited, this process's CPU meanwhile."""
+
+    done: bool
+    seconds: float
+    cpu: float
+
+
+def keep_wait(backend, count: int, timeout: float = KEEP_TIMEOUT_S) -> Keep:
+    """Wait until ``backend`` keeps ``count`` page files open (at most as many as it may keep;
+    another backend keeps none, and nothing is waited for)."""
+    if not isinstance(backend, HiCacheFS):
+        return Keep(True, 0.0, 0.0)
+    count = min(count, backend.io.files.capacity)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    done = True
+    while kept_files(backend) < count:
+        if time.perf_counter() - start > timeout:
+            done = False
+            break
+        time.sleep(KEEP_POLL_S)
+    return Keep(done, time.perf_counter() - start, time.process_time() - start_cpu)
 
 
 def found_then_read(backend, pool: Pool):
