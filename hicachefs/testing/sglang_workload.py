@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 from .sglang_cache import RequestResult, SGLangCache, Turn
 
@@ -82,12 +82,16 @@ class PhaseResults:
         return [(r.device_hit, r.host_hit, r.storage_hit, r.prompt_pages) for r in self.requests[phase]]
 
 
-def run_phases(server: SGLangCache, workload: ChatWorkload, cold_turns: int = 2) -> PhaseResults:
-    """Serve the three phases (module docstring) on ``server``; backups settle after each."""
+def run_phases(server: SGLangCache, workload: ChatWorkload, cold_turns: int = 2,
+               before_phase: Optional[Callable[[str], None]] = None) -> PhaseResults:
+    """Serve the three phases (module docstring) on ``server``; backups settle after each.
+    ``before_phase(name)`` runs as each phase starts (after the evictions before it)."""
     conversations = workload.make_conversations()
     results = PhaseResults()
 
     def phase(name: str, serve) -> None:
+        if before_phase is not None:
+            before_phase(name)
         before = server.cache.prefetch_outcome_stats_snapshot()
         results.requests[name] = serve()
         server.settle()
