@@ -157,7 +157,10 @@ class SGLangCache:
             # the state's chunk, as SGLang's own test kit sets it.
             self.server_args._mamba_cache_chunk_size = max(MAMBA_CHUNK_TOKENS, ps)
         set_global_server_args_for_scheduler(self.server_args)
-        self._parallel = get_parallel().override(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1)
+        # Attention and MoE span the whole TP group (no DP attention, no expert parallelism).
+        self._parallel = get_parallel().override(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
+                                                 attn_tp_rank=tp_rank, attn_tp_size=tp_size,
+                                                 moe_tp_rank=tp_rank, moe_tp_size=tp_size)
         self._parallel.__enter__()
         pools = build_device_pools(setup.model, ps, setup.device_pages, setup.max_context)
         self.device_pool, self.allocator = pools.kv_pool, pools.allocator

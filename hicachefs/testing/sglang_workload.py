@@ -42,6 +42,14 @@ class ChatWorkload:
         return [Conversation(random.Random(rng.random()), prompts[i % len(prompts)], self)
                 for i in range(self.conversations)]
 
+    def tokens_after(self, turns: int) -> List[List[int]]:
+        """Per conversation, every token of its first ``turns`` turns (prompts and replies)."""
+        conversations = self.make_conversations()
+        for _ in range(turns):
+            for conv in conversations:
+                conv.next_turn()
+        return [conv.system_prompt + conv.history for conv in conversations]
+
     def order(self, conversations: List["Conversation"], turn: int) -> List["Conversation"]:
         """The conversations in the order their ``turn``-th turns arrive (traffic interleaves)."""
         return random.Random(self.seed * 1000 + turn).sample(conversations, len(conversations))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
-from hicachefs.testing.sglang_cache import Backend, CacheSetup, ModelShape, SGLangCache, WarningLog
+from hicachefs.testing.sglang_cache import Backend, CacheSetup, MambaShape, ModelShape, SGLangCache, WarningLog
 from hicachefs.testing.sglang_recorder import RecordingBackend
+from hicachefs.testing.sglang_store import StoredPage, stored_pages
 from hicachefs.testing.sglang_workload import ChatWorkload, PhaseResults, run_phases
 
 MHA = ModelShape("Qwen/Qwen2.5-0.5B-Instruct", layers=4, kv_heads=2, head_dim=16)
@@ -16,6 +17,13 @@ MLA = ModelShape("deepseek-ai/DeepSeek-V2-Lite", layers=3, latent=128)
 #: Device pool 64 pages, host pool 80: the burst's four prefetches want more than the
 #: controller's prefetch capacity (half the host pool), so SGLang rate-limits some.
 SMALL_POOLS = dict(device_pages=64, host_ratio=1.25)
+#: Mamba2 layers beside full attention, as Qwen3-Next has them.
+HYBRID = ModelShape("Qwen/Qwen3-Next-80B-A3B-Instruct", layers=4, kv_heads=2, head_dim=16,
+                    mamba=MambaShape(layers=(0, 1, 2)))
+#: Pages of one token (SGLang's rule for Mamba states without its extra buffer); device pool 400
+#: tokens, host pool 500: the burst still outgrows the controller's prefetch capacity.
+HYBRID_SETUP = CacheSetup(HYBRID, page_size=1, device_pages=400, host_ratio=1.25)
+HYBRID_WORKLOAD = ChatWorkload(conversations=4, system_tokens=48, user_tokens=12, reply_tokens=12)
 PHASES = ("cold", "warm", "burst")
 #: The zero-copy calls SGLang makes to HiCacheFS (interface_v1) and the generic ones it makes to
 #: HiCacheFile for the same work; the others (exists, the v2 calls) are the same for both.
@@ -32,17 +40,9 @@ class BackendRun:
     client_stats: Dict[str, Any]  # HiCacheFS.statistics(); empty for HiCacheFile
     store: Path  # the mount, or HiCacheFile's directory
 
-    def stored_pages(self) -> Dict[Path, Tuple[str, str]]:
-        """Every page file in the store, with its (pool, key): HiCacheFS's
-        ``<model>/<format>/<shard>/<pool>/<key>``, HiCacheFile's ``<key>[.<pool>]_<suffix>.bin``."""
-        files = [p for p in self.store.rglob("*") if p.is_file() and not p.name.startswith(".")]
-        if not files or files[0].suffix != ".bin":
-            return {p: (p.parent.name, p.name) for p in files}
-        pages = {}
-        for p in files:
-            key, _, pool = p.name.split("_")[0].partition(".")
-            pages[p] = (pool or "kv", key)
-        return pages
+    def stored_pages(self) -> Dict[Path, StoredPage]:
+        """Every page file in the store, with whose page it is."""
+        return stored_pages(self.store)
 
 
 def run_backend(setup: CacheSetup, backend: Backend, workload: ChatWorkload,
@@ -57,19 +57,6 @@ def run_backend(setup: CacheSetup, backend: Backend, workload: ChatWorkload,
     return BackendRun(phases, server.recorder, log.records, stats, Path(backend.path))
 
 
-def remove_pages(backend: Backend, pool: str, keys: Iterable[str]) -> int:
-    """Remove pages of ``pool`` from a store (``rm`` on the mount evicts them); how many."""
-    root = Path(backend.path)
-    removed = 0
-    for key in keys:
-        pattern = f"*/*/*/{pool}/{key}" if backend.kind == "hicachefs" else \
-            f"{key}{'' if pool == 'kv' else '.' + pool}_*.bin"
-        for path in root.glob(pattern):
-            path.unlink()
-            removed += 1
-    return removed
-
-
 def assert_clean(run: BackendRun) -> None:
     """No failed call, every byte exact at every step, nothing logged at WARNING, no client error."""
     recorder = run.recorder
@@ -82,8 +69,8 @@ def assert_clean(run: BackendRun) -> None:
     # What the store holds is what SGLang handed over: each page file, byte for byte.
     stored = run.stored_pages()
     assert len(stored) > 0
-    assert all(path.read_bytes() == bytes(recorder.expected(pool, key).numpy())
-               for path, (pool, key) in stored.items())
+    assert all(path.read_bytes() == bytes(recorder.expected(page.pool, page.key).numpy())
+               for path, page in stored.items())
 
 
 def assert_same_decisions(ours: BackendRun, theirs: BackendRun) -> None:

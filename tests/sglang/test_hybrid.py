@@ -8,24 +8,12 @@ KV page and every state is exact in storage, in the host pools and on the device
 
 from __future__ import annotations
 
-from hicachefs.testing.sglang_cache import Backend, CacheSetup, MambaShape, ModelShape, page_keys
-from hicachefs.testing.sglang_workload import ChatWorkload
-from sglang_runs import assert_clean, assert_same_decisions, remove_pages, storage_hits
+from pathlib import Path
 
-HYBRID = ModelShape("Qwen/Qwen3-Next-80B-A3B-Instruct", layers=4, kv_heads=2, head_dim=16,
-                    mamba=MambaShape(layers=(0, 1, 2)))
-#: Pages of one token (SGLang's rule for Mamba states without its extra buffer); device pool 400
-#: tokens, host pool 500: the burst still outgrows the controller's prefetch capacity.
-SETUP = CacheSetup(HYBRID, page_size=1, device_pages=400, host_ratio=1.25)
-WORKLOAD = ChatWorkload(conversations=4, system_tokens=48, user_tokens=12, reply_tokens=12)
-
-
-def turn_ends(turns: int):
-    """Per conversation, the tokens its first ``turns`` turns end with (prompt and reply)."""
-    conversations = WORKLOAD.make_conversations()
-    for _ in range(turns):
-        turns_served = [conv.next_turn() for conv in conversations]
-    return [turn.prompt + turn.reply for turn in turns_served]
+from hicachefs.testing.sglang_cache import Backend, page_keys
+from hicachefs.testing.sglang_store import remove_pages
+from sglang_runs import HYBRID_SETUP as SETUP, HYBRID_WORKLOAD as WORKLOAD
+from sglang_runs import assert_clean, assert_same_decisions, storage_hits
 
 
 def test_states_go_through_the_v2_calls_and_come_back_exact(side_by_side):
@@ -37,7 +25,7 @@ def test_states_go_through_the_v2_calls_and_come_back_exact(side_by_side):
     stats = ours.recorder.stats
     assert {"batch_exists_v2", "batch_get_v2", "batch_set_v2"} <= set(stats) and "batch_exists" not in stats
     assert stats["batch_set_v2"].hits > 0 and stats["batch_get_v2"].hits > 0
-    assert {pool for pool, _ in ours.stored_pages().values()} == {"kv", "mamba"}
+    assert {page.pool for page in ours.stored_pages().values()} == {"kv", "mamba"}
     assert storage_hits(ours, "cold") == 0
     # Device and host were emptied: a warm turn's prefix is usable only with the state it ends
     # in, and SGLang read that state back from storage with its KV.
@@ -52,20 +40,20 @@ def test_a_prefix_whose_last_state_is_gone_is_restored_up_to_the_state_before(si
     on the mount evicts them), every warm turn's KV is still there past the first turn's end,
     but SGLang restores the prefix only up to the first turn's end, the longest one with a
     state; over HiCacheFS exactly as over HiCacheFile."""
-    second_turn_states = [page_keys(tokens, SETUP.page_size)[-1] for tokens in turn_ends(2)]
+    second_turn_states = [page_keys(tokens, SETUP.page_size)[-1] for tokens in WORKLOAD.tokens_after(2)]
     removed = {}
 
     def remove_second_turn_states(phase: str, backend: Backend) -> None:
         if phase == "warm":
-            removed[backend.kind] = remove_pages(backend, "mamba", second_turn_states)
+            removed[backend.kind] = remove_pages(Path(backend.path), "mamba", second_turn_states)
 
     runs = side_by_side(SETUP, WORKLOAD, remove_second_turn_states)
     assert removed == {"hicachefs": len(second_turn_states), "file": len(second_turn_states)}
     for run in runs.values():
         assert_clean(run)
     assert_same_decisions(runs["hicachefs"], runs["file"])
-    first_turn_end = {len(tokens) for tokens in turn_ends(1)}
-    assert len(first_turn_end) == 1 and {len(t) for t in turn_ends(2)} != first_turn_end
+    first_turn_end = {len(tokens) for tokens in WORKLOAD.tokens_after(1)}
+    assert len(first_turn_end) == 1 and {len(t) for t in WORKLOAD.tokens_after(2)} != first_turn_end
     warm = runs["hicachefs"].phases.requests["warm"]
     assert {r.device_hit + r.host_hit for r in warm} == first_turn_end
     assert all(r.storage_hit > 0 for r in warm)
