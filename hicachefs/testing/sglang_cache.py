@@ -13,8 +13,8 @@ checks every call.
 SGLang's own objects and in the scheduler's order (``managers/scheduler.py``,
 ``schedule_policy.py``): a ``Req`` matched against the tree, the storage prefetch SGLang issues
 for it, SGLang's prefetch stop policy deciding when it may be admitted, the host-to-device
-load-back, then "prefill" (the harness writes each new page's KV and, for a hybrid model, the
-state the sequence ends in, ``sglang_kv``) and the release that inserts the request into the
+load-back, then "prefill" (the harness writes each new page's KV, in a sliding-window hybrid
+in both pools, and in a Mamba hybrid the state the sequence ends in, ``sglang_kv``) and the release that inserts the request into the
 tree, from which SGLang's write policy backs pages up to host and storage. Every hit it reports
 is SGLang's decision.
 
@@ -58,7 +58,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler  # noqa: E402
 
 from .sglang_kv import PageKV, StateKV  # noqa: E402
-from .sglang_pools import MambaShape, ModelShape, build_device_pools  # noqa: E402,F401 - MambaShape: for callers
+from .sglang_pools import MambaShape, ModelShape, SlidingWindow, build_device_pools  # noqa: E402,F401 - shapes: for callers
 from .sglang_recorder import RecordingBackend  # noqa: E402
 
 #: How long the harness waits for SGLang's threads (a prefetch, a backup) before it fails.
@@ -168,7 +168,7 @@ class SGLangCache:
         params = CacheInitParams(
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
             page_size=ps, disable=False, tree_components=pools.components, tp_cache_group=tp_group,
-            enable_metrics=setup.storage_metrics)
+            sliding_window_size=pools.sliding_window, enable_metrics=setup.storage_metrics)
         self.cache = UnifiedRadixCache(params=params)
         self.cache.init_hicache(self.server_args, params)
         atexit.unregister(self.cache.shutdown)  # close() detaches; atexit would pin the pools
@@ -176,10 +176,14 @@ class SGLangCache:
         host_pools = self.controller.mem_pool_host.entry_map
         self.kv = PageKV(self.device_pool, ps, seed=tp_rank)
         checks = {"kv": (self.kv, self.controller.storage_host_pool)}
-        self.states = None
+        self.states = self.window_kv = None
         if pools.mamba_pool is not None:
             self.states = StateKV(pools.mamba_pool, seed=1000 + tp_rank)
             checks["mamba"] = (self.states, host_pools[PoolName.MAMBA].host_pool)
+        if pools.window_pool is not None:
+            self.window = pools.sliding_window
+            self.window_kv = PageKV(pools.window_pool, ps, seed=2000 + tp_rank)
+            checks["swa"] = (self.window_kv, host_pools[PoolName.SWA].host_pool)
         self.recorder = RecordingBackend(self.controller.storage_backend, checks)
         self.controller.storage_backend = self.recorder
         self.backend = self.recorder.backend
@@ -327,6 +331,12 @@ class SGLangCache:
         wrong = len(self.kv.wrong_device_pages(keys[:req.prefix_len // ps], prefix))
         if self.states is not None and req.prefix_len:
             wrong += self._wrong_states(req, keys[req.prefix_len // ps - 1], loaded)
+        if self.window_kv is not None and req.prefix_len:
+            # What the window layers attend to: the prefix's last window of tokens.
+            tail = -(-min(self.window, req.prefix_len) // ps)
+            wrong += len(self.window_kv.wrong_device_pages(
+                keys[req.prefix_len // ps - tail:req.prefix_len // ps],
+                self.allocator.translate_loc_from_full_to_swa(prefix[-tail * ps:])))
 
         self.req_to_token_pool.alloc([req])  # a hybrid model's request gets its state slot here
         extend = len(tokens) - req.prefix_len
@@ -337,6 +347,9 @@ class SGLangCache:
             raise RuntimeError(f"device pool too small for {extend} tokens (evictable: {cache.evictable_size()})")
         indices = torch.cat([prefix.to(torch.int64), new.to(torch.int64)])
         self.kv.prefill(keys[req.prefix_len // ps:], indices[req.prefix_len:len(keys) * ps])
+        if self.window_kv is not None:
+            self.window_kv.prefill(keys[req.prefix_len // ps:], self.allocator.translate_loc_from_full_to_swa(
+                indices[req.prefix_len:len(keys) * ps]))
         self.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, len(tokens))), indices)
         req.kv.cache_protected_len = req.prefix_len
         req.output_ids = array("q", req.harness_reply)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from hicachefs.testing.sglang_cache import Backend, CacheSetup, MambaShape, ModelShape, SGLangCache, WarningLog
+from hicachefs.testing.sglang_cache import (Backend, CacheSetup, MambaShape, ModelShape, SGLangCache, SlidingWindow,
+                                            WarningLog)
 from hicachefs.testing.sglang_recorder import RecordingBackend
 from hicachefs.testing.sglang_store import StoredPage, stored_pages
 from hicachefs.testing.sglang_workload import ChatWorkload, PhaseResults, run_phases
@@ -18,11 +19,14 @@ MLA = ModelShape("deepseek-ai/DeepSeek-V2-Lite", layers=3, latent=128)
 #: controller's prefetch capacity (half the host pool), so SGLang rate-limits some.
 SMALL_POOLS = dict(device_pages=64, host_ratio=1.25)
 #: Mamba2 layers beside full attention, as Qwen3-Next has them.
-HYBRID = ModelShape("Qwen/Qwen3-Next-80B-A3B-Instruct", layers=4, kv_heads=2, head_dim=16,
-                    mamba=MambaShape(layers=(0, 1, 2)))
-#: Pages of one token (SGLang's rule for Mamba states without its extra buffer); device pool 400
-#: tokens, host pool 500: the burst still outgrows the controller's prefetch capacity.
-HYBRID_SETUP = CacheSetup(HYBRID, page_size=1, device_pages=400, host_ratio=1.25)
+MAMBA_HYBRID = ModelShape("Qwen/Qwen3-Next-80B-A3B-Instruct", layers=4, kv_heads=2, head_dim=16,
+                          mamba=MambaShape(layers=(0, 1, 2)))
+#: Sliding-window layers (16 tokens) beside full attention, as gpt-oss has them.
+SWA_HYBRID = ModelShape("openai/gpt-oss-20b", layers=4, kv_heads=2, head_dim=16,
+                        swa=SlidingWindow(layers=(0, 1, 2), window=16))
+#: Pages of one token (see hicachefs.testing.sglang_pools); device pool 400 tokens, host pool
+#: 500: the burst still outgrows the controller's prefetch capacity.
+HYBRID_POOLS = dict(page_size=1, device_pages=400, host_ratio=1.25)
 HYBRID_WORKLOAD = ChatWorkload(conversations=4, system_tokens=48, user_tokens=12, reply_tokens=12)
 PHASES = ("cold", "warm", "burst")
 #: The zero-copy calls SGLang makes to HiCacheFS (interface_v1) and the generic ones it makes to

@@ -12,7 +12,7 @@ import pytest
 from hicachefs.testing.sglang_cache import Backend, CacheSetup, page_keys
 from hicachefs.testing.sglang_ranks import PageDrop, run_ranks
 from hicachefs.testing.sglang_workload import ChatWorkload
-from sglang_runs import HYBRID_SETUP, HYBRID_WORKLOAD, MHA, SMALL_POOLS
+from sglang_runs import HYBRID_POOLS, HYBRID_WORKLOAD, MAMBA_HYBRID, MHA, SMALL_POOLS
 
 
 def first_page_after_turn_1(setup: CacheSetup, workload: ChatWorkload):
@@ -28,7 +28,8 @@ def state_at_end_of_turn_2(setup: CacheSetup, workload: ChatWorkload):
 
 CASES = {
     "mha": (CacheSetup(MHA, **SMALL_POOLS), ChatWorkload(), first_page_after_turn_1, "batch_exists"),
-    "hybrid": (HYBRID_SETUP, HYBRID_WORKLOAD, state_at_end_of_turn_2, "batch_exists_v2"),
+    "mamba_hybrid": (CacheSetup(MAMBA_HYBRID, **HYBRID_POOLS), HYBRID_WORKLOAD, state_at_end_of_turn_2,
+                     "batch_exists_v2"),
 }
 
 
