@@ -1,9 +1,9 @@
 """SGLang 0.5.23's own radix cache and cache controller, on the CPU, over a storage backend.
 
 ``SGLangCache`` is one rank of an SGLang server's KV cache: SGLang's own device pools on device
-``cpu`` (``sglang_pools``: MHA, MLA, or a hybrid model's KV and Mamba states), and SGLang's
-``UnifiedRadixCache`` whose ``init_hicache`` builds the host pool group and a
-``HybridCacheController`` with its storage backend and its prefetch, prefetch-IO,
+``cpu`` (``sglang_pools``: MHA, MLA, or a hybrid model's KV beside Mamba states or a sliding
+window's KV), and SGLang's ``UnifiedRadixCache`` whose ``init_hicache`` builds the host pool
+group and a ``HybridCacheController`` with its storage backend and its prefetch, prefetch-IO,
 prefetch-sync and backup threads. The backend comes from SGLang's own factory: ``HiCacheFS``
 exactly as a user loads it (``dynamic``, ``module_path: hicachefs_client``, ``interface_v1``)
 or SGLang's ``HiCacheFile``. A ``RecordingBackend`` between controller and backend times and
@@ -13,10 +13,10 @@ checks every call.
 SGLang's own objects and in the scheduler's order (``managers/scheduler.py``,
 ``schedule_policy.py``): a ``Req`` matched against the tree, the storage prefetch SGLang issues
 for it, SGLang's prefetch stop policy deciding when it may be admitted, the host-to-device
-load-back, then "prefill" (the harness writes each new page's KV, in a sliding-window hybrid
-in both pools, and in a Mamba hybrid the state the sequence ends in, ``sglang_kv``) and the release that inserts the request into the
-tree, from which SGLang's write policy backs pages up to host and storage. Every hit it reports
-is SGLang's decision.
+load-back, then "prefill" (the harness writes each new page's KV, in both pools of a
+sliding-window hybrid, and in a Mamba hybrid the state the sequence ends in, ``sglang_kv``) and
+the release that inserts the request into the tree, from which SGLang's write policy backs
+pages up to host and storage. Every hit it reports is SGLang's decision.
 
 Ranks of a TP group (``tp_group``, a gloo group; one process each) run the same requests.
 SGLang's cache reduces across them at every event drain and load-back, so the ranks must make
@@ -177,11 +177,11 @@ class SGLangCache:
         self.kv = PageKV(self.device_pool, ps, seed=tp_rank)
         checks = {"kv": (self.kv, self.controller.storage_host_pool)}
         self.states = self.window_kv = None
+        self.window = pools.sliding_window
         if pools.mamba_pool is not None:
             self.states = StateKV(pools.mamba_pool, seed=1000 + tp_rank)
             checks["mamba"] = (self.states, host_pools[PoolName.MAMBA].host_pool)
         if pools.window_pool is not None:
-            self.window = pools.sliding_window
             self.window_kv = PageKV(pools.window_pool, ps, seed=2000 + tp_rank)
             checks["swa"] = (self.window_kv, host_pools[PoolName.SWA].host_pool)
         self.recorder = RecordingBackend(self.controller.storage_backend, checks)

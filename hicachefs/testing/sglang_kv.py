@@ -7,7 +7,9 @@ order SGLang's host pools give a page (``get_data_page(index, flat=True)``) in t
 ``layer_first`` and ``page_first_direct`` layouts: MHA ``[K|V, layer, token, head, dim]``, MLA
 ``[layer, token, 1, latent]``; that is also the order of the bytes a storage backend stores.
 
-A hybrid model's Mamba layers keep one recurrent state per request instead of KV per token;
+A sliding-window hybrid's window layers have pages as KV layers do (a ``PageKV`` over their
+pool, with its own seed). A Mamba hybrid's Mamba layers keep one recurrent state per request
+instead of KV per token;
 SGLang stores the state a prefix ends in under the key of that prefix's last page (pool
 ``mamba``). ``StateKV`` makes those states the same way, in the order of SGLang's Mamba host
 pool page (``[layer, 1, *temporal]`` then each conv state's ``[layer, 1, *conv]``).
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 
 
-class _KeyedBytes:
+class KeyedBytes:
     """``nbytes`` bytes per key: a random block (from ``seed``) XOR the key's SHA-256."""
 
     def __init__(self, nbytes: int, seed: int) -> None:
@@ -44,7 +46,7 @@ class _KeyedBytes:
         return raw.numel() == self.nbytes and torch.equal(raw, self.expected(key))
 
 
-class PageKV(_KeyedBytes):
+class PageKV(KeyedBytes):
     """Expected page contents for one device KV pool (MHA or MLA), and the checks.
 
     ``seed`` differs per TP rank: each rank holds its own slice of the heads, so a page one
@@ -94,7 +96,7 @@ class PageKV(_KeyedBytes):
         return wrong
 
 
-class StateKV(_KeyedBytes):
+class StateKV(KeyedBytes):
     """Expected Mamba states of one device ``MambaPool`` (one slot per state), and the checks."""
 
     def __init__(self, mamba_pool, seed: int = 0) -> None:

@@ -4,7 +4,7 @@
 (``HiCacheFS`` through ``dynamic``, or ``HiCacheFile``), forwards every call unchanged, and
 records per method the batch sizes, the pages hit or stored and the seconds taken. It checks the
 bytes at both ends of each transfer, in every pool it is given a check for (``kv``, and a
-hybrid model's ``mamba``): the host pages SGLang hands a ``set`` must be the pages the prefill
+hybrid model's ``mamba`` or ``swa``): the host pages SGLang hands a ``set`` must be the pages the prefill
 computed for their keys, and every page a ``get`` reports as read must be in the host pool (or
 the staging page) afterwards. A call that raises, a write that fails, and a read that misses a
 page the same call's exists query found count as failed calls.
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from .sglang_kv import PageKV, _KeyedBytes
+from .sglang_kv import KeyedBytes, PageKV
 
 
 @dataclass
@@ -43,7 +43,7 @@ class CallStats:
 class RecordingBackend:
     """A transparent proxy over a ``HiCacheStorage`` backend (see the module docstring)."""
 
-    def __init__(self, backend: Any, pools: Dict[str, Tuple[_KeyedBytes, Any]]) -> None:
+    def __init__(self, backend: Any, pools: Dict[str, Tuple[KeyedBytes, Any]]) -> None:
         """``pools``: per pool name, the expected bytes of its pages and its host pool."""
         self.backend = backend
         self.pools = pools
