@@ -9,10 +9,10 @@ order SGLang's host pools give a page (``get_data_page(index, flat=True)``) in t
 
 A sliding-window hybrid's window layers have pages as KV layers do (a ``PageKV`` over their
 pool, with its own seed). A Mamba hybrid's Mamba layers keep one recurrent state per request
-instead of KV per token;
-SGLang stores the state a prefix ends in under the key of that prefix's last page (pool
-``mamba``). ``StateKV`` makes those states the same way, in the order of SGLang's Mamba host
-pool page (``[layer, 1, *temporal]`` then each conv state's ``[layer, 1, *conv]``).
+instead of KV per token; SGLang stores the state a prefix ends in under the key of that
+prefix's last page (pool ``mamba``). ``StateKV`` makes those states the same way, in the order
+of SGLang's Mamba host pool page (``[layer, 1, *temporal]`` then each conv state's
+``[layer, 1, *conv]``).
 
 Thread-safe: the expected pages are computed, never cached in shared state.
 """
