@@ -1,9 +1,9 @@
 """SGLang 0.5.23's own radix cache and cache controller, on the CPU, over a storage backend.
 
-``SGLangCache`` is one rank of an SGLang server's KV cache: a real ``MHATokenToKVPool`` (or
-``MLATokenToKVPool``) on device ``cpu``, its allocator and request-to-token pool, and SGLang's
-``UnifiedRadixCache`` whose ``init_hicache`` builds the host pool group and a
-``HybridCacheController`` with its storage backend and its prefetch, prefetch-IO,
+``SGLangCache`` is one rank of an SGLang server's KV cache: SGLang's own device pools on device
+``cpu`` (``sglang_pools``: MHA, MLA, or a hybrid model's KV beside Mamba states or a sliding
+window's KV), and SGLang's ``UnifiedRadixCache`` whose ``init_hicache`` builds the host pool
+group and a ``HybridCacheController`` with its storage backend and its prefetch, prefetch-IO,
 prefetch-sync and backup threads. The backend comes from SGLang's own factory: ``HiCacheFS``
 exactly as a user loads it (``dynamic``, ``module_path: hicachefs_client``, ``interface_v1``)
 or SGLang's ``HiCacheFile``. A ``RecordingBackend`` between controller and backend times and
@@ -13,11 +13,17 @@ checks every call.
 SGLang's own objects and in the scheduler's order (``managers/scheduler.py``,
 ``schedule_policy.py``): a ``Req`` matched against the tree, the storage prefetch SGLang issues
 for it, SGLang's prefetch stop policy deciding when it may be admitted, the host-to-device
-load-back, then "prefill" (the harness writes each new page's KV, ``sglang_kv``) and the
-release that inserts the request into the tree, from which SGLang's write policy backs pages
-up to host and storage. Every hit it reports is SGLang's decision.
+load-back, then "prefill" (the harness writes each new page's KV, in both pools of a
+sliding-window hybrid, and in a Mamba hybrid the state the sequence ends in, ``sglang_kv``) and
+the release that inserts the request into the tree, from which SGLang's write policy backs
+pages up to host and storage. Every hit it reports is SGLang's decision.
 
-Stand-ins are in ``sglang_cpu`` (GPU plumbing only); here, one TP rank (or the ranks of a gloo
+Ranks of a TP group (``tp_group``, a gloo group; one process each) run the same requests.
+SGLang's cache reduces across them at every event drain and load-back, so the ranks must make
+the same calls in the same order: wherever the harness waits on time (storage threads going
+quiet, backups settling), the ranks agree on when to stop (``_agree``).
+
+Stand-ins are in ``sglang_cpu`` (GPU plumbing only); here, the rank (one, or one of a gloo
 group) is stated with ``get_parallel().override(...)`` as SGLang's test kit does. Not
 thread-safe: one thread plays the scheduler, as in SGLang.
 """
@@ -38,12 +44,12 @@ from . import sglang_cpu
 sglang_cpu.install()
 
 import torch  # noqa: E402
+from sglang.kernels.ops.attention.fla.chunk_delta_h import CHUNK_SIZE as MAMBA_CHUNK_TOKENS  # noqa: E402
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req  # noqa: E402
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.common import evict_from_tree_cache, release_kv_cache  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 from sglang.srt.mem_cache.utils import get_hash_str  # noqa: E402
@@ -51,7 +57,8 @@ from sglang.srt.runtime_context import get_parallel  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler  # noqa: E402
 
-from .sglang_kv import PageKV  # noqa: E402
+from .sglang_kv import PageKV, StateKV  # noqa: E402
+from .sglang_pools import MambaShape, ModelShape, SlidingWindow, build_device_pools  # noqa: E402,F401 - shapes: for callers
 from .sglang_recorder import RecordingBackend  # noqa: E402
 
 #: How long the harness waits for SGLang's threads (a prefetch, a backup) before it fails.
@@ -60,21 +67,6 @@ SETTLE_TIMEOUT_S = 60.0
 #: step of a busy server (prefill and decode of other requests) outlasts SGLang's I/O, so the
 #: best_effort and timeout policies see a prefetch as far as its I/O got, as on a GPU server.
 QUIET_S = 0.004
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The KV of one rank: MHA (``kv_heads`` x ``head_dim`` per layer) or MLA (``latent``)."""
-
-    name: str
-    layers: int
-    kv_heads: int = 0
-    head_dim: int = 0
-    latent: int = 0  # kv_lora_rank + qk_rope_head_dim; MLA when set
-
-    @property
-    def mla(self) -> bool:
-        return self.latent > 0
 
 
 @dataclass(frozen=True)
@@ -134,12 +126,19 @@ class RequestResult:
     wrong_pages: int  # prefix pages on the device after load-back without their bytes
 
 
+def page_keys(tokens: Sequence[int], page_size: int) -> List[str]:
+    """SGLang's storage keys of the full pages of ``tokens`` (``get_hash_str``)."""
+    full = len(tokens) // page_size * page_size
+    return list(get_hash_str(list(tokens[:full]), None, page_size=page_size)) if full else []
+
+
 class SGLangCache:
     """One rank of an SGLang server's KV cache over a backend. See the module docstring."""
 
     def __init__(self, setup: CacheSetup, backend: Backend, tp_rank: int = 0, tp_size: int = 1,
                  tp_group: Optional[Any] = None) -> None:
         self.setup = setup
+        self.tp_group = tp_group if tp_size > 1 else None
         ps = setup.page_size
         os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)  # the backend's path wins
         storage = backend.server_args()
@@ -153,33 +152,39 @@ class SGLangCache:
             hicache_storage_backend_extra_config=json.dumps(extra),
             hicache_storage_prefetch_policy=setup.prefetch_policy,
             enable_metrics=setup.storage_metrics)
+        if setup.model.mamba is not None:
+            # What SGLang's model runner reads from the model's config (there is none here):
+            # the state's chunk, as SGLang's own test kit sets it.
+            self.server_args._mamba_cache_chunk_size = max(MAMBA_CHUNK_TOKENS, ps)
         set_global_server_args_for_scheduler(self.server_args)
-        self._parallel = get_parallel().override(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1)
+        # Attention and MoE span the whole TP group (no DP attention, no expert parallelism).
+        self._parallel = get_parallel().override(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
+                                                 attn_tp_rank=tp_rank, attn_tp_size=tp_size,
+                                                 moe_tp_rank=tp_rank, moe_tp_size=tp_size)
         self._parallel.__enter__()
-        tokens = setup.device_pages * ps
-        model = setup.model
-        if model.mla:
-            self.device_pool = MLATokenToKVPool(
-                size=tokens, page_size=ps, dtype=torch.bfloat16, kv_lora_rank=model.latent - 64,
-                qk_rope_head_dim=64, layer_num=model.layers, device="cpu", enable_memory_saver=False)
-        else:
-            self.device_pool = MHATokenToKVPool(
-                size=tokens, page_size=ps, dtype=torch.bfloat16, head_num=model.kv_heads,
-                head_dim=model.head_dim, layer_num=model.layers, device="cpu", enable_memory_saver=False)
-        self.allocator = TokenToKVPoolAllocator(size=tokens, dtype=torch.bfloat16, device="cpu",
-                                                kvcache=self.device_pool, need_sort=False)
-        self.req_to_token_pool = ReqToTokenPool(size=64, max_context_len=setup.max_context, device="cpu",
-                                                enable_memory_saver=False)
+        pools = build_device_pools(setup.model, ps, setup.device_pages, setup.max_context)
+        self.device_pool, self.allocator = pools.kv_pool, pools.allocator
+        self.req_to_token_pool = pools.req_to_token_pool
         params = CacheInitParams(
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.allocator,
-            page_size=ps, disable=False, tree_components=(ComponentType.FULL,), tp_cache_group=tp_group,
-            enable_metrics=setup.storage_metrics)
+            page_size=ps, disable=False, tree_components=pools.components, tp_cache_group=tp_group,
+            sliding_window_size=pools.sliding_window, enable_metrics=setup.storage_metrics)
         self.cache = UnifiedRadixCache(params=params)
         self.cache.init_hicache(self.server_args, params)
         atexit.unregister(self.cache.shutdown)  # close() detaches; atexit would pin the pools
         self.controller = self.cache.cache_controller
-        self.kv = PageKV(self.device_pool, ps)
-        self.recorder = RecordingBackend(self.controller.storage_backend, self.kv, self.controller.storage_host_pool)
+        host_pools = self.controller.mem_pool_host.entry_map
+        self.kv = PageKV(self.device_pool, ps, seed=tp_rank)
+        checks = {"kv": (self.kv, self.controller.storage_host_pool)}
+        self.states = self.window_kv = None
+        self.window = pools.sliding_window
+        if pools.mamba_pool is not None:
+            self.states = StateKV(pools.mamba_pool, seed=1000 + tp_rank)
+            checks["mamba"] = (self.states, host_pools[PoolName.MAMBA].host_pool)
+        if pools.window_pool is not None:
+            self.window_kv = PageKV(pools.window_pool, ps, seed=2000 + tp_rank)
+            checks["swa"] = (self.window_kv, host_pools[PoolName.SWA].host_pool)
+        self.recorder = RecordingBackend(self.controller.storage_backend, checks)
         self.controller.storage_backend = self.recorder
         self.backend = self.recorder.backend
         self._next_rid = 0
@@ -188,9 +193,8 @@ class SGLangCache:
     # ------------------------------------------------------------------ keys
 
     def page_keys(self, tokens: Sequence[int]) -> List[str]:
-        """SGLang's storage keys of the full pages of ``tokens`` (``get_hash_str``)."""
-        full = len(tokens) // self.setup.page_size * self.setup.page_size
-        return list(get_hash_str(list(tokens[:full]), None, page_size=self.setup.page_size)) if full else []
+        """SGLang's storage keys of the full pages of ``tokens``."""
+        return page_keys(tokens, self.setup.page_size)
 
     # ------------------------------------------------------------------ serving
 
@@ -222,7 +226,7 @@ class SGLangCache:
                 self.cache.storage_prefetch_retries.cancel(req.rid)
                 admitted.append(self._admit(req))
                 waiting.remove(req)
-            if time.monotonic() > deadline:
+            if self._agree(time.monotonic() > deadline, any):
                 raise TimeoutError(f"{len(waiting)} requests never left the waiting queue")
         self.results += admitted
         return admitted
@@ -257,25 +261,39 @@ class SGLangCache:
             self._prefetch(req)
 
     def _quiet(self) -> None:
-        """Wait (pumping SGLang's events) until no storage call has run for QUIET_S."""
+        """Wait (pumping SGLang's events) until no storage operation is under way and no
+        storage call has run for QUIET_S. A prefetch counts from its submission until SGLang
+        has taken in its result (``ongoing_prefetch``), a backup until its ack is drained: a
+        thread holding one between two calls is busy though every queue is empty."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         quiet_since = None
-        while time.monotonic() < deadline:
+        while not self._agree(time.monotonic() > deadline, any):
             controller = self.controller
-            busy = self.recorder.in_flight or any(not q.empty() for q in (
-                controller.prefetch_queue, controller.prefetch_buffer, controller.prefetch_hit_queue,
-                controller.prefetch_sync_queue, controller.ack_prefetch_queue, controller.backup_queue,
-                controller.ack_backup_queue))
+            busy = self.recorder.in_flight or self.cache.ongoing_prefetch or self.cache.ongoing_backup or any(
+                not q.empty() for q in (
+                    controller.prefetch_queue, controller.prefetch_buffer, controller.prefetch_hit_queue,
+                    controller.prefetch_sync_queue, controller.ack_prefetch_queue, controller.backup_queue,
+                    controller.ack_backup_queue))
             now = time.monotonic()
             if busy:
                 quiet_since = None
             elif quiet_since is None:
                 quiet_since = now
-            elif now - quiet_since >= QUIET_S:
+            if self._agree(quiet_since is not None and now - quiet_since >= QUIET_S, all):
                 return
             self.cache.check_hicache_events()
             time.sleep(0.001)
         raise TimeoutError("SGLang's storage threads never went quiet")
+
+    def _agree(self, mine: bool, how) -> bool:
+        """``how`` (``any`` or ``all``) of every rank's ``mine``; this rank's alone without a TP
+        group. Each rank must call it at the same point (it is a collective)."""
+        if self.tp_group is None:
+            return bool(mine)
+        flag = torch.tensor([int(bool(mine))], dtype=torch.int)
+        op = torch.distributed.ReduceOp.MAX if how is any else torch.distributed.ReduceOp.MIN
+        torch.distributed.all_reduce(flag, op=op, group=self.tp_group)
+        return bool(flag.item())
 
     def _fits(self, req: Req) -> bool:
         """PrefillAdder's budget: what the request adds fits in free plus evictable slots."""
@@ -311,8 +329,16 @@ class SGLangCache:
         keys = self.page_keys(tokens)
         prefix = cache.path_device_indices(req.last_node)[:req.prefix_len]
         wrong = len(self.kv.wrong_device_pages(keys[:req.prefix_len // ps], prefix))
+        if self.states is not None and req.prefix_len:
+            wrong += self._wrong_states(req, keys[req.prefix_len // ps - 1], loaded)
+        if self.window_kv is not None and req.prefix_len:
+            # What the window layers attend to: the prefix's last window of tokens.
+            tail = -(-min(self.window, req.prefix_len) // ps)
+            wrong += len(self.window_kv.wrong_device_pages(
+                keys[req.prefix_len // ps - tail:req.prefix_len // ps],
+                self.allocator.translate_loc_from_full_to_swa(prefix[-tail * ps:])))
 
-        self.req_to_token_pool.alloc([req])
+        self.req_to_token_pool.alloc([req])  # a hybrid model's request gets its state slot here
         extend = len(tokens) - req.prefix_len
         if self.allocator.available_size() < extend:
             evict_from_tree_cache(cache, extend)
@@ -321,16 +347,33 @@ class SGLangCache:
             raise RuntimeError(f"device pool too small for {extend} tokens (evictable: {cache.evictable_size()})")
         indices = torch.cat([prefix.to(torch.int64), new.to(torch.int64)])
         self.kv.prefill(keys[req.prefix_len // ps:], indices[req.prefix_len:len(keys) * ps])
+        if self.window_kv is not None:
+            self.window_kv.prefill(keys[req.prefix_len // ps:], self.allocator.translate_loc_from_full_to_swa(
+                indices[req.prefix_len:len(keys) * ps]))
         self.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, len(tokens))), indices)
         req.kv.cache_protected_len = req.prefix_len
         req.output_ids = array("q", req.harness_reply)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = len(tokens)
         req.finished_reason = FINISH_LENGTH(length=len(req.harness_reply))
+        if self.states is not None:
+            # The state the forward pass leaves in the request's slot: that of everything the
+            # release will insert, named by the last page's key.
+            self.states.prefill(keys[req.owned_kv_len() // ps - 1], int(req.kv.mamba_pool_idx))
         release_kv_cache(req, cache, checkpoint=True)
         matchable = req._compute_max_prefix_len(len(req.origin_input_ids)) // ps
         return RequestResult(req.rid, len(req.origin_input_ids) // ps, matchable, req.harness_arrival[0] // ps,
                              req.harness_arrival[1] // ps, device_hit // ps, loaded // ps,
                              req.storage_hit_length // ps, wrong)
+
+    def _wrong_states(self, req: Req, last_key: str, loaded: int) -> int:
+        """States of the matched prefix without their bytes: the one the tree keeps for the
+        prefix's last node, and, after a load-back, the copy SGLang loaded into the request's
+        own slot."""
+        node_slot = self.cache.tree_core.get_component_device_value(req.last_node, ComponentType.MAMBA)
+        slots = [None if node_slot is None else int(node_slot[0])]
+        if loaded:
+            slots.append(None if req.kv.mamba_pool_idx is None else int(req.kv.mamba_pool_idx))
+        return sum(slot is None or self.states.wrong_device_state(last_key, slot) for slot in slots)
 
     # ------------------------------------------------------------------ phases
 
@@ -338,9 +381,9 @@ class SGLangCache:
         """Pump SGLang's events until every backup to host and storage has finished."""
         cache = self.cache
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while cache.ongoing_write_through or cache.ongoing_backup or cache.ongoing_prefetch or \
-                self.recorder.in_flight or not self.controller.backup_queue.empty():
-            if time.monotonic() > deadline:
+        while self._agree(cache.ongoing_write_through or cache.ongoing_backup or cache.ongoing_prefetch or
+                          self.recorder.in_flight or not self.controller.backup_queue.empty(), any):
+            if self._agree(time.monotonic() > deadline, any):
                 raise TimeoutError("SGLang's backups never finished")
             cache.check_hicache_events()
             time.sleep(0.002)

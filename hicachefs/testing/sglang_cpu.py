@@ -8,11 +8,13 @@ plumbing, or a package this CPU-only venv cannot hold, and never a storage decis
   one warning about L2 transfer timing (``EXPECTED_WARNINGS``); nothing else changes.
 - **The direct I/O backend's three ``sgl_kernel.kvcacheio`` ops** (``transfer_kv_direct``,
   ``transfer_kv_per_layer_direct_pf_lf``, ``transfer_kv_all_layer_direct_lf_pf``). SGLang's host
-  pools import them only on CUDA and ROCm. sgl-kernel implements them in ATen as a slice and a
-  ``copy_`` per run of pages, so the ports below (``direct_io``) move the same bytes between the
-  same places. ``direct`` is the I/O backend SGLang pairs with ``page_first_direct`` itself.
-- **Host pools with ``pin_memory=False``**: pinning needs an accelerator. SGLang's own unit
-  tests build host pools this way.
+  pools (MHA, MLA, and Mamba states, which use them with pages of one slot) import them only on
+  CUDA and ROCm. sgl-kernel implements them in ATen as a slice and a ``copy_`` per run of
+  pages, so the ports below (``direct_io``) move the same bytes between the same places.
+  ``direct`` is the I/O backend SGLang pairs with ``page_first_direct`` itself.
+- **Host pools with ``pin_memory=False``** (KV and Mamba states): pinning needs an
+  accelerator (SGLang's Mamba host pool registers its buffers with ``cudaHostRegister``
+  otherwise). SGLang's own unit tests build host pools this way.
 - **torchvision.** Its wheels for torch 2.13 are CUDA builds, which do not load beside torch's
   CPU build. SGLang's model-config package imports two names from ``torchvision.transforms``
   when it is imported (for InternVL's image preprocessing), and the cache never calls them. So
@@ -48,16 +50,18 @@ def install() -> None:
         return
     _stand_in_for_torchvision()
     import sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler as assembler
+    import sglang.srt.mem_cache.pool_host.mamba as mamba_host
     import sglang.srt.mem_cache.pool_host.mha as mha_host
     import sglang.srt.mem_cache.pool_host.mla as mla_host
 
-    for module in (mha_host, mla_host):
+    for module in (mha_host, mla_host, mamba_host):
         module.transfer_kv_direct = direct_io.transfer_kv_direct
         module.transfer_kv_per_layer_direct_pf_lf = direct_io.transfer_kv_per_layer_direct_pf_lf
         module.transfer_kv_all_layer_direct_lf_pf = direct_io.transfer_kv_all_layer_direct_lf_pf
     pick_mha_class = assembler.get_mha_host_pool_cls
     assembler.get_mha_host_pool_cls = lambda info: _unpinned(pick_mha_class(info))
     assembler.MLATokenToKVPoolHost = _unpinned(assembler.MLATokenToKVPoolHost)
+    assembler.MambaPoolHost = _unpinned(assembler.MambaPoolHost)
     _installed = True
 
 

@@ -3,10 +3,11 @@
 ``RecordingBackend`` stands between the controller and the backend SGLang's factory built
 (``HiCacheFS`` through ``dynamic``, or ``HiCacheFile``), forwards every call unchanged, and
 records per method the batch sizes, the pages hit or stored and the seconds taken. It checks the
-bytes at both ends of each transfer: the host pages SGLang hands a ``set`` must be the pages
-the prefill computed for their keys, and every page a ``get`` reports as read must be in the
-host pool (or the staging page) afterwards. A call that raises, a write that fails, and a read
-that misses a page the same call's exists query found count as failed calls.
+bytes at both ends of each transfer, in every pool it is given a check for (``kv``, and a
+hybrid model's ``mamba`` or ``swa``): the host pages SGLang hands a ``set`` must be the pages the prefill
+computed for their keys, and every page a ``get`` reports as read must be in the host pool (or
+the staging page) afterwards. A call that raises, a write that fails, and a read that misses a
+page the same call's exists query found count as failed calls.
 
 Thread-safe: the controller calls it from its prefetch, prefetch-IO and backup threads.
 """
@@ -16,9 +17,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from .sglang_kv import PageKV
+from .sglang_kv import KeyedBytes, PageKV
 
 
 @dataclass
@@ -42,11 +43,11 @@ class CallStats:
 class RecordingBackend:
     """A transparent proxy over a ``HiCacheStorage`` backend (see the module docstring)."""
 
-    def __init__(self, backend: Any, kv: PageKV, host_pool: Any) -> None:
+    def __init__(self, backend: Any, pools: Dict[str, Tuple[KeyedBytes, Any]]) -> None:
+        """``pools``: per pool name, the expected bytes of its pages and its host pool."""
         self.backend = backend
-        self.kv = kv
-        self.host_pool = host_pool
-        self.page_size = host_pool.page_size
+        self.pools = pools
+        self.kv: PageKV = pools["kv"][0]
         self._lock = threading.Lock()
         self.stats: Dict[str, CallStats] = {}
         self.failures: List[str] = []
@@ -82,16 +83,23 @@ class RecordingBackend:
         with self._lock:
             self.failures.append(message)
 
-    def _host_page(self, host_indices, i: int):
-        return self.host_pool.get_data_page(int(host_indices[i * self.page_size]), flat=True)
+    def expected(self, pool: str, key: str):
+        """The bytes page ``key`` of ``pool`` must hold."""
+        return self.pools[pool][0].expected(key)
 
-    def _check_handed_over(self, keys: List[str], pages) -> None:
-        wrong = sum(not self.kv.holds(key, page) for key, page in zip(keys, pages))
+    def _host_page(self, host_indices, i: int, pool: str = "kv"):
+        host_pool = self.pools[pool][1]
+        return host_pool.get_data_page(int(host_indices[i * host_pool.page_size]), flat=True)
+
+    def _check_handed_over(self, keys: List[str], pages, pool: str = "kv") -> None:
+        expected = self.pools[pool][0]
+        wrong = sum(not expected.holds(key, page) for key, page in zip(keys, pages))
         with self._lock:
             self.wrong_handed_over += wrong
 
-    def _check_read(self, keys: List[str], pages, ok: List[bool]) -> None:
-        wrong = sum(not self.kv.holds(key, page) for key, page, done in zip(keys, pages, ok) if done)
+    def _check_read(self, keys: List[str], pages, ok: List[bool], pool: str = "kv") -> None:
+        expected = self.pools[pool][0]
+        wrong = sum(not expected.holds(key, page) for key, page, done in zip(keys, pages, ok) if done)
         with self._lock:
             self.wrong_read += wrong
             self.read_pages += sum(ok)
@@ -154,9 +162,11 @@ class RecordingBackend:
     # ------------------------------------------------------------- named pools (v2)
 
     def batch_set_v2(self, transfers, extra_info: Any = None):
-        kv = [t for t in transfers if str(getattr(t.name, "value", t.name)) == "kv"]
-        for t in kv:
-            self._check_handed_over(list(t.keys), [self._host_page(t.host_indices, i) for i in range(len(t.keys))])
+        for t in transfers:
+            pool = _pool(t)
+            if pool in self.pools:
+                self._check_handed_over(list(t.keys), [self._host_page(t.host_indices, i, pool)
+                                                       for i in range(len(t.keys))], pool)
         results = self._call("batch_set_v2", sum(len(t.keys or []) for t in transfers),
                              lambda: self.backend.batch_set_v2(transfers, extra_info),
                              lambda done: sum(sum(v) for v in done.values()))
@@ -170,8 +180,15 @@ class RecordingBackend:
                              lambda done: sum(sum(v) for v in done.values()))
         for t in transfers:
             ok = list(results.get(t.name, []))
-            if str(getattr(t.name, "value", t.name)) == "kv":
-                self._check_read(list(t.keys), [self._host_page(t.host_indices, i) for i in range(len(t.keys))], ok)
+            pool = _pool(t)
+            if pool in self.pools:
+                self._check_read(list(t.keys), [self._host_page(t.host_indices, i, pool)
+                                                for i in range(len(t.keys))], ok, pool)
             if not all(ok):
                 self._fail(f"batch_get_v2[{t.name}]: {ok.count(False)} of {len(ok)} pages not read")
         return results
+
+
+def _pool(transfer) -> str:
+    """A ``PoolTransfer``'s pool name as a string (``PoolName.MAMBA`` -> ``mamba``)."""
+    return str(getattr(transfer.name, "value", transfer.name))

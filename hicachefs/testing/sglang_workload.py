@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 from .sglang_cache import RequestResult, SGLangCache, Turn
 
@@ -41,6 +41,14 @@ class ChatWorkload:
         prompts = [[rng.randrange(VOCAB) for _ in range(self.system_tokens)] for _ in range(self.system_prompts)]
         return [Conversation(random.Random(rng.random()), prompts[i % len(prompts)], self)
                 for i in range(self.conversations)]
+
+    def tokens_after(self, turns: int) -> List[List[int]]:
+        """Per conversation, every token of its first ``turns`` turns (prompts and replies)."""
+        conversations = self.make_conversations()
+        for _ in range(turns):
+            for conv in conversations:
+                conv.next_turn()
+        return [conv.system_prompt + conv.history for conv in conversations]
 
     def order(self, conversations: List["Conversation"], turn: int) -> List["Conversation"]:
         """The conversations in the order their ``turn``-th turns arrive (traffic interleaves)."""
@@ -82,12 +90,16 @@ class PhaseResults:
         return [(r.device_hit, r.host_hit, r.storage_hit, r.prompt_pages) for r in self.requests[phase]]
 
 
-def run_phases(server: SGLangCache, workload: ChatWorkload, cold_turns: int = 2) -> PhaseResults:
-    """Serve the three phases (module docstring) on ``server``; backups settle after each."""
+def run_phases(server: SGLangCache, workload: ChatWorkload, cold_turns: int = 2,
+               before_phase: Optional[Callable[[str], None]] = None) -> PhaseResults:
+    """Serve the three phases (module docstring) on ``server``; backups settle after each.
+    ``before_phase(name)`` runs as each phase starts (after the evictions before it)."""
     conversations = workload.make_conversations()
     results = PhaseResults()
 
     def phase(name: str, serve) -> None:
+        if before_phase is not None:
+            before_phase(name)
         before = server.cache.prefetch_outcome_stats_snapshot()
         results.requests[name] = serve()
         server.settle()

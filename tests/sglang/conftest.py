@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict, Optional
 
 import pytest
 
@@ -17,11 +17,16 @@ from sglang_runs import BackendRun, run_backend  # noqa: E402
 
 @pytest.fixture
 def side_by_side(mount_factory, tmp_path):
-    """``side_by_side(setup, workload)``: {"hicachefs": BackendRun, "file": BackendRun}."""
+    """``side_by_side(setup, workload, before_phase=None)``: {"hicachefs": BackendRun, "file":
+    BackendRun}; ``before_phase(name, backend)`` runs as each phase starts on each backend."""
 
-    def run(setup: CacheSetup, workload: ChatWorkload = ChatWorkload()) -> Dict[str, BackendRun]:
+    def run(setup: CacheSetup, workload: ChatWorkload = ChatWorkload(),
+            before_phase: Optional[Callable[[str, Backend], None]] = None) -> Dict[str, BackendRun]:
         mount = mount_factory("--memory", "256M")
-        return {"hicachefs": run_backend(setup, Backend("hicachefs", str(mount.path)), workload),
-                "file": run_backend(setup, Backend("file", str(tmp_path / "hicache_file")), workload)}
+        runs = {}
+        for backend in (Backend("hicachefs", str(mount.path)), Backend("file", str(tmp_path / "hicache_file"))):
+            hook = None if before_phase is None else (lambda phase, b=backend: before_phase(phase, b))
+            runs[backend.kind] = run_backend(setup, backend, workload, hook)
+        return runs
 
     return run
