@@ -491,8 +491,10 @@ class HiCacheFS(HiCacheStorage):
         return ok
 
     def statistics(self) -> Dict[str, Any]:
-        """Counters since construction: hits, misses, bytes, failures by kind, refused keys."""
+        """Counters since construction: hits, misses, bytes, failures by kind, refused keys;
+        and ``kept_files``, the page files kept open now for reads from the kernel's cache."""
         stats: Dict[str, Any] = self.counters.snapshot()
+        stats["kept_files"] = len(self.io.files)
         stats["errors"] = self.failures.counts()
         stats["refused"] = self._refusals.counts()
         return stats

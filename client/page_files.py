@@ -117,6 +117,10 @@ class PageFiles:
             self._done_with(old, drop=True)
         return True
 
+    def __len__(self) -> int:
+        """How many page files are kept open."""
+        return len(self._kept)
+
     def forget(self, path: str) -> None:
         with self._lock:
             kept = self._kept.pop(path, None)

@@ -490,7 +490,8 @@ class Bench:
         self._pass(reads, pool, batches, {HICACHEFS: found_then_read(fs_b, pool),
                                           FILE: found_then_read(hf_b, pool)},
                    False, host_b, fs_b, f"{case} read on B")
-        shared_b = host_b.stats()["tiers"]["shared"]
+        stats_b = host_b.stats()
+        shared_b = {**stats_b["tiers"]["shared"], "fetched_ahead": stats_b["fetched_ahead"]}
         for name, result in reads.items():
             result.note = (f"host B read {result.pages} of the {len(batches) * pool.batch} pages host A "
                            "wrote" + (f" (host A's write-behind dropped {dropped}; host B's shared tier: "

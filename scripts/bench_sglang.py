@@ -314,7 +314,7 @@ def kept_files(backend) -> int:
     """Page files ``backend`` keeps open for later reads (HiCacheFS only; 0 for the others).
     The client has no public count, so this reads its table (``page_files.PageFiles``): the
     bench waits on it for the background keep of a second read to finish."""
-    return len(backend.io.files._kept) if isinstance(backend, HiCacheFS) else 0
+    return backend.statistics()["kept_files"] if isinstance(backend, HiCacheFS) else 0
 
 
 @dataclass

@@ -32,7 +32,7 @@ def kept_reader(mounted, pages=PAGES):
     reader = make_fs(mounted.path, target)
     for _ in range(2):  # read, then read again: from now on their files are kept
         assert reader.batch_get_v1(keys, indices(target, range(pages))) == [True] * pages
-    until(lambda: len(reader.io.files._kept) == pages)
+    until(lambda: reader.statistics()["kept_files"] == pages)
     return source, target, reader, keys
 
 
@@ -85,6 +85,6 @@ def test_no_more_files_are_kept_than_the_capacity(mounted):
     for _ in range(2):
         reader.batch_get_v1(more, indices(target, range(PAGES)))
     until(lambda: reader.io.files._waiting.empty())
-    assert len(reader.io.files._kept) <= 3
+    assert reader.statistics()["kept_files"] <= 3
     reader.close()
-    assert not reader.io.files._kept
+    assert reader.statistics()["kept_files"] == 0
