@@ -57,6 +57,7 @@ class Publishing:
         self.temp_timeout_s = temp_timeout_s
         self.kernel_cache = kernel_cache
         self._pending: dict[int, PendingFile] = {}
+        self._last_target: tuple[str, Directory, str] | None = None
 
     # -- files being written ----------------------------------------------------------
 
@@ -167,15 +168,24 @@ class Publishing:
 
     def has_page(self, path: str) -> bool:
         try:
-            directory, key = self.tree.pool_and_key(path)
+            directory, key = self._target(path)
         except FsError:
             return False
-        return self.store.info(directory.page_name(key)) is not None
+        return self.store.holds(directory.page_name(key))
 
     def reserve_page(self, path: str, size: int) -> Draft:
         """Room for the page ``path`` will name, once the path is known to be publishable."""
-        self.tree.pool_and_key(path)
+        self._target(path)
         return self.store.reserve(size)
+
+    def _target(self, path: str) -> tuple[Directory, str]:
+        """The pool directory and key of ``path``, checked (the last answer is kept: a page's
+        path is asked for at its first byte and again at its last)."""
+        if self._last_target is not None and self._last_target[0] == path and not self._last_target[1].removed:
+            return self._last_target[1], self._last_target[2]
+        directory, key = self.tree.pool_and_key(path)
+        self._last_target = (path, directory, key)
+        return directory, key
 
     def abandon_page(self, draft: Draft) -> None:
         self.store.abandon(draft)
@@ -184,7 +194,7 @@ class Publishing:
         """Publish a filled draft under ``path``, replacing what the name held, as a rename
         onto it would; the draft is consumed whatever happens."""
         try:
-            directory, key = self.tree.pool_and_key(path)
+            directory, key = self._target(path)
         except BaseException:
             self.store.abandon(draft)
             raise

@@ -175,7 +175,8 @@ class PageStore:
                 if lower is not None:
                     self._index.loc[row, lower[0]] = lower[1]
                 self._ram.admit(row, page.size)
-            info = self._info(row)
+            info = PageInfo(name=name, size=page.size, tier=self._tiers[RAM if slot is not None else lower[0]].name,
+                            checksum=checksum_text(checksum), hits=0, mtime_ns=page.mtime_ns, atime_ns=page.mtime_ns)
             self._published += 1
             offered = [self._pinned_reader(row, slot) for _ in self._named] if slot is not None else []
         for tier, copy in zip(self._named, offered):  # outside the lock: a refused offer releases at once
@@ -295,6 +296,13 @@ class PageStore:
                 self._found.pop(name, None)
             return None
         return self._named_info(page)
+
+    def holds(self, name: str) -> bool:
+        """Whether a page of that name is stored here or on a named tier (from memory)."""
+        with self._lock:
+            if self._index.find(name) >= 0:
+                return True
+        return self._named_may_hold(name)
 
     def lookup(self, name: str) -> PageInfo | None | NeedsIO:
         """The page's facts from memory, None if no tier has it, or ``NeedsIO`` when a named
