@@ -5,7 +5,7 @@ Every process runs with one torch thread, as SGLang's ``ModelRunner`` sets on a 
 Both backends get exactly the calls SGLang 0.5.23's cache controller makes for them, on a host
 pool laid out as SGLang's MHA ``page_first`` pool (page-aligned, as SGLang's pinned pool is),
 filled with random bytes and stamped so that every written page is unique
-(``bench_sglang.py``):
+(``lib/bench_sglang.py``):
   - ``HiCacheFile`` with its defaults, on tmpfs (``/dev/shm``), its fastest home: the
     controller's generic path, the only one it gives the ``file`` backend. Write:
     ``get_data_page`` of every page, then ``batch_set``. Read: one ``get_dummy_flat_data_page``
@@ -87,10 +87,10 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 from tqdm import tqdm
 
-from bench_daemon import Daemon, config_line, has_flag, print_log_tail
-from bench_fast_file import FastFileCore
-from bench_rank import RankWorker
-from bench_report import (
+from lib.bench_daemon import Daemon, config_line, has_flag, print_log_tail
+from lib.bench_fast_file import FastFileCore
+from lib.bench_rank import RankWorker
+from lib.bench_report import (
     FAST_FILE,
     FILE,
     FIRST,
@@ -102,7 +102,7 @@ from bench_report import (
     chart,
     table,
 )
-from bench_sglang import (
+from lib.bench_sglang import (
     MIB,
     PAGES,
     STORAGE_BATCH_SIZE,

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Dict, List
 
 from bench import RANK_PHASES, Bench, clear, load, progress, rank_phase
-from bench_daemon import Daemon, config_line, print_log_tail
-from bench_rank import RankWorker
-from bench_report import LATER, Result
-from bench_sglang import PAGES, Pool, as_sglang_runs, keys_for, make_hicachefs, reader, writer
+from lib.bench_daemon import Daemon, config_line, print_log_tail
+from lib.bench_rank import RankWorker
+from lib.bench_report import LATER, Result
+from lib.bench_sglang import PAGES, Pool, as_sglang_runs, keys_for, make_hicachefs, reader, writer
 from hicachefs.testing import mounting
 
 FULL = {"batches": {1: 8, 8: 2}, "later": 2, "ranks_batches": {1: 8, 8: 1}}

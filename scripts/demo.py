@@ -2,7 +2,7 @@
 """The README's demo: chat turns served by SGLang's own radix cache and cache controller (SGLang
 0.5.23, on the CPU) over HiCacheFS on live mounts: every hit it prints is SGLang's decision.
 
-  demo.py serve MOUNT [--show-top]   serve every turn of the workload (scripts/demo_workload.py):
+  demo.py serve MOUNT [--show-top]   serve every turn of the workload (scripts/lib/demo_workload.py):
                                      what SGLang found where, its hit rate on hicachefs, where
                                      those hits came from, how pages moved between the tiers,
                                      GB/s, and what SGLang's storage metrics say
@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from tqdm import tqdm
 
-from demo_workload import (
+from lib.demo_workload import (
     MODEL_SHAPES, Conversation, Server, Tally, Workload, human, mount_stats, tier_activity, tiers_top_down)
 
 #: How long host A's write-behind, then host B's view of its pages, may take before the demo goes on.

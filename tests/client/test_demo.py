@@ -19,7 +19,7 @@ def small_args() -> list[str]:
 
 def test_demo_runs_clean_moves_pages_between_tiers_and_hits_from_disk_after_a_warm_restart(
         demo, mount_factory, tmp_path, capsys):
-    from demo_workload import Workload
+    from lib.demo_workload import Workload
 
     flags = ("--memory", "16M", "--disk", str(tmp_path / "disk"), "--disk-size", "64M")
     first = mount_factory(*flags)

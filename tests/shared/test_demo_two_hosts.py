@@ -10,7 +10,7 @@ SMALL = dict(conversations=4, turns=3, system_prompts=2, system_tokens=512, user
 
 def test_host_b_loads_host_as_prefixes_from_the_shared_tier_and_hits_as_often(demo, mount_factory, gluster_root,
                                                                                 capsys):
-    from demo_workload import Workload
+    from lib.demo_workload import Workload
 
     root_a, root_b = gluster_root
     a = mount_factory("--memory", "64M", "--shared", str(root_a / "hc"))

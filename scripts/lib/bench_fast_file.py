@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import List
 
-from bench_sglang import Pool
+from .bench_sglang import Pool
 
 READ_THREADS = 4
 MIN_RUN_BYTES = 1 << 20

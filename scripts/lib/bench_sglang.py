@@ -38,7 +38,7 @@ from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheStorageConfig,
 )
 
-from bench_report import size_label  # noqa: E402
+from .bench_report import size_label  # noqa: E402
 from hicachefs_client import HiCacheFS  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
 
-import bench_sglang as calls
+from . import bench_sglang as calls
 
 PHASE_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 60.0
@@ -88,11 +88,11 @@ def _forkserver() -> multiprocessing.context.ForkServerContext:
     if _context is None:
         # The fork server is a fresh interpreter that ignores our sys.path (Python 3.11) and
         # skips preloads it cannot import: it finds this module through PYTHONPATH.
-        here = str(Path(__file__).resolve().parent)
+        scripts = str(Path(__file__).resolve().parents[1])
         os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (here, os.environ.get("PYTHONPATH")) if p)
+            p for p in (scripts, os.environ.get("PYTHONPATH")) if p)
         _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(["bench_rank"])
+        _context.set_forkserver_preload(["lib.bench_rank"])
     return _context
 
 
