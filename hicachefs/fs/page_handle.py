@@ -77,7 +77,7 @@ class PageHandle:
         self.leases = leases
         self.reader: PageReader | None = reader
         self.name = reader.info.name
-        self.version = (reader.info.checksum, reader.info.mtime_ns)
+        self.version = reader.info.version
         self.size = reader.size
         self.queued = False
         self.pinned_until = time.monotonic() + leases.lease_s
@@ -102,16 +102,21 @@ class PageHandle:
         self.unpin()
 
     async def _find_again(self) -> PageReader:
-        """The version this handle opened, pinned again; EIO when it is no longer stored."""
-        try:
-            reader = self.store.try_open(self.name)
-            if isinstance(reader, NeedsIO):  # on a lower tier: read and verify it off the event loop
-                reader = await trio.to_thread.run_sync(reader.work)
-        except (PageNotFound, PageCorrupt, DeviceError):
-            reader = None
-        if reader is not None and (reader.info.checksum, reader.info.mtime_ns) == self.version:
-            return reader
-        if reader is not None:
-            reader.close()
-        raise FsError(errno.EIO, "the page this file was opened on is no longer stored "
-                                 "(replaced, removed or evicted since)")
+        return await find_version(self.store, self.name, self.version)
+
+
+async def find_version(store: PageStore, name: str, version: tuple[str, int]) -> PageReader:
+    """That version of the page, pinned (read from whichever tier holds it); EIO when it is no
+    longer stored."""
+    try:
+        reader = store.try_open(name)
+        if isinstance(reader, NeedsIO):  # on a lower tier: read and verify it off the event loop
+            reader = await trio.to_thread.run_sync(reader.work)
+    except (PageNotFound, PageCorrupt, DeviceError):
+        reader = None
+    if reader is not None and reader.info.version == version:
+        return reader
+    if reader is not None:
+        reader.close()
+    raise FsError(errno.EIO, "the page this file was opened on is no longer stored "
+                             "(replaced, removed or evicted since)")
