@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
+import trio
 
 from hicachefs.fs.errors import FsError
 from namespace_alone import alone
@@ -37,6 +39,24 @@ def test_an_inode_whose_page_was_replaced_keeps_its_attributes_and_an_open_of_it
     assert new != old
     fh, cacheable = ns.open(new)
     assert cacheable and ns.read(fh) == b"new"
+
+
+def test_the_second_try_of_an_open_that_raced_a_replace_opens_what_the_name_holds(ns):
+    pid = 4242
+    first = ns.publish(b"k", b"v1")
+    ns.publish(b"k", b"v2")
+    with pytest.raises(FsError) as info:
+        ns.ns.open(first, os.O_RDONLY, pid)
+    assert info.value.errno == errno.ESTALE
+    second = ns.lookup(b"k").inode  # the kernel's fresh lookup, then its open...
+    ns.publish(b"k", b"v3!")  # ... which another replace races too
+    handle = ns.ns.open(second, os.O_RDONLY, pid)
+    assert not handle.cacheable  # the inode's cached size and data are v2's
+    assert bytes(trio.run(handle.read, 0, 100)) == b"v3!"
+    handle.release()
+    with pytest.raises(FsError) as info:  # only that one open: any other is stale as before
+        ns.ns.open(second, os.O_RDONLY, pid)
+    assert info.value.errno == errno.ESTALE
 
 
 def test_without_the_kernel_cache_nothing_is_pushed_and_nothing_is_cacheable():
