@@ -72,7 +72,9 @@ class Namespace:
         self.nodes = PageNodes(numbers)
         self.publishing = Publishing(store, self.tree, self.nodes, numbers, notices, temp_timeout_s, kernel_cache)
         self.handles = HandleTable()
-        self.leases = Leases()
+        # What pages held open by users who may not change the store keep pinned between them:
+        # a quarter of the RAM tier, so such a user can never keep new pages out of RAM.
+        self.leases = Leases(bounded_bytes=store.config.memory_bytes // 4)
         self.racing = RacingOpens()
 
     # ---- who may change what -----------------------------------------------------------
@@ -84,8 +86,11 @@ class Namespace:
         directory's attributes after every create and rename to check permissions, two of the
         eight requests it takes to publish a page.
         """
-        if uid not in (0, self.uid):
+        if not self.may_change(uid):
             raise FsError(errno.EACCES, "only root and the daemon's user may change the store")
+
+    def may_change(self, uid: int) -> bool:
+        return uid in (0, self.uid)
 
     def needs_writer(self, inode: int, flags: int) -> bool:
         """Whether opening ``inode`` with ``flags`` changes the store: writing a file, or any
@@ -270,10 +275,10 @@ class Namespace:
         pending = self.publishing.create(parent, text, visible)
         return self._pending_stat(pending), self.publishing.open(pending)
 
-    def open(self, inode: int, flags: int, pid: int = 0) -> Handle | NeedsIO:
+    def open(self, inode: int, flags: int, uid: int = 0, pid: int = 0) -> Handle | NeedsIO:
         """Open a file: a control file's handle, a file being written, or a published page
-        (``NeedsIO`` when the page must be read from a lower tier first). ``pid``: the opening
-        thread's.
+        (``NeedsIO`` when the page must be read from a lower tier first). ``uid`` and ``pid``:
+        the opening thread's.
 
         An inode stands for one version of a page (``inodes``); an open of one whose name has
         since been given another version, or none, raced a replace or a removal after its
@@ -301,24 +306,26 @@ class Namespace:
             if second_try:
                 raise FsError(errno.ENOENT, "page no longer stored") from None
             raise self.racing.stale(pid, node.directory.inode, node.key) from None
+        bounded = not self.may_change(uid)
         if isinstance(opened, NeedsIO):
-            return opened.then(lambda reader: self._page_handle(node, reader, pid, second_try))
-        return self._page_handle(node, opened, pid, second_try)
+            return opened.then(lambda reader: self._page_handle(node, reader, pid, second_try, bounded))
+        return self._page_handle(node, opened, pid, second_try, bounded)
 
-    def _page_handle(self, node: PageNode, reader: PageReader, pid: int, second_try: bool) -> PageHandle:
+    def _page_handle(self, node: PageNode, reader: PageReader, pid: int, second_try: bool,
+                     bounded: bool) -> PageHandle:
         """The handle of an open page. The kernel may keep the data of every page (that is what
         makes ``mmap`` work on any page: FUSE maps only files opened without direct I/O), and
         an inode's data is always its own version's: an open that finds the name holding
         another version raced a replace (``racing_opens``)."""
         if not node.retired and reader.info.version == node.info.version:
-            return PageHandle(self.store, self.leases, reader, self.kernel_cache)
+            return PageHandle(self.store, self.leases, reader, self.kernel_cache, bounded)
         if not node.retired:
             self.nodes.retire(node)
             self.notices.forget_attributes(node.inode)
         if not second_try:
             reader.close()
             raise self.racing.stale(pid, node.directory.inode, node.key)
-        return PageHandle(self.store, self.leases, reader, cacheable=False)
+        return PageHandle(self.store, self.leases, reader, False, bounded)
 
     def truncate(self, inode: int, size: int) -> Stat:
         pending = self.publishing.get(inode)

@@ -46,16 +46,16 @@ def test_the_second_try_of_an_open_that_raced_a_replace_opens_what_the_name_hold
     first = ns.publish(b"k", b"v1")
     ns.publish(b"k", b"v2")
     with pytest.raises(FsError) as info:
-        ns.ns.open(first, os.O_RDONLY, pid)
+        ns.ns.open(first, os.O_RDONLY, pid=pid)
     assert info.value.errno == errno.ESTALE
     second = ns.lookup(b"k").inode  # the kernel's fresh lookup, then its open...
     ns.publish(b"k", b"v3!")  # ... which another replace races too
-    handle = ns.ns.open(second, os.O_RDONLY, pid)
+    handle = ns.ns.open(second, os.O_RDONLY, pid=pid)
     assert not handle.cacheable  # the inode's cached size and data are v2's
     assert bytes(trio.run(handle.read, 0, 100)) == b"v3!"
     handle.release()
     with pytest.raises(FsError) as info:  # only that one open: any other is stale as before
-        ns.ns.open(second, os.O_RDONLY, pid)
+        ns.ns.open(second, os.O_RDONLY, pid=pid)
     assert info.value.errno == errno.ESTALE
 
 
