@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -98,6 +99,24 @@ def test_a_page_replaced_by_a_smaller_one_leaves_its_reader_the_whole_old_page(m
         os.close(fd)
     assert read_page(pool / "k") == new and os.stat(pool / "k").st_size == len(new)
 
+
+def test_a_direct_reader_of_a_replaced_page_reads_the_whole_old_page_from_the_daemon(mounted):
+    pool = mounted.page_dir()
+    old, new = content(7, MiB), content(8, 4 * KiB)
+    publish(pool, "k", old)
+    fd = os.open(pool / "k", os.O_RDONLY | os.O_DIRECT)  # past the kernel's cache: its handle's pin
+    block = mmap.mmap(-1, MiB)  # page-aligned, as O_DIRECT needs
+    try:
+        publish(pool, "k", new)
+        st = os.fstat(fd)
+        assert (st.st_size, st.st_nlink) == (MiB, 0)
+        reads = mounted.stats()["requests"].get("read", 0)
+        assert os.preadv(fd, [block], 0) == MiB and block[:] == old
+        assert mounted.stats()["requests"].get("read", 0) > reads
+    finally:
+        os.close(fd)
+        block.close()
+    assert read_page(pool / "k") == new
 
 READER = r"""
 import errno, json, os, sys, time
