@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from hicachefs.testing.workload import content, exists_query, labelled_content
 from pages import publish, read_page, write_all
 
@@ -54,6 +56,19 @@ def test_a_rename_onto_a_key_being_written_replaces_that_file_for_good(mounted):
     assert read_elsewhere(pool / "k") == new
     assert os.listdir(pool) == ["k"] and exists_query(mounted.path, [f"{POOL}/k"]) == "1"
 
+
+def test_the_writer_of_a_file_replaced_by_a_rename_gets_eperm_and_publishes_nothing(mounted):
+    pool = mounted.page_dir()
+    writer = os.open(pool / "k", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        write_all(writer, content(1, 64 * KiB))
+        publish(pool, "k", content(2, 64 * KiB))
+        with pytest.raises(OSError) as info:
+            os.pwrite(writer, content(3, 4 * KiB), 64 * KiB)
+        assert info.value.errno == errno.EPERM
+    finally:
+        os.close(writer)
+    assert read_elsewhere(pool / "k") == content(2, 64 * KiB)
 
 def test_a_reader_of_a_file_being_written_gets_eio_once_it_is_removed(mounted):
     pool = mounted.page_dir()
