@@ -20,6 +20,10 @@ Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick lo
                  flipped bits, latency) under random store operations, and a disk that dies under
                  a running daemon (ext4 on a loop device): no inconsistency
   contention     8 processes writing and reading shared and per-rank pages: no torn or foreign read
+  mixed          5,000 reads of 6 keys that 2 processes write directly under their names (as cp),
+                 removing them first, and 2 replace by renames (as the client), by 3 readers that
+                 also read the temporary files: no torn, stale or all-zero read
+                 (hicachefs.testing.mixed_load)
 
 Modes take turns, one chunk each, until every target is reached or the time is up; the model
 mode runs alongside them in a second process (``--jobs 1``: in turn with them). Every mount
@@ -44,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
-from hicachefs.testing import mounting, scenarios
+from hicachefs.testing import mixed_load, mounting, scenarios
 from hicachefs.testing.store_faults import CORRUPTIONS, RoundFigures, corruption_round, device_fault_round
 from hicachefs.testing.workload import exists_raw, serving
 
@@ -103,6 +107,7 @@ class Stress:
             "bad-input": Row("bad inputs, daemon still serving", max(1, round(10_000 * scale))),
             "device-faults": Row("device faults injected", max(1, round(1000 * scale))),
             "contention": Row("reads checked under 8-rank contention", max(1, round(1000 * scale))),
+            "mixed": Row("reads checked among direct writers and renames", max(1, round(5000 * scale))),
         }
         self._chunk = Counter()
 
@@ -230,6 +235,16 @@ class Stress:
         row.bad["torn or foreign reads"] += totals.get("bad", 0)
         row.bad["I/O errors"] += totals.get("errors", 0)
         self._note("contention", totals["examples"])
+
+    def _mixed(self, row, mounts, workdir, seed) -> None:
+        mount = mounts("--memory", "64M", "--disk", str(workdir / "disk"), "--disk-size", "512M")
+        totals = mixed_load.run(mount.path, workdir, seconds=20, seed=seed)
+        row.done += totals.get("reads", 0)
+        for figure in ("direct writes", "renames", "direct writes replaced while written", "reads answered EIO"):
+            row.facts[figure] += totals.get(figure, 0)
+        for figure in ("torn", "stale", "zeros", "unexpected errors", "workers failed"):
+            row.bad[figure] += totals.get(figure, 0)
+        self._note("mixed", totals["examples"])
 
 
 def table(rows: dict[str, Row], elapsed: float) -> str:

@@ -44,18 +44,29 @@ def mount_factory(tmp_path):
 
 
 @pytest.fixture
-def public_mount(mount_factory):
-    """A mount (64 MiB RAM) other users can reach: pytest's temporary directories are 0700."""
+def public_mount_factory(mount_factory):
+    """Like ``mount_factory``, for mounts other users can reach: pytest's temporary directories
+    are 0700."""
     reachable = Path(tempfile.mkdtemp(prefix="hicachefs-other-user-"))
-    mount = None
+    mounts: list[mounting.Mount] = []
+
+    def make(*flags: str) -> mounting.Mount:
+        mounts.append(mount_factory(*flags, path=reachable / f"mnt{len(mounts)}"))
+        return mounts[-1]
+
     try:
         reachable.chmod(0o755)
-        mount = mount_factory("--memory", "64M", path=reachable / "mnt")
-        yield mount
+        yield make
     finally:
-        if mount is not None:
+        for mount in mounts:
             mounting.stop(mount)  # before its directory goes; the factory's stop is then a no-op
         shutil.rmtree(reachable, ignore_errors=True)
+
+
+@pytest.fixture
+def public_mount(public_mount_factory):
+    """A mount (64 MiB RAM) other users can reach."""
+    return public_mount_factory("--memory", "64M")
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from .errors import FsError
 from .nodes import PendingFile, Stat
+from .page_handle import find_version
 
 
 class Handle(Protocol):
@@ -56,7 +57,9 @@ class HandleTable:
 
 
 class PendingHandle:
-    """An open file that is still being written."""
+    """An open file that is (or was) being written. Once the file is published, its handles
+    read the page it became; once it is discarded (removed, replaced by a rename onto its name,
+    abandoned), they read nothing more: EIO, never zeros where its bytes were."""
 
     cacheable = False
 
@@ -65,7 +68,13 @@ class PendingHandle:
         self._closed = closed
 
     async def read(self, offset: int, size: int):
-        return self.pending.read(offset, size)
+        pending = self.pending
+        if not pending.gone:
+            return pending.read(offset, size)
+        if pending.published is None:
+            raise FsError(errno.EIO, "the file was removed or replaced before it was published")
+        with await find_version(pending.store, pending.published.name, pending.published.version) as reader:
+            return bytes(reader.read(offset, size))  # a copy: the pin ends here
 
     async def write(self, offset: int, data: bytes) -> int:
         if self.pending.gone:

@@ -3,7 +3,12 @@
 The store holds pages by name; the kernel holds inodes. A page gets a ``PageNode`` (an inode
 number) when the kernel first learns its name (a lookup, a listing entry, the file it was
 written as) and loses it when the kernel forgets it (``forget`` with its lookup count). Numbers
-are never reused while the daemon runs. Not thread-safe: the daemon's trio thread only.
+are never reused while the daemon runs.
+
+An inode stands for one version of a page: once its name leads to another version (a replace)
+or to none (unlink, eviction), the node is retired: it names nothing from then on, and a lookup
+of the name gets a node of its own. So what the kernel caches for an inode (attributes, data)
+is never another version's. Not thread-safe: the daemon's trio thread only.
 """
 
 from __future__ import annotations
@@ -43,8 +48,12 @@ class PageNodes:
         return self._by_name.get((directory.inode, key))
 
     def for_name(self, directory: Directory, key: str, info: PageInfo) -> PageNode:
-        """The name's node, made (with a new inode) if the kernel holds none."""
+        """The node of the page version ``info`` under the name: the kernel's, or one made
+        with a new inode (the name's old node, of another version, is retired)."""
         node = self._by_name.get((directory.inode, key))
+        if node is not None and node.info.version != info.version:
+            self.retire(node)
+            node = None
         if node is None:
             node = PageNode(self.numbers.new(), directory, key, info)
             self._by_inode[node.inode] = node
@@ -56,25 +65,28 @@ class PageNodes:
         self._by_inode[node.inode] = node
         self._by_name[(node.directory.inode, node.key)] = node
 
-    def unname(self, directory: Directory, key: str) -> PageNode | None:
-        """The name no longer leads to the node the kernel held for it (it was replaced, or the
-        page moved); the node stays, reachable by inode. Returns it."""
-        return self._by_name.pop((directory.inode, key), None)
-
     def detach(self, directory: Directory, key: str) -> PageNode | None:
-        """The name no longer names a page (unlinked, evicted): its node, if any, names nothing
-        from now on (files still open keep the attributes they had)."""
-        node = self._by_name.pop((directory.inode, key), None)
+        """The name no longer leads to the page the kernel holds a node for (unlinked, evicted,
+        replaced): that node, if any, is retired. Returns it."""
+        node = self._by_name.get((directory.inode, key))
         if node is not None:
-            node.directory = None
+            self.retire(node)
         return node
+
+    def retire(self, node: PageNode) -> None:
+        """The node names nothing from now on; files still open on it keep its attributes."""
+        self._drop_name(node)
+        node.retired = True
 
     def move(self, node: PageNode, directory: Directory, key: str) -> None:
         """The node's page is now at another name (a page renamed)."""
-        if node.directory is not None and self._by_name.get((node.directory.inode, node.key)) is node:
-            del self._by_name[(node.directory.inode, node.key)]
+        self._drop_name(node)
         node.directory, node.key = directory, key
         self._by_name[(directory.inode, key)] = node
+
+    def _drop_name(self, node: PageNode) -> None:
+        if self._by_name.get((node.directory.inode, node.key)) is node:
+            del self._by_name[(node.directory.inode, node.key)]
 
     def forget(self, inode: int, nlookup: int) -> bool:
         """The kernel dropped ``nlookup`` references; False if the inode is not a page's."""
@@ -84,6 +96,5 @@ class PageNodes:
         node.nlookup -= nlookup
         if node.nlookup <= 0:
             del self._by_inode[inode]
-            if node.directory is not None and self._by_name.get((node.directory.inode, node.key)) is node:
-                del self._by_name[(node.directory.inode, node.key)]
+            self._drop_name(node)
         return True

@@ -11,6 +11,8 @@ they are queued here and sent by one worker thread, in order:
   budget a push is skipped (that page's first read fills the cache the usual way).
 - ``forget_entry``: a name no longer names a page (``invalidate_entry``).
 - ``forget_inode``: an inode's cached attributes and data are stale (``invalidate_inode``).
+- ``forget_attributes``: only its attributes are (a replaced page's inode: its data is still
+  that of the version it stands for, which readers that have it open go on reading).
 
 Thread-safe: any thread may queue; the kernel calls happen in the worker thread only.
 """
@@ -97,7 +99,10 @@ class KernelNotifier:
         self._queue.put(("entry", parent_inode, name))
 
     def forget_inode(self, inode: int) -> None:
-        self._queue.put(("inode", inode, None))
+        self._queue.put(("inode", inode, False))
+
+    def forget_attributes(self, inode: int) -> None:
+        self._queue.put(("inode", inode, True))
 
     def statistics(self) -> KernelCacheStatistics:
         with self._lock:
@@ -116,7 +121,7 @@ class KernelNotifier:
                     pyfuse3.invalidate_entry(inode, arg)
                     self._count("entries_invalidated")
                 else:
-                    pyfuse3.invalidate_inode(inode)
+                    pyfuse3.invalidate_inode(inode, attr_only=arg)
                     self._count("inodes_invalidated")
             except OSError as exc:
                 if exc.errno not in _FORGOTTEN:

@@ -32,6 +32,7 @@ from .inodes import ROOT_INODE, InodeNumbers, PageNodes
 from .nodes import Directory, PageNode, PendingFile, Stat
 from .page_handle import Leases, PageHandle
 from .publishing import KernelNotices, Publishing
+from .racing_opens import RacingOpens
 from .tree import DirectoryTree
 
 #: renameat2 flags (the os module does not name them).
@@ -53,10 +54,6 @@ class Room:
     pages: int
 
 
-def _version(info: PageInfo) -> tuple[str, int]:
-    return info.checksum, info.mtime_ns
-
-
 class Namespace:
     """The requests of the mount, answered by the POSIX rules of DESIGN.md."""
 
@@ -75,7 +72,10 @@ class Namespace:
         self.nodes = PageNodes(numbers)
         self.publishing = Publishing(store, self.tree, self.nodes, numbers, notices, temp_timeout_s, kernel_cache)
         self.handles = HandleTable()
-        self.leases = Leases()
+        # What pages held open by users who may not change the store keep pinned between them:
+        # a quarter of the RAM tier, so such a user can never keep new pages out of RAM.
+        self.leases = Leases(bounded_bytes=store.config.memory_bytes // 4)
+        self.racing = RacingOpens()
 
     # ---- who may change what -----------------------------------------------------------
 
@@ -86,8 +86,11 @@ class Namespace:
         directory's attributes after every create and rename to check permissions, two of the
         eight requests it takes to publish a page.
         """
-        if uid not in (0, self.uid):
+        if not self.may_change(uid):
             raise FsError(errno.EACCES, "only root and the daemon's user may change the store")
+
+    def may_change(self, uid: int) -> bool:
+        return uid in (0, self.uid)
 
     def needs_writer(self, inode: int, flags: int) -> bool:
         """Whether opening ``inode`` with ``flags`` changes the store: writing a file, or any
@@ -178,9 +181,11 @@ class Namespace:
         return current
 
     def page_info(self, inode: int) -> PageInfo | None:
-        """The store's facts about the page an inode names, or None."""
+        """The store's facts about the page an inode stands for, or None when its name no
+        longer leads to that version."""
         node = self.nodes.get(inode)
-        return None if node is None or node.name is None else self.store.info(node.name)
+        info = None if node is None or node.name is None else self.store.info(node.name)
+        return info if info is not None and info.version == node.info.version else None
 
     def xattrs(self, inode: int) -> dict[bytes, bytes]:
         info = self.page_info(inode)
@@ -270,9 +275,14 @@ class Namespace:
         pending = self.publishing.create(parent, text, visible)
         return self._pending_stat(pending), self.publishing.open(pending)
 
-    def open(self, inode: int, flags: int) -> Handle | NeedsIO:
+    def open(self, inode: int, flags: int, uid: int = 0, pid: int = 0) -> Handle | NeedsIO:
         """Open a file: a control file's handle, a file being written, or a published page
-        (``NeedsIO`` when the page must be read from a lower tier first)."""
+        (``NeedsIO`` when the page must be read from a lower tier first). ``uid`` and ``pid``:
+        the opening thread's.
+
+        An inode stands for one version of a page (``inodes``); an open of one whose name has
+        since been given another version, or none, raced a replace or a removal after its
+        lookup (``racing_opens`` says how it still finds one of the two pages)."""
         if inode in CONTROL_INODES:
             return self.control.open(inode, flags, publisher=self.publishing)
         pending = self.publishing.get(inode)
@@ -281,36 +291,41 @@ class Namespace:
                 pending.truncate(0)
             return self.publishing.open(pending)
         node = self.nodes.get(inode)
-        if node is None or node.name is None:
+        if node is None:
             if self.tree.is_directory(inode):
                 raise FsError(errno.EISDIR, "is a directory")
             raise FsError(errno.ENOENT, "page no longer stored")
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise FsError(errno.EPERM, "published pages are immutable")
-        opened = self._open_page(node.name)
-        if isinstance(opened, NeedsIO):
-            return opened.then(lambda reader: self._page_handle(node, reader))
-        return self._page_handle(node, opened)
-
-    def _open_page(self, name: str) -> PageReader | NeedsIO:
+        second_try = self.racing.second_try(pid, node.directory.inode, node.key)
+        if node.retired and not second_try:
+            raise self.racing.stale(pid, node.directory.inode, node.key)
         try:
-            return self.store.try_open(name)
+            opened = self.store.try_open(node.directory.page_name(node.key))
         except PageNotFound:
-            raise FsError(errno.ENOENT, "page no longer stored") from None
+            if second_try:
+                raise FsError(errno.ENOENT, "page no longer stored") from None
+            raise self.racing.stale(pid, node.directory.inode, node.key) from None
+        bounded = not self.may_change(uid)
+        if isinstance(opened, NeedsIO):
+            return opened.then(lambda reader: self._page_handle(node, reader, pid, second_try, bounded))
+        return self._page_handle(node, opened, pid, second_try, bounded)
 
-    def _page_handle(self, node: PageNode, reader: PageReader) -> PageHandle:
-        """The handle of an open page, and whether the kernel may serve it from its cache.
-
-        A page read from the disk tier is read past the kernel's cache: it is cold there too,
-        and filling the cache on the way would cost a second copy of every byte (such a page is
-        promoted to RAM on its second read, and cached from then on). The kernel may hold data
-        of the version it first saw behind this inode; an open that finds another version there
-        (it raced a replace) reads past the cache as well, and the stale data is dropped."""
-        cacheable = self.kernel_cache and reader.in_ram
-        if _version(node.info) != _version(reader.info):
-            cacheable = False
-            self.notices.forget_inode(node.inode)
-        return PageHandle(self.store, self.leases, reader, cacheable)
+    def _page_handle(self, node: PageNode, reader: PageReader, pid: int, second_try: bool,
+                     bounded: bool) -> PageHandle:
+        """The handle of an open page. The kernel may keep the data of every page (that is what
+        makes ``mmap`` work on any page: FUSE maps only files opened without direct I/O), and
+        an inode's data is always its own version's: an open that finds the name holding
+        another version raced a replace (``racing_opens``)."""
+        if not node.retired and reader.info.version == node.info.version:
+            return PageHandle(self.store, self.leases, reader, self.kernel_cache, bounded)
+        if not node.retired:
+            self.nodes.retire(node)
+            self.notices.forget_attributes(node.inode)
+        if not second_try:
+            reader.close()
+            raise self.racing.stale(pid, node.directory.inode, node.key)
+        return PageHandle(self.store, self.leases, reader, False, bounded)
 
     def truncate(self, inode: int, size: int) -> Stat:
         pending = self.publishing.get(inode)
@@ -371,9 +386,11 @@ class Namespace:
         return self._moved(source_dir, old_text, target_dir, new_text)
 
     def _moved(self, source: Directory, old: str, target: Directory, new: str) -> None:
-        """The page now lives under its new name: the kernel's inode for it follows it there."""
+        """The page now lives under its new name (the same version): the kernel's inode for it
+        follows it there, and what the name held before is replaced."""
+        self.publishing.displace(target, new)
         self.nodes.detach(target, new)
-        node = self.nodes.unname(source, old)
+        node = self.nodes.named(source, old)
         if node is not None:
             self.nodes.move(node, target, new)
 

@@ -52,21 +52,21 @@ class Directory:
 class PageNode:
     """The kernel's handle on a published page; the page itself lives in the store.
 
-    ``info`` is the version of the page the kernel first saw behind this inode: the kernel may
-    cache its data, so an open that finds another version under the name (it raced a
-    replace) bypasses the cache; and once the name no longer leads to a page, files still
-    open keep these attributes, as an unlinked file does.
+    ``info`` is the one version of the page this inode stands for (``inodes``): the kernel may
+    cache its data, and once the name no longer leads to that version, files still open keep
+    these attributes, as an unlinked file does.
     """
 
     inode: int
-    directory: Directory | None  # None once unlinked, evicted or replaced
+    directory: Directory
     key: str
     info: PageInfo
     nlookup: int = 0
+    retired: bool = False  # its name no longer leads to its version (unlinked, evicted, replaced)
 
     @property
     def name(self) -> str | None:
-        return None if self.directory is None else self.directory.page_name(self.key)
+        return None if self.retired else self.directory.page_name(self.key)
 
 
 @dataclass(eq=False, slots=True)
@@ -77,11 +77,14 @@ class PendingFile:
     writing is the fast path), else into a growing staging buffer. Publishing hands them
     to the store; until then nothing of it is visible as a page.
 
-    A failed write (over the maximum page size, no room) makes the file ``failed``: it can never
-    become a page, so its bytes go back to the store at once, and later writes fail with the
-    same error (the kernel reports a write that failed halfway as a short one, and the writer's
-    retry must see why). A failed ``ftruncate`` changes nothing and does not count: no byte the
-    writer sent was lost.
+    A failed write or ``ftruncate`` (over the maximum page size, no room) makes the file
+    ``failed``: it can never become a page, so its bytes go back to the store at once, and
+    later writes fail with the same error (the kernel reports a write that failed halfway as a
+    short one, and the writer's retry must see why). A failed ``ftruncate`` counts too: the
+    file does not have the size its writer gave it (``cp`` of a sparse file sets its size so).
+
+    Once published, ``published`` is the page it became: handles still open on the file read
+    that page.
     """
 
     inode: int
@@ -100,14 +103,30 @@ class PendingFile:
     mtime_ns: int = field(default_factory=time.time_ns)
     gone: bool = False
     failure: Exception | None = None  # what made a write fail, raised again for later writes
+    published: PageInfo | None = None
 
     @property
     def failed(self) -> bool:
         return self.failure is not None
 
     def truncate(self, size: int) -> None:
+        self._changing(self._truncate, size)
+
+    def write(self, offset: int, data: bytes) -> int:
+        return self._changing(self._write, offset, data)
+
+    def _changing(self, change, *args):
+        """Make a change; one that fails fails the file (see the class docstring)."""
         if self.failure is not None:
             raise self.failure.with_traceback(None)
+        try:
+            return change(*args)
+        except Exception as exc:
+            self.failure = exc
+            self.discard()
+            raise
+
+    def _truncate(self, size: int) -> None:
         if size > self.store.config.max_page_size:
             raise FsError(errno.EFBIG, f"{size} bytes is over the maximum page size")
         if self.draft is None and self.staging is None and size > 0:
@@ -120,16 +139,6 @@ class PendingFile:
             else:
                 self.staging.extend(bytes(size - len(self.staging)))
         self.size = size
-
-    def write(self, offset: int, data: bytes) -> int:
-        if self.failure is not None:
-            raise self.failure.with_traceback(None)
-        try:
-            return self._write(offset, data)
-        except Exception as exc:
-            self.failure = exc
-            self.discard()
-            raise
 
     def _write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)

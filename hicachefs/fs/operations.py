@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 CACHE_TIMEOUT_S = 300.0
 #: st_blksize: makes cp, cat and friends move 1 MiB per request, the FUSE maximum.
 IO_BLOCK_SIZE = 1 << 20
-#: Answers that are ordinary traffic, not problems worth a log line.
-_QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA}
+#: Answers that are ordinary traffic, not problems worth a log line (ESTALE: an open that raced
+#: a replace, which the kernel retries with a fresh lookup).
+_QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA, errno.ESTALE}
 
 
 def _replying(handler):
@@ -189,7 +190,7 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         if self.namespace.needs_writer(inode, flags):
             self.namespace.check_writer(ctx.uid)
-        return self._file_info(await _settled(self.namespace.open(inode, flags)))
+        return self._file_info(await _settled(self.namespace.open(inode, flags, ctx.uid, ctx.pid)))
 
     def _file_info(self, handle) -> pyfuse3.FileInfo:
         fh = self.namespace.handles.add(handle)

@@ -9,6 +9,12 @@ contract allows. So a descriptor kept open for the kernel's page cache (a client
 files open between reads, which then never reach the daemon) pins nothing in the store, and no
 user can hold the RAM tier by holding files open.
 
+Nor by reading them: reads that reach the daemon (``O_DIRECT`` ones do) renew a lease, so the
+handles of users who may not change the store (``bounded``) hold at most ``bounded_bytes``
+pinned between them; past that, the ones read least recently let their pins go at once. Their
+pages are then demoted or evicted as any (to the disk tier, when there is one, where their next
+reads find them), and new pages find room in RAM.
+
 Not thread-safe: the daemon's trio thread only; a page on a lower tier is read in a worker
 thread.
 """
@@ -19,6 +25,7 @@ import errno
 import heapq
 import itertools
 import time
+from collections import OrderedDict
 
 import trio
 
@@ -33,18 +40,41 @@ PIN_LEASE_S = 2.0
 
 class Leases:
     """The handles holding a pin, by when their leases end. A read renews a lease in place; the
-    heap entry is corrected when its time comes, so a renewal costs nothing here."""
+    heap entry is corrected when its time comes, so a renewal costs nothing here. The bounded
+    handles holding a pin are also kept in the order of their last reads, for the byte budget
+    (``bounded_bytes``; None: no budget)."""
 
-    def __init__(self, lease_s: float = PIN_LEASE_S) -> None:
+    def __init__(self, lease_s: float = PIN_LEASE_S, bounded_bytes: int | None = None) -> None:
         self.lease_s = lease_s
+        self.bounded_bytes = bounded_bytes
         self._heap: list[tuple[float, int, PageHandle]] = []
         self._order = itertools.count()
+        self._bounded: OrderedDict[PageHandle, None] = OrderedDict()
+        self._bounded_held = 0
 
     def hold(self, handle: PageHandle) -> None:
-        """Track a handle that has just pinned its page (once: ``queued`` says it is here)."""
+        """Track a handle that has just pinned its page or renewed its lease."""
         if not handle.queued:
             handle.queued = True
             heapq.heappush(self._heap, (handle.pinned_until, next(self._order), handle))
+        if handle.bounded and self.bounded_bytes is not None:
+            if handle in self._bounded:
+                self._bounded.move_to_end(handle)
+            else:
+                self._bounded[handle] = None
+                self._bounded_held += handle.size
+            while self._bounded_held > self.bounded_bytes and next(iter(self._bounded)) is not handle:
+                next(iter(self._bounded)).unpin()
+
+    def released(self, handle: PageHandle) -> None:
+        """The handle let its pin go."""
+        if self._bounded.pop(handle, False) is None:
+            self._bounded_held -= handle.size
+
+    @property
+    def bounded_held(self) -> int:
+        """Bytes the bounded handles hold pinned now."""
+        return self._bounded_held
 
     def expire(self, now: float | None = None) -> int:
         """Unpin every handle whose lease has ended; how many were unpinned."""
@@ -68,16 +98,20 @@ class Leases:
 class PageHandle:
     """An open published page. See the module docstring."""
 
-    __slots__ = ("store", "leases", "reader", "name", "version", "size", "pinned_until", "queued", "cacheable")
+    __slots__ = ("store", "leases", "reader", "name", "version", "size", "pinned_until", "queued", "cacheable",
+                 "bounded")
 
-    def __init__(self, store: PageStore, leases: Leases, reader: PageReader, cacheable: bool = False) -> None:
-        """``cacheable``: whether the kernel may keep the page's data (see ``Namespace``)."""
+    def __init__(self, store: PageStore, leases: Leases, reader: PageReader, cacheable: bool = False,
+                 bounded: bool = False) -> None:
+        """``cacheable``: whether the kernel may keep the page's data (see ``Namespace``);
+        ``bounded``: its pins count against the leases' byte budget (see the module docstring)."""
         self.store = store
         self.cacheable = cacheable
+        self.bounded = bounded
         self.leases = leases
         self.reader: PageReader | None = reader
         self.name = reader.info.name
-        self.version = (reader.info.checksum, reader.info.mtime_ns)
+        self.version = reader.info.version
         self.size = reader.size
         self.queued = False
         self.pinned_until = time.monotonic() + leases.lease_s
@@ -85,7 +119,11 @@ class PageHandle:
 
     async def read(self, offset: int, size: int):
         if self.reader is None:
-            self.reader = await self._find_again()
+            reader = await self._find_again()
+            if self.reader is None:
+                self.reader = reader
+            else:  # another read of this handle found it meanwhile (the kernel reads ahead)
+                reader.close()
         self.pinned_until = time.monotonic() + self.leases.lease_s
         self.leases.hold(self)
         return self.reader.read(offset, size)
@@ -97,21 +135,27 @@ class PageHandle:
         reader, self.reader = self.reader, None
         if reader is not None:
             reader.close()
+            self.leases.released(self)
 
     def release(self) -> None:
         self.unpin()
 
     async def _find_again(self) -> PageReader:
-        """The version this handle opened, pinned again; EIO when it is no longer stored."""
-        try:
-            reader = self.store.try_open(self.name)
-            if isinstance(reader, NeedsIO):  # on a lower tier: read and verify it off the event loop
-                reader = await trio.to_thread.run_sync(reader.work)
-        except (PageNotFound, PageCorrupt, DeviceError):
-            reader = None
-        if reader is not None and (reader.info.checksum, reader.info.mtime_ns) == self.version:
-            return reader
-        if reader is not None:
-            reader.close()
-        raise FsError(errno.EIO, "the page this file was opened on is no longer stored "
-                                 "(replaced, removed or evicted since)")
+        return await find_version(self.store, self.name, self.version)
+
+
+async def find_version(store: PageStore, name: str, version: tuple[str, int]) -> PageReader:
+    """That version of the page, pinned (read from whichever tier holds it); EIO when it is no
+    longer stored."""
+    try:
+        reader = store.try_open(name)
+        if isinstance(reader, NeedsIO):  # on a lower tier: read and verify it off the event loop
+            reader = await trio.to_thread.run_sync(reader.work)
+    except (PageNotFound, PageCorrupt, DeviceError):
+        reader = None
+    if reader is not None and reader.info.version == version:
+        return reader
+    if reader is not None:
+        reader.close()
+    raise FsError(errno.EIO, "the page this file was opened on is no longer stored "
+                             "(replaced, removed or evicted since)")

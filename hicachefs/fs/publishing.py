@@ -6,11 +6,14 @@ the ingest file once its last byte arrived (``publish_page``: the ``ingest.Publi
 file with a failed write is never published (the rename fails with EIO, the close discards it),
 and a temporary file nobody renamed is discarded once it has been closed for ``temp_timeout_s``.
 
-Publishing under a name the kernel knows replaces what it held atomically: an inode the kernel
-holds for the name keeps leading to the name (now the new page, read past the cache), so an open
-racing the replace finds one of the two pages, never none, and the kernel is told to drop what it
-cached. The data of a page just published is pushed into the kernel's page cache when the kernel
-knows its inode (the file it was written as), so its first read is a warm one.
+Publishing under a name replaces what it held atomically: a file being written under that name
+is discarded (its handles read EIO from then on, as after ``rm``), and an inode the kernel holds
+for the old page is retired (``inodes``): it keeps the old page's attributes, so a reader that
+has it open keeps its whole old content (or gets EIO), and the kernel is told to fetch them
+again (its ``fstat`` shows ``st_nlink`` 0). An open racing the replace, on the old inode, gets
+ESTALE, on which the kernel looks the name up again and opens what it finds: one of the two
+pages, never none. The data of a page just published is pushed into the kernel's page cache
+when the kernel knows its inode (the file it was written as), so its first read is a warm one.
 
 Not thread-safe: the daemon's trio thread only; nothing here blocks beyond the store's
 memory-speed calls.
@@ -42,6 +45,8 @@ class KernelNotices(Protocol):
     def forget_entry(self, parent_inode: int, name: bytes) -> None: ...
 
     def forget_inode(self, inode: int) -> None: ...
+
+    def forget_attributes(self, inode: int) -> None: ...
 
 
 class Publishing:
@@ -143,9 +148,9 @@ class Publishing:
         directory.last_page_size = draft.size
         pending.directory.pending.pop(pending.name, None)
         pending.gone = True
-        old = self.nodes.unname(directory, key)
-        if old is not None:
-            self.notices.forget_inode(old.inode)
+        pending.published = info
+        self.displace(directory, key)
+        self._retire_old(directory, key)
         node = PageNode(pending.inode, directory, key, info, pending.nlookup)
         if node.nlookup > 0:  # the kernel knows the file's inode: it is the page's now
             self.nodes.adopt(node)
@@ -201,14 +206,25 @@ class Publishing:
         self.store.publish(draft, directory.page_name(key))
         directory.last_page_size = draft.size
         directory.mtime_ns = time.time_ns()
-        known = key in directory.pending
-        if known:  # a file being written under the key is replaced, as by a rename
-            self.unlink(directory, key)
-        old = self.nodes.unname(directory, key)
-        if old is not None:
-            self.notices.forget_inode(old.inode)
-        if known or old is not None:
+        known = self.displace(directory, key)
+        if self._retire_old(directory, key) or known:  # the kernel did not see this replace
             self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
+
+    def displace(self, directory: Directory, key: str) -> bool:
+        """A page was just published under ``key``: a file being written under that name is
+        replaced, as a rename onto any file replaces it. Whether there was one."""
+        if key not in directory.pending:
+            return False
+        self.unlink(directory, key)
+        return True
+
+    def _retire_old(self, directory: Directory, key: str) -> bool:
+        """The name now holds another page: the inode of the page it held is retired, and the
+        kernel fetches that inode's attributes again. Whether there was one."""
+        old = self.nodes.detach(directory, key)
+        if old is not None:
+            self.notices.forget_attributes(old.inode)
+        return old is not None
 
     @staticmethod
     def checked_name(name: bytes, temporary: bool = False) -> str:

@@ -27,6 +27,11 @@ class PageInfo:
     #: may be replaced or removed there at any time, without a call here.
     held_here: bool = True
 
+    @property
+    def version(self) -> tuple[str, int]:
+        """What tells this version of the page from another one published under its name."""
+        return self.checksum, self.mtime_ns
+
 
 def checksum_text(value: int) -> str:
     return f"xxh3_64:{value:016x}"

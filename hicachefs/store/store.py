@@ -189,7 +189,7 @@ class PageStore:
             with self._lock:
                 self._ram.retire(offset)
 
-    def put(self, name: str, data) -> PageInfo:
+    def put(self, name: str, data, mtime_ns: int | None = None) -> PageInfo:
         source = memoryview(data).cast("B")
         draft = self.reserve(source.nbytes)
         try:
@@ -197,7 +197,7 @@ class PageStore:
         except BaseException:
             self.abandon(draft)
             raise
-        return self.publish(draft, name)
+        return self.publish(draft, name, mtime_ns)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -361,8 +361,9 @@ class PageStore:
 
     def rename(self, old: str, new: str) -> PageInfo | NeedsIO:
         """Move a page to another name: published under ``new`` (replacing what was there),
-        removed from every tier under ``old``. Done at once for a page in RAM on a store with
-        no named tier; else ``NeedsIO`` whose work does it (``move``)."""
+        removed from every tier under ``old``; it keeps its publish time, so it is the same
+        version under its new name. Done at once for a page in RAM on a store with no named
+        tier; else ``NeedsIO`` whose work does it (``move``)."""
         if not self._named:
             try:
                 reader = self.try_open(old, counted=False)
@@ -370,7 +371,7 @@ class PageStore:
                 reader = None
             if isinstance(reader, PageReader):
                 with reader:
-                    info = self.put(new, reader.view())
+                    info = self.put(new, reader.view(), reader.info.mtime_ns)
                 self._remove_local(old)
                 return info
         return NeedsIO(lambda: self.move(old, new))
@@ -378,7 +379,7 @@ class PageStore:
     def move(self, old: str, new: str) -> PageInfo:
         """``rename``'s blocking form. Raises PageNotFound when there is no page ``old``."""
         with self.open(old) as reader:
-            info = self.put(new, reader.view())
+            info = self.put(new, reader.view(), reader.info.mtime_ns)
         self.delete(old)
         return info
 

@@ -39,8 +39,8 @@ MODEL = "crash-model"
 FORMAT = "bfloat16-page_first-64"
 
 
-def start_worker(cfg: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hicachefs.testing.storm_worker", json.dumps(cfg)],
+def start_worker(cfg: dict, module: str = "hicachefs.testing.storm_worker") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", module, json.dumps(cfg)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

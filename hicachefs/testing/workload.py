@@ -66,17 +66,24 @@ def identify(data: bytes, key: str) -> Identity | None:
     """
     if len(data) < HEADER_BYTES:
         return Identity(0, 0, len(data)) if data == labelled_content(key, len(data)) else None
+    who = claimed(data, key)
+    if who is None or who.size != len(data) or data != labelled_content(key, who.size, who.writer, who.gen):
+        return None
+    return who
+
+
+def claimed(data: bytes, key: str) -> Identity | None:
+    """Which write of ``key`` the label at the start of ``data`` names (the bytes after it are
+    not checked), or None if it names none."""
     fields = data[:HEADER_BYTES].rstrip(b"\0").split(b"|", 4)
-    if len(fields) != 5 or fields[0] != _MAGIC:
+    if len(data) < HEADER_BYTES or len(fields) != 5 or fields[0] != _MAGIC:
         return None
     try:
         writer, gen, size = int(fields[1]), int(fields[2]), int(fields[3])
     except ValueError:
         return None
     expected_key = (b"%s|%d|%d|%d|%s" % (_MAGIC, writer, gen, size, key.encode()))[:HEADER_BYTES]
-    if data[:HEADER_BYTES].rstrip(b"\0") != expected_key.rstrip(b"\0") or size != len(data):
-        return None
-    if data != labelled_content(key, size, writer, gen):
+    if data[:HEADER_BYTES].rstrip(b"\0") != expected_key.rstrip(b"\0"):
         return None
     return Identity(writer, gen, size)
 

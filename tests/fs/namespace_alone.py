@@ -29,6 +29,9 @@ class Recorder:
     def forget_inode(self, inode):
         self.events.append(("inode", inode))
 
+    def forget_attributes(self, inode):
+        self.events.append(("attributes", inode))
+
 
 def settled(answer):
     """The answer after its blocking work, run here (the daemon runs it in a worker thread)."""

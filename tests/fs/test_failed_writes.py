@@ -57,6 +57,17 @@ def test_cp_of_a_file_over_the_maximum_page_size_fails_and_publishes_nothing(mou
     assert read_page(pool / "big") == content(2, MiB)
 
 
+def test_a_sparse_cp_of_a_file_over_the_maximum_page_size_fails_and_publishes_nothing(mount_factory, tmp_path):
+    mount = mount_factory("--memory", "64M", "--max-page-size", "1M")
+    pool = mount.page_dir(*POOL)
+    source = tmp_path / "sparse.bin"
+    with open(source, "wb") as made:
+        made.truncate(3 * MiB)  # all hole: cp only sets the copy's size (and fails to)
+    result = subprocess.run(["cp", str(source), str(pool / "sparse")], capture_output=True, text=True)
+    assert result.returncode != 0 and "File too large" in result.stderr, result.stderr
+    _not_published(mount, pool, "sparse")
+
+
 def test_a_temporary_file_with_a_write_over_the_maximum_cannot_be_renamed_into_a_page(mount_factory):
     mount = mount_factory("--memory", "64M", "--max-page-size", "1M")
     pool = mount.page_dir(*POOL)

@@ -1,4 +1,5 @@
-"""Published pages through the kernel's page cache: warm from publish, never a stale byte.
+"""Published pages through the kernel's page cache: warm from publish, never a stale byte, and
+mapped with mmap wherever they live.
 
 Reads of a cached page never reach the daemon, so the daemon's READ counter tells whether a
 read was served by the kernel. Other processes read, as other ranks would.
@@ -6,6 +7,8 @@ read was served by the kernel. Other processes read, as other ranks would.
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import subprocess
 import sys
@@ -123,3 +126,39 @@ def test_stat_getfattr_and_exists_agree_within_a_second_of_an_eviction(mount_fac
         os.getxattr(pool / "first", "user.hicachefs.tier")
     assert "first" not in os.listdir(pool)
     assert mount.stats()["tiers"]["memory"]["evictions"] >= 1
+
+
+def mapped(path) -> bytes:
+    """The file's bytes through a shared read-only mapping, as numpy.memmap maps a file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as view:
+            return bytes(view)
+    finally:
+        os.close(fd)
+
+
+def test_any_page_can_be_mapped_wherever_it_lives(mount_factory, tmp_path):
+    mount = mount_factory("--memory", "16M", "--disk", str(tmp_path / "disk"), "--disk-size", "256M")
+    pool = mount.page_dir()
+    pages = {"cold": content(10, PAGE), "moved": content(11, PAGE), "hot": content(12, PAGE)}
+    publish(pool, "cold", pages["cold"])
+    publish(pool, "to-move", pages["moved"])
+    for i in range(20):  # 20 MiB through a 16 MiB RAM tier: the first pages go down to disk
+        publish(pool, f"more{i}", content(20 + i, PAGE))
+    assert os.getxattr(pool / "cold", "user.hicachefs.tier") == b"disk"
+    os.rename(pool / "to-move", pool / "moved")
+    publish(pool, "hot", pages["hot"])
+    for key, data in pages.items():
+        for _ in range(2):  # every open of it, not only the first
+            assert mapped(pool / key) == data, key
+
+
+def test_without_the_kernel_cache_no_page_can_be_mapped(mount_factory):
+    mount = mount_factory("--memory", "64M", "--no-kernel-cache")
+    pool = mount.page_dir()
+    publish(pool, "k", content(1, PAGE))
+    with pytest.raises(OSError) as info:  # FUSE maps only files the kernel may cache
+        mapped(pool / "k")
+    assert info.value.errno == errno.ENODEV
+    assert read_page(pool / "k") == content(1, PAGE)

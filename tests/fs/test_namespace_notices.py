@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import errno
+import os
 
+import pytest
+import trio
+
+from hicachefs.fs.errors import FsError
 from namespace_alone import alone
 
 
@@ -20,16 +25,38 @@ def test_publish_pushes_the_page_to_the_inode_the_kernel_knows(ns):
     assert ns.lookup(b"k").inode == inode
 
 
-def test_an_open_of_an_inode_whose_page_was_replaced_bypasses_the_cache(ns):
-    old = ns.publish(b"k", b"old")
+def test_an_inode_whose_page_was_replaced_keeps_its_attributes_and_an_open_of_it_is_stale(ns):
+    old = ns.publish(b"k", b"the old page")
     ns.lookup(b"k")
     ns.ns.forget(old, 0)  # the kernel still holds the old inode (an open racing the replace)
-    ns.publish(b"k", b"new!")
-    assert ("inode", old) in ns.recorder.events  # its cached data goes
-    fh, cacheable = ns.open(old)
-    assert not cacheable and ns.read(fh, 100) == b"new!"
-    _, cacheable = ns.open(ns.lookup(b"k").inode)
-    assert cacheable
+    ns.publish(b"k", b"new")
+    assert ("attributes", old) in ns.recorder.events  # fstat of its open files: nlink 0
+    assert ("inode", old) not in ns.recorder.events  # its cached data is still its own page's
+    st = ns.ns.getattr(old)
+    assert (st.size, st.nlink) == (len(b"the old page"), 0)
+    assert refused_open(ns, old) == errno.ESTALE  # the kernel then looks the name up again
+    new = ns.lookup(b"k").inode
+    assert new != old
+    fh, cacheable = ns.open(new)
+    assert cacheable and ns.read(fh) == b"new"
+
+
+def test_the_second_try_of_an_open_that_raced_a_replace_opens_what_the_name_holds(ns):
+    pid = 4242
+    first = ns.publish(b"k", b"v1")
+    ns.publish(b"k", b"v2")
+    with pytest.raises(FsError) as info:
+        ns.ns.open(first, os.O_RDONLY, pid=pid)
+    assert info.value.errno == errno.ESTALE
+    second = ns.lookup(b"k").inode  # the kernel's fresh lookup, then its open...
+    ns.publish(b"k", b"v3!")  # ... which another replace races too
+    handle = ns.ns.open(second, os.O_RDONLY, pid=pid)
+    assert not handle.cacheable  # the inode's cached size and data are v2's
+    assert bytes(trio.run(handle.read, 0, 100)) == b"v3!"
+    handle.release()
+    with pytest.raises(FsError) as info:  # only that one open: any other is stale as before
+        ns.ns.open(second, os.O_RDONLY, pid=pid)
+    assert info.value.errno == errno.ESTALE
 
 
 def test_without_the_kernel_cache_nothing_is_pushed_and_nothing_is_cacheable():
@@ -54,6 +81,13 @@ def test_a_page_sent_through_the_ingest_file_replaces_the_name_the_kernel_knows(
     draft = ns.ns.publishing.reserve_page("m/f/tp0of1/kv/k", 3)
     draft.write(0, b"new")
     ns.ns.publishing.publish_page("m/f/tp0of1/kv/k", draft)
-    assert ("inode", old) in ns.recorder.events and ("entry", ns.pool, b"k") in ns.recorder.events
-    fh, cacheable = ns.open(old)  # the old inode still leads to the name: never ENOENT
-    assert ns.read(fh) == b"new" and not cacheable
+    assert ("attributes", old) in ns.recorder.events and ("entry", ns.pool, b"k") in ns.recorder.events
+    assert refused_open(ns, old) == errno.ESTALE  # never ENOENT: the kernel looks the name up again
+    fh, _ = ns.open(ns.lookup(b"k").inode)
+    assert ns.read(fh) == b"new"
+
+
+def refused_open(ns, inode) -> int:
+    with pytest.raises(FsError) as info:
+        ns.open(inode)
+    return info.value.errno

@@ -60,3 +60,21 @@ def test_reads_renew_the_lease(store):
     handle.pinned_until = time.monotonic() + 30  # as a read 20 s from now would leave it
     assert leases.expire(now=time.monotonic() + 11) == 0 and handle.reader is not None
     assert leases.expire(now=time.monotonic() + 31) == 1
+
+
+def test_bounded_handles_hold_at_most_their_budget_pinned_the_least_recently_read_let_go(store):
+    for i in range(3):
+        store.put(f"{NAME}{i}", bytes([i]) * (1 << 20))
+    leases = Leases(lease_s=10, bounded_bytes=2 << 20)
+    first, second = (PageHandle(store, leases, store.open(f"{NAME}{i}"), bounded=True) for i in range(2))
+    trusted = PageHandle(store, leases, store.open(f"{NAME}2"))  # not bounded: not counted
+    assert leases.bounded_held == 2 << 20 and first.reader is not None
+    assert bytes(trio.run(first.read, 0, 1)) == b"\0"  # read lately: the second is older now
+    third = PageHandle(store, leases, store.open(f"{NAME}2"), bounded=True)
+    assert second.reader is None and first.reader is not None and third.reader is not None
+    assert trusted.reader is not None and leases.bounded_held == 2 << 20
+    assert bytes(trio.run(second.read, 0, 1)) == b"\1"  # its next read finds its page again
+    assert first.reader is None and leases.bounded_held == 2 << 20
+    for handle in (first, second, third, trusted):
+        handle.release()
+    assert leases.bounded_held == 0

@@ -1,0 +1,119 @@
+"""Pages other users hold open never keep new pages out of RAM nor make writes fail
+(issue 20, item 11): a plain user who opens every new page and keeps reading it (``O_DIRECT``, so
+every read reaches the daemon and renews its pin's lease) holds at most a quarter of the RAM tier
+pinned; the rest of its pages are demoted to the disk tier, where its reads still find them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+
+from hicachefs.testing.workload import content
+from pages import publish
+
+MiB = 1 << 20
+
+#: Run as nobody with the system's Python: "open K1 K2..." opens those pages (O_DIRECT) and reads
+#: a block of each; "renew" reads a block of every page it holds; "check" reads each whole and
+#: prints their sha256 by key (or the read's error, as "EIO"). Each command is answered with one line.
+HOLDER = r"""
+import errno, hashlib, json, mmap, os, sys
+pool = sys.argv[1]
+held = {}
+block = mmap.mmap(-1, 1 << 20)  # page-aligned, as O_DIRECT needs
+
+def read_block(fd, offset=0):
+    return os.preadv(fd, [memoryview(block)[:4096]], offset)
+
+for line in sys.stdin:
+    command, *keys = line.split()
+    if command == "open":
+        for key in keys:
+            held[key] = os.open(os.path.join(pool, key), os.O_RDONLY | os.O_DIRECT)
+            read_block(held[key])
+        print("ok", flush=True)
+    elif command == "renew":
+        for fd in held.values():
+            read_block(fd)
+        print("ok", flush=True)
+    elif command == "check":
+        sums = {}
+        for key, fd in held.items():
+            digest, offset = hashlib.sha256(), 0
+            try:
+                while done := os.preadv(fd, [block], offset):
+                    digest.update(block[:done])
+                    offset += done
+            except OSError as exc:
+                sums[key] = errno.errorcode[exc.errno]
+                continue
+            sums[key] = digest.hexdigest()
+        print(json.dumps(sums), flush=True)
+"""
+
+
+def start_holder(pool) -> subprocess.Popen:
+    """The HOLDER script run as nobody."""
+    return subprocess.Popen(["/usr/bin/python3.11", "-c", HOLDER, str(pool)], user=65534, group=65534,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def ask(holder: subprocess.Popen, command: str) -> str:
+    holder.stdin.write(command + "\n")
+    holder.stdin.flush()
+    return holder.stdout.readline().strip()
+
+
+def test_a_plain_user_holding_and_reading_every_new_page_keeps_no_new_page_out_of_ram(public_mount_factory, tmp_path):
+    mount = public_mount_factory("--memory", "64M", "--disk", str(tmp_path / "disk"), "--disk-size", "1G")
+    pool = mount.page_dir()
+    holder = start_holder(pool)
+    pages, in_ram, refused = {}, [], 0
+    try:
+        for round_ in range(4):  # 40 MiB a round through a 64 MiB RAM tier
+            keys = [f"r{round_}-{i}" for i in range(40)]
+            placed = 0
+            for key in keys:
+                pages[key] = content(key, MiB)
+                try:
+                    publish(pool, key, pages[key])
+                except OSError:
+                    refused += 1
+                    continue
+                placed += os.getxattr(pool / key, "user.hicachefs.tier") == b"memory"
+            in_ram.append(placed)
+            assert ask(holder, "open " + " ".join(keys)) == "ok"
+            assert ask(holder, "renew") == "ok"
+        sums = json.loads(ask(holder, "check"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refused == 0
+    assert in_ram == [40, 40, 40, 40]  # before: RAM was all the holder's, and new pages went to disk
+    assert sums == {key: hashlib.sha256(data).hexdigest() for key, data in pages.items()}
+    stats = mount.stats()
+    assert stats["tiers"]["disk"]["pages"] > 0 and "ENOSPC" not in stats["errors"]
+
+
+def test_a_held_page_replaced_and_then_let_go_reads_eio_never_the_new_page(public_mount_factory):
+    mount = public_mount_factory("--memory", "64M")  # the holder may pin 16 MiB
+    pool = mount.page_dir()
+    old = content("old", MiB)
+    publish(pool, "k", old)
+    others = [f"o{i}" for i in range(20)]
+    for key in others:
+        publish(pool, key, content(key, MiB))
+    holder = start_holder(pool)
+    try:
+        assert ask(holder, "open k") == "ok"
+        publish(pool, "k", content("new", 4096))
+        assert json.loads(ask(holder, "check")) == {"k": hashlib.sha256(old).hexdigest()}  # pinned: whole, old
+        assert ask(holder, "open " + " ".join(others)) == "ok"  # 20 MiB more: k, read least recently, lets go
+        sums = json.loads(ask(holder, "check"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sums.pop("k") == "EIO"  # its version is no longer stored: the contract's other answer
+    assert sums == {key: hashlib.sha256(content(key, MiB)).hexdigest() for key in others}
