@@ -266,11 +266,11 @@ class Namespace:
         pending = self.publishing.create(parent, text, visible)
         return self._pending_stat(pending), self.publishing.open(pending)
 
-    def open(self, inode: int, flags: int) -> Handle | NeedsIO:
+    def open(self, inode: int, flags: int, uid: int = 0) -> Handle | NeedsIO:
         """Open a file: a control file's handle, a file being written, or a published page
-        (``NeedsIO`` when the page must be read from a lower tier first)."""
+        (``NeedsIO`` when the page must be read from a lower tier first). ``uid``: who opens it."""
         if inode in CONTROL_INODES:
-            return self.control.open(inode, flags, publisher=self.publishing)
+            return self.control.open(inode, flags, publisher=self.publishing, uid=uid)
         pending = self.publishing.get(inode)
         if pending is not None:
             if flags & os.O_TRUNC:

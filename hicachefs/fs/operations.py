@@ -189,7 +189,7 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         if self.namespace.needs_writer(inode, flags):
             self.namespace.check_writer(ctx.uid)
-        return self._file_info(await _settled(self.namespace.open(inode, flags)))
+        return self._file_info(await _settled(self.namespace.open(inode, flags, ctx.uid)))
 
     def _file_info(self, handle) -> pyfuse3.FileInfo:
         fh = self.namespace.handles.add(handle)

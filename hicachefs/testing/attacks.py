@@ -195,18 +195,22 @@ class Attack:
         return json.loads(out.strip().splitlines()[-1])
 
 
-def start(kind: str, *args, user: int = NOBODY) -> Attack:
-    """Start an attack as ``user`` and wait until it is under way."""
-    process = subprocess.Popen([sys.executable, "-m", "hicachefs.testing.attacks", kind, *map(str, args)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, user=user, group=user)
-    attack = Attack(process)
+def start(kind: str, *args, user: int = NOBODY, count: int = 1) -> Attack | list[Attack]:
+    """Start an attack as ``user`` and wait until it is under way; ``count`` > 1: that many at
+    once (a list), each under way."""
+    command = [sys.executable, "-m", "hicachefs.testing.attacks", kind, *map(str, args)]
+    started = [Attack(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       user=user, group=user))
+               for _ in range(count)]
     try:
-        attack.wait_round()
+        for attack in started:
+            attack.wait_round()
     except BaseException:
-        process.kill()
-        process.communicate()
+        for attack in started:
+            attack.process.kill()
+            attack.process.communicate()
         raise
-    return attack
+    return started[0] if count == 1 else started
 
 
 @dataclass
@@ -239,6 +243,14 @@ def start_probe(root: Path, pool: str, keys: list[str], stop: Path) -> Probe:
         process.communicate()
         raise RuntimeError("the latency probe did not start")
     return Probe(process, stop)
+
+
+def rss(pid: int) -> int:
+    """A process's resident memory in bytes (its VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,13 +21,6 @@ P99_LATENCY_S = 0.15
 #: Before item 1, each handle on a pool of 40,000 pages held some 44 MiB of entries.
 HANDLES = 20
 GROWTH_BOUND = 40 << 20
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) << 10
-    raise AssertionError("no VmRSS in /proc/PID/status")
 
 
 @pytest.fixture
@@ -71,9 +63,9 @@ def test_open_directory_handles_take_no_memory_that_grows_with_the_pool(big_pool
     mount, big = big_pool
     with os.scandir(big) as entries:  # the first entries' inodes exist before measuring
         next(entries)
-    before = _rss(mount.pid)
+    before = attacks.rss(mount.pid)
     held = attacks.start("held-listings", big, HANDLES)
-    holding = _rss(mount.pid)
+    holding = attacks.rss(mount.pid)
     figures = held.finish()
     assert figures["errors"] == {}
     growth = holding - before
