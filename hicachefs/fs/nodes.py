@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..store import Draft, PageInfo, PageStore
 from .errors import FsError
+from .writing_budget import WritingBudget
 
 
 @dataclass(slots=True)
@@ -89,6 +90,7 @@ class PendingFile:
     name: str
     visible: bool  # created under a key name: listed, and published at last close
     store: PageStore
+    budget: WritingBudget  # what the draft and the staging buffer hold counts against it
     draft: Draft | None = None
     staging: bytearray | None = None
     size: int = 0
@@ -100,6 +102,7 @@ class PendingFile:
     mtime_ns: int = field(default_factory=time.time_ns)
     gone: bool = False
     failure: Exception | None = None  # what made a write fail, raised again for later writes
+    charged: int = 0  # bytes held against the budget
 
     @property
     def failed(self) -> bool:
@@ -110,8 +113,9 @@ class PendingFile:
             raise self.failure.with_traceback(None)
         if size > self.store.config.max_page_size:
             raise FsError(errno.EFBIG, f"{size} bytes is over the maximum page size")
+        self._charge(max(self.charged, size))  # first: ENOSPC here changes nothing
         if self.draft is None and self.staging is None and size > 0:
-            self.draft = self.store.reserve(size)
+            self.draft = self._reserve(size)
         elif self.draft is not None and size != self.draft.size:
             self._to_staging()
         if self.staging is not None:
@@ -119,6 +123,7 @@ class PendingFile:
                 del self.staging[size:]
             else:
                 self.staging.extend(bytes(size - len(self.staging)))
+        self._settle()
         self.size = size
 
     def write(self, offset: int, data: bytes) -> int:
@@ -136,7 +141,9 @@ class PendingFile:
         if end > self.store.config.max_page_size:
             raise FsError(errno.EFBIG, f"write to {end} bytes is over the maximum page size")
         guess = self.directory.last_page_size
-        if self.draft is None and self.staging is None and offset == 0 and 0 < end <= guess:
+        placing = self.draft is None and self.staging is None and offset == 0 and 0 < end <= guess
+        self._charge(max(self.charged, guess if placing else end))  # a failure discards the file
+        if placing:
             # No size announced: pages of one pool are nearly always one size, so place the
             # page where the last one published here would go (copied out if it differs).
             self.draft = self.store.reserve(guess)
@@ -148,6 +155,7 @@ class PendingFile:
             if end > len(self.staging):
                 self.staging.extend(bytes(end - len(self.staging)))
             self.staging[offset:end] = data
+        self._settle()
         self.size = max(self.size, end)
         return len(data)
 
@@ -163,6 +171,7 @@ class PendingFile:
         """Hand over a draft holding exactly this file's bytes (copied if it is elsewhere)."""
         if self.draft is not None and self.draft.size == self.size:
             draft, self.draft = self.draft, None
+            self._settle()
             return draft
         draft = self.store.reserve(self.size)
         draft.write(0, self._content()[: self.size])
@@ -181,6 +190,25 @@ class PendingFile:
             self.store.abandon(self.draft)
             self.draft = None
         self.staging = None
+        self._charge(0)
+
+    def _charge(self, total: int) -> None:
+        """Hold ``total`` bytes against the budget from now on (ENOSPC, holding what it held)."""
+        self.budget.change(total - self.charged)
+        self.charged = total
+
+    def _settle(self) -> None:
+        """Hold what the draft and the staging buffer hold now."""
+        self._charge((self.draft.size if self.draft is not None else 0)
+                     + (len(self.staging) if self.staging is not None else 0))
+
+    def _reserve(self, size: int) -> Draft:
+        """A draft of ``size``, charged already; if the store has no room, the charge goes back."""
+        try:
+            return self.store.reserve(size)
+        except BaseException:
+            self._settle()
+            raise
 
     def _to_staging(self) -> None:
         """Leave the draft: the file outgrew the size it announced, or shrank."""
