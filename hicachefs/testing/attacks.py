@@ -264,6 +264,75 @@ def during(samples, start: float, end: float, kind: str | None = None) -> list[f
             if began <= end and began + took >= start and (kind is None or k == kind)]
 
 
+#: Another client's request slower than this counts against the daemon (the issue's target).
+SLOW_S = 0.1
+TEMPORARY_PAGE = 64 << 10
+
+
+def unrenamed_files(pool: Path, most: int) -> tuple[int, int | None]:
+    """Temporary files of ``TEMPORARY_PAGE`` bytes (size announced), closed and never renamed,
+    until one fails or ``most`` are written: how many, and the errno that stopped them."""
+    for i in range(most):
+        fd = os.open(pool / f".unrenamed-{i}", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, TEMPORARY_PAGE)
+            os.write(fd, os.urandom(TEMPORARY_PAGE))
+        except OSError as exc:
+            return i + 1, exc.errno  # the failed one exists too
+        finally:
+            os.close(fd)
+    return most, None
+
+
+def plain_user_round(mount, memory_bytes: int, big_pages: int = 40_000) -> Counter:
+    """Each attack in turn on a mount uid 65534 can reach, while another client (the latency
+    probe) times its small requests: 2 listing storms over a pool of ``big_pages``, 4 exists
+    storms of 8 MiB queries, 100 held 8 MiB requests, then (as root: a plain user cannot write
+    pages) temporary files never renamed until ENOSPC. Figures: the probe's ``requests`` during
+    the attacks and those ``slow`` (over ``SLOW_S``), its ``p99_us``; the attacks' ``rounds`` and
+    ``refused``; ``files before ENOSPC``, and published pages the files ``evicted``."""
+    from hicachefs.testing.workload import content, exists_query, publish
+
+    figures: Counter = Counter()
+    small = mount.page_dir()
+    keys = [f"{i:064x}" for i in range(64)]
+    for i, key in enumerate(keys):
+        publish(small, key, content(i, 4096))
+    big = mount.page_dir("model", "bfloat16-page_first-64", "tp0of1", "big")
+    big_keys = fill_pool(mount.path, str(big.relative_to(mount.path)), big_pages)
+    rel = str(small.relative_to(mount.path))
+    probe = start_probe(mount.path, rel, keys, mount.path.parent / "probe-stop")
+    started = time.monotonic()
+    try:
+        phases = [("listing-storm", (big,), 2, 50), ("exists-storm", (mount.path,), 4, 1),
+                  ("held-requests", (mount.path, 100), 1, 0)]
+        for kind, args, count, rounds in phases:
+            running = start(kind, *args, count=count)
+            running = running if isinstance(running, list) else [running]
+            for _ in range(rounds):
+                for attack in running:
+                    attack.wait_round()
+            for attack in running:
+                done = attack.finish()
+                figures["rounds"] += done["rounds"]
+                figures["refused"] += sum(done["errors"].values())
+        written, failure = unrenamed_files(small, 4 * memory_bytes // TEMPORARY_PAGE)
+        figures["files before ENOSPC"] += written if failure == errno.ENOSPC else 0
+        figures["files failed otherwise"] += failure not in (errno.ENOSPC, None)
+        asked = [f"{rel}/{key}" for key in keys] + [f"{big.relative_to(mount.path)}/{k}" for k in big_keys[:4096]]
+        figures["evicted"] += exists_query(mount.path, asked).count("0")
+        for i in range(written):
+            os.unlink(small / f".unrenamed-{i}")
+        ended = time.monotonic()
+    finally:
+        samples = probe.finish()
+    took = during(samples, started, ended)
+    figures["requests"] += len(took)
+    figures["slow"] += sum(t > SLOW_S for t in took)
+    figures["p99_us"] = round(percentile(took, 0.99) * 1e6)
+    return figures
+
+
 def main() -> int:
     kind, args = sys.argv[1], sys.argv[2:]
     figures = Figures()
