@@ -24,6 +24,10 @@ Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick lo
                  removing them first, and 2 replace by renames (as the client), by 3 readers that
                  also read the temporary files: no torn, stale or all-zero read
                  (hicachefs.testing.mixed_load)
+  plain-user     20,000 small requests of another client timed while uid 65534 lists a pool of
+                 40,000 pages in a loop, sends 8 MiB exists queries from 4 processes and holds
+                 100 of them, and temporary files nobody renames fill what files being written
+                 may hold: none slower than 100 ms, no published page evicted
 
 Modes take turns, one chunk each, until every target is reached or the time is up; the model
 mode runs alongside them in a second process (``--jobs 1``: in turn with them). Every mount
@@ -39,6 +43,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
-from hicachefs.testing import mixed_load, mounting, scenarios
+from hicachefs.testing import attacks, mixed_load, mounting, scenarios
 from hicachefs.testing.store_faults import CORRUPTIONS, RoundFigures, corruption_round, device_fault_round
 from hicachefs.testing.workload import exists_raw, serving
 
@@ -108,6 +113,8 @@ class Stress:
             "device-faults": Row("device faults injected", max(1, round(1000 * scale))),
             "contention": Row("reads checked under 8-rank contention", max(1, round(1000 * scale))),
             "mixed": Row("reads checked among direct writers and renames", max(1, round(5000 * scale))),
+            "plain-user": Row("other clients' requests under a plain user's attacks",
+                              max(1, round(20_000 * scale))),
         }
         self._chunk = Counter()
 
@@ -226,6 +233,26 @@ class Stress:
         row.bad["inconsistencies"] += dying.ram_pages_wrong + dying.wrong_bytes + dying.misanswered
         row.bad["daemon stopped serving"] += not dying.still_serving
         self._note("dying disk", dying.examples)
+
+    def _plain_user(self, row, mounts, workdir, seed) -> None:
+        reachable = Path(tempfile.mkdtemp(prefix="hicachefs-plain-user-"))  # workdir is 0700
+        try:
+            reachable.chmod(0o755)
+            mount = mounts("--memory", "256M", path=reachable / "mnt")
+            try:
+                figures = attacks.plain_user_round(mount, 256 << 20)
+            finally:
+                mounting.stop(mount)  # before its directory goes; Mounts.close is then a no-op
+        finally:
+            shutil.rmtree(reachable, ignore_errors=True)
+        row.done += figures["requests"]
+        row.bad[f"requests slower than {attacks.SLOW_S * 1000:.0f} ms"] += figures["slow"]
+        row.bad["published pages evicted"] += figures["evicted"]
+        row.bad["temporary files refused other than ENOSPC"] += figures["files failed otherwise"]
+        row.facts["attack rounds"] += figures["rounds"]
+        row.facts["attack requests refused (ENOBUFS)"] += figures["refused"]
+        row.facts["temporary files before ENOSPC"] += figures["files before ENOSPC"]
+        row.facts["worst chunk's p99 (us)"] = max(row.facts["worst chunk's p99 (us)"], figures["p99_us"])
 
     def _contention(self, row, mounts, workdir, seed) -> None:
         mount = mounts("--memory", "64M")

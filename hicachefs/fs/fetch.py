@@ -18,6 +18,13 @@ covered it returned all its bytes; reading on from the next page's offset contin
 A page is pinned from the read that starts it to the read after the one that finishes it, so
 its bytes are one version even when it spans several reads, and stay put until they are sent.
 
+A handle holds its request against its user's share of the request files' memory
+(``request_limits``), at its bytes and ``PARSED_LINE_BYTES`` a line (what its parsed form
+costs); a write over the share fails with ENOBUFS and ends the request. A request of
+``PARSE_LINES`` lines or more is parsed a step at a time, taking turns with other large requests,
+so it delays nobody else's; the write that makes it that large fails with ENOBUFS, and ends it,
+when its user has as many large requests as its share allows. A malformed request fails its read with EINVAL and ends.
+
 Not thread-safe: the daemon's trio thread only; a page on a lower tier is read in a worker
 thread.
 """
@@ -31,9 +38,15 @@ import trio
 
 from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
 from .errors import FsError
+from .request_limits import Account
 
 #: The largest request one handle accepts: 4,096 lines of the longest page path.
 MAX_FETCH_REQUEST = 4 << 20
+#: A parsed line's memory beyond its bytes: its path's str, its size's int and its tuple, and
+#: its start offset (about 230 bytes for a page of SGLang's).
+PARSED_LINE_BYTES = 256
+#: Lines parsed in one step: about a millisecond of the daemon's time.
+PARSE_LINES = 2048
 
 
 class FetchHandle:
@@ -41,11 +54,14 @@ class FetchHandle:
 
     cacheable = False
 
-    def __init__(self, store: PageStore) -> None:
+    def __init__(self, store: PageStore, account: Account) -> None:
         self.store = store
+        self.account = account
         self._request = bytearray()
+        self._lines = 0  # newlines in the request
         self._pages: list[tuple[str, int]] | None = None  # set by the first read
         self._starts: list[int] = []
+        self._parsed = 0  # request bytes parsed into _pages
         self._held: dict[int, PageReader] = {}  # page index -> its pinned reader
 
     async def write(self, offset: int, data: bytes) -> int:
@@ -57,7 +73,15 @@ class FetchHandle:
         if not self._request and data.startswith(b"0 "):  # a report of reads made elsewhere
             self._count_reads(data)
             return len(data)
+        lines = self._lines + data.count(b"\n")
+        try:
+            self.account.hold(len(self._request) + len(data) + PARSED_LINE_BYTES * (lines + 1),
+                              large=lines >= PARSE_LINES)
+        except FsError:
+            self._new_request()
+            raise
         self._request += data
+        self._lines = lines
         return len(data)
 
     def _count_reads(self, report: bytes) -> None:
@@ -70,7 +94,16 @@ class FetchHandle:
 
     async def read(self, offset: int, size: int):
         if self._pages is None:
-            self._parse()
+            self._pages = []
+            try:
+                if not self.account.large:  # fewer than PARSE_LINES lines
+                    self._parse_step()
+                else:
+                    await self.account.in_steps(self._parse_step)
+            except FsError:
+                self._new_request()  # a malformed request: the next write starts a new one
+                raise
+            self._request = bytearray()
         pages, starts = self._pages, self._starts
         if not pages or offset >= starts[-1] + pages[-1][1]:
             return b""
@@ -106,12 +139,25 @@ class FetchHandle:
             reader.close()
         self._held = {}
         self._request = bytearray()
+        self._lines = 0
         self._pages = None
         self._starts = []
+        self._parsed = 0
+        self.account.hold(0)
 
-    def _parse(self) -> None:
-        pages, starts, position = [], [], 0
-        for line in bytes(self._request).split(b"\n"):
+    def _parse_step(self) -> bool:
+        """Parse up to ``PARSE_LINES`` more lines of the request into its pages; True while
+        more remain."""
+        request, start = self._request, self._parsed
+        end = start
+        for _ in range(PARSE_LINES):
+            end = request.find(b"\n", end) + 1
+            if end == 0:
+                end = len(request)
+                break
+        pages, starts = self._pages, self._starts
+        position = starts[-1] + pages[-1][1] if pages else 0
+        for line in bytes(memoryview(request)[start:end]).split(b"\n"):
             if not line:
                 continue
             size_text, _, path = line.partition(b" ")
@@ -120,8 +166,8 @@ class FetchHandle:
             starts.append(position)
             pages.append((path.decode("utf-8", "surrogateescape"), int(size_text)))
             position += int(size_text)
-        self._pages, self._starts = pages, starts
-        self._request = bytearray()
+        self._parsed = end
+        return end < len(request)
 
     def _open(self, name: str, size: int) -> PageReader | None | NeedsIO:
         """The page pinned for reading from RAM; None if it cannot be served as asked;

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import errno
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .errors import FsError
-from .nodes import PendingFile, Stat
+from .listing import Entry
+from .nodes import PendingFile
 from .page_handle import find_version
 
 
@@ -85,22 +86,14 @@ class PendingHandle:
         self._closed(self.pending)
 
 
-#: One entry of a listing: its name, and a function giving its attributes that also records,
-#: when ``counted``, that the kernel took the entry (a readdirplus entry counts as a lookup).
-Entry = tuple[bytes, Callable[[bool], Stat]]
-
-
 class DirectoryHandle:
-    """A directory being listed: its entries as they were at ``opendir``."""
+    """A directory being listed: its entries are read from the listing at each readdir's offset
+    (``listing.py``), so the handle holds no entries of its own."""
 
     cacheable = False
 
-    def __init__(self, entries: list[Entry]):
-        self.entries = entries
-
-    def listing(self, start: int) -> list[tuple[int, Entry]]:
-        """The entries from position ``start`` on, each with the position that follows it."""
-        return [(i + 1, entry) for i, entry in enumerate(self.entries[start:], start)]
+    def __init__(self, listing: Callable[[int], Iterator[tuple[int, Entry]]]):
+        self.listing = listing
 
     async def read(self, offset: int, size: int):
         raise FsError(errno.EISDIR, "is a directory")
@@ -109,4 +102,4 @@ class DirectoryHandle:
         raise FsError(errno.EISDIR, "is a directory")
 
     def release(self) -> None:
-        self.entries = []
+        pass

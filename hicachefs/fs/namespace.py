@@ -27,8 +27,9 @@ from .. import names
 from ..store import NeedsIO, PageInfo, PageNotFound, PageReader, PageStore
 from .control import CONTROL_INODES, INGEST_INODE, ControlFiles
 from .errors import FsError
-from .handles import DirectoryHandle, Entry, Handle, HandleTable
+from .handles import DirectoryHandle, Handle, HandleTable
 from .inodes import ROOT_INODE, InodeNumbers, PageNodes
+from .listing import DirectoryListing, fixed_listing
 from .nodes import Directory, PageNode, PendingFile, Stat
 from .page_handle import Leases, PageHandle
 from .publishing import KernelNotices, Publishing
@@ -220,38 +221,33 @@ class Namespace:
             if self._has_page(parent, text):
                 raise FsError(errno.ENOTDIR, "not a directory")
             raise FsError(errno.ENOENT, "no such directory")
-        if child.children or child.pending or self.store.list_dir(child.path):
+        if child.children or child.pending or self.store.list_dir(child.path, limit=1):
             raise FsError(errno.ENOTEMPTY, "directory not empty")
         self.tree.remove(parent, child)
 
     def opendir(self, inode: int) -> DirectoryHandle:
-        """A listing of the directory. The control directory is reached by name and never listed
-        in the root: find, du and tar c of the mount see pages only."""
+        """A listing of the directory, read from each readdir's offset (``listing``). The
+        control directory is reached by name and never listed in the root: find, du and tar c
+        of the mount see pages only."""
         if inode == self.control.dir_inode:
-            return DirectoryHandle([(n, self._fixed(self.control.stat(i))) for n, i in self.control.entries()])
-        directory = self._dir(inode)
-        entries: list[Entry] = [(text.encode("utf-8", "surrogateescape"), self._fixed(self.tree.stat(child)))
-                                for text, child in sorted(directory.children.items())]
-        entries += [(text.encode("utf-8", "surrogateescape"), self._listed_pending(pending))
-                    for text, pending in sorted(directory.pending.items())]
-        if directory.depth == names.POOL_DEPTH:
-            for info in self.store.list_dir(directory.path):
-                key = info.name.rsplit("/", 1)[-1]
-                entries.append((key.encode("utf-8"), self._listed_page(directory, key, info)))
-        return DirectoryHandle(entries)
+            return DirectoryHandle(fixed_listing([(n, self._fixed(self.control.stat(i))) for n, i in self.control.entries()]))
+        return DirectoryHandle(DirectoryListing(self._dir(inode), self.store, self).read)
 
     @staticmethod
     def _fixed(st: Stat):
         return lambda counted: st
 
-    def _listed_pending(self, pending: PendingFile):
+    def of_directory(self, directory: Directory):
+        return self._fixed(self.tree.stat(directory))
+
+    def of_pending(self, pending: PendingFile):
         def describe(counted: bool) -> Stat:
             pending.nlookup += counted
             return self._pending_stat(pending)
 
         return describe
 
-    def _listed_page(self, directory: Directory, key: str, info: PageInfo):
+    def of_page(self, directory: Directory, key: str, info: PageInfo):
         def describe(counted: bool) -> Stat:
             node = self.nodes.for_name(directory, key, info)
             node.nlookup += counted
@@ -278,13 +274,13 @@ class Namespace:
     def open(self, inode: int, flags: int, uid: int = 0, pid: int = 0) -> Handle | NeedsIO:
         """Open a file: a control file's handle, a file being written, or a published page
         (``NeedsIO`` when the page must be read from a lower tier first). ``uid`` and ``pid``:
-        the opening thread's.
+        the opening thread's (``uid`` decides what its requests may hold).
 
         An inode stands for one version of a page (``inodes``); an open of one whose name has
         since been given another version, or none, raced a replace or a removal after its
         lookup (``racing_opens`` says how it still finds one of the two pages)."""
         if inode in CONTROL_INODES:
-            return self.control.open(inode, flags, publisher=self.publishing)
+            return self.control.open(inode, flags, publisher=self.publishing, uid=uid)
         pending = self.publishing.get(inode)
         if pending is not None:
             if flags & os.O_TRUNC:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..store import Draft, PageInfo, PageStore
 from .errors import FsError
+from .writing_budget import WritingBudget
 
 
 @dataclass(slots=True)
@@ -92,6 +93,7 @@ class PendingFile:
     name: str
     visible: bool  # created under a key name: listed, and published at last close
     store: PageStore
+    budget: WritingBudget  # what the draft and the staging buffer hold counts against it
     draft: Draft | None = None
     staging: bytearray | None = None
     size: int = 0
@@ -104,6 +106,7 @@ class PendingFile:
     gone: bool = False
     failure: Exception | None = None  # what made a write fail, raised again for later writes
     published: PageInfo | None = None
+    charged: int = 0  # bytes held against the budget
 
     @property
     def failed(self) -> bool:
@@ -129,8 +132,9 @@ class PendingFile:
     def _truncate(self, size: int) -> None:
         if size > self.store.config.max_page_size:
             raise FsError(errno.EFBIG, f"{size} bytes is over the maximum page size")
+        self._charge(max(self.charged, size))  # first: ENOSPC here changes nothing
         if self.draft is None and self.staging is None and size > 0:
-            self.draft = self.store.reserve(size)
+            self.draft = self._reserve(size)
         elif self.draft is not None and size != self.draft.size:
             self._to_staging()
         if self.staging is not None:
@@ -138,6 +142,7 @@ class PendingFile:
                 del self.staging[size:]
             else:
                 self.staging.extend(bytes(size - len(self.staging)))
+        self._settle()
         self.size = size
 
     def _write(self, offset: int, data: bytes) -> int:
@@ -145,7 +150,9 @@ class PendingFile:
         if end > self.store.config.max_page_size:
             raise FsError(errno.EFBIG, f"write to {end} bytes is over the maximum page size")
         guess = self.directory.last_page_size
-        if self.draft is None and self.staging is None and offset == 0 and 0 < end <= guess:
+        placing = self.draft is None and self.staging is None and offset == 0 and 0 < end <= guess
+        self._charge(max(self.charged, guess if placing else end))  # a failure discards the file
+        if placing:
             # No size announced: pages of one pool are nearly always one size, so place the
             # page where the last one published here would go (copied out if it differs).
             self.draft = self.store.reserve(guess)
@@ -157,6 +164,7 @@ class PendingFile:
             if end > len(self.staging):
                 self.staging.extend(bytes(end - len(self.staging)))
             self.staging[offset:end] = data
+        self._settle()
         self.size = max(self.size, end)
         return len(data)
 
@@ -172,6 +180,7 @@ class PendingFile:
         """Hand over a draft holding exactly this file's bytes (copied if it is elsewhere)."""
         if self.draft is not None and self.draft.size == self.size:
             draft, self.draft = self.draft, None
+            self._settle()
             return draft
         draft = self.store.reserve(self.size)
         draft.write(0, self._content()[: self.size])
@@ -190,6 +199,25 @@ class PendingFile:
             self.store.abandon(self.draft)
             self.draft = None
         self.staging = None
+        self._charge(0)
+
+    def _charge(self, total: int) -> None:
+        """Hold ``total`` bytes against the budget from now on (ENOSPC, holding what it held)."""
+        self.budget.change(total - self.charged)
+        self.charged = total
+
+    def _settle(self) -> None:
+        """Hold what the draft and the staging buffer hold now."""
+        self._charge((self.draft.size if self.draft is not None else 0)
+                     + (len(self.staging) if self.staging is not None else 0))
+
+    def _reserve(self, size: int) -> Draft:
+        """A draft of ``size``, charged already; if the store has no room, the charge goes back."""
+        try:
+            return self.store.reserve(size)
+        except BaseException:
+            self._settle()
+            raise
 
     def _to_staging(self) -> None:
         """Leave the draft: the file outgrew the size it announced, or shrank."""

@@ -33,6 +33,7 @@ from .handles import PendingHandle
 from .inodes import InodeNumbers, PageNodes
 from .nodes import Directory, PageNode, PendingFile
 from .tree import DirectoryTree
+from .writing_budget import WritingBudget
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class Publishing:
         self.kernel_cache = kernel_cache
         self._pending: dict[int, PendingFile] = {}
         self._last_target: tuple[str, Directory, str] | None = None
+        self.writing = WritingBudget(store.config.memory_bytes)
 
     # -- files being written ----------------------------------------------------------
 
@@ -70,7 +72,7 @@ class Publishing:
         return self._pending.get(inode)
 
     def create(self, parent: Directory, text: str, visible: bool) -> PendingFile:
-        pending = PendingFile(self.numbers.new(), parent, text, visible, self.store)
+        pending = PendingFile(self.numbers.new(), parent, text, visible, self.store, self.writing)
         pending.nlookup = 1
         parent.pending[text] = pending
         self._pending[pending.inode] = pending

@@ -2,8 +2,9 @@
 
 Why not a dict of entries: a dict entry plus a 64-char str key plus an entry object costs
 300+ bytes per page; at millions of small pages that is the daemon's RAM. Here a page is one
-row across fixed-width columns (80 bytes, plus 8 per tier for its location there) plus two
-int32 table slots (the table is kept at most half full): about 104 bytes with two tiers.
+row across fixed-width columns (88 bytes, plus 8 per tier for its location there) plus two
+int32 table slots (the table is kept at most half full) and 12 bytes in its directory's
+listing (below): about 124 bytes with two tiers.
 Tiers are named by their position in the store's list of tiers: ``loc[row, tier]`` is where
 the page lives in that tier, -1 where it does not, so a new tier adds a column, not code. A name is split on its last '/': the directory is stored
 once and referenced by id; a key of 64 lowercase hex chars is stored as its 32 bytes, any
@@ -15,6 +16,13 @@ swept by a vectorised rebuild when the table gets crowded.
 
 A tier's rows leave and enter in bulk as ``PageColumns`` (``pages_in``, ``load``): that is what
 the SSD tier's index snapshot holds, so a warm start does no Python work per page.
+
+Each directory keeps its rows in the order their names were first added (``_Listing``), so that
+a listing is read a batch at a time from a cursor (``listed``) at a cost that does not grow with
+the directory or the store: a page's cursor is a number from one counter, kept while the name
+keeps a page (a replace takes the old row's place), so every page that stays is listed exactly
+once however the listing interleaves with changes. That costs 20 bytes a page more (the cursor
+column, and the directory's row and cursor).
 
 Not thread-safe: the store's lock guards every call.
 """
@@ -33,6 +41,9 @@ import numpy as np
 _EMPTY = -1
 _TOMB = -2
 _FREE_DIR = -1
+_GONE = -1  # a listing's entry whose row was removed
+#: A listing is compacted once more than half its entries are gone (and at least this many).
+_FEW_GONE = 64
 
 
 _MASK = (1 << 64) - 1
@@ -112,6 +123,71 @@ class PageColumns(NamedTuple):
         return lengths
 
 
+class _Listing:
+    """One directory's rows in the order their names were added: ``cursors`` ascending, and
+    ``rows`` the row at each (``_GONE`` once removed). Appending is amortised O(1), removing is
+    a binary search, and the gone entries are dropped in one vectorised pass when they are more
+    than half (so a listing never holds more than twice its pages)."""
+
+    __slots__ = ("cursors", "rows", "count", "gone")
+
+    def __init__(self, cursors: np.ndarray | None = None, rows: np.ndarray | None = None) -> None:
+        self.cursors = np.zeros(16, np.int64) if cursors is None else cursors
+        self.rows = np.full(16, _GONE, np.int32) if rows is None else rows
+        self.count = 0 if cursors is None else len(cursors)
+        self.gone = 0
+
+    def append(self, cursor: int, row: int) -> None:
+        if self.count == len(self.rows):
+            self._resize(2 * self.count)
+        self.cursors[self.count] = cursor
+        self.rows[self.count] = row
+        self.count += 1
+
+    def position(self, cursor: int) -> int:
+        return int(np.searchsorted(self.cursors[: self.count], cursor))
+
+    def hold(self, cursor: int) -> None:
+        """The entry's row goes, and another takes its place at once (``take``)."""
+        self.rows[self.position(cursor)] = _GONE
+
+    def take(self, cursor: int, row: int) -> None:
+        self.rows[self.position(cursor)] = row
+
+    def remove(self, cursor: int) -> None:
+        self.rows[self.position(cursor)] = _GONE
+        self.gone += 1
+        if self.gone > max(_FEW_GONE, self.count // 2):
+            kept = np.flatnonzero(self.rows[: self.count] != _GONE)
+            self.cursors, self.rows = self.cursors[kept], self.rows[kept]
+            self.count, self.gone = len(kept), 0
+            self._resize(max(16, self.count))
+
+    def after(self, cursor: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``limit`` (rows, cursors) that follow ``cursor``. Gone entries are skipped in
+        vectorised windows, so a request's work is its entries and the gone ones among them."""
+        start = int(np.searchsorted(self.cursors[: self.count], cursor, side="right"))
+        rows, cursors = [], []
+        found = 0
+        while start < self.count and found < limit:
+            end = min(self.count, start + 2 * (limit - found) + 16)
+            live = np.flatnonzero(self.rows[start:end] != _GONE)[: limit - found] + start
+            rows.append(self.rows[live])
+            cursors.append(self.cursors[live])
+            found += len(live)
+            start = end if found < limit else int(live[-1]) + 1
+        if not rows:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        return np.concatenate(rows), np.concatenate(cursors)
+
+    def _resize(self, capacity: int) -> None:
+        cursors = np.zeros(capacity, np.int64)
+        rows = np.full(capacity, _GONE, np.int32)
+        cursors[: self.count] = self.cursors[: self.count]
+        rows[: self.count] = self.rows[: self.count]
+        self.cursors, self.rows = cursors, rows
+
+
 class PageIndex:
     """Rows of page facts addressed by name. Columns are public numpy arrays indexed by row."""
 
@@ -123,6 +199,7 @@ class PageIndex:
         "checksum": np.uint64,
         "mtime": np.int64,
         "atime": np.int64,
+        "cursor": np.int64,  # the row's place in its directory's listing
     }
 
     def __init__(self, tiers: int, capacity: int = 1024) -> None:
@@ -140,6 +217,8 @@ class PageIndex:
         self._dir_ids: dict[str, int] = {}
         self._dir_names: list[str] = []
         self._dir_pages: list[int] = []
+        self._listings: list[_Listing] = []  # by directory id
+        self._next_cursor = 1
 
     # -- lookups -----------------------------------------------------------------------
 
@@ -206,11 +285,22 @@ class PageIndex:
             key = self.keys[row].tobytes().hex()
         return f"{directory}/{key}" if directory else key
 
+    def names(self, rows: np.ndarray) -> list[str]:
+        """``name`` of many rows at once (a listing's batch)."""
+        hexed = self.keys[rows].tobytes().hex()
+        dirs = [self._dir_names[d] for d in self.dir[rows].tolist()]
+        odd = self._odd_keys
+        return [f"{d}/{odd.get(row) or hexed[64 * i : 64 * i + 64]}" if d else odd.get(row) or hexed[64 * i : 64 * i + 64]
+                for i, (d, row) in enumerate(zip(dirs, rows.tolist()))]
+
     # -- changes -----------------------------------------------------------------------
 
-    def add(self, name: str, size: int, checksum: int, mtime_ns: int, tier: int, location: int) -> int:
+    def add(self, name: str, size: int, checksum: int, mtime_ns: int, tier: int, location: int,
+            cursor: int = 0) -> int:
         """Store a new row for ``name``, which must be absent (remove the old row first), at
-        ``location`` in ``tier`` (more tiers are set through ``loc``)."""
+        ``location`` in ``tier`` (more tiers are set through ``loc``). ``cursor``: the place in
+        its directory's listing that ``remove(..., keep_place=True)`` of its old row returned;
+        0: a new place, at the end."""
         if 2 * (self._live + self._tombs + 1) > len(self._table):  # before the new row is filled in
             self._rebuild(len(self._table) * (2 if 4 * (self._live + 1) > len(self._table) else 1))
         directory, key = _split(name)
@@ -220,6 +310,7 @@ class PageIndex:
             dir_id = self._dir_ids[directory] = len(self._dir_names)
             self._dir_names.append(directory)
             self._dir_pages.append(0)
+            self._listings.append(_Listing())
         self._dir_pages[dir_id] += 1
         if self._free_rows:
             row = self._free_rows.pop()
@@ -240,6 +331,14 @@ class PageIndex:
         self.mtime[row] = self.atime[row] = mtime_ns
         self.loc[row] = -1
         self.loc[row, tier] = location
+        listing = self._listings[dir_id]
+        if cursor:
+            listing.take(cursor, row)
+        else:
+            cursor = self._next_cursor
+            self._next_cursor += 1
+            listing.append(cursor, row)
+        self.cursor[row] = cursor
         table, mask = self._table, len(self._table) - 1
         i = h & mask
         while table[i] >= 0:
@@ -250,8 +349,10 @@ class PageIndex:
         self._live += 1
         return row
 
-    def remove(self, row: int) -> None:
-        """Forget ``row``; its number may be reused by the next add."""
+    def remove(self, row: int, keep_place: bool = False) -> int:
+        """Forget ``row``; its number may be reused by the next add. ``keep_place``: the name is
+        added again at once (a replace), in the same place of its directory's listing, whose
+        cursor this returns for that ``add``."""
         table, mask = self._table, len(self._table) - 1
         i = int(self.hash[row]) & mask
         while table[i] != row:
@@ -259,10 +360,17 @@ class PageIndex:
         table[i] = _TOMB
         self._tombs += 1
         self._live -= 1
-        self._dir_pages[int(self.dir[row])] -= 1
+        dir_id = int(self.dir[row])
+        self._dir_pages[dir_id] -= 1
+        cursor = int(self.cursor[row])
+        if keep_place:
+            self._listings[dir_id].hold(cursor)
+        else:
+            self._listings[dir_id].remove(cursor)
         self.dir[row] = _FREE_DIR
         self._odd_keys.pop(row, None)
         self._free_rows.append(row)
+        return cursor
 
     def pages_in(self, tier: int) -> PageColumns:
         """The rows located in ``tier``, as columns (copies), with only the directories they use."""
@@ -307,6 +415,12 @@ class PageIndex:
         self._odd_keys = dict(pages.odd_keys)
         self._rows = self._live = n
         self._rebuild(1 << max(4, (2 * capacity - 1).bit_length()))
+        by_dir = np.argsort(pages.dir, kind="stable").astype(np.int32)  # each directory's rows in order
+        self.cursor[by_dir] = np.arange(1, n + 1)
+        self._next_cursor = n + 1
+        ends = np.cumsum(self._dir_pages)
+        self._listings = [_Listing(self.cursor[rows], rows) for rows in np.split(by_dir, ends[:-1])
+                          ] if self._dir_names else []
 
     def _grow(self) -> None:
         new = 2 * len(self.size)
@@ -346,18 +460,13 @@ class PageIndex:
 
     # -- directories and scans ---------------------------------------------------------
 
-    def rows_in_dir(self, directory: str) -> np.ndarray:
+    def listed(self, directory: str, after: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``limit`` rows of ``directory`` that follow cursor ``after`` (0: the first), in
+        listing order, and each one's cursor."""
         dir_id = self._dir_ids.get(directory)
-        if dir_id is None or self._dir_pages[dir_id] == 0:
-            return np.zeros(0, np.int64)
-        return np.nonzero(self.dir[: self._rows] == dir_id)[0]
-
-    def rows_under(self, prefix: str) -> np.ndarray:
-        """Rows whose name starts with ``prefix + '/'``."""
-        ids = [i for d, i in self._dir_ids.items() if self._dir_pages[i] and (d == prefix or d.startswith(prefix + "/"))]
-        if not ids:
-            return np.zeros(0, np.int64)
-        return np.nonzero(np.isin(self.dir[: self._rows], ids))[0]
+        if dir_id is None:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        return self._listings[dir_id].after(after, limit)
 
     def rows_located_between(self, tier: int, start: int, end: int) -> np.ndarray:
         """Rows whose location in ``tier`` lies in [start, end)."""

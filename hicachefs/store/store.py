@@ -65,6 +65,8 @@ _FOUND_KEPT = 4096
 #: Up to this many names, the exists query looks them up one by one (8 names: 12 us instead of
 #: 39 us through the vectorised lookup, whose numpy set-up dominates small batches).
 _FEW_NAMES = 16
+#: Pages ``list_dir`` returns by default: a readdir reply's worth or so.
+LISTING_BATCH = 64
 
 GoneListener = Callable[[list[str]], None]
 
@@ -165,13 +167,12 @@ class PageStore:
                     self._ram.retire(slot)
                 raise
             old = self._index.find(name)
-            if old >= 0:
-                self._drop(old)
+            place = self._drop(old, keep_place=True) if old >= 0 else 0  # listed where the old one was
             self._found.pop(name, None)
             if slot is None:
-                row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower)
+                row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower, cursor=place)
             else:
-                row = self._index.add(name, page.size, checksum, page.mtime_ns, RAM, slot)
+                row = self._index.add(name, page.size, checksum, page.mtime_ns, RAM, slot, cursor=place)
                 if lower is not None:
                     self._index.loc[row, lower[0]] = lower[1]
                 self._ram.admit(row, page.size)
@@ -383,9 +384,16 @@ class PageStore:
         self.delete(old)
         return info
 
-    def list_dir(self, dir_path: str) -> list[PageInfo]:
+    def list_dir(self, dir_path: str, after: int = 0, limit: int = LISTING_BATCH) -> list[tuple[int, PageInfo]]:
+        """Up to ``limit`` pages held here in directory ``dir_path`` that follow cursor ``after``
+        (0: from the first), each with its own cursor (positive, to continue after it). Pages
+        come in the order their names were first published; a page that replaces another keeps
+        its place, so a listing read on from cursors sees each page that stays exactly once, and
+        pages published or removed meanwhile, or not. The work is the pages returned, whatever
+        the directory's or the store's size."""
         with self._lock:
-            return [self._info(row) for row in self._index.rows_in_dir(dir_path).tolist()]
+            rows, cursors = self._index.listed(dir_path, after, limit)
+            return list(zip(cursors.tolist(), self._infos(rows)))
 
     def directories(self) -> list[str]:
         with self._lock:
@@ -654,6 +662,16 @@ class PageStore:
             atime_ns=int(index.atime[row]),
         )
 
+    def _infos(self, rows: np.ndarray) -> list[PageInfo]:
+        """``_info`` of many rows, each column read once (a listing's batch: 3 us a page, not 20)."""
+        index = self._index
+        tiers = [self._tiers[t].name for t in np.argmax(index.loc[rows] >= 0, axis=1).tolist()]
+        return [PageInfo(name=name, size=size, tier=tier, checksum=checksum_text(checksum), hits=hits,
+                         mtime_ns=mtime, atime_ns=atime)
+                for name, size, tier, checksum, hits, mtime, atime in zip(
+                    index.names(rows), index.size[rows].tolist(), tiers, index.checksum[rows].tolist(),
+                    index.hits[rows].tolist(), index.mtime[rows].tolist(), index.atime[rows].tolist())]
+
     def _named_info(self, page: PageMeta) -> PageInfo:
         tier = next((t.name for t in self._named if t.contains_many([page.name])[0]), self._named[0].name)
         return PageInfo(name=page.name, size=page.size, tier=tier, checksum=checksum_text(page.checksum),
@@ -730,9 +748,10 @@ class PageStore:
                 self._forget(row)
         return left
 
-    def _drop(self, row: int) -> None:
+    def _drop(self, row: int, keep_place: bool = False) -> int:
         """Remove a page from the store at the caller's request: by name now, its RAM slot
-        when its readers are done, its lower copies invalidated."""
+        when its readers are done, its lower copies invalidated. ``keep_place``: a new page of
+        the name follows at once; returns the listing cursor it takes over."""
         page = self._meta(row)
         for position, location in enumerate(self._index.loc[row].tolist()):
             if location < 0:
@@ -741,7 +760,7 @@ class PageStore:
                 self._ram.forget(row, location)
             else:
                 self._tiers[position].drop(page, location)
-        self._index.remove(row)
+        return self._index.remove(row, keep_place)
 
     def _forget(self, row: int) -> None:
         """The page left its last tier on the store's own initiative: tell the listeners."""

@@ -11,8 +11,16 @@ from hicachefs.store.ssd_tier import ARENA_NAME
 def delete_tree(store: PageStore, prefix: str) -> int:
     """Delete every page under directory ``prefix``; how many there were."""
     under = [d for d in store.directories() if d == prefix or d.startswith(prefix + "/")]
-    names = [info.name for directory in under for info in store.list_dir(directory)]
-    return sum(store.delete(name) for name in names)
+    return sum(store.delete(info.name) for directory in under for info in list_all(store, directory))
+
+
+def list_all(store: PageStore, directory: str) -> list:
+    """Every page ``store.list_dir`` gives for ``directory``, batch after batch (PageInfos)."""
+    infos, after = [], 0
+    while batch := store.list_dir(directory, after):
+        infos += [info for _, info in batch]
+        after = batch[-1][0]
+    return infos
 
 
 def drop_disk_cache(store: PageStore) -> None:

@@ -19,7 +19,6 @@ from hicachefs.testing.workload import exists_answer, exists_handle, send_exists
 from pages import publish
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
-PROBE = Path(__file__).with_name("latency_probe.py")
 #: The issue's target is 100 ms; a loaded 2-core CI box adds scheduling delays of its own.
 WORST_LATENCY_S = 0.5
 
@@ -45,8 +44,8 @@ def test_a_request_at_the_maximum_delays_no_other_client(mounted, tmp_path):
     request = line * (MAX_EXISTS_REQUEST // len(line)) + b"\n" * (MAX_EXISTS_REQUEST % len(line))
     assert len(request) == MAX_EXISTS_REQUEST
     stop = tmp_path / "stop"
-    probe = subprocess.Popen([sys.executable, str(PROBE), str(mounted.path), POOL, ",".join(keys), str(stop)],
-                             stdout=subprocess.PIPE, text=True)
+    probe = subprocess.Popen([sys.executable, "-m", "hicachefs.testing.latency_probe", str(mounted.path), POOL,
+                              ",".join(keys), str(stop)], stdout=subprocess.PIPE, text=True)
     try:
         assert probe.stdout.readline().strip() == "started"  # the daemon has served each kind once
         peak_before = _peak_rss(mounted.pid)

@@ -1,0 +1,170 @@
+"""What the request files (``exists``, ``fetch``) may take of the daemon across all their
+handles: memory for the requests they hold, and turns of the daemon's time for the large ones,
+each shared out by user, so that small requests are served first and nobody takes another's
+share.
+
+Why: any user may open these files. Measured on the 2-core development VM before these bounds:
+250 handles, each holding an unread request just under 8 MiB, took the daemon from 317 MiB to
+2.37 GiB; and while 4 processes of a plain user sent 8 MiB exists queries, another client's
+one-line query went from a median of 0.3 ms (p99 0.45 ms) to 55 ms (p99 100 ms), because up to
+four large requests' steps ran back to back between its turns.
+
+Shares (``Shares``): the store's own clients (root and the daemon's user, who alone may write
+pages: SGLang's ranks) have one share together; every other user has a share of its own, and
+all of them together one more, so nobody else can take the writers' room, nor one user all the
+others'. What would go over a share is refused at once with ENOBUFS; it takes nothing, and no
+other request is touched.
+
+- Memory (``MEMORY``): a handle holds its request (and what answering it takes) against its
+  user's share; a write that would go over fails and ends its request.
+- Time (``ANSWERING``, ``StepLane``): a request answered in one step runs at once, in its own
+  FUSE request. A larger one is answered a step at a time, and the steps of all large requests
+  take turns in one lane, each followed by a pause in which everything else waiting is served:
+  a small request waits behind at most one step of someone else's large one. A large request
+  being answered keeps one of pyfuse3's 99 request tasks waiting for its turns, so how many
+  there may be at once is a share too, taken by the write that makes a request large: one more
+  is refused at its first large write, before it has sent megabytes for nothing (4 processes
+  of one user sending 8 MiB queries, 3 of them refused each time after 7 MiB of writes, took
+  another client's median from 0.2 to 8 ms).
+
+Not thread-safe: the daemon's trio thread only.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from typing import NamedTuple
+
+import trio
+
+from .errors import FsError
+
+
+class Limits(NamedTuple):
+    writers: int  # root and the daemon's user, together
+    user: int  # any other user
+    others: int  # all other users, together
+
+
+#: Bytes held for requests. Writers: eight exists requests of the maximum at once (a long
+#: prompt asked in one go by each of 8 TP ranks), or 900 of SGLang's usual ones (some 70 KB);
+#: any other user: four of the costliest exists requests of the maximum (8 MiB and a byte per
+#: line: 9.2 MiB each), all of them together: six.
+MEMORY = Limits(writers=64 << 20, user=40 << 20, others=56 << 20)
+#: Large requests at once: 32 + 6 of pyfuse3's 99 request tasks at most; any other user: four.
+#: Served, a large request costs the daemon its steps alone; refused, its sender may send it
+#: again at once, a MiB write each time: 4 processes of one user sending 8 MiB queries, with
+#: room for one, took another client's median from 0.2 to 6-8 ms, with room for all four
+#: to 0.3 ms.
+ANSWERING = Limits(writers=32, user=4, others=6)
+#: Pause after each step of a large request. A pause, not a bare yield: a daemon that never
+#: sleeps gets only its fair share of a busy host's cores, and every other client's request
+#: waits for its turn (on 2 loaded cores, a lookup's p99 went from 25-40 ms to 11-13 ms).
+STEP_PAUSE_S = 0.001
+
+
+class Shares:
+    """Amounts held by user within ``Limits`` (see the module docstring)."""
+
+    def __init__(self, writers: frozenset[int], limits: Limits, what: str) -> None:
+        self.writers = writers
+        self.limits = limits
+        self.what = what
+        self._by_user: dict[int, int] = {}
+        self._writers = 0
+        self._others = 0
+
+    def change(self, uid: int, delta: int) -> None:
+        """Take (``delta`` > 0) or give back for ``uid``; FsError ENOBUFS, taking nothing, when
+        taking would go over a share."""
+        if uid in self.writers:
+            if delta > 0 and self._writers + delta > self.limits.writers:
+                raise self._refused(self.limits.writers, "root and the daemon's user")
+            self._writers += delta
+            return
+        mine = self._by_user.get(uid, 0)
+        if delta > 0 and mine + delta > self.limits.user:
+            raise self._refused(self.limits.user, f"uid {uid}")
+        if delta > 0 and self._others + delta > self.limits.others:
+            raise self._refused(self.limits.others, "the users other than root and the daemon's")
+        self._others += delta
+        if mine + delta:
+            self._by_user[uid] = mine + delta
+        else:
+            self._by_user.pop(uid, None)
+
+    @property
+    def held(self) -> int:
+        return self._writers + self._others
+
+    def _refused(self, limit: int, whose: str) -> FsError:
+        return FsError(errno.ENOBUFS, f"{self.what} of {whose} are at their limit ({limit:,}); "
+                                      "try again once some are answered")
+
+
+class StepLane:
+    """Steps of large requests, one at a time across all handles, each followed by a pause.
+    Fair: steps run in the order they asked (trio's lock is FIFO)."""
+
+    def __init__(self) -> None:
+        self._turn = trio.Lock()
+
+    async def step(self, work: Callable[[], bool]) -> bool:
+        async with self._turn:
+            result = work()
+            await trio.sleep(STEP_PAUSE_S)  # still holding the turn: the pause is everyone else's
+        return result
+
+
+class RequestLimits:
+    """The request files' shares and lane, one for the daemon."""
+
+    def __init__(self, writers: frozenset[int]) -> None:
+        self.memory = Shares(writers, MEMORY, "bytes held for requests")
+        self.answering = Shares(writers, ANSWERING, "large requests being answered")
+        self.lane = StepLane()
+
+    def account(self, uid: int) -> Account:
+        """What one handle opened by ``uid`` takes, charged to that user."""
+        return Account(self, uid)
+
+
+class Account:
+    """One request handle's memory and turns."""
+
+    __slots__ = ("limits", "uid", "held", "large")
+
+    def __init__(self, limits: RequestLimits, uid: int) -> None:
+        self.limits, self.uid, self.held, self.large = limits, uid, 0, False
+
+    def hold(self, nbytes: int, large: bool = False) -> None:
+        """Hold ``nbytes`` from now on; ``large``: the request is answered in steps, and takes
+        one of its user's large requests until they end. ENOBUFS when either would go over, and
+        the account holds what it held. ``hold(0)`` ends the request: it gives back both."""
+        turn = large and not self.large
+        if turn:
+            self.limits.answering.change(self.uid, 1)
+        try:
+            self.limits.memory.change(self.uid, nbytes - self.held)
+        except FsError:
+            if turn:
+                self.limits.answering.change(self.uid, -1)
+            raise
+        self.held, self.large = nbytes, self.large or turn
+        if not nbytes:
+            self._end_turns()
+
+    async def in_steps(self, step: Callable[[], bool]) -> None:
+        """Call ``step`` until it returns False, each call a turn in the lane (a large request,
+        see ``hold``); its large request ends with the last step."""
+        try:
+            while await self.limits.lane.step(step):
+                pass
+        finally:
+            self._end_turns()
+
+    def _end_turns(self) -> None:
+        if self.large:
+            self.limits.answering.change(self.uid, -1)
+            self.large = False

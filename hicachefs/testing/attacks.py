@@ -1,0 +1,356 @@
+"""What a plain local user may try to stall or bloat a mount's daemon, each as a process of its
+own, and another client timing its small requests meanwhile (``latency_probe``).
+
+    python -m hicachefs.testing.attacks exists-storm ROOT
+        ask ``.hicachefs/exists`` about a maximal request of the costliest lines, again and again
+    python -m hicachefs.testing.attacks listing-storm DIR
+        open DIR and read its first entries, again and again
+    python -m hicachefs.testing.attacks held-listings DIR COUNT
+        COUNT directory handles on DIR, each with its first entries read, held open
+    python -m hicachefs.testing.attacks held-requests ROOT COUNT
+        COUNT exists handles, each holding an unread request just under the maximum
+
+Each prints ``started`` once its first round is done (``held-*``: once all its handles are) and
+a line for each of its next rounds, and when its standard input closes, one JSON line of what it
+did: rounds, errors by errno name, and its first and last round's times on CLOCK_MONOTONIC
+(which the test process shares). The tests and ``scripts/stress.py`` run them as uid 65534
+(``start``).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hicachefs.fs.control import MAX_EXISTS_REQUEST
+from hicachefs.testing.workload import exists_answer, send_exists
+
+NOBODY = 65534
+#: The costliest exists line: five components, so it is looked up, and as short as that allows.
+COSTLY_LINE = b"a/b/c/d/e\n"
+#: Entries a listing round reads: about what one getdents64 of glibc's buffer takes.
+LISTING_ROUND_ENTRIES = 64
+#: Rounds reported by a line each (``Attack.wait_round``); later ones are only counted.
+REPORTED_ROUNDS = 100
+#: How long any of these may run, whatever happens to its STOP file.
+LONGEST_S = 300.0
+
+
+def fill_pool(root: Path, pool: str, count: int, size: int = 64) -> list[str]:
+    """Publish ``count`` pages of ``size`` bytes in pool directory ``pool`` (relative to the
+    root) through the ingest file, 4,096 a write; their keys."""
+    keys = [f"{i:064x}" for i in range(count)]
+    fd = os.open(root / ".hicachefs" / "ingest", os.O_RDWR)
+    try:
+        for first in range(0, count, 4096):
+            batch = keys[first : first + 4096]
+            header = "".join(f"{size} {pool}/{key}\n" for key in batch).encode()
+            prefix = struct.pack("<8sIHH", b"HCFSPUT1", len(header), len(batch), 0)
+            payload = prefix + header + bytes(size * len(batch))
+            if os.pwrite(fd, payload, 0) != len(payload):
+                raise OSError(errno.EIO, f"the ingest file took part of a batch of {len(batch)} pages")
+    finally:
+        os.close(fd)
+    return keys
+
+
+def costly_request(size: int = MAX_EXISTS_REQUEST) -> bytes:
+    """``size`` bytes of ``COSTLY_LINE``s (the last line cut short)."""
+    return (COSTLY_LINE * (size // len(COSTLY_LINE) + 1))[:size]
+
+
+@dataclass
+class Figures:
+    rounds: int = 0
+    errors: Counter = field(default_factory=Counter)
+    first: float = 0.0  # when the first round ended
+    last: float = 0.0  # when the last round ended
+
+    def round_done(self) -> None:
+        self.rounds += 1
+        self.last = time.monotonic()
+        if self.rounds == 1:
+            self.first = self.last
+            print("started", flush=True)
+        elif self.rounds <= REPORTED_ROUNDS:  # no more: nobody may be reading the pipe
+            print("round", flush=True)
+
+    def failed(self, exc: OSError) -> None:
+        self.errors[errno.errorcode.get(exc.errno, str(exc.errno))] += 1
+
+    def as_json(self) -> str:
+        return json.dumps({"rounds": self.rounds, "errors": dict(self.errors), "first": self.first,
+                           "last": self.last})
+
+
+def _stop_at_end_of_input() -> threading.Event:
+    """Set once standard input closes: the parent's way to end an attack."""
+    stop = threading.Event()
+
+    def wait() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    return stop
+
+
+def _rounds(stop: threading.Event):
+    deadline = time.monotonic() + LONGEST_S
+    while not stop.is_set() and time.monotonic() < deadline:
+        yield
+
+
+def exists_storm(root: Path, stop: threading.Event, figures: Figures) -> None:
+    request = costly_request()
+    for _ in _rounds(stop):
+        try:
+            fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
+            try:
+                send_exists(fd, request)
+                exists_answer(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            figures.failed(exc)
+        figures.round_done()
+
+
+def listing_storm(directory: Path, stop: threading.Event, figures: Figures) -> None:
+    for _ in _rounds(stop):
+        try:
+            with os.scandir(directory) as entries:
+                for _, _ in zip(range(LISTING_ROUND_ENTRIES), entries):
+                    pass
+        except OSError as exc:
+            figures.failed(exc)
+        figures.round_done()
+
+
+def held_listings(directory: Path, count: int, stop: threading.Event, figures: Figures) -> None:
+    held = []
+    try:
+        for _ in range(count):
+            try:
+                entries = os.scandir(directory)
+                next(entries, None)
+                held.append(entries)
+            except OSError as exc:
+                figures.failed(exc)
+        figures.round_done()
+        stop.wait(LONGEST_S)
+    finally:
+        for entries in held:
+            entries.close()
+
+
+def held_requests(root: Path, count: int, stop: threading.Event, figures: Figures) -> None:
+    request = costly_request(MAX_EXISTS_REQUEST - len(COSTLY_LINE))
+    held = []
+    try:
+        for _ in range(count):
+            fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
+            held.append(fd)
+            try:
+                send_exists(fd, request)
+            except OSError as exc:
+                figures.failed(exc)
+        figures.round_done()
+        stop.wait(LONGEST_S)
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+@dataclass
+class Attack:
+    """A running attack process (``start``); ``finish`` stops it and returns its figures."""
+
+    process: subprocess.Popen
+
+    def wait_round(self) -> None:
+        """Until the process reports its next round (or its start)."""
+        line = self.process.stdout.readline()
+        if line.strip() not in ("started", "round"):
+            raise RuntimeError(f"the attack ended early (exit {self.process.poll()}): {line!r}")
+
+    def finish(self) -> dict:
+        try:
+            out, _ = self.process.communicate(timeout=120)  # closes its standard input
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+            raise
+        if self.process.returncode != 0:
+            raise RuntimeError(f"the attack failed with exit status {self.process.returncode}")
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def start(kind: str, *args, user: int = NOBODY, count: int = 1) -> Attack | list[Attack]:
+    """Start an attack as ``user`` and wait until it is under way; ``count`` > 1: that many at
+    once (a list), each under way."""
+    command = [sys.executable, "-m", "hicachefs.testing.attacks", kind, *map(str, args)]
+    started = [Attack(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       user=user, group=user))
+               for _ in range(count)]
+    try:
+        for attack in started:
+            attack.wait_round()
+    except BaseException:
+        for attack in started:
+            attack.process.kill()
+            attack.process.communicate()
+        raise
+    return started[0] if count == 1 else started
+
+
+@dataclass
+class Probe:
+    """``latency_probe`` running as another client; ``finish`` returns its samples, each
+    (start, seconds, kind)."""
+
+    process: subprocess.Popen
+    stop: Path
+
+    def finish(self) -> list[tuple[float, float, str]]:
+        self.stop.touch()
+        try:
+            out, _ = self.process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+            raise
+        if self.process.returncode != 0:
+            raise RuntimeError(f"the latency probe failed with exit status {self.process.returncode}")
+        return [tuple(s) for s in json.loads(out.strip().splitlines()[-1])]
+
+
+def start_probe(root: Path, pool: str, keys: list[str], stop: Path) -> Probe:
+    """The probe asks about pages ``pool/key`` (they must exist) and waits until it is under way."""
+    process = subprocess.Popen([sys.executable, "-m", "hicachefs.testing.latency_probe", str(root), pool,
+                                ",".join(keys), str(stop)], stdout=subprocess.PIPE, text=True)
+    if process.stdout.readline().strip() != "started":
+        process.kill()
+        process.communicate()
+        raise RuntimeError("the latency probe did not start")
+    return Probe(process, stop)
+
+
+def rss(pid: int) -> int:
+    """A process's resident memory in bytes (its VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def during(samples, start: float, end: float, kind: str | None = None) -> list[float]:
+    """Durations of the samples (of ``kind``) that overlapped [start, end]."""
+    return [took for began, took, k in samples
+            if began <= end and began + took >= start and (kind is None or k == kind)]
+
+
+#: Another client's request slower than this counts against the daemon (the issue's target).
+SLOW_S = 0.1
+TEMPORARY_PAGE = 64 << 10
+
+
+def unrenamed_files(pool: Path, most: int) -> tuple[int, int | None]:
+    """Temporary files of ``TEMPORARY_PAGE`` bytes (size announced), closed and never renamed,
+    until one fails or ``most`` are written: how many, and the errno that stopped them."""
+    for i in range(most):
+        fd = os.open(pool / f".unrenamed-{i}", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, TEMPORARY_PAGE)
+            os.write(fd, os.urandom(TEMPORARY_PAGE))
+        except OSError as exc:
+            return i + 1, exc.errno  # the failed one exists too
+        finally:
+            os.close(fd)
+    return most, None
+
+
+def plain_user_round(mount, memory_bytes: int, big_pages: int = 40_000) -> Counter:
+    """Each attack in turn on a mount uid 65534 can reach, while another client (the latency
+    probe) times its small requests: 2 listing storms over a pool of ``big_pages``, 4 exists
+    storms of 8 MiB queries, 100 held 8 MiB requests, then (as root: a plain user cannot write
+    pages) temporary files never renamed until ENOSPC. Figures: the probe's ``requests`` during
+    the attacks and those ``slow`` (over ``SLOW_S``), its ``p99_us``; the attacks' ``rounds`` and
+    ``refused``; ``files before ENOSPC``, and published pages the files ``evicted``."""
+    from hicachefs.testing.workload import content, exists_query, publish
+
+    figures: Counter = Counter()
+    small = mount.page_dir()
+    keys = [f"{i:064x}" for i in range(64)]
+    for i, key in enumerate(keys):
+        publish(small, key, content(i, 4096))
+    big = mount.page_dir("model", "bfloat16-page_first-64", "tp0of1", "big")
+    big_keys = fill_pool(mount.path, str(big.relative_to(mount.path)), big_pages)
+    rel = str(small.relative_to(mount.path))
+    probe = start_probe(mount.path, rel, keys, mount.path.parent / "probe-stop")
+    started = time.monotonic()
+    try:
+        phases = [("listing-storm", (big,), 2, 50), ("exists-storm", (mount.path,), 4, 1),
+                  ("held-requests", (mount.path, 100), 1, 0)]
+        for kind, args, count, rounds in phases:
+            running = start(kind, *args, count=count)
+            running = running if isinstance(running, list) else [running]
+            for _ in range(rounds):
+                for attack in running:
+                    attack.wait_round()
+            for attack in running:
+                done = attack.finish()
+                figures["rounds"] += done["rounds"]
+                figures["refused"] += sum(done["errors"].values())
+        written, failure = unrenamed_files(small, 4 * memory_bytes // TEMPORARY_PAGE)
+        figures["files before ENOSPC"] += written if failure == errno.ENOSPC else 0
+        figures["files failed otherwise"] += failure not in (errno.ENOSPC, None)
+        asked = [f"{rel}/{key}" for key in keys] + [f"{big.relative_to(mount.path)}/{k}" for k in big_keys[:4096]]
+        figures["evicted"] += exists_query(mount.path, asked).count("0")
+        for i in range(written):
+            os.unlink(small / f".unrenamed-{i}")
+        ended = time.monotonic()
+    finally:
+        samples = probe.finish()
+    took = during(samples, started, ended)
+    figures["requests"] += len(took)
+    figures["slow"] += sum(t > SLOW_S for t in took)
+    figures["p99_us"] = round(percentile(took, 0.99) * 1e6)
+    return figures
+
+
+def main() -> int:
+    kind, args = sys.argv[1], sys.argv[2:]
+    figures = Figures()
+    stop = _stop_at_end_of_input()
+    if kind == "exists-storm":
+        exists_storm(Path(args[0]), stop, figures)
+    elif kind == "listing-storm":
+        listing_storm(Path(args[0]), stop, figures)
+    elif kind == "held-listings":
+        held_listings(Path(args[0]), int(args[1]), stop, figures)
+    elif kind == "held-requests":
+        held_requests(Path(args[0]), int(args[1]), stop, figures)
+    else:
+        print(f"unknown attack {kind!r}", file=sys.stderr)
+        return 2
+    print(figures.as_json(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

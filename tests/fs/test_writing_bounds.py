@@ -1,0 +1,68 @@
+"""Files being written are bounded (issue 20, item 3): what they hold counts against half of
+``--memory`` (``writing_budget``), so temporary files nobody renames evict no more than that
+share of published pages, files of a size not announced (no ``ftruncate``) cannot grow the
+daemon's heap past it, and a write past it fails at once with ENOSPC."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from hicachefs.testing import attacks
+from hicachefs.testing.workload import content, exists_query, publish
+
+PAGE = 64 << 10
+#: Before item 3, 1,500 such files on a 64 MiB mount evicted all 500 published pages.
+TEMPORARY_FILES = 1500
+PUBLISHED = 300
+
+
+@pytest.fixture
+def mounted_64m(mount_factory):
+    return mount_factory("--memory", "64M")
+
+
+def _write_until_refused(pool, count: int, size: int, announce: bool) -> tuple[int, int | None]:
+    """Write ``count`` temporary files of ``size`` bytes, closed and never renamed, stopping at
+    the first that fails; how many were written, and the errno that stopped them."""
+    for i in range(count):
+        fd = os.open(pool / f".unrenamed-{i}", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            if announce:
+                os.ftruncate(fd, size)
+            os.write(fd, os.urandom(size))
+        except OSError as exc:
+            return i, exc.errno
+        finally:
+            os.close(fd)
+    return count, None
+
+
+def test_unrenamed_temporary_files_evict_no_more_than_their_share(mounted_64m):
+    pool = mounted_64m.page_dir()
+    keys = [f"{i:064x}" for i in range(PUBLISHED)]
+    for i, key in enumerate(keys):
+        publish(pool, key, content(i, PAGE))
+    written, failure = _write_until_refused(pool, TEMPORARY_FILES, PAGE, announce=True)
+    print(f"{written} unrenamed temporary files of 64 KiB, then {errno.errorcode.get(failure, failure)}")
+    assert failure == errno.ENOSPC, f"{written} temporary files were all accepted"
+    assert written * PAGE <= 32 << 20
+    rel = str(pool.relative_to(mounted_64m.path))
+    assert exists_query(mounted_64m.path, [f"{rel}/{key}" for key in keys]) == "1" * PUBLISHED
+    for i in range(written + 1):  # discarded, they give their room back
+        os.unlink(pool / f".unrenamed-{i}")
+    publish(pool, "after", content("after", PAGE))
+    assert (pool / "after").read_bytes() == content("after", PAGE)
+
+
+def test_files_of_unannounced_size_count_against_the_same_bound(mounted_64m):
+    pool = mounted_64m.page_dir("model", "bfloat16-page_first-64", "tp0of1", "fresh")  # no size known yet
+    before = attacks.rss(mounted_64m.pid)
+    written, failure = _write_until_refused(pool, 300, 4 << 20, announce=False)
+    growth = attacks.rss(mounted_64m.pid) - before
+    print(f"{written} files of 4 MiB of no announced size, then {errno.errorcode.get(failure, failure)}; "
+          f"the daemon grew by {growth >> 20} MiB")
+    assert failure == errno.ENOSPC, f"{written} files were all accepted"
+    assert growth < 64 << 20, f"files being written took {growth >> 20} MiB of the daemon's heap"
