@@ -34,6 +34,7 @@ from ..fs.control import ControlFiles
 from ..fs.kernel_notifier import KernelNotifier
 from ..fs.namespace import Namespace
 from ..fs.operations import Operations
+from ..fs.requests import Requests
 from ..store import PageStore, StoreError
 from . import metrics
 from .config import DaemonConfig
@@ -89,16 +90,17 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         return 1
     finally:
         reporter.close()
-    operations = endpoint = None
+    requests = endpoint = None
     try:
         effective = {**asdict(config), "pid": os.getpid()}
         notifier = KernelNotifier(config.memory_bytes // PUSH_SHARE)
         statistics = lambda: DaemonStatistics(  # noqa: E731 - wiring, read at every open of .hicachefs/stats
-            store.statistics(), dict(operations.errors), dict(operations.requests),
+            store.statistics(), dict(requests.errors), dict(requests.counts),
             namespace.pending_count(), notifier.statistics())
         namespace = Namespace(store, ControlFiles(store, statistics, metrics.render, effective), notifier,
                               config.temp_timeout_s, config.kernel_cache)
-        operations = Operations(namespace)
+        requests = Requests(namespace)
+        operations = Operations(requests)
         if config.metrics_listen:  # bound before mounting: a port in use fails the start
             endpoint = MetricsEndpoint(config.metrics_listen, statistics)
         # No default_permissions (pyfuse3's default): Operations checks who may change what.
