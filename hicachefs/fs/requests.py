@@ -2,9 +2,14 @@
 
 One layer under two faces: ``operations.Operations`` calls it in the daemon's own process, and
 with ``--workers`` the owner of the store calls it for every request its worker processes
-forward (``daemon/workers.py``). What each request means is the namespace's; here the blocking
+forward (``forwarding.py``). What each request means is the namespace's; here the blocking
 I/O it may still need runs in a worker thread (``NeedsIO``), requests and refusals are counted,
 and a refusal is logged and given its errno (``refused``, the one place that does).
+
+A handle number says in its lowest bit (``STAGED``) whether the handle's writes can be staged:
+the writer's process copies their bytes into the store's shared memory itself, between
+``plan`` and ``filled`` (the ingest file, ``ingest.py``). Any worker may get any request of a
+handle, so the number itself must say it.
 
 Not thread-safe: the trio thread of the process holding the store only.
 """
@@ -19,7 +24,9 @@ from dataclasses import dataclass
 import trio
 
 from ..store import NeedsIO, StoreError
+from .control import IngestHandle
 from .errors import FsError, errno_of
+from .ingest import WritePlan
 from .namespace import Namespace, Room
 from .nodes import Stat
 
@@ -29,6 +36,8 @@ log = logging.getLogger(__name__)
 _QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA}
 #: How long the kernel may remember a name that is missing, where the namespace lets it.
 MISS_TIMEOUT_S = 300.0
+#: The handle number's bit that says its writes can be staged (see the module docstring).
+STAGED = 1
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ class Requests:
 
     def __init__(self, namespace: Namespace):
         self.namespace = namespace
+        self.uid, self.gid = namespace.uid, namespace.gid  # who owns every file
         self.errors: collections.Counter[str] = collections.Counter()
         #: Requests answered, by operation; with workers, also by worker (``by_worker``).
         self.counts: collections.Counter[str] = collections.Counter()
@@ -118,26 +128,26 @@ class Requests:
         self.namespace.rmdir(parent_inode, name)
 
     async def opendir(self, inode: int) -> int:
-        return self.namespace.handles.add(self.namespace.opendir(inode))
+        return self.namespace.handles.add(self.namespace.opendir(inode)) << 1
 
     async def readdir(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
         """Up to ``limit`` entries from position ``start``: (next position, name, attributes).
         The kernel may take fewer: ``took`` says how many, so that they count as lookups."""
         entries = []
-        for next_id, (name, describe) in self.namespace.handles.get(fh).listing(start):
+        for next_id, (name, describe) in self.handle(fh).listing(start):
             entries.append((next_id, name, describe(False)))
             if len(entries) >= limit:
                 break
         return entries
 
     async def took(self, fh: int, start: int, count: int) -> None:
-        for taken, (_, (_, describe)) in enumerate(self.namespace.handles.get(fh).listing(start)):
+        for taken, (_, (_, describe)) in enumerate(self.handle(fh).listing(start)):
             if taken >= count:
                 break
             describe(True)
 
     async def releasedir(self, fh: int) -> None:
-        self.namespace.handles.release(fh)
+        self.namespace.handles.release(fh >> 1)
 
     # ---- files ---------------------------------------------------------------------
 
@@ -152,22 +162,37 @@ class Requests:
         return self._opened(await settled(self.namespace.open(inode, flags)))
 
     def _opened(self, handle) -> Opened:
-        return Opened(self.namespace.handles.add(handle), handle.cacheable)
+        staged = STAGED if isinstance(handle, IngestHandle) else 0
+        return Opened(self.namespace.handles.add(handle) << 1 | staged, handle.cacheable)
 
     async def read(self, fh: int, offset: int, size: int) -> list:
         """The bytes asked for, as the pieces the handle serves them in (views of the store's
         memory where it can: a single piece is sent without a copy)."""
-        answer = await self.namespace.handles.get(fh).read(offset, size)
+        answer = await self.handle(fh).read(offset, size)
         return answer if isinstance(answer, list) else [answer]
 
     async def write(self, fh: int, offset: int, data) -> int:
-        return await self.namespace.handles.get(fh).write(offset, data)
+        return await self.handle(fh).write(offset, data)
+
+    async def plan(self, fh: int, offset: int, size: int, head) -> int | WritePlan:
+        """A staged write's first phase (``ingest.IngestStream.plan``)."""
+        return self._staged(fh).plan(offset, size, head)
+
+    async def filled(self, fh: int, inline: list) -> int:
+        """A staged write's second phase (``ingest.IngestStream.filled``)."""
+        return self._staged(fh).filled(inline)
+
+    def _staged(self, fh: int):
+        handle = self.handle(fh)
+        if not isinstance(handle, IngestHandle):
+            raise FsError(errno.EBADF, "not a handle whose writes can be staged")
+        return handle.stream
 
     def handle(self, fh: int):
-        return self.namespace.handles.get(fh)
+        return self.namespace.handles.get(fh >> 1)
 
     async def release(self, fh: int) -> None:
-        self.namespace.handles.release(fh)
+        self.namespace.handles.release(fh >> 1)
 
     async def unlink(self, parent_inode: int, name: bytes, uid: int) -> None:
         self.namespace.check_writer(uid)
