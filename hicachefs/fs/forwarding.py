@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import pickle
 from typing import NamedTuple
 
 import pyfuse3
 
-from .channel import AsyncChannel, Channel
+from .channel import AsyncChannel, Channel, ChannelClosed
 from .ingest import WritePlan
 from .requests import STAGED, Requests
 
@@ -71,7 +72,14 @@ class ForwardedRequests:
 
     def _call(self, op: str, *args):
         counted, self._counted = self._counted, None
-        err, value = self.channel.call((op, args, counted))
+        try:
+            err, value = self.channel.call((op, args, counted))
+        except (ChannelClosed, ConnectionError):
+            # The owner died (a crash: its own stop ends the workers first). The kernel kills
+            # this worker with it anyway (PR_SET_PDEATHSIG); answering EIO meanwhile would only
+            # log an error per request still coming. The mount ends as a crashed daemon's does.
+            log.info("the owner of the store is gone: this worker ends")
+            os._exit(1)
         if err:
             raise pyfuse3.FUSEError(err)
         return value

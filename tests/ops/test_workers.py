@@ -132,6 +132,39 @@ def test_a_worker_that_dies_takes_the_mount_down_and_the_remount_is_warm(mount_f
         assert read_page(again.path / pool.relative_to(mount.path) / name) == data
 
 
+def test_a_crashed_owner_takes_its_workers_with_it_quietly(mount_factory, tmp_path):
+    flags = disk_flags(tmp_path, "64M", "--write-through")
+    mount = mount_factory(*flags)
+    pool = mount.page_dir()
+    pages = [(f"p{i:03d}", content(i, 256 << 10)) for i in range(20)]
+    for name, data in pages:
+        publish(pool, name, data)
+    reading = threading.Event()
+
+    def traffic() -> None:
+        try:
+            while True:
+                for name, _ in pages:
+                    os.stat(pool / name)
+                    read_page(pool / name)
+                    reading.set()
+        except OSError:
+            pass  # the mount is dead
+
+    clients = [threading.Thread(target=traffic, daemon=True) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    assert reading.wait(30)
+    mounting.kill(mount)  # SIGKILL to the owner, while both workers forward requests
+    for thread in clients:
+        thread.join(DEAD_MOUNT_TIMEOUT_S)
+        assert not thread.is_alive(), "a client hung on the mount of a dead owner"
+    assert not any(mounting.alive(pid) for pid in mount.worker_pids)
+    again = mount_factory(*flags, path=mount.path)  # the fixture checks both logs hold no error
+    for name, data in pages:
+        assert read_page(again.path / pool.relative_to(mount.path) / name) == data
+
+
 def test_sigterm_ends_every_process_and_writes_the_ram_tier_down_once(mount_factory, tmp_path):
     flags = disk_flags(tmp_path)
     mount = mount_factory(*flags)
