@@ -71,6 +71,13 @@ def test_two_clients_are_served_by_both_workers_with_every_byte_right(mount_fact
     by_worker = stats["requests_by_worker"]
     assert set(by_worker) == {"1", "2"} and all(sum(ops.values()) > 0 for ops in by_worker.values())
     assert sum(sum(ops.values()) for ops in by_worker.values()) == sum(stats["requests"].values())
+    metrics = (mount.path / ".hicachefs" / "metrics").read_text()
+    for worker in ("1", "2"):
+        assert f'hicachefs_worker_requests_total{{operation="read",worker="{worker}"}}' in metrics
+    top = subprocess.run([sys.executable, "-m", "hicachefs.cli", "top", str(mount.path), "--count", "1",
+                          "--interval", "0.2"], capture_output=True, text=True, timeout=60)
+    shown = [line.split() for line in top.stdout.splitlines()]
+    assert [row[0] for row in shown if len(row) == 3 and row[0] in ("1", "2")] == ["1", "2"], top.stdout
 
 
 def test_pages_read_from_the_disk_tier_come_back_whole(mount_factory, tmp_path):
