@@ -35,7 +35,7 @@ elsewhere hits them alike):
   - ranks: 1, 2 and 4 client processes at once (``--ranks``; TP ranks of Llama-3.1-8B at TP8,
     each its own process, host pool and pages; ``bench_rank.py``), each phase at the same
     moment; 1 MiB pages, 128 a call; aggregate GB/s and the scaling from 1 rank of each
-    backend, once per daemon worker count (``--workers``; today's daemon is one process).
+    backend, once per daemon worker count (``--workers``: the mount's worker processes).
   - existence: ``batch_exists`` of 128 stored keys with 100,000 pages stored (10,000 --quick).
   - SSD cold, 1 and 8 MiB (1 MiB with --quick): hicachefs with a 128 MiB RAM tier, so pages
     are demoted to ``--disk`` on the disk filesystem, vs ``HiCacheFile`` on the same

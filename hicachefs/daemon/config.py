@@ -11,6 +11,9 @@ from pathlib import Path
 
 from ..store import StoreConfig
 
+#: The most worker processes a mount takes (``--workers``).
+MAX_WORKERS = 64
+
 
 @dataclass(frozen=True)
 class DaemonConfig:
@@ -31,6 +34,8 @@ class DaemonConfig:
     metrics_listen: str | None = None
     #: Kernel mount flags given with ``-o`` (nosuid, noatime...), passed on with the mount.
     fuse_options: tuple[str, ...] = ()
+    #: Processes that read FUSE requests (``daemon/workers.py``); 1: the daemon's own.
+    workers: int = 1
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(

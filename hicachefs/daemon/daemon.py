@@ -34,6 +34,7 @@ from ..fs.control import ControlFiles
 from ..fs.kernel_notifier import KernelNotifier
 from ..fs.namespace import Namespace
 from ..fs.operations import Operations
+from ..fs.requests import Requests
 from ..store import PageStore, StoreError
 from . import metrics
 from .config import DaemonConfig
@@ -41,6 +42,7 @@ from .metrics_endpoint import MetricsEndpoint
 from .recovery_reporter import Reporter
 from .sd_notify import notify
 from .statistics import DaemonStatistics
+from .workers import WorkerPool, answer_init
 
 log = logging.getLogger("hicachefs")
 
@@ -89,16 +91,18 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         return 1
     finally:
         reporter.close()
-    operations = endpoint = None
+    requests = endpoint = pool = None
     try:
         effective = {**asdict(config), "pid": os.getpid()}
         notifier = KernelNotifier(config.memory_bytes // PUSH_SHARE)
         statistics = lambda: DaemonStatistics(  # noqa: E731 - wiring, read at every open of .hicachefs/stats
-            store.statistics(), dict(operations.errors), dict(operations.requests),
-            namespace.pending_count(), notifier.statistics())
+            store.statistics(), dict(requests.errors), dict(requests.counts),
+            namespace.pending_count(), notifier.statistics(),
+            {str(w): dict(counts) for w, counts in sorted(requests.by_worker.items())})
         namespace = Namespace(store, ControlFiles(store, statistics, metrics.render, effective), notifier,
                               config.temp_timeout_s, config.kernel_cache)
-        operations = Operations(namespace)
+        requests = Requests(namespace)
+        operations = Operations(requests)
         if config.metrics_listen:  # bound before mounting: a port in use fails the start
             endpoint = MetricsEndpoint(config.metrics_listen, statistics)
         # No default_permissions (pyfuse3's default): Operations checks who may change what.
@@ -106,29 +110,39 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         if os.getuid() == 0:
             options.add("allow_other")
         pyfuse3.init(operations, config.mountpoint, options)
-        notifier.start()
-        notify("READY=1")
         # From here on a stop signal is only heard while the loop listens for it, and ignored
         # after: a second one (systemd signals a mount's processes again after umount) must
         # not cut short the RAM tier's write-down below.
         for signum in HANDLED_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         try:
-            trio.run(_serve, namespace, store, endpoint, config.mountpoint)
+            if config.workers > 1:
+                trio.run(answer_init, operations)
+                pool = WorkerPool(config.workers, operations, requests, config.mountpoint)
+                pool.start()
+                effective["worker_pids"] = pool.pids
+            notifier.start()
+            notify("READY=1")
+            trio.run(_serve, namespace, store, endpoint, config.mountpoint, pool)
         finally:
             notifier.stop()
             pyfuse3.close(unmount=True)
-        log.info("unmounted %s", config.mountpoint)
+        if pool is not None and pool.failed:
+            log.info("left the dead mount at %s for hicachefs umount or mount to remove", config.mountpoint)
+        else:
+            log.info("unmounted %s", config.mountpoint)
     finally:
         if endpoint is not None:
             endpoint.close()
         store.close()
         log.info("store closed")
-    return 0
+    return 1 if pool is not None and pool.failed else 0
 
 
 async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoint | None,
-                 mountpoint: str) -> None:
+                 mountpoint: str, pool: WorkerPool | None) -> None:
+    """Serve the mount (this process reads FUSE, or ``pool``'s workers do) and what runs beside
+    it, until the session ends."""
     token = trio.lowlevel.current_trio_token()
     if endpoint is not None:
         endpoint.attach(token)
@@ -141,14 +155,14 @@ async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoi
 
     store.on_gone(pages_gone)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal)
+        nursery.start_soon(_stop_on_signal, pyfuse3.terminate if pool is None else pool.stop)
         nursery.start_soon(_reap_abandoned, namespace)
         nursery.start_soon(_end_pin_leases, namespace)
         if os.getuid() == 0:
             # Abandoned on cancel: its stat is served by this very loop, which may be ending.
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, _raise_readahead, mountpoint,
                                                  abandon_on_cancel=True))
-        await pyfuse3.main()
+        await (pyfuse3.main() if pool is None else pool.serve())
         nursery.cancel_scope.cancel()
 
 
@@ -162,11 +176,11 @@ def _raise_readahead(mountpoint: str) -> None:
         log.warning("could not raise the mount's readahead: %s", exc)
 
 
-async def _stop_on_signal() -> None:
+async def _stop_on_signal(stop) -> None:
     with trio.open_signal_receiver(*HANDLED_SIGNALS) as signals:
         signum = await signals.__anext__()
         log.info("%s: finishing requests in flight, then unmounting", signal.Signals(signum).name)
-        pyfuse3.terminate()
+        stop()
         await trio.sleep_forever()  # still listening, so later stop signals are swallowed
 
 

@@ -47,6 +47,7 @@ _HELP = {
     "tier_read_bytes": "Page bytes read out of the tier.",
     "errors": "Requests refused with an error, by errno.",
     "fuse_requests": "FUSE requests answered, by operation.",
+    "worker_requests": "FUSE requests answered, by worker process (--workers) and operation.",
 }
 #: The store's fields that are sums over its tiers (see the module docstring).
 _TIER_SUMS = frozenset({"hits", "evictions", "demotions", "promotions", "checksum_failures",
@@ -73,6 +74,9 @@ def metric_families(facts: DaemonStatistics) -> list[Metric]:
         add("errors", "total", count, {"errno": err})
     for op, count in facts.requests.items():
         add("fuse_requests", "total", count, {"operation": op})
+    for worker, counts in facts.requests_by_worker.items():
+        for op, count in counts.items():
+            add("worker_requests", "total", count, {"worker": worker, "operation": op})
     for field, kind, value in numbers(facts.store):
         if field not in _TIER_SUMS:
             add(_NAMES.get(field, field), kind, value)

@@ -16,14 +16,18 @@ from ..typed_stats import as_dict
 @dataclass(frozen=True)
 class DaemonStatistics:
     """``errors``: requests refused, by errno name; ``requests``: FUSE requests answered, by
-    operation; ``pending_files``: files being written that are not published yet."""
+    operation; ``pending_files``: files being written that are not published yet;
+    ``requests_by_worker``: with ``--workers``, each worker's share of ``requests`` (by its
+    number, 1 to N; empty for a daemon that reads FUSE itself)."""
 
     store: StoreStatistics
     errors: dict[str, int] = field(default_factory=dict)
     requests: dict[str, int] = field(default_factory=dict)
     pending_files: int = 0
     kernel_cache: KernelCacheStatistics = field(default_factory=KernelCacheStatistics)
+    requests_by_worker: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {**self.store.as_dict(), "errors": dict(self.errors), "requests": dict(self.requests),
-                "pending_files": self.pending_files, "kernel_cache": as_dict(self.kernel_cache)}
+                "pending_files": self.pending_files, "kernel_cache": as_dict(self.kernel_cache),
+                "requests_by_worker": {w: dict(ops) for w, ops in self.requests_by_worker.items()}}

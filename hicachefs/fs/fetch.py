@@ -65,6 +65,7 @@ class FetchHandle:
         self._held: dict[int, PageReader] = {}  # page index -> its pinned reader
 
     async def write(self, offset: int, data: bytes) -> int:
+        data = bytes(data)  # a worker's write arrives as a view of its message
         if self._pages is not None:  # a write after a read starts a new request
             self._new_request()
         if len(self._request) + len(data) > MAX_FETCH_REQUEST:
@@ -92,7 +93,9 @@ class FetchHandle:
             raise FsError(errno.EINVAL, "a report of reads has only lines '0 <path>'")
         self.store.count_reads(line[2:].decode("utf-8", "surrogateescape") for line in lines)
 
-    async def read(self, offset: int, size: int):
+    async def read(self, offset: int, size: int) -> list:
+        """The pages' bytes from ``offset``, as views of each page (joined by the FUSE face, or
+        gathered by a worker from the memory it shares with the store)."""
         if self._pages is None:
             self._pages = []
             try:
@@ -106,7 +109,7 @@ class FetchHandle:
             self._request = bytearray()
         pages, starts = self._pages, self._starts
         if not pages or offset >= starts[-1] + pages[-1][1]:
-            return b""
+            return []
         index = bisect.bisect_right(starts, offset) - 1
         previous, self._held = self._held, {}
         pieces = []
@@ -129,7 +132,7 @@ class FetchHandle:
         finally:
             for reader in previous.values():
                 reader.close()
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return pieces
 
     def release(self) -> None:
         self._new_request()

@@ -21,6 +21,13 @@ its bytes came before it (the kernel then reports the batch's earlier writes as 
 A read of the handle says how many of the batch's pages were published and the errno of the one
 that failed: ``<published> <errno>\\n``.
 
+With worker processes (``--workers``) a WRITE's page bytes need not pass through the owner of
+the store: ``plan`` takes the write's head (the prefix and header, and whatever payload the head
+holds) as any write, reserves the pages the rest of the write reaches and says where their bytes
+go (a draft's place in the memory the store shares with the workers, or inline when it has none;
+nowhere for a page kept as it is); the worker copies them there, and ``filled`` publishes the
+pages it completed, with the same rules and answers as ``write``.
+
 Not thread-safe: the daemon's trio thread only. Nothing here blocks beyond the store's
 memory-speed ``reserve`` and ``publish``.
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import struct
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from .. import names
@@ -88,6 +96,34 @@ def parse_header(header: bytes, count: int, payload_start: int, max_size: int) -
     return entries
 
 
+class _Step(NamedTuple):
+    """A planned part of a write: ``take`` bytes of page ``index`` from its byte ``written``
+    on, into ``draft`` (None: the page is kept as it is; index -1: the header goes on)."""
+
+    index: int
+    written: int
+    take: int
+    draft: Draft | None
+
+
+@dataclass
+class WritePlan:
+    """Where the bytes of a write past its head go (see the module docstring): ``copies`` are
+    (position in the write, length, offset in shared memory), ``inline`` the (position, length)
+    ranges to send back with ``filled``, in order."""
+
+    copies: list[tuple[int, int, int]] = field(default_factory=list)
+    inline: list[tuple[int, int]] = field(default_factory=list)
+    steps: list[_Step] = field(default_factory=list)
+    taken: int = 0  # bytes of the write the head used
+    failure: FsError | StoreError | None = None  # what stops the write after its steps
+    reserved: list[Draft] = field(default_factory=list)  # drafts of pages the plan began
+
+    def wire(self) -> tuple[list, list]:
+        """What the worker needs of it: the copies and the inline ranges."""
+        return self.copies, self.inline
+
+
 class IngestStream:
     """One handle's batch in progress. See the module docstring."""
 
@@ -105,8 +141,10 @@ class IngestStream:
         self._keep_existing = False
         self._skipping = False  # the page being received is kept as it is: its bytes pass by
         self._failure: FsError | StoreError | None = None
+        self._plan: WritePlan | None = None  # planned, not filled yet
 
     def write(self, offset: int, data: bytes) -> int:
+        self._drop_plan()
         if offset == 0:
             self.close()
             self._reset()
@@ -122,14 +160,113 @@ class IngestStream:
             try:
                 taken = self._take_header(rest) if self._entries is None else self._take_payload(rest)
             except (FsError, StoreError) as exc:
-                self.close()
-                self._failure = exc
-                if used and self._next:  # accept what came before the failing page: a short write
-                    return used
-                raise
+                return self._stopped(exc, used)
             used += taken
             self._position += taken
         return used
+
+    def _stopped(self, exc: FsError | StoreError, used: int) -> int:
+        """A page failed after ``used`` bytes of the write: accept those (a short write) when
+        a page of the batch was published, else fail the write."""
+        self.close()
+        self._failure = exc
+        if used and self._next:
+            return used
+        raise exc
+
+    def plan(self, offset: int, size: int, head) -> int | WritePlan:
+        """Phase one of a ``size``-byte write at ``offset`` whose bytes past ``head`` another
+        process copies: the bytes accepted when the head was the whole write or the write
+        stopped in it, else the plan for the rest (``filled`` ends it)."""
+        taken = self.write(offset, head)
+        if taken < len(head) or taken == size:
+            return taken
+        plan = WritePlan(taken=taken)
+        if self._entries is None:  # a header longer than the head: it all comes inline
+            plan.inline.append((taken, size - taken))
+            plan.steps.append(_Step(-1, 0, size - taken, None))
+            self._plan = plan
+            return plan
+        at, index = taken, self._next
+        written = self._position - self._entries[index].start if index < len(self._entries) else 0
+        while at < size:
+            if index >= len(self._entries):
+                plan.failure = FsError(errno.EINVAL, "ingest write past the last page of the batch")
+                break
+            entry = self._entries[index]
+            try:
+                draft = self._planned_draft(plan, index, written, entry)
+            except (FsError, StoreError) as exc:
+                plan.failure = exc
+                break
+            take = min(entry.size - written, size - at)
+            if draft is not None:
+                if draft.shared_at is None:
+                    plan.inline.append((at, take))
+                else:
+                    plan.copies.append((at, take, draft.shared_at + written))
+            plan.steps.append(_Step(index, written, take, draft))
+            at += take
+            index, written = index + 1, 0
+        self._plan = plan
+        return plan
+
+    def _planned_draft(self, plan: WritePlan, index: int, written: int, entry: _Entry) -> Draft | None:
+        """The draft a planned step goes into: the page in progress's, or a new one (None for a
+        page kept as it is)."""
+        if written:  # the page began in an earlier write
+            return None if self._skipping else self._draft
+        if self._keep_existing and self.publisher.has_page(entry.path):
+            return None
+        draft = self.publisher.reserve_page(entry.path, entry.size)
+        plan.reserved.append(draft)
+        return draft
+
+    def filled(self, inline: list) -> int:
+        """Phase two: the worker copied the plan's bytes (``inline``: those it had nowhere to
+        copy, in order); publish the pages they completed. Answers as ``write`` does."""
+        plan, self._plan = self._plan, None
+        if plan is None:
+            raise FsError(errno.EINVAL, "no ingest write is waiting for its bytes")
+        pieces = iter(inline)
+        if plan.steps and plan.steps[0].index < 0:  # the whole rest came inline
+            return plan.taken + self.write(self._position, next(pieces))
+        used = plan.taken
+        for n, step in enumerate(plan.steps):
+            entry = self._entries[step.index]
+            self._draft, self._skipping = step.draft, step.draft is None
+            if step.draft is not None:
+                if step.draft.shared_at is None:
+                    step.draft.write(step.written, next(pieces))
+                else:
+                    step.draft.mark_filled()
+            if step.written + step.take == entry.size:
+                draft, self._draft = self._draft, None
+                if draft is not None:
+                    try:
+                        self.publisher.publish_page(entry.path, draft)
+                    except (FsError, StoreError) as exc:
+                        self._abandon(plan.steps[n + 1 :], plan.reserved)
+                        return self._stopped(exc, used)
+                self._next += 1
+            used += step.take
+            self._position += step.take
+        if plan.failure is not None:
+            return self._stopped(plan.failure, used)
+        return used
+
+    def _drop_plan(self) -> None:
+        """A plan that was never filled (a new write came first): its pages publish nothing."""
+        plan, self._plan = self._plan, None
+        if plan is not None:
+            self._abandon(plan.steps, plan.reserved)
+
+    def _abandon(self, steps: list[_Step], reserved: list[Draft]) -> None:
+        """Give back the drafts the plan reserved for ``steps`` (the page in progress's is
+        the stream's own: ``close`` gives it back)."""
+        for step in steps:
+            if step.draft is not None and step.draft is not self._draft and step.draft in reserved:
+                self.publisher.abandon_page(step.draft)
 
     def status(self) -> bytes:
         """``<pages of the batch published> <errno of the failed page, or 0>\\n``."""
@@ -137,6 +274,7 @@ class IngestStream:
 
     def close(self) -> None:
         """The handle closed, or a new batch began: a page not yet complete is dropped."""
+        self._drop_plan()
         draft, self._draft = self._draft, None
         if draft is not None:
             self.publisher.abandon_page(draft)

@@ -1,241 +1,221 @@
-"""pyfuse3 Operations: translation between FUSE requests and the namespace, nothing more.
+"""pyfuse3 Operations: translation between FUSE requests and the request layer, nothing more.
 
-Every handler goes through ``_replying``, the one place where errors become errno: a
-handler may only raise ``FUSEError`` (any other exception would stop pyfuse3's loop and
-leave a dead mount), so store and namespace errors are mapped here (``errors.errno_of``) and
-anything unexpected is logged and answered with EIO. An answer the namespace can only give after
-blocking I/O comes as ``NeedsIO``: its work runs in a worker thread (``_settled``), the loop
-serving other requests meanwhile.
+Every handler goes through ``_replying``: a handler may only raise ``FUSEError`` (any other
+exception would stop pyfuse3's loop and leave a dead mount), so every failure is turned into its
+errno by ``Requests.refused``, the one place that maps, counts and logs refusals.
 
-Kernel caching (see ``_entry``): attributes and entries are cached for five minutes, because
-they change through requests the kernel itself sends (write, truncate, rename, unlink), after
-which it drops or updates what it cached, and published pages never change; what the store
-changes on its own (evictions) the namespace reports through the kernel notifier, and what may
-change elsewhere (a page only another host's tier holds) is not cached. A lookup that
-finds nothing is cached as a negative entry where the namespace allows it. Published pages'
-data is served through the kernel's page cache where the namespace's handle says so (reads of a
-cached page never reach the daemon); other files use direct I/O.
+The answers become pyfuse3's objects here (``entry``, ``looked_up``, ``statvfs``,
+``file_info``). With ``--workers`` the same face runs in every worker process, over the requests
+it forwards to the owner of the store (``forwarding.ForwardedRequests``), so all answer the
+kernel alike. Kernel caching: attributes and entries are cached for five minutes, because they
+change through requests the kernel itself sends (write, truncate, rename, unlink), after which it
+drops or updates what it cached, and published pages never change; what the store changes on its
+own (evictions) the namespace reports through the kernel notifier, and what may change elsewhere
+(a page only another host's tier holds) is not cached. A lookup that finds nothing is cached as a
+negative entry where the namespace allows it. Published pages' data is served through the
+kernel's page cache where the handle says so (reads of a cached page never reach the daemon);
+other files use direct I/O.
 """
 
 from __future__ import annotations
 
-import collections
-import errno
 import functools
-import logging
+from collections.abc import Callable
 
 import pyfuse3
-import trio
 
 from .. import names
-from ..store import NeedsIO, StoreError
-from .errors import FsError, errno_of
-from .namespace import Namespace
+from .namespace import Room
 from .nodes import Stat
-
-log = logging.getLogger(__name__)
+from .requests import Miss, Opened, Requests
 
 #: Entries and attributes of pages and directories alike: five minutes (see the module docstring).
 CACHE_TIMEOUT_S = 300.0
 #: st_blksize: makes cp, cat and friends move 1 MiB per request, the FUSE maximum.
 IO_BLOCK_SIZE = 1 << 20
-#: Answers that are ordinary traffic, not problems worth a log line (ESTALE: an open that raced
-#: a replace, which the kernel retries with a fresh lookup).
-_QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA, errno.ESTALE}
+#: Directory entries one readdir asks the request layer for at a time.
+READDIR_BATCH = 256
+
+
+def entry(st: Stat, uid: int, gid: int) -> pyfuse3.EntryAttributes:
+    attr = pyfuse3.EntryAttributes()
+    attr.st_ino = st.inode
+    attr.st_mode = st.mode
+    attr.st_nlink = st.nlink
+    attr.st_uid, attr.st_gid = uid, gid
+    attr.st_size = st.size
+    attr.st_blksize = IO_BLOCK_SIZE
+    attr.st_blocks = (st.size + 511) // 512
+    attr.st_mtime_ns = attr.st_ctime_ns = st.mtime_ns
+    attr.st_atime_ns = st.atime_ns
+    attr.entry_timeout = attr.attr_timeout = 0 if st.volatile else CACHE_TIMEOUT_S
+    return attr
+
+
+def looked_up(answer: Stat | Miss, uid: int, gid: int) -> pyfuse3.EntryAttributes:
+    if isinstance(answer, Stat):
+        return entry(answer, uid, gid)
+    negative = pyfuse3.EntryAttributes()
+    negative.st_ino = 0
+    negative.entry_timeout = answer.timeout_s
+    return negative
+
+
+def statvfs(room: Room) -> pyfuse3.StatvfsData:
+    block = 4096
+    result = pyfuse3.StatvfsData()
+    result.f_bsize = result.f_frsize = block
+    result.f_blocks = room.capacity_bytes // block
+    result.f_bfree = result.f_bavail = room.free_bytes // block
+    result.f_files = room.pages + result.f_bfree
+    result.f_ffree = result.f_favail = result.f_bfree
+    result.f_namemax = names.MAX_NAME_BYTES  # the longest key or directory name
+    return result
+
+
+def file_info(opened: Opened) -> pyfuse3.FileInfo:
+    return pyfuse3.FileInfo(fh=opened.fh, direct_io=not opened.cacheable, keep_cache=opened.cacheable)
+
+
+def joined(pieces: list):
+    """A read's pieces as the one buffer pyfuse3 replies with (a single piece is not copied)."""
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def setattr_fields(attr, fields) -> tuple:
+    """(size, mode, uid, gid) a setattr changes, None for each it does not."""
+    return (attr.st_size if fields.update_size else None, attr.st_mode if fields.update_mode else None,
+            attr.st_uid if fields.update_uid else None, attr.st_gid if fields.update_gid else None)
 
 
 def _replying(handler):
-    """Run a handler; map every failure to one FUSEError and count it."""
+    """Run a handler; answer a failure with its errno (``Requests.refused``)."""
 
     op = handler.__name__
 
     @functools.wraps(handler)
     async def wrapper(self, *args):
-        self.requests[op] += 1
+        self.requests.count(op)
         try:
             return await handler(self, *args)
         except pyfuse3.FUSEError:
             raise
-        except (FsError, StoreError) as exc:
-            err, why = errno_of(exc), exc.strerror if isinstance(exc, FsError) else str(exc)
-        except Exception:
-            log.exception("%s%r failed unexpectedly; answering EIO", op, args[:2])
-            err, why = errno.EIO, "internal error"
-        if err not in _QUIET:
-            self.count_error(err)
-            log.warning("%s%r: %s (%s)", op, args[:2], errno.errorcode.get(err, err), why)
-        raise pyfuse3.FUSEError(err) from None
+        except Exception as exc:
+            raise pyfuse3.FUSEError(self.requests.refused(op, args, exc)) from None
 
     return wrapper
 
 
-async def _settled(answer):
-    """The answer, after running in worker threads whatever blocking I/O it still needs."""
-    while isinstance(answer, NeedsIO):
-        answer = answer.finish(await trio.to_thread.run_sync(answer.work))
-    return answer
-
-
 class Operations(pyfuse3.Operations):
-    """The FUSE face of a Namespace."""
+    """The FUSE face of the request layer: in the process that holds the store, or in each worker
+    process over the requests it forwards (``requests`` is then a ``ForwardedRequests``)."""
 
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, namespace: Namespace):
+    def __init__(self, requests: Requests):
         super().__init__()
-        self.namespace = namespace
-        self.errors: collections.Counter[str] = collections.Counter()
-        self.requests: collections.Counter[str] = collections.Counter()
+        self.requests = requests
+        self.uid, self.gid = requests.uid, requests.gid
+        #: Called as FUSE_INIT is answered (``daemon/workers.py`` waits for it).
+        self.initialized: Callable[[], None] | None = None
 
-    def count_error(self, err: int) -> None:
-        """Count a refused request by errno name, for the stats' ``errors``."""
-        self.errors[errno.errorcode.get(err, str(err))] += 1
-
-    def _entry(self, st: Stat) -> pyfuse3.EntryAttributes:
-        attr = pyfuse3.EntryAttributes()
-        attr.st_ino = st.inode
-        attr.st_mode = st.mode
-        attr.st_nlink = st.nlink
-        attr.st_uid, attr.st_gid = self.namespace.uid, self.namespace.gid
-        attr.st_size = st.size
-        attr.st_blksize = IO_BLOCK_SIZE
-        attr.st_blocks = (st.size + 511) // 512
-        attr.st_mtime_ns = attr.st_ctime_ns = st.mtime_ns
-        attr.st_atime_ns = st.atime_ns
-        attr.entry_timeout = attr.attr_timeout = 0 if st.volatile else CACHE_TIMEOUT_S
-        return attr
-
-    # ---- attributes ----------------------------------------------------------------
+    def init(self):
+        if self.initialized is not None:
+            self.initialized()
 
     @_replying
     async def lookup(self, parent_inode, name, ctx=None):
-        st = await _settled(self.namespace.lookup(parent_inode, name))
-        if st is not None:
-            return self._entry(st)
-        negative = pyfuse3.EntryAttributes()
-        negative.st_ino = 0
-        negative.entry_timeout = CACHE_TIMEOUT_S if self.namespace.caches_misses(parent_inode) else 0
-        return negative
+        return looked_up(await self.requests.lookup(parent_inode, name), self.uid, self.gid)
 
     async def forget(self, inode_list):
-        self.requests["forget"] += 1
-        for inode, nlookup in inode_list:
-            try:
-                self.namespace.forget(inode, nlookup)
-            except Exception:  # forget must never raise
-                log.exception("forget(%s) failed", inode)
+        self.requests.count("forget")
+        self.requests.forget(inode_list)
 
     @_replying
     async def getattr(self, inode, ctx=None):
-        return self._entry(self.namespace.getattr(inode))
+        return entry(await self.requests.getattr(inode), self.uid, self.gid)
 
     @_replying
     async def setattr(self, inode, attr, fields, fh, ctx):
-        self.namespace.check_writer(ctx.uid)
-        return self._entry(self.namespace.setattr(
-            inode, size=attr.st_size if fields.update_size else None,
-            mode=attr.st_mode if fields.update_mode else None,
-            uid=attr.st_uid if fields.update_uid else None, gid=attr.st_gid if fields.update_gid else None))
+        st = await self.requests.setattr(inode, ctx.uid, *setattr_fields(attr, fields))
+        return entry(st, self.uid, self.gid)
 
     @_replying
     async def statfs(self, ctx):
-        room = self.namespace.room()
-        block = 4096
-        result = pyfuse3.StatvfsData()
-        result.f_bsize = result.f_frsize = block
-        result.f_blocks = room.capacity_bytes // block
-        result.f_bfree = result.f_bavail = room.free_bytes // block
-        result.f_files = room.pages + result.f_bfree
-        result.f_ffree = result.f_favail = result.f_bfree
-        result.f_namemax = names.MAX_NAME_BYTES  # the longest key or directory name
-        return result
-
-    # ---- directories ---------------------------------------------------------------
+        return statvfs(await self.requests.statfs())
 
     @_replying
     async def mkdir(self, parent_inode, name, mode, ctx):
-        self.namespace.check_writer(ctx.uid)
-        return self._entry(self.namespace.mkdir(parent_inode, name))
+        return entry(await self.requests.mkdir(parent_inode, name, ctx.uid), self.uid, self.gid)
 
     @_replying
     async def rmdir(self, parent_inode, name, ctx):
-        self.namespace.check_writer(ctx.uid)
-        self.namespace.rmdir(parent_inode, name)
+        await self.requests.rmdir(parent_inode, name, ctx.uid)
 
     @_replying
     async def opendir(self, inode, ctx):
-        return self.namespace.handles.add(self.namespace.opendir(inode))
+        return await self.requests.opendir(inode)
 
     @_replying
     async def readdir(self, fh, start_id, token):
-        for next_id, (name, describe) in self.namespace.handles.get(fh).listing(start_id):
-            if not pyfuse3.readdir_reply(token, name, self._entry(describe(False)), next_id):
+        while True:
+            entries = await self.requests.readdir(fh, start_id, READDIR_BATCH)
+            taken = 0
+            for next_id, name, st in entries:
+                if not pyfuse3.readdir_reply(token, name, entry(st, self.uid, self.gid), next_id):
+                    break
+                taken += 1
+            await self.requests.took(fh, start_id, taken)
+            if taken < READDIR_BATCH:
                 return
-            describe(True)
+            start_id = entries[-1][0]
 
     @_replying
     async def releasedir(self, fh):
-        self.namespace.handles.release(fh)
-
-    # ---- files ---------------------------------------------------------------------
+        await self.requests.releasedir(fh)
 
     @_replying
     async def create(self, parent_inode, name, mode, flags, ctx):
-        self.namespace.check_writer(ctx.uid)
-        st, handle = self.namespace.create(parent_inode, name, flags)
-        return self._file_info(handle), self._entry(st)
+        st, opened = await self.requests.create(parent_inode, name, flags, ctx.uid)
+        return file_info(opened), entry(st, self.uid, self.gid)
 
     @_replying
     async def open(self, inode, flags, ctx):
-        if self.namespace.needs_writer(inode, flags):
-            self.namespace.check_writer(ctx.uid)
-        return self._file_info(await _settled(self.namespace.open(inode, flags, ctx.uid, ctx.pid)))
-
-    def _file_info(self, handle) -> pyfuse3.FileInfo:
-        fh = self.namespace.handles.add(handle)
-        return pyfuse3.FileInfo(fh=fh, direct_io=not handle.cacheable, keep_cache=handle.cacheable)
+        return file_info(await self.requests.open(inode, flags, ctx.uid, ctx.pid))
 
     @_replying
     async def read(self, fh, off, size):
-        return await self.namespace.handles.get(fh).read(off, size)
+        return joined(await self.requests.read(fh, off, size))
 
     @_replying
     async def write(self, fh, off, buf):
-        return await self.namespace.handles.get(fh).write(off, buf)
+        return await self.requests.write(fh, off, buf)
 
     @_replying
     async def release(self, fh):
-        self.namespace.handles.release(fh)
+        await self.requests.release(fh)
 
     @_replying
     async def unlink(self, parent_inode, name, ctx):
-        self.namespace.check_writer(ctx.uid)
-        await _settled(self.namespace.unlink(parent_inode, name))
+        await self.requests.unlink(parent_inode, name, ctx.uid)
 
     @_replying
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        self.namespace.check_writer(ctx.uid)
-        await _settled(self.namespace.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags))
-
-    # ---- extended attributes -------------------------------------------------------
+        await self.requests.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx.uid)
 
     @_replying
     async def getxattr(self, inode, name, ctx):
-        facts = self.namespace.xattrs(inode)
-        if name not in facts:
-            raise FsError(errno.ENODATA, "no such attribute")
-        return facts[name]
+        return await self.requests.getxattr(inode, name)
 
     @_replying
     async def listxattr(self, inode, ctx):
-        return list(self.namespace.xattrs(inode))
+        return await self.requests.listxattr(inode)
 
     @_replying
     async def setxattr(self, inode, name, value, ctx):
-        raise FsError(errno.ENOTSUP, "attributes are the store's")
+        await self.requests.setxattr(inode, name, value)
 
     @_replying
     async def removexattr(self, inode, name, ctx):
-        raise FsError(errno.ENOTSUP, "attributes are the store's")
-
+        await self.requests.removexattr(inode, name)

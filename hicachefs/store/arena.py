@@ -14,6 +14,7 @@ Not thread-safe: the owning tier's caller (the store) holds its lock.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 
 _MIN_SLOT = 64
@@ -61,10 +62,18 @@ class Arena:
         # would otherwise cut the first pass of writes to about a fifth of memcpy speed.
         self._map = mmap.mmap(-1, capacity, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
         self.view = memoryview(self._map)
+        self._address = _address(self.view)
         self._free_slabs = list(range(capacity // self.slab_bytes - 1, -1, -1))
         self._slabs: dict[int, _Slab] = {}  # slab number -> slab in use
         self._partial: dict[int, set[int]] = {}  # slot size -> slab numbers with a free slot
         self.used_bytes = 0
+
+    def offset_of(self, view) -> int | None:
+        """Where ``view`` begins in the arena, if it is a (non-empty, writable) view of it. The
+        mapping is shared, so a process forked from this one finds the same bytes there."""
+        if not isinstance(view, memoryview) or view.obj is not self._map or view.readonly or not view.nbytes:
+            return None
+        return _address(view) - self._address
 
     def fits(self, size: int) -> bool:
         """Whether a page of ``size`` bytes can ever get a slot (it fits a slab)."""
@@ -112,3 +121,8 @@ class Arena:
             self._map.close()
         except BufferError:
             pass
+
+
+def _address(view: memoryview) -> int:
+    """The address of a writable view's first byte (the ctypes object pins it only meanwhile)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))

@@ -89,6 +89,17 @@ class Draft:
             self._hasher.update(data)
             self._hashed = end
 
+    @property
+    def shared_at(self) -> int | None:
+        """Where its bytes lie in the memory the store shares with worker processes (its RAM
+        slot's offset there, see ``PageStore.shared_memory``); None for private memory."""
+        return self._offset
+
+    def mark_filled(self) -> None:
+        """Another process wrote the page's bytes straight into that shared memory, in order
+        and whole: they are checksummed at publish, not as they arrive."""
+        self._hasher = None
+
     def view(self) -> memoryview:
         """The page's bytes as written so far; bytes never written read as zeros."""
         if self._hasher is not None and self._hashed < self.size:

@@ -1,0 +1,152 @@
+"""Requests that worker processes forward to the owner of the store (``--workers``).
+
+A worker runs the same FUSE face as a single daemon (``operations.Operations``), over
+``ForwardedRequests`` instead of ``Requests``: every request goes to the owner over the worker's
+channel (``channel.py``), which answers it with ``serve``. The owner holds all state, so any
+worker can answer any request, and counts each request by worker.
+
+Page bytes cross as little as they can. The RAM tier's arena is mapped shared, so a read answer's
+views of it cross as ``Span``s (offset, length) and the worker replies from its own mapping of the
+same memory; other pieces (a page read from a lower tier, a control file) come inline. A write of
+a handle whose writes can be staged (``requests.STAGED``: the ingest file) goes in two phases:
+``plan`` with the write's head, the worker copies the rest where the plan says (straight into the
+pages' drafts), then ``filled``. Other writes come inline.
+
+``ForwardedRequests`` is the worker's side: its calls block on the channel (a worker serves one
+request at a time), not thread-safe. ``serve`` runs on the owner's trio loop, one task per worker.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import pickle
+from typing import NamedTuple
+
+import pyfuse3
+
+from .channel import AsyncChannel, Channel, ChannelClosed
+from .ingest import WritePlan
+from .requests import STAGED, Requests
+
+log = logging.getLogger(__name__)
+
+#: The most of a staged write sent with its plan: the ingest file's prefix and header of a batch
+#: of SGLang's (128 pages: some 20 KB) and the start of its first page.
+HEAD_BYTES = 64 << 10
+#: Requests forwarded as they are: their arguments and answers are small.
+_PLAIN = frozenset({
+    "lookup", "getattr", "setattr", "statfs", "mkdir", "rmdir", "opendir", "readdir", "took",
+    "releasedir", "create", "open", "release", "unlink", "rename", "getxattr", "listxattr",
+    "setxattr", "removexattr",
+})
+
+
+class Span(NamedTuple):
+    """Bytes of a read answer that lie in the store's shared memory."""
+
+    offset: int
+    length: int
+
+
+class ForwardedRequests:
+    """The request layer as a worker sees it: the same calls as ``Requests``, answered by the
+    owner. A refusal comes back as its errno and is raised as ``FUSEError``."""
+
+    def __init__(self, channel: Channel, shared: memoryview, uid: int, gid: int) -> None:
+        self.channel = channel
+        self.shared = shared
+        self.uid, self.gid = uid, gid
+        self._counted: str | None = None  # the FUSE operation the next message begins
+
+    def count(self, op: str) -> None:
+        """The owner counts requests, by worker: the next message says which one began."""
+        self._counted = op
+
+    def refused(self, op: str, args: tuple, exc: BaseException) -> int:
+        """A request the channel could not carry: the owner is gone or the wire broke."""
+        log.error("%s%r: could not forward it to the owner of the store; answering EIO", op, args[:2],
+                  exc_info=exc)
+        return errno.EIO
+
+    def _call(self, op: str, *args):
+        counted, self._counted = self._counted, None
+        try:
+            err, value = self.channel.call((op, args, counted))
+        except (ChannelClosed, ConnectionError):
+            # The owner died (a crash: its own stop ends the workers first). The kernel kills
+            # this worker with it anyway (PR_SET_PDEATHSIG); answering EIO meanwhile would only
+            # log an error per request still coming. The mount ends as a crashed daemon's does.
+            log.info("the owner of the store is gone: this worker ends")
+            os._exit(1)
+        if err:
+            raise pyfuse3.FUSEError(err)
+        return value
+
+    def __getattr__(self, op: str):
+        if op not in _PLAIN:
+            raise AttributeError(op)
+
+        async def forwarded(*args):
+            return self._call(op, *args)
+
+        return forwarded
+
+    def forget(self, inode_list) -> None:
+        try:
+            self._call("forget", list(inode_list))
+        except Exception:  # forget must never raise
+            log.exception("forget of %d inodes could not be forwarded", len(inode_list))
+
+    async def read(self, fh: int, offset: int, size: int) -> list:
+        shared = self.shared
+        return [shared[p.offset : p.offset + p.length] if isinstance(p, Span) else p
+                for p in self._call("read", fh, offset, size)]
+
+    async def write(self, fh: int, offset: int, data) -> int:
+        if not fh & STAGED or len(data) <= HEAD_BYTES:
+            return self._call("write", fh, offset, pickle.PickleBuffer(data))
+        view = memoryview(data)
+        plan = self._call("plan", fh, offset, len(data), pickle.PickleBuffer(view[:HEAD_BYTES]))
+        if isinstance(plan, int):
+            return plan
+        copies, inline = plan
+        shared = self.shared
+        for at, length, target in copies:
+            shared[target : target + length] = view[at : at + length]
+        return self._call("filled", fh, [pickle.PickleBuffer(view[at : at + length]) for at, length in inline])
+
+
+async def serve(requests: Requests, channel: AsyncChannel, worker: int) -> None:
+    """Answer one worker's requests until it closes its channel (its process ended)."""
+    offset_of = requests.namespace.store.arena_offset
+    while (message := await channel.receive()) is not None:
+        op, args, counted = message
+        if counted is not None:
+            requests.count(counted, worker)
+        try:
+            if op == "read":
+                value = [_wire(piece, offset_of) for piece in await requests.read(*args)]
+            elif op == "plan":
+                value = await requests.plan(*args)
+                if isinstance(value, WritePlan):
+                    value = value.wire()
+            elif op == "forget":
+                value = requests.forget(*args)
+            elif op in _PLAIN or op in ("write", "filled"):
+                value = await getattr(requests, op)(*args)
+            else:
+                raise ValueError(f"a worker asked for {op!r}, which is no request")
+            answer = (0, value)
+        except Exception as exc:
+            answer = (requests.refused(op, args, exc), None)
+        await channel.send(answer)
+
+
+def _wire(piece, offset_of):
+    """A piece of a read answer as it crosses: a span of shared memory, or its bytes."""
+    offset = offset_of(piece)
+    if offset is not None:
+        return Span(offset, len(piece))
+    return pickle.PickleBuffer(piece) if len(piece) > 4096 else bytes(piece)

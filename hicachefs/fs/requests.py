@@ -1,0 +1,222 @@
+"""The mount's FUSE requests as plain calls: plain arguments in, plain answers out, no pyfuse3.
+
+One layer under two faces: ``operations.Operations`` calls it in the daemon's own process, and
+with ``--workers`` the owner of the store calls it for every request its worker processes
+forward (``forwarding.py``). What each request means is the namespace's; here the blocking
+I/O it may still need runs in a worker thread (``NeedsIO``), requests and refusals are counted,
+and a refusal is logged and given its errno (``refused``, the one place that does).
+
+A handle number says in its lowest bit (``STAGED``) whether the handle's writes can be staged:
+the writer's process copies their bytes into the store's shared memory itself, between
+``plan`` and ``filled`` (the ingest file, ``ingest.py``). Any worker may get any request of a
+handle, so the number itself must say it.
+
+Not thread-safe: the trio thread of the process holding the store only.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from ..store import NeedsIO, StoreError
+from .control import IngestHandle
+from .errors import FsError, errno_of
+from .ingest import WritePlan
+from .namespace import Namespace, Room
+from .nodes import Stat
+
+log = logging.getLogger(__name__)
+
+#: Answers that are ordinary traffic, not problems worth a log line (ESTALE: an open that raced
+#: a replace, which the kernel retries with a fresh lookup).
+_QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA, errno.ESTALE}
+#: How long the kernel may remember a name that is missing, where the namespace lets it.
+MISS_TIMEOUT_S = 300.0
+#: The handle number's bit that says its writes can be staged (see the module docstring).
+STAGED = 1
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A lookup that found nothing; the kernel may remember that for ``timeout_s``."""
+
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An open file: its handle number, and whether the kernel may keep its data."""
+
+    fh: int
+    cacheable: bool
+
+
+async def settled(answer):
+    """The answer, after running in worker threads whatever blocking I/O it still needs."""
+    while isinstance(answer, NeedsIO):
+        answer = answer.finish(await trio.to_thread.run_sync(answer.work))
+    return answer
+
+
+class Requests:
+    """Every FUSE request the mount answers, as a coroutine over the namespace."""
+
+    def __init__(self, namespace: Namespace):
+        self.namespace = namespace
+        self.uid, self.gid = namespace.uid, namespace.gid  # who owns every file
+        self.errors: collections.Counter[str] = collections.Counter()
+        #: Requests answered, by operation; with workers, also by worker (``by_worker``).
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.by_worker: dict[int, collections.Counter[str]] = {}
+
+    def count(self, op: str, worker: int | None = None) -> None:
+        self.counts[op] += 1
+        if worker is not None:
+            self.by_worker.setdefault(worker, collections.Counter())[op] += 1
+
+    def refused(self, op: str, args: tuple, exc: BaseException) -> int:
+        """The errno a failed request answers with, counted and (unless it is ordinary
+        traffic) logged; anything that is not a refusal is logged as a bug and answered EIO."""
+        if isinstance(exc, (FsError, StoreError)):
+            err, why = errno_of(exc), exc.strerror if isinstance(exc, FsError) else str(exc)
+        else:
+            log.error("%s%r failed unexpectedly; answering EIO", op, args[:2], exc_info=exc)
+            err, why = errno.EIO, "internal error"
+        if err not in _QUIET:
+            self.errors[errno.errorcode.get(err, str(err))] += 1
+            log.warning("%s%r: %s (%s)", op, args[:2], errno.errorcode.get(err, err), why)
+        return err
+
+    # ---- attributes ----------------------------------------------------------------
+
+    async def lookup(self, parent_inode: int, name: bytes) -> Stat | Miss:
+        st = await settled(self.namespace.lookup(parent_inode, name))
+        if st is not None:
+            return st
+        return Miss(MISS_TIMEOUT_S if self.namespace.caches_misses(parent_inode) else 0.0)
+
+    def forget(self, inode_list) -> None:
+        for inode, nlookup in inode_list:
+            try:
+                self.namespace.forget(inode, nlookup)
+            except Exception:  # forget must never raise
+                log.exception("forget(%s) failed", inode)
+
+    async def getattr(self, inode: int) -> Stat:
+        return self.namespace.getattr(inode)
+
+    async def setattr(self, inode: int, uid: int, size: int | None, mode: int | None,
+                      owner: int | None, group: int | None) -> Stat:
+        self.namespace.check_writer(uid)
+        return self.namespace.setattr(inode, size=size, mode=mode, uid=owner, gid=group)
+
+    async def statfs(self) -> Room:
+        return self.namespace.room()
+
+    # ---- directories ---------------------------------------------------------------
+
+    async def mkdir(self, parent_inode: int, name: bytes, uid: int) -> Stat:
+        self.namespace.check_writer(uid)
+        return self.namespace.mkdir(parent_inode, name)
+
+    async def rmdir(self, parent_inode: int, name: bytes, uid: int) -> None:
+        self.namespace.check_writer(uid)
+        self.namespace.rmdir(parent_inode, name)
+
+    async def opendir(self, inode: int) -> int:
+        return self.namespace.handles.add(self.namespace.opendir(inode)) << 1
+
+    async def readdir(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
+        """Up to ``limit`` entries from position ``start``: (next position, name, attributes).
+        The kernel may take fewer: ``took`` says how many, so that they count as lookups."""
+        entries = []
+        for next_id, (name, describe) in self.handle(fh).listing(start):
+            entries.append((next_id, name, describe(False)))
+            if len(entries) >= limit:
+                break
+        return entries
+
+    async def took(self, fh: int, start: int, count: int) -> None:
+        for taken, (_, (_, describe)) in enumerate(self.handle(fh).listing(start)):
+            if taken >= count:
+                break
+            describe(True)
+
+    async def releasedir(self, fh: int) -> None:
+        self.namespace.handles.release(fh >> 1)
+
+    # ---- files ---------------------------------------------------------------------
+
+    async def create(self, parent_inode: int, name: bytes, flags: int, uid: int) -> tuple[Stat, Opened]:
+        self.namespace.check_writer(uid)
+        st, handle = self.namespace.create(parent_inode, name, flags)
+        return st, self._opened(handle)
+
+    async def open(self, inode: int, flags: int, uid: int, pid: int = 0) -> Opened:
+        if self.namespace.needs_writer(inode, flags):
+            self.namespace.check_writer(uid)
+        return self._opened(await settled(self.namespace.open(inode, flags, uid, pid)))
+
+    def _opened(self, handle) -> Opened:
+        staged = STAGED if isinstance(handle, IngestHandle) else 0
+        return Opened(self.namespace.handles.add(handle) << 1 | staged, handle.cacheable)
+
+    async def read(self, fh: int, offset: int, size: int) -> list:
+        """The bytes asked for, as the pieces the handle serves them in (views of the store's
+        memory where it can: a single piece is sent without a copy)."""
+        answer = await self.handle(fh).read(offset, size)
+        return answer if isinstance(answer, list) else [answer]
+
+    async def write(self, fh: int, offset: int, data) -> int:
+        return await self.handle(fh).write(offset, data)
+
+    async def plan(self, fh: int, offset: int, size: int, head) -> int | WritePlan:
+        """A staged write's first phase (``ingest.IngestStream.plan``)."""
+        return self._staged(fh).plan(offset, size, head)
+
+    async def filled(self, fh: int, inline: list) -> int:
+        """A staged write's second phase (``ingest.IngestStream.filled``)."""
+        return self._staged(fh).filled(inline)
+
+    def _staged(self, fh: int):
+        handle = self.handle(fh)
+        if not isinstance(handle, IngestHandle):
+            raise FsError(errno.EBADF, "not a handle whose writes can be staged")
+        return handle.stream
+
+    def handle(self, fh: int):
+        return self.namespace.handles.get(fh >> 1)
+
+    async def release(self, fh: int) -> None:
+        self.namespace.handles.release(fh >> 1)
+
+    async def unlink(self, parent_inode: int, name: bytes, uid: int) -> None:
+        self.namespace.check_writer(uid)
+        await settled(self.namespace.unlink(parent_inode, name))
+
+    async def rename(self, old_parent: int, old: bytes, new_parent: int, new: bytes, flags: int,
+                     uid: int) -> None:
+        self.namespace.check_writer(uid)
+        await settled(self.namespace.rename(old_parent, old, new_parent, new, flags))
+
+    # ---- extended attributes -------------------------------------------------------
+
+    async def getxattr(self, inode: int, name: bytes) -> bytes:
+        facts = self.namespace.xattrs(inode)
+        if name not in facts:
+            raise FsError(errno.ENODATA, "no such attribute")
+        return facts[name]
+
+    async def listxattr(self, inode: int) -> list[bytes]:
+        return list(self.namespace.xattrs(inode))
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes) -> None:
+        raise FsError(errno.ENOTSUP, "attributes are the store's")
+
+    async def removexattr(self, inode: int, name: bytes) -> None:
+        raise FsError(errno.ENOTSUP, "attributes are the store's")
