@@ -23,7 +23,7 @@ import importlib
 import os
 import sys
 
-from . import deadline, mount_table
+from .. import deadline, mount_table
 from .arguments import UsageError, parse_args
 
 

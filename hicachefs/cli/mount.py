@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import deadline, mount_table
+from .. import deadline, mount_table
 from .arguments import UsageError
 from .mount_config import check_mountpoint, daemon_config
 from .recovery_display import Display

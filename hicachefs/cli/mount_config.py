@@ -23,9 +23,9 @@ from ..daemon.config import MAX_WORKERS, DaemonConfig
 from ..daemon.metrics_endpoint import check_can_listen, parse_listen_address
 from ..store.device import ArenaRefused
 from ..store.ssd_tier import check_disk_dir
-from . import mount_table
+from .. import mount_table
 from .arguments import UsageError, parse_size
-from .mount_table import Answer
+from ..mount_table import Answer
 
 MIN_MEMORY = 16 << 20
 DEFAULT_MAX_PAGE = 64 << 20

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import deadline
+from .. import deadline
 from .arguments import UsageError
 
 

@@ -30,7 +30,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from . import deadline
+from .. import deadline
 from .arguments import UsageError
 
 #: Per-tier counters shown as rates.

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import deadline, mount_table
+from .. import deadline, mount_table
 from .arguments import UsageError
 
 UMOUNT_TIMEOUT_S = 60.0

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from ..cli import mount_table
+from .. import mount_table
 from ..fs.channel import AsyncChannel, Channel
 from ..fs.forwarding import ForwardedRequests, serve
 from ..fs.operations import Operations
