@@ -6,7 +6,9 @@ Page bytes and the exists query: ``hicachefs.testing.workload`` (the scripts use
 from __future__ import annotations
 
 import os
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -91,3 +93,13 @@ def requests_of(mount, action):
     before = mount.stats()
     result = action()
     return between(before, mount.stats()) - reading, result
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.01) -> float:
+    """Wait for ``predicate``; return the seconds it took. Fails the test after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(step)
+    return time.monotonic() - start

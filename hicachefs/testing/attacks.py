@@ -19,6 +19,7 @@ did: rounds, errors by errno name, and its first and last round's times on CLOCK
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -136,39 +137,35 @@ def listing_storm(directory: Path, stop: threading.Event, figures: Figures) -> N
         figures.round_done()
 
 
-def held_listings(directory: Path, count: int, stop: threading.Event, figures: Figures) -> None:
-    held = []
-    try:
+def _hold(count: int, take, stop: threading.Event, figures: Figures) -> None:
+    """Take ``count`` things the daemon keeps for this process (``take(held)`` makes one and
+    leaves its closing to the ``ExitStack``), then keep them until told to stop."""
+    with contextlib.ExitStack() as held:
         for _ in range(count):
             try:
-                entries = os.scandir(directory)
-                next(entries, None)
-                held.append(entries)
+                take(held)
             except OSError as exc:
                 figures.failed(exc)
         figures.round_done()
         stop.wait(LONGEST_S)
-    finally:
-        for entries in held:
-            entries.close()
+
+
+def held_listings(directory: Path, count: int, stop: threading.Event, figures: Figures) -> None:
+    def take(held: contextlib.ExitStack) -> None:
+        next(held.enter_context(os.scandir(directory)), None)
+
+    _hold(count, take, stop, figures)
 
 
 def held_requests(root: Path, count: int, stop: threading.Event, figures: Figures) -> None:
     request = costly_request(MAX_EXISTS_REQUEST - len(COSTLY_LINE))
-    held = []
-    try:
-        for _ in range(count):
-            fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-            held.append(fd)
-            try:
-                send_exists(fd, request)
-            except OSError as exc:
-                figures.failed(exc)
-        figures.round_done()
-        stop.wait(LONGEST_S)
-    finally:
-        for fd in held:
-            os.close(fd)
+
+    def take(held: contextlib.ExitStack) -> None:
+        fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
+        held.callback(os.close, fd)
+        send_exists(fd, request)
+
+    _hold(count, take, stop, figures)
 
 
 @dataclass

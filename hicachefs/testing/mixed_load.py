@@ -46,7 +46,7 @@ ROLES = ("direct", "direct", "rename", "rename", "read", "read", "read")
 
 def run(root: Path, workdir: Path, seconds: float, seed: int) -> dict:
     """Run the load for ``seconds``; the summed counts, with up to 5 ``examples`` of bad reads."""
-    from hicachefs.testing.scenarios import reap, start_worker
+    from hicachefs.testing.scenarios import start_worker, summed_counts
 
     (root / POOL).mkdir(parents=True, exist_ok=True)
     log = workdir / "changes.log"
@@ -55,18 +55,7 @@ def run(root: Path, workdir: Path, seconds: float, seed: int) -> dict:
     procs = [start_worker({"role": role, "rank": rank, "roles": roles, "seed": seed * 100 + rank, "root": str(root),
                            "log": str(log), "seconds": seconds}, module=__name__)
              for rank, role in roles.items()]
-    totals: dict = {"examples": []}
-    for out, err in reap(procs, seconds + 60):
-        try:
-            counts = json.loads(out.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            totals["examples"].append(f"a worker gave no counts: {err.strip()[-300:]}")
-            totals["workers failed"] = totals.get("workers failed", 0) + 1
-            continue
-        totals["examples"] += counts.pop("examples")
-        for name, value in counts.items():
-            totals[name] = totals.get(name, 0) + value
-    return totals
+    return summed_counts(procs, seconds + 60, failed="workers failed")
 
 
 def now() -> int:

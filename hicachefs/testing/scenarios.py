@@ -59,6 +59,24 @@ def reap(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]
     return outputs
 
 
+def summed_counts(procs: list[subprocess.Popen], timeout: float, failed: str) -> dict:
+    """Reap worker processes (``reap``) and add up the counts each printed as its last line (a
+    JSON object with an ``examples`` list); a worker that printed none counts under ``failed``,
+    with the end of its error output among the examples."""
+    totals: dict = {"examples": []}
+    for out, err in reap(procs, timeout):
+        try:
+            counts = json.loads(out.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            totals["examples"].append(f"a worker gave no counts: {err.strip()[-300:]}")
+            totals[failed] = totals.get(failed, 0) + 1
+            continue
+        totals["examples"] += counts.pop("examples")
+        for name, value in counts.items():
+            totals[name] = totals.get(name, 0) + value
+    return totals
+
+
 # ---- crash -------------------------------------------------------------------------
 
 
@@ -336,18 +354,7 @@ def contention(root: Path, ranks: int = 8, seconds: float = 6.0, seed: int = 0, 
         "shared_pool": shared_pool, "own_pool_pattern": own_pattern, "shared_keys": 6, "own_keys": 6,
         "size": size,
     }) for rank in range(ranks)]
-    totals: dict = {"workers": ranks, "examples": []}
-    for out, err in reap(procs, seconds + 60):
-        try:
-            counts = json.loads(out.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            totals["examples"].append(f"worker gave no counts: {err.strip()[-300:]}")
-            totals["bad"] = totals.get("bad", 0) + 1
-            continue
-        totals["examples"] += counts.pop("examples")
-        for name, value in counts.items():
-            totals[name] = totals.get(name, 0) + value
-    return totals
+    return {"workers": ranks, **summed_counts(procs, seconds + 60, failed="bad")}
 
 
 # ---- bad input ---------------------------------------------------------------------

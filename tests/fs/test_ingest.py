@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from hicachefs.testing.workload import content
-from pages import as_nobody, ingest_batch, ingest_status, publish, read_page, requests_of
+from pages import as_nobody, ingest_batch, ingest_status, publish, read_page, requests_of, wait_until
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
 KEEP_EXISTING = 1
@@ -144,7 +144,7 @@ def test_a_page_replaces_its_name_atomically_unless_kept(mounted, ingest):
     assert read_page(mounted.path / path) == old and os.stat(mounted.path / path).st_mtime_ns == before.st_mtime_ns
     ingest_batch(ingest, [(path, new)])
     # The kernel is told its entry is stale; it forgets it at once, at the latest within a second.
-    assert _eventually(lambda: read_page(mounted.path / path) == new)
+    wait_until(lambda: read_page(mounted.path / path) == new, 2.0)
     assert mounted.stats()["pages"] == 1
 
 
@@ -153,14 +153,3 @@ def test_only_writers_may_open_the_ingest_file(public_mount):
     result = as_nobody("/usr/bin/python3.11", "-c",
                        f"import os; os.open({str(mounted.path / '.hicachefs' / 'ingest')!r}, os.O_WRONLY)")
     assert result.returncode != 0 and "Permission denied" in result.stderr
-
-
-def _eventually(check, seconds: float = 2.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True

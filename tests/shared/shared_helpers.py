@@ -10,6 +10,7 @@ import xxhash
 
 from hicachefs.store.tier import PageMeta
 from hicachefs.testing.workload import content
+from pages import wait_until
 
 KiB, MiB = 1 << 10, 1 << 20
 #: Short periods and deadlines, so that faults and recoveries play out in a fraction of a second.
@@ -24,16 +25,6 @@ def page_name(i: int, pool: str = POOL) -> str:
 def make_page(i: int, size: int = 64 * KiB, pool: str = POOL) -> tuple[PageMeta, bytes]:
     data = content(i, size)
     return PageMeta(page_name(i, pool), size, xxhash.xxh3_64_intdigest(data), time.time_ns()), data
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.01) -> float:
-    """Wait for ``predicate``; return the seconds it took. Fails the test after ``timeout``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(step)
-    return time.monotonic() - start
 
 
 def wait_for_sweeps(tiers: list, cycles: int = 2, timeout: float = 10.0) -> None:

@@ -3,7 +3,8 @@ finds there is fetched ahead into RAM, and a page removed meanwhile stays remove
 
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
-from shared_helpers import KiB, page_name, wait_until
+from pages import wait_until
+from shared_helpers import KiB, page_name
 
 from hicachefs.store import NeedsIO, PageNotFound, PageStore, StoreConfig
 from hicachefs.store.shared.device import DirectoryDevice

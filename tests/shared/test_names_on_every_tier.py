@@ -7,23 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 
 import pytest
 
 from hicachefs.testing.workload import content
-from pages import publish, read_page
+from pages import publish, read_page, wait_until
 
 POOL = ("m", "bfloat16-page_first-64", "tp0of1", "kv")
-
-
-def eventually(check, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.fixture
@@ -34,20 +24,20 @@ def hosts(mount_factory, tmp_path):
     return a, b
 
 
-def written_behind(mount, pages: int) -> bool:
-    return eventually(lambda: mount.stats()["tiers"]["shared"]["written_behind"] >= pages)
+def wait_written_behind(mount, pages: int) -> None:
+    wait_until(lambda: mount.stats()["tiers"]["shared"]["written_behind"] >= pages)
 
 
 def test_a_page_renamed_is_gone_under_its_old_name_on_every_host(hosts):
     a, b = hosts
     publish(a.page_dir(*POOL), "old", content(1, 64 << 10))
-    assert written_behind(a, 1)
-    assert eventually(lambda: (b.path.joinpath(*POOL) / "old").exists())  # B finds it there
+    wait_written_behind(a, 1)
+    wait_until(lambda: (b.path.joinpath(*POOL) / "old").exists())  # B finds it there
     os.rename(a.path.joinpath(*POOL, "old"), a.path.joinpath(*POOL, "new"))
     assert read_page(a.path.joinpath(*POOL, "new")) == content(1, 64 << 10)
     assert not (a.path.joinpath(*POOL) / "old").exists()
-    assert eventually(lambda: not (b.path.joinpath(*POOL) / "old").exists())
-    assert eventually(lambda: (b.path.joinpath(*POOL) / "new").exists())
+    wait_until(lambda: not (b.path.joinpath(*POOL) / "old").exists())
+    wait_until(lambda: (b.path.joinpath(*POOL) / "new").exists())
     assert read_page(b.path.joinpath(*POOL, "new")) == content(1, 64 << 10)
     assert not (a.path.joinpath(*POOL) / "old").exists()  # and it did not come back on A
 
@@ -58,8 +48,8 @@ def test_a_page_removed_never_comes_back_from_the_shared_tier(hosts, how):
     pool = a.page_dir(*POOL)
     for i in range(3):
         publish(pool, f"k{i}", content(i, 32 << 10))
-    assert written_behind(a, 3)
-    assert eventually(lambda: all((b.path.joinpath(*POOL) / f"k{i}").exists() for i in range(3)))
+    wait_written_behind(a, 3)
+    wait_until(lambda: all((b.path.joinpath(*POOL) / f"k{i}").exists() for i in range(3)))
     if how == "rm":
         os.unlink(pool / "k0")
         gone = ["k0"]
@@ -68,5 +58,5 @@ def test_a_page_removed_never_comes_back_from_the_shared_tier(hosts, how):
         gone = ["k0", "k1", "k2"]
     for name in gone:
         assert not (a.path.joinpath(*POOL) / name).exists()
-        assert eventually(lambda name=name: not (b.path.joinpath(*POOL) / name).exists())
+        wait_until(lambda name=name: not (b.path.joinpath(*POOL) / name).exists())
     assert a.stats()["pages"] == 3 - len(gone)

@@ -7,8 +7,9 @@ import threading
 import time
 
 import pytest
+from pages import wait_until
 from shared_helpers import FAST
-from shared_helpers import KiB, Releases, make_page, read_page, wait_until
+from shared_helpers import KiB, Releases, make_page, read_page
 
 from hicachefs.testing.faults import Fault, FaultyDevice
 from hicachefs.store.shared.device import DirectoryDevice

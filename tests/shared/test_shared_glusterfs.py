@@ -5,8 +5,9 @@ that stops or freezes under a host leaves its answers fast misses until it is ba
 import os
 import time
 
+from pages import wait_until
 from shared_helpers import FAST
-from shared_helpers import KiB, make_page, read_page, wait_for_sweeps, wait_until
+from shared_helpers import KiB, make_page, read_page, wait_for_sweeps
 
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.layout import Layout, place

@@ -8,7 +8,8 @@ import time
 
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
-from shared_helpers import KiB, Releases, make_page, page_name, read_page, wait_for_sweeps, wait_until
+from pages import wait_until
+from shared_helpers import KiB, Releases, make_page, page_name, read_page, wait_for_sweeps
 
 from hicachefs.testing.faults import Fault, FaultyDevice
 from hicachefs.store.shared import format as page_format
