@@ -29,7 +29,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 from tqdm import tqdm
 
 from lib.demo_workload import (
-    MODEL_SHAPES, Conversation, Server, Tally, Workload, human, mount_stats, tier_activity, tiers_top_down)
+    MODEL_SHAPES, Server, Tally, Workload, human, mount_stats, tier_activity, tiers_top_down)
+from hicachefs.testing.sglang_workload import Conversation
 
 #: How long host A's write-behind, then host B's view of its pages, may take before the demo goes on.
 SHARED_WAIT_S = 30.0

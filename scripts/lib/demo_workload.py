@@ -27,8 +27,9 @@ from typing import Dict, List
 warnings.filterwarnings("ignore", message="Only CUDA", category=UserWarning)
 
 from hicachefs.testing.sglang_cache import (  # noqa: E402
-    Backend, CacheSetup, ModelShape, RequestResult, SGLangCache, Turn)
+    Backend, CacheSetup, ModelShape, RequestResult, SGLangCache)
 from hicachefs.testing.sglang_metrics import storage_metrics  # noqa: E402
+from hicachefs.testing.sglang_workload import VOCAB, Conversation  # noqa: E402
 
 MODEL_SHAPES = {
     # name: (layers, KV heads, head dim)
@@ -36,7 +37,6 @@ MODEL_SHAPES = {
     "Qwen/Qwen2.5-1.5B-Instruct": (28, 2, 128),
     "meta-llama/Llama-3.2-1B-Instruct": (16, 8, 64),
 }
-VOCAB = 151_643
 
 
 @dataclass(frozen=True)
@@ -98,31 +98,6 @@ class Workload:
         return [conv for turn in turns for conv in order[turn]]
 
 
-class Conversation:
-    """A chat: a shared system prompt, then the user's and the model's tokens, turn by turn."""
-
-    def __init__(self, rng: random.Random, system_prompt: List[int], workload: Workload) -> None:
-        self.rng = rng
-        self.workload = workload
-        self.system_prompt = system_prompt
-        self.history: List[int] = []
-
-    def next_prompt(self) -> List[int]:
-        """The next turn's prompt: everything so far and the user's new tokens."""
-        return self.system_prompt + self.history + self._tokens(self.workload.user_tokens)
-
-    def reply_tokens(self) -> List[int]:
-        """What the model "decodes" for the turn."""
-        return self._tokens(self.workload.reply_tokens)
-
-    def answered(self, prompt: List[int], reply: List[int]) -> None:
-        """The turn is served: the model's reply joins the history."""
-        self.history = prompt[len(self.system_prompt):] + reply
-
-    def _tokens(self, n: int) -> List[int]:
-        return [self.rng.randrange(VOCAB) for _ in range(n)]
-
-
 @dataclass
 class Tally:
     """What serving some turns took and gave, in pages, as SGLang's cache decided."""
@@ -171,12 +146,10 @@ class Server:
 
     def serve(self, conv: "Conversation") -> Tally:
         """Serve the conversation's next turn; wait until SGLang has backed it up."""
-        prompt = conv.next_prompt()
-        reply = conv.reply_tokens()
+        turn = conv.next_turn()
         before = self._counts()
-        result: RequestResult = self.sglang.serve([Turn(prompt, reply)])[0]
+        result: RequestResult = self.sglang.serve([turn])[0]
         self.sglang.settle()
-        conv.answered(prompt, reply)
         after = self._counts()
         grown = {k: after[k] - before[k] for k in after}
         page_bytes = self.workload.page_bytes
