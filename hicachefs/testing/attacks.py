@@ -170,9 +170,19 @@ def held_requests(root: Path, count: int, stop: threading.Event, figures: Figure
 
 @dataclass
 class Attack:
-    """A running attack process (``start``); ``finish`` stops it and returns its figures."""
+    """A running attack process (``start``); ``finish`` stops it and returns its figures. As a
+    context manager it is killed by its PID on the way out if it still runs (a test that
+    failed before ``finish``)."""
 
     process: subprocess.Popen
+
+    def __enter__(self) -> "Attack":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
 
     def wait_round(self) -> None:
         """Until the process reports its next round (or its start)."""
@@ -304,15 +314,16 @@ def plain_user_round(mount, memory_bytes: int, big_pages: int = 40_000) -> Count
         phases = [("listing-storm", (big,), 2, 50), ("exists-storm", (mount.path,), 4, 1),
                   ("held-requests", (mount.path, 100), 1, 0)]
         for kind, args, count, rounds in phases:
-            running = start(kind, *args, count=count)
-            running = running if isinstance(running, list) else [running]
-            for _ in range(rounds):
+            with contextlib.ExitStack() as stack:
+                running = start(kind, *args, count=count)
+                running = [stack.enter_context(a) for a in (running if isinstance(running, list) else [running])]
+                for _ in range(rounds):
+                    for attack in running:
+                        attack.wait_round()
                 for attack in running:
-                    attack.wait_round()
-            for attack in running:
-                done = attack.finish()
-                figures["rounds"] += done["rounds"]
-                figures["refused"] += sum(done["errors"].values())
+                    done = attack.finish()
+                    figures["rounds"] += done["rounds"]
+                    figures["refused"] += sum(done["errors"].values())
         written, failure = unrenamed_files(small, 4 * memory_bytes // TEMPORARY_PAGE)
         figures["files before ENOSPC"] += written if failure == errno.ENOSPC else 0
         figures["files failed otherwise"] += failure not in (errno.ENOSPC, None)

@@ -41,12 +41,12 @@ def test_a_plain_users_listing_loop_does_not_delay_other_clients(big_pool, tmp_p
     probe = attacks.start_probe(mount.path, str(small.relative_to(mount.path)), [f"{i:064x}" for i in range(64)],
                                 tmp_path / "probe-stop")
     try:
-        storm = attacks.start("listing-storm", big)
-        started = time.monotonic()
-        for _ in range(50):
-            storm.wait_round()
-        ended = time.monotonic()
-        figures = storm.finish()
+        with attacks.start("listing-storm", big) as storm:
+            started = time.monotonic()
+            for _ in range(50):
+                storm.wait_round()
+            ended = time.monotonic()
+            figures = storm.finish()
     finally:
         samples = probe.finish()
     assert figures["errors"] == {}
@@ -64,9 +64,9 @@ def test_open_directory_handles_take_no_memory_that_grows_with_the_pool(big_pool
     with os.scandir(big) as entries:  # the first entries' inodes exist before measuring
         next(entries)
     before = attacks.rss(mount.pid)
-    held = attacks.start("held-listings", big, HANDLES)
-    holding = attacks.rss(mount.pid)
-    figures = held.finish()
+    with attacks.start("held-listings", big, HANDLES) as held:
+        holding = attacks.rss(mount.pid)
+        figures = held.finish()
     assert figures["errors"] == {}
     growth = holding - before
     print(f"{HANDLES} handles on a pool of {POOL_PAGES} pages: the daemon grew by {growth / 2**20:.1f} MiB")

@@ -5,6 +5,7 @@ hold up another client's small requests."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -38,10 +39,10 @@ def _probe_pool(mount) -> tuple[str, list[str]]:
 def test_held_requests_of_a_plain_user_are_refused_past_the_budget(public_mount):
     pool, keys = _probe_pool(public_mount)
     before = attacks.rss(public_mount.pid)
-    held = attacks.start("held-requests", public_mount.path, HELD_REQUESTS)
-    holding = attacks.rss(public_mount.pid)
-    asked = exists_query(public_mount.path, [f"{pool}/{keys[0]}", f"{pool}/none"])  # root, meanwhile
-    figures = held.finish()
+    with attacks.start("held-requests", public_mount.path, HELD_REQUESTS) as held:
+        holding = attacks.rss(public_mount.pid)
+        asked = exists_query(public_mount.path, [f"{pool}/{keys[0]}", f"{pool}/none"])  # root, meanwhile
+        figures = held.finish()
     growth = holding - before
     print(f"{HELD_REQUESTS} held requests: the daemon grew by {growth / 2**20:.1f} MiB; "
           f"refused {figures['errors']}")
@@ -91,15 +92,16 @@ print(len(exists_answer(fd)))
 def test_a_plain_users_exists_storms_do_not_delay_other_clients(public_mount, tmp_path):
     pool, keys = _probe_pool(public_mount)
     probe = attacks.start_probe(public_mount.path, pool, keys, tmp_path / "probe-stop")
-    storms = []
     try:
-        storms = attacks.start("exists-storm", public_mount.path, count=STORMS)
-        started = time.monotonic()
-        for storm in storms:  # a query of each, all four at once
-            storm.wait_round()
-        ended = time.monotonic()
+        with contextlib.ExitStack() as running:
+            storms = [running.enter_context(storm)
+                      for storm in attacks.start("exists-storm", public_mount.path, count=STORMS)]
+            started = time.monotonic()
+            for storm in storms:  # a query of each, all four at once
+                storm.wait_round()
+            ended = time.monotonic()
+            figures = [storm.finish() for storm in storms]
     finally:
-        figures = [storm.finish() for storm in storms]
         samples = probe.finish()
     answered = sum(f["rounds"] - sum(f["errors"].values()) for f in figures)
     took = attacks.during(samples, started, ended)
