@@ -9,8 +9,9 @@ Page bytes cross as little as they can. The RAM tier's arena is mapped shared, s
 views of it cross as ``Span``s (offset, length) and the worker replies from its own mapping of the
 same memory; other pieces (a page read from a lower tier, a control file) come inline. A write of
 a handle whose writes can be staged (``requests.STAGED``: the ingest file) goes in two phases:
-``plan`` with the write's head, the worker copies the rest where the plan says (straight into the
-pages' drafts), then ``filled``. Other writes come inline.
+``plan`` (with the write's head when it begins a batch), the worker copies the rest where the plan
+says (straight into the pages' drafts) and checksums the pages it completed, then ``filled``.
+Other writes come inline.
 
 ``ForwardedRequests`` is the worker's side: its calls block on the channel (a worker serves one
 request at a time), not thread-safe. ``serve`` runs on the owner's trio loop, one task per worker.
@@ -26,14 +27,15 @@ from typing import NamedTuple
 
 import pyfuse3
 
+from ..store import page_checksum
 from .channel import AsyncChannel, Channel, ChannelClosed
 from .ingest import WritePlan
 from .requests import STAGED, Requests
 
 log = logging.getLogger(__name__)
 
-#: The most of a staged write sent with its plan: the ingest file's prefix and header of a batch
-#: of SGLang's (128 pages: some 20 KB) and the start of its first page.
+#: The most of a batch's first write sent with its plan: the ingest file's prefix and header of a
+#: batch of SGLang's (128 pages: some 20 KB) and the start of its first page.
 HEAD_BYTES = 64 << 10
 #: Requests forwarded as they are: their arguments and answers are small.
 _PLAIN = frozenset({
@@ -108,14 +110,17 @@ class ForwardedRequests:
         if not fh & STAGED or len(data) <= HEAD_BYTES:
             return self._call("write", fh, offset, pickle.PickleBuffer(data))
         view = memoryview(data)
-        plan = self._call("plan", fh, offset, len(data), pickle.PickleBuffer(view[:HEAD_BYTES]))
+        head = view[:HEAD_BYTES] if offset == 0 else view[:0]  # only a batch's start has a header
+        plan = self._call("plan", fh, offset, len(data), pickle.PickleBuffer(head))
         if isinstance(plan, int):
             return plan
-        copies, inline = plan
+        copies, inline, checksummed = plan
         shared = self.shared
         for at, length, target in copies:
             shared[target : target + length] = view[at : at + length]
-        return self._call("filled", fh, [pickle.PickleBuffer(view[at : at + length]) for at, length in inline])
+        checksums = [page_checksum(shared[at : at + length]) for at, length in checksummed]
+        return self._call("filled", fh, [pickle.PickleBuffer(view[at : at + length]) for at, length in inline],
+                          checksums)
 
 
 async def serve(requests: Requests, channel: AsyncChannel, worker: int) -> None:

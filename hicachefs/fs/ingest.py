@@ -22,11 +22,13 @@ A read of the handle says how many of the batch's pages were published and the e
 that failed: ``<published> <errno>\\n``.
 
 With worker processes (``--workers``) a WRITE's page bytes need not pass through the owner of
-the store: ``plan`` takes the write's head (the prefix and header, and whatever payload the head
-holds) as any write, reserves the pages the rest of the write reaches and says where their bytes
-go (a draft's place in the memory the store shares with the workers, or inline when it has none;
-nowhere for a page kept as it is); the worker copies them there, and ``filled`` publishes the
-pages it completed, with the same rules and answers as ``write``.
+the store: ``plan`` takes the write's head (the batch's first write sends the prefix and header,
+and whatever payload follows them in its head; later writes send none) as any write, reserves
+the pages the rest of the write reaches and says where their bytes go (a draft's place in the
+memory the store shares with the workers, or inline when it has none; nowhere for a page kept as
+it is); the worker copies them there and checksums the pages whose last byte it copied (all
+their bytes are in that memory by then: a batch's writes come one after another), and
+``filled`` publishes them with those checksums, with the same rules and answers as ``write``.
 
 Not thread-safe: the daemon's trio thread only. Nothing here blocks beyond the store's
 memory-speed ``reserve`` and ``publish``.
@@ -110,18 +112,20 @@ class _Step(NamedTuple):
 class WritePlan:
     """Where the bytes of a write past its head go (see the module docstring): ``copies`` are
     (position in the write, length, offset in shared memory), ``inline`` the (position, length)
-    ranges to send back with ``filled``, in order."""
+    ranges to send back with ``filled``, in order; ``checksummed`` the (offset in shared memory,
+    size) of the pages the copies complete, whose checksums ``filled`` gets, in order."""
 
     copies: list[tuple[int, int, int]] = field(default_factory=list)
     inline: list[tuple[int, int]] = field(default_factory=list)
+    checksummed: list[tuple[int, int]] = field(default_factory=list)
     steps: list[_Step] = field(default_factory=list)
     taken: int = 0  # bytes of the write the head used
     failure: FsError | StoreError | None = None  # what stops the write after its steps
     reserved: list[Draft] = field(default_factory=list)  # drafts of pages the plan began
 
-    def wire(self) -> tuple[list, list]:
-        """What the worker needs of it: the copies and the inline ranges."""
-        return self.copies, self.inline
+    def wire(self) -> tuple[list, list, list]:
+        """What the worker needs of it: the copies, the inline ranges, the pages to checksum."""
+        return self.copies, self.inline, self.checksummed
 
 
 class IngestStream:
@@ -205,6 +209,8 @@ class IngestStream:
                     plan.inline.append((at, take))
                 else:
                     plan.copies.append((at, take, draft.shared_at + written))
+                    if written + take == entry.size:
+                        plan.checksummed.append((draft.shared_at, entry.size))
             plan.steps.append(_Step(index, written, take, draft))
             at += take
             index, written = index + 1, 0
@@ -222,13 +228,16 @@ class IngestStream:
         plan.reserved.append(draft)
         return draft
 
-    def filled(self, inline: list) -> int:
+    def filled(self, inline: list, checksums: list[int]) -> int:
         """Phase two: the worker copied the plan's bytes (``inline``: those it had nowhere to
-        copy, in order); publish the pages they completed. Answers as ``write`` does."""
+        copy, in order) and checksummed the pages it completed (``checksums``, in the plan's
+        order); publish those pages. Answers as ``write`` does."""
         plan, self._plan = self._plan, None
         if plan is None:
             raise FsError(errno.EINVAL, "no ingest write is waiting for its bytes")
-        pieces = iter(inline)
+        if len(checksums) != len(plan.checksummed):
+            raise FsError(errno.EINVAL, f"{len(checksums)} checksums for {len(plan.checksummed)} pages")
+        pieces, sums = iter(inline), iter(checksums)
         if plan.steps and plan.steps[0].index < 0:  # the whole rest came inline
             return plan.taken + self.write(self._position, next(pieces))
         used = plan.taken
@@ -239,7 +248,8 @@ class IngestStream:
                 if step.draft.shared_at is None:
                     step.draft.write(step.written, next(pieces))
                 else:
-                    step.draft.mark_filled()
+                    completes = step.written + step.take == entry.size
+                    step.draft.mark_filled(next(sums) if completes else None)
             if step.written + step.take == entry.size:
                 draft, self._draft = self._draft, None
                 if draft is not None:

@@ -179,9 +179,9 @@ class Requests:
         """A staged write's first phase (``ingest.IngestStream.plan``)."""
         return self._staged(fh).plan(offset, size, head)
 
-    async def filled(self, fh: int, inline: list) -> int:
+    async def filled(self, fh: int, inline: list, checksums: list[int]) -> int:
         """A staged write's second phase (``ingest.IngestStream.filled``)."""
-        return self._staged(fh).filled(inline)
+        return self._staged(fh).filled(inline, checksums)
 
     def _staged(self, fh: int):
         handle = self.handle(fh)

@@ -6,7 +6,7 @@ Never imports pyfuse3 or torch; the daemon in ``hicachefs.fs`` is one caller, th
 
 from hicachefs.store.config import StoreConfig
 from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
-from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader
+from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader, page_checksum
 from hicachefs.store.statistics import StoreStatistics, TierStatistics
 from hicachefs.store.store import PageStore
 
@@ -25,4 +25,5 @@ __all__ = [
     "StoreFull",
     "StoreStatistics",
     "TierStatistics",
+    "page_checksum",
 ]

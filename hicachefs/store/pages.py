@@ -33,6 +33,11 @@ class PageInfo:
         return self.checksum, self.mtime_ns
 
 
+def page_checksum(data) -> int:
+    """The checksum a page is stored with (``checksum_text`` writes it out)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
 def checksum_text(value: int) -> str:
     return f"xxh3_64:{value:016x}"
 
@@ -67,7 +72,7 @@ class Draft:
     """A reserved RAM slot of exactly ``size`` bytes; write the page into ``buffer``, then
     publish or abandon it (once). Only its creator touches it."""
 
-    __slots__ = ("size", "buffer", "_offset", "_live", "_hasher", "_hashed")
+    __slots__ = ("size", "buffer", "_offset", "_live", "_hasher", "_hashed", "_given")
 
     def __init__(self, offset: int | None, size: int, buffer: memoryview) -> None:
         self.size = size
@@ -76,6 +81,7 @@ class Draft:
         self._live = True
         self._hasher = xxhash.xxh3_64()
         self._hashed = 0  # bytes fed to the hasher, in order from the start
+        self._given: int | None = None  # the checksum the process that filled it took
 
     def write(self, offset: int, data) -> None:
         """Copy ``data`` into the page at ``offset``. Writes in order from the start are
@@ -95,10 +101,12 @@ class Draft:
         slot's offset there, see ``PageStore.shared_memory``); None for private memory."""
         return self._offset
 
-    def mark_filled(self) -> None:
-        """Another process wrote the page's bytes straight into that shared memory, in order
-        and whole: they are checksummed at publish, not as they arrive."""
+    def mark_filled(self, checksum: int | None = None) -> None:
+        """Another process wrote (some of) the page's bytes straight into that shared memory,
+        in order. ``checksum``: it wrote the last of them and checksummed the whole page there,
+        saving publish the pass; without it the page is checksummed at publish."""
         self._hasher = None
+        self._given = checksum
 
     def view(self) -> memoryview:
         """The page's bytes as written so far; bytes never written read as zeros."""
@@ -113,9 +121,11 @@ class Draft:
         self._hasher = None
 
     def checksum(self) -> int:
+        if self._given is not None:
+            return self._given
         if self._hasher is not None and self._hashed == self.size:
             return self._hasher.intdigest()
-        return xxhash.xxh3_64_intdigest(self.view())
+        return page_checksum(self.view())
 
     def consume(self) -> int | None:
         """End the draft (the store takes its slot over or frees it); returns the slot."""

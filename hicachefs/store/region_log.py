@@ -47,6 +47,7 @@ import xxhash
 
 from hicachefs.store.device import ArenaRefused, FileDevice
 from hicachefs.store.errors import StoreError
+from hicachefs.store.pages import page_checksum
 from hicachefs.store.tier import ReadResult
 
 _SUPER = struct.Struct("<8sIIQQQ")  # magic, version, reserved, file bytes, region bytes, file id
@@ -71,10 +72,6 @@ def record_length(name_len: int, size: int) -> int:
 def record_lengths(name_lens: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """``record_length`` over arrays (int64)."""
     return (HEADER.size + name_lens.astype(np.int64) + sizes.astype(np.int64) + _ALIGN - 1) & ~(_ALIGN - 1)
-
-
-def payload_checksum(data) -> int:
-    return xxhash.xxh3_64_intdigest(data)
 
 
 def _header_check(header: bytes | bytearray | memoryview, name: bytes | memoryview) -> int:
@@ -248,7 +245,7 @@ class RegionLog:
                     break
                 if magic == LIVE:
                     payload = view[name_at + name_len : name_at + name_len + size]
-                    if payload_checksum(payload) == checksum:
+                    if page_checksum(payload) == checksum:
                         self.region_live[region] += length
                         self.used_bytes += length
                         found += 1
@@ -333,7 +330,7 @@ class RegionLog:
             or _header_check(header, name) != hcheck
         ):
             return ReadResult.MISMATCH
-        return ReadResult.OK if payload_checksum(out) == checksum else ReadResult.CORRUPT
+        return ReadResult.OK if page_checksum(out) == checksum else ReadResult.CORRUPT
 
     def sync(self) -> None:
         self.device.fsync()

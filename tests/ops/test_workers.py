@@ -14,6 +14,7 @@ import sys
 import threading
 
 import pytest
+import xxhash
 
 from hicachefs.testing import mounting
 from hicachefs.testing.workload import content
@@ -40,13 +41,19 @@ def client(mount: mounting.Mount, rank: int) -> list[tuple[str, bytes]]:
         ours.append((f"{POOL}/r{rank}-p{i:03d}", data))
     for path, data in ours:
         assert read_page(mount.path / path) == data
-    batch = [(f"{POOL}/r{rank}-in{i:03d}", content(rank * 1000 + 500 + i, 128 << 10)) for i in range(16)]
+    # 128 KiB pages and pages of a little over 1 MiB, which begin in one WRITE request and end in
+    # the next: workers copy their bytes into the drafts and checksum the pages they complete.
+    sizes = [(128 << 10) if i % 2 else (1 << 20) + 4096 * i + 1 for i in range(16)]
+    batch = [(f"{POOL}/r{rank}-in{i:03d}", content(rank * 1000 + 500 + i, size)) for i, size in enumerate(sizes)]
     fd = os.open(mount.path / ".hicachefs" / "ingest", os.O_RDWR)
-    try:  # 2 MiB: written in WRITE requests past the head that workers copy into the drafts
-        assert ingest_batch(fd, batch) == 16 + sum(len(f"{len(d)} {p}\n") for p, d in batch) + 16 * (128 << 10)
+    try:
+        assert ingest_batch(fd, batch) == 16 + sum(len(f"{len(d)} {p}\n") for p, d in batch) + sum(sizes)
         assert ingest_status(fd) == (16, 0)
     finally:
         os.close(fd)
+    for path, data in batch:  # the checksum the page is stored with is that of its bytes
+        stored = os.getxattr(mount.path / path, "user.hicachefs.checksum").decode()
+        assert stored == f"xxh3_64:{xxhash.xxh3_64_intdigest(data):016x}", path
     ours += batch
     fd = os.open(mount.path / ".hicachefs" / "fetch", os.O_RDWR)
     try:

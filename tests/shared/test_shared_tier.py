@@ -12,6 +12,7 @@ from pages import wait_until
 from shared_helpers import KiB, Releases, make_page, page_name, read_page, wait_for_sweeps
 
 from hicachefs.testing.faults import Fault, FaultyDevice
+from hicachefs.store.pages import page_checksum
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import JOURNAL_DIR, Layout, place
@@ -92,7 +93,7 @@ def test_a_page_replaced_by_another_version_is_a_mismatch_not_corruption(tmp_pat
     page, data = make_page(1)
     tier.write(page, data)
     found = tier.find(page.name)
-    newer = page._replace(checksum=page_format.checksum(data[::-1]), mtime_ns=page.mtime_ns + 1)
+    newer = page._replace(checksum=page_checksum(data[::-1]), mtime_ns=page.mtime_ns + 1)
     tier.write(newer, data[::-1])
     assert tier.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.OK  # the file it opened
     assert tier.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.MISMATCH

@@ -7,7 +7,7 @@ from store_helpers import KiB, MiB
 
 from hicachefs.store.eviction import LruPolicy
 from hicachefs.store.ram_tier import RamTier
-from hicachefs.store.region_log import payload_checksum
+from hicachefs.store.pages import page_checksum
 from hicachefs.store.ssd_tier import SsdTier
 from hicachefs.store.tier import PageMeta, ReadResult
 from hicachefs.testing.workload import content
@@ -47,7 +47,7 @@ def tier(request, tmp_path):
 
 def _page(i: int, size: int) -> tuple[PageMeta, bytes]:
     data = content(i, size)
-    return PageMeta(f"m/f/tp0of1/kv/{i:064x}", size, payload_checksum(data), 1_000 + i), data
+    return PageMeta(f"m/f/tp0of1/kv/{i:064x}", size, page_checksum(data), 1_000 + i), data
 
 
 def test_a_written_page_reads_back_exactly_and_is_accounted(tier):

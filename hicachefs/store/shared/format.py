@@ -78,7 +78,3 @@ def decode(data: bytes | memoryview, expected_name: str) -> Decoded:
     if stored_name != name or check != _check(bytes(data[4 : HEADER_BYTES - 4]), stored_name):
         return Decoded(Verdict.CORRUPT, None, 0)
     return Decoded(Verdict.OK, PageMeta(expected_name, size, checksum, mtime_ns), end)
-
-
-def checksum(payload) -> int:
-    return xxhash.xxh3_64_intdigest(payload)

@@ -48,6 +48,7 @@ from hicachefs.store.shared.layout import Layout, Place, place
 from hicachefs.store.shared.presence import PresenceIndex
 from hicachefs.store.shared.sweep import Sweeper, SweepStatistics
 from hicachefs.store.shared.write_behind import WriteBehind, WriteBehindStatistics
+from hicachefs.store.pages import page_checksum
 from hicachefs.store.statistics import TierCounters, TierStatistics
 from hicachefs.typed_stats import level, part, total
 from hicachefs.store.tier import PageMeta, ReadResult, Tier
@@ -375,7 +376,7 @@ class SharedTier(Tier):
                 if got <= 0:
                     break
                 filled += got
-            if filled < page.size or page_format.checksum(payload) != page.checksum:
+            if filled < page.size or page_checksum(payload) != page.checksum:
                 self._remove_damaged(fd, self._layout.page_path(where), where, page.name)
                 raise _Corrupt(page.name)
             return payload
