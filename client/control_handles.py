@@ -10,6 +10,11 @@ that cannot be opened is not tried again for a second: the caller then answers i
 (``stat``, a temporary file and rename, a file per page), which also serves a plain directory
 or a daemon that predates the file.
 
+Each thread opens each control file under a name of its own (``exists.1`` ... ``exists.63``,
+and so for ``ingest`` and ``fetch``: each a file of its own to the kernel, which lets one write
+at a time into one file): handles take the names in turn from a random start per process, so
+that processes rarely share one. A daemon without those names is used through the plain ones.
+
 Thread-safe.
 """
 
@@ -18,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import itertools
 import os
+import random
 import threading
 import time
 import weakref
@@ -30,6 +37,8 @@ CONTROL_DIR = ".hicachefs"
 EXISTS_FILE = f"{CONTROL_DIR}/exists"
 INGEST_FILE = f"{CONTROL_DIR}/ingest"
 FETCH_FILE = f"{CONTROL_DIR}/fetch"
+# Each control file's other names: <name>.1 ... <name>.63 (see the module docstring).
+OTHER_NAMES = 63
 # Retry opening a control file that could not be opened at most this often (seconds).
 RETRY_INTERVAL_S = 1.0
 
@@ -74,6 +83,8 @@ class ControlHandles:
         self._all: "weakref.WeakSet[ControlHandle]" = weakref.WeakSet()
         self._lock = threading.Lock()
         self._retry_at: Dict[str, float] = {}
+        self._other_names = itertools.count(random.randrange(OTHER_NAMES))
+        self._has_other_names = True  # until a daemon without them is seen
         # Once a daemon has been seen here, a root without .hicachefs/ is a bare mountpoint.
         self.seen_daemon = os.path.isdir(os.path.join(root, CONTROL_DIR))
 
@@ -111,7 +122,7 @@ class ControlHandles:
             return None
         path = os.path.join(self.root, name)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fd = self._open(name, path)
         except OSError as exc:
             self._retry_at[name] = time.monotonic() + RETRY_INTERVAL_S
             if exc.errno == errno.ENOENT:
@@ -126,6 +137,16 @@ class ControlHandles:
         with self._lock:
             self._all.add(handle)
         return handle
+
+    def _open(self, name: str, path: str) -> int:
+        if self._has_other_names:
+            with self._lock:
+                other = next(self._other_names) % OTHER_NAMES + 1
+            try:
+                return os.open(f"{path}.{other}", os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._has_other_names = False  # a daemon that predates them
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC)
 
     def drop(self, handle: ControlHandle) -> None:
         """Close a handle that failed; the thread's next ``get`` opens a new one."""

@@ -4,6 +4,14 @@
 Read-only files render a snapshot at open, so one ``cat`` sees one consistent state. The
 ``exists`` file is a per-handle request/answer stream (DESIGN.md, "Batch existence query");
 ``ingest`` and ``fetch`` publish and read many pages per request (``ingest.py``, ``fetch.py``).
+
+Each of those three streams also answers to ``<name>.1`` ... ``<name>.63`` (``exists.1``,
+``ingest.1``...), not listed: the same file under names that are files of their own to the
+kernel (inodes of their own). The kernel lets one write at a time into a file opened for direct
+I/O (it holds the inode's lock for the write; libfuse 3.14 cannot tell it that writes may run
+in parallel), so clients whose requests all go through one name send one WRITE at a time,
+however many requests the daemon (its worker processes) could take at once. A client spreads
+its threads over the names.
 Every handle's ``read`` and ``write`` are coroutines: a handle may pause between steps of a
 large request, or wait for a worker thread. No pyfuse3 here; not thread-safe (trio thread only).
 """
@@ -28,10 +36,27 @@ from .request_limits import Account, RequestLimits
 
 CONTROL_DIR_INODE = 2
 _FILES = {b"stats": 3, b"metrics": 4, b"config": 5, b"exists": 6, b"ingest": 7, b"fetch": 8}
+#: How many names each request stream answers to: its own and ``<name>.1`` ... (see above).
+LANES = 64
+
+
+def _lanes() -> tuple[dict[bytes, int], dict[int, int]]:
+    """The streams' other names with their inodes, and every file's inode (under any of its
+    names) with the inode of the file it is."""
+    names, file_of = {}, {inode: inode for inode in _FILES.values()}
+    for name in (b"exists", b"ingest", b"fetch"):
+        for lane in range(1, LANES):
+            inode = max(_FILES.values()) + 1 + len(names)
+            names[b"%s.%d" % (name, lane)] = inode
+            file_of[inode] = _FILES[name]
+    return names, file_of
+
+
+_LANE_NAMES, _FILE_OF = _lanes()
 INGEST_INODE = _FILES[b"ingest"]
 #: Files any user may open for writing: their writes are requests, not changes to the store.
 _REQUEST_FILES = frozenset({_FILES[b"exists"], _FILES[b"fetch"]})
-CONTROL_INODES = frozenset({CONTROL_DIR_INODE, *_FILES.values()})
+CONTROL_INODES = frozenset({CONTROL_DIR_INODE, *_FILE_OF})
 #: The largest exists request one handle accepts. SGLang asks about 128 pages at a time for
 #: each of its pools (some 70 KB); this holds a whole long prompt asked in one request: 8,192
 #: pages (half a million tokens at 64 a page) for 4 pools, at 256 bytes a path.
@@ -222,10 +247,16 @@ class ControlFiles:
         self.request_limits = RequestLimits(writers=frozenset({0, os.getuid()}))
 
     def lookup(self, name: bytes) -> int:
-        inode = _FILES.get(name)
+        inode = _FILES.get(name) or _LANE_NAMES.get(name)
         if inode is None:
             raise FsError(errno.ENOENT, "no such control file")
         return inode
+
+    @staticmethod
+    def file_of(inode: int) -> int:
+        """The control file an inode is, under whichever of its names (see the module
+        docstring)."""
+        return _FILE_OF.get(inode, inode)
 
     def entries(self) -> list[tuple[bytes, int]]:
         return sorted(_FILES.items())
@@ -233,18 +264,20 @@ class ControlFiles:
     def stat(self, inode: int) -> Stat:
         if inode == CONTROL_DIR_INODE:
             return Stat(inode, stat.S_IFDIR | 0o555, 0, 2, self.started_ns, self.started_ns)
-        mode = 0o666 if inode in _REQUEST_FILES else 0o644 if inode == INGEST_INODE else 0o444
+        file = self.file_of(inode)
+        mode = 0o666 if file in _REQUEST_FILES else 0o644 if file == INGEST_INODE else 0o444
         return Stat(inode, stat.S_IFREG | mode, 0, 1, self.started_ns, self.started_ns)
 
     def is_request_file(self, inode: int) -> bool:
         """Whether any user may open ``inode`` for writing (its writes ask, they change nothing)."""
-        return inode in _REQUEST_FILES
+        return self.file_of(inode) in _REQUEST_FILES
 
     def open(self, inode: int, flags: int, publisher: Publisher, uid: int = 0):
         """A handle on a control file; ``uid``: who opens it (whose share a request file's
         requests take)."""
         if inode == CONTROL_DIR_INODE:
             raise FsError(errno.EISDIR, "is a directory")
+        inode = self.file_of(inode)
         if inode == _FILES[b"exists"]:
             return ExistsHandle(self.store, self.request_limits.account(uid))
         if inode == _FILES[b"fetch"]:

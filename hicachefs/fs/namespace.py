@@ -98,7 +98,7 @@ class Namespace:
         open of the ingest file."""
         if inode in CONTROL_INODES:
             return not self.control.is_request_file(inode) and (
-                inode == INGEST_INODE or bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)))
+                self.control.file_of(inode) == INGEST_INODE or bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)))
         return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC))
 
     def caches_misses(self, parent_inode: int) -> bool:

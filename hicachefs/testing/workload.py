@@ -145,9 +145,10 @@ def ask_exists(fd: int, paths: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def exists_handle(root: Path) -> Iterator[int]:
-    """A handle of the mount's ``.hicachefs/exists`` (its file descriptor), closed after."""
-    fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
+def exists_handle(root: Path, name: str = "exists") -> Iterator[int]:
+    """A handle of the mount's ``.hicachefs/exists`` (its file descriptor; ``name``: under
+    another of its names), closed after."""
+    fd = os.open(root / ".hicachefs" / name, os.O_RDWR)
     try:
         yield fd
     finally:

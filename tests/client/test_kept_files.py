@@ -28,6 +28,7 @@ def kept_reader(mounted, pages=PAGES):
     writer = make_fs(mounted.path, source)
     keys = [key("kept", i) for i in range(pages)]
     assert writer.batch_set_v1(keys, indices(source, range(pages))) == [True] * pages
+    writer.close()
     target = MHAHostPool(pages=pages)
     reader = make_fs(mounted.path, target)
     for _ in range(2):  # read, then read again: from now on their files are kept

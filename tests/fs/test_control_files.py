@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hicachefs.testing.workload import ask_exists, exists_handle
-from pages import publish, read_page
+from pages import as_nobody, fetch_pages, ingest_batch, ingest_status, publish, read_page
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
 
@@ -93,3 +93,35 @@ def test_read_only_control_files_refuse_writes(mounted, name):
         os.open(mounted.path / ".hicachefs" / "new", os.O_WRONLY | os.O_CREAT)
     assert info.value.errno == errno.EPERM
     assert sorted(os.listdir(mounted.path / ".hicachefs")) == ["config", "exists", "fetch", "ingest", "metrics", "stats"]
+
+
+def test_each_request_stream_answers_to_other_names_that_are_files_of_their_own(mounted):
+    """``exists.N``, ``ingest.N`` and ``fetch.N`` (N from 1 to 63) are those files under names with
+    inodes of their own, so that the kernel lets writes through different names run at once;
+    they are not listed, and a name past 63 is no file."""
+    control = mounted.path / ".hicachefs"
+    pool = mounted.page_dir()
+    publish(pool, "a", b"page a")
+    with exists_handle(mounted.path, "exists.63") as fd:
+        assert ask_exists(fd, [f"{POOL}/a", f"{POOL}/b"]) == "10"
+    fd = os.open(control / "ingest.1", os.O_RDWR)
+    try:
+        ingest_batch(fd, [(f"{POOL}/b", b"page b")])
+        assert ingest_status(fd) == (1, 0)
+    finally:
+        os.close(fd)
+    fd = os.open(control / "fetch.7", os.O_RDWR)
+    try:
+        assert fetch_pages(fd, [(f"{POOL}/a", 6), (f"{POOL}/b", 6)]) == b"page apage b"
+    finally:
+        os.close(fd)
+    inodes = {os.stat(control / name).st_ino for name in ("exists", "exists.1", "exists.63", "ingest",
+                                                          "ingest.1", "fetch", "fetch.1")}
+    assert len(inodes) == 7
+    assert os.stat(control / "ingest.9").st_mode == os.stat(control / "ingest").st_mode
+    assert os.stat(control / "fetch.9").st_mode == os.stat(control / "fetch").st_mode
+    for missing in ("ingest.0", "ingest.64", "fetch.01", "stats.1"):
+        assert not (control / missing).exists(), missing
+    assert sorted(os.listdir(control)) == ["config", "exists", "fetch", "ingest", "metrics", "stats"]
+    refused = as_nobody("/usr/bin/python3.11", "-c", f"import os; os.open({str(control / 'ingest.5')!r}, os.O_RDWR)")
+    assert "PermissionError" in refused.stderr
