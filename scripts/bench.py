@@ -616,6 +616,7 @@ def rank_phase(result: Result, workers: List[RankWorker], phase: str, tag: str,
         for op, n in requests.items():
             result.requests[op] = result.requests.get(op, 0) + n
         result.daemon_cpu += cpu
+        result.owner_cpu += daemon.owner_cpu_since(mark)
 
 
 def ranks_cases(bench: Bench, counts: List[int], worker_counts: List[int], workers_flag: bool,

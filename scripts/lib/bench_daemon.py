@@ -5,7 +5,9 @@ The requests come from ``.hicachefs/stats`` (``requests``), whose own read is a 
 (an OPEN, two READs, a RELEASE, a GETATTR when the kernel's attributes have expired) and about
 0.3 ms of the daemon's CPU time: what a read costs is measured at the start, and taken off again
 for every read made here. The CPU time is the kernel's count for the daemon's process and the
-processes it started (all their threads), to the nanosecond (``clock_gettime`` of each
+processes it started (all their threads; with ``--workers``, the owner of the store is also
+counted alone: it answers every worker, so its busy time is where the daemon saturates), to
+the nanosecond (``clock_gettime`` of each
 process's CPU clock; ``/proc/PID/stat`` counts only in 10 ms ticks, coarser than a call of 8
 small pages).
 
@@ -48,6 +50,7 @@ class Mark:
 
     stats: dict
     cpu: float
+    owner_cpu: float
     reads: int
 
 
@@ -71,22 +74,21 @@ class Daemon:
 
     def cpu(self) -> float:
         """CPU seconds used by the daemon and the processes it started, all threads."""
-        pids = [self.mount.pid]
+        return self.owner_cpu() + sum(_cpu_seconds(pid) for pid in self._children())
+
+    def owner_cpu(self) -> float:
+        """CPU seconds used by the daemon's own process (the owner of the store), all threads."""
+        return _cpu_seconds(self.mount.pid)
+
+    def _children(self) -> list[int]:
         children = Path(f"/proc/{self.mount.pid}/task/{self.mount.pid}/children")
         try:
-            pids += [int(p) for p in children.read_text().split()]
+            return [int(p) for p in children.read_text().split()]
         except OSError:
-            pass
-        total = 0.0
-        for pid in pids:
-            try:
-                total += time.clock_gettime(_cpu_clock(pid))
-            except OSError:  # a child that has just ended
-                pass
-        return total
+            return []
 
     def mark(self) -> Mark:
-        return Mark(self.stats(), self.cpu(), self.reads)
+        return Mark(self.stats(), self.cpu(), self.owner_cpu(), self.reads)
 
     def since(self, mark: Mark) -> Tuple[Dict[str, int], float]:
         """(requests by kind, CPU seconds) since ``mark``, less what the stats reads made here
@@ -98,6 +100,11 @@ class Daemon:
             delta[op] = delta.get(op, 0) - n * reads
         return {op: n for op, n in delta.items() if n > 0}, cpu
 
+    def owner_cpu_since(self, mark: Mark) -> float:
+        """The owner's CPU seconds since ``mark``, less what the stats reads made here cost
+        (the owner answers those)."""
+        return max(0.0, self.owner_cpu() - mark.owner_cpu - (self.reads - mark.reads) * self.own_cpu)
+
     def wait_for_hits(self, mark: Mark, pages: int) -> bool:
         """Wait until the daemon has counted at least ``pages`` reads since ``mark`` (hits;
         the client reports its reads through kept files every half second): whether it did."""
@@ -107,6 +114,13 @@ class Daemon:
                 return False
             time.sleep(HITS_POLL_S)
         return True
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        return time.clock_gettime(_cpu_clock(pid))
+    except OSError:  # a child that has just ended
+        return 0.0
 
 
 def config_line(mount: mounting.Mount) -> str:

@@ -77,6 +77,7 @@ class Result:
     invalid: str = ""  # why the measurement does not show what it claims to
     cpu: float = 0.0         # CPU seconds of the calling process(es) in the calls
     daemon_cpu: float = 0.0  # CPU seconds of the hicachefs daemon meanwhile
+    owner_cpu: float = 0.0   # of those, its own process's (the ranks case: with workers, not all)
     keep_seconds: float = 0.0  # waited for the background keep after the calls (second read)
     kept_reads: int = 0        # pages read through files the client keeps open
 
@@ -119,6 +120,13 @@ class Result:
         one core, all the time)."""
         elapsed = self.total + self.keep_seconds
         return self.daemon_cpu / elapsed if elapsed else float("nan")
+
+    @property
+    def owner_busy(self) -> float:
+        """``daemon_busy`` of the daemon's own process alone: with workers, the owner of the
+        store answers all of them, and its one thread is the ceiling."""
+        elapsed = self.total + self.keep_seconds
+        return self.owner_cpu / elapsed if elapsed else float("nan")
 
     @property
     def requests_per_page(self) -> float:
@@ -310,7 +318,7 @@ def ranks_table(results: List[Result], found: Checks) -> List[str]:
     counts = sorted({r.ranks for r in ranked})
     most = counts[-1]
     head = (f"{'case':<22}{'op':<13}{'backend':<13}" + "".join(f"{f'{n} GB/s':>8}" for n in counts)
-            + "".join(f"{f'x{n}':>7}" for n in counts[1:]) + f"{'vs HF':>7}{'daemon':>8}"
+            + "".join(f"{f'x{n}':>7}" for n in counts[1:]) + f"{'vs HF':>7}{'daemon':>8}{'owner':>7}"
             + "  target (scaling 1 -> 2 ranks)")
     lines = [head, "-" * len(head)]
     for case, op in _ordered(ranked, lambda r: True):
@@ -332,6 +340,7 @@ def ranks_table(results: List[Result], found: Checks) -> List[str]:
                          f"{op if backend == HICACHEFS else '':<13}{backend:<13}{rates}{scaling}"
                          f"{(f'{ratio:.2f}x' if ratio else ''):>7}"
                          f"{(f'{last.daemon_busy:.0%}' if backend == HICACHEFS and last else ''):>8}"
+                         f"{(f'{last.owner_busy:.0%}' if backend == HICACHEFS and last else ''):>7}"
                          f"  {target}")
     return lines
 
@@ -354,7 +363,9 @@ def table(results: List[Result], memcpy: float, ranks_note: str) -> str:
                   "start to the last rank's end (a second read's background keep is waited for "
                   "after that, and counts in the daemon's CPU time); 'xN' is that aggregate over "
                   "one rank's; 'vs HF' and 'daemon' (its CPU time over that time and the keep's; "
-                  "100% = one core) at the most ranks."]
+                  "100% = one core) at the most ranks; 'owner': the same of the daemon's own "
+                  "process alone, which with --workers answers every worker (near 100%: the "
+                  "owner is the ceiling)."]
     host = host_table(results, found)
     if host:
         lines += ["", "Per page, on the daemon's side (its own counters: .hicachefs/stats "
