@@ -136,7 +136,7 @@ class Plan:
     ram_calls: Dict[tuple, int]      # RAM case -> calls written per round (kept for the reads)
     ram_write_rounds: int            # rounds of writes (all but the last are removed again)
     later_passes: int                # passes of later reads (after the first and second)
-    ranks_calls: int                 # calls of 128 pages of 1 MiB per rank and phase
+    ranks_calls: int                 # calls of 128 pages of 1 MiB per rank and phase (x16 of 8 small)
     ssd_calls: Dict[str, int]        # page size -> calls of 128 pages
     exists_pages: int
     exists_queries: int
@@ -153,6 +153,10 @@ FULL = Plan("5G", dict(zip(RAM_CASES, (400, 400, 128, 16, 3))), 2, 2, 4, {"1 MiB
 QUICK = Plan("2560M", dict(zip(RAM_CASES, (100, 100, 32, 8, 2))), 1, 1, 2, {"1 MiB": 4},
              10_000, 100, 256 << 20, 3)
 RANKS_PAGE = "1 MiB"
+#: The ranks cases: page size, pages a call, calls per rank and phase as a multiple of
+#: ``ranks_calls``: SGLang's large batches of 1 MiB pages, and its controller's usual 8 pages a
+#: call of 128 KiB (the same number of pages).
+RANKS_SHAPES = ((RANKS_PAGE, STORAGE_BATCH_SIZE, 1), ("128 KiB", 8, 16))
 RANKS_MEMORY_SLACK = 512 * MIB  # the ranks mount's RAM tier beyond the pages of the most ranks
 SSD_MEMORY, SSD_MAX_PAGE, SSD_DISK_SIZE = "128M", "16M", "8G"
 HOST_MEMORY = "1G"  # each cross-host daemon's RAM tier
@@ -546,12 +550,13 @@ RANK_PHASES = (("write", WRITE), ("read", FIRST), ("second", SECOND))
 
 
 def ranks_case(bench: Bench, counts: List[int], daemon: Daemon, file_dir: Path,
-               label: str = "") -> None:
+               label: str, size: str, batch: int, calls: int) -> None:
     """1, then each larger count of ranks of each backend: all ranks of a backend run each
-    phase at the same moment; the backends take turns phase by phase."""
+    phase at the same moment, ``calls`` calls of ``batch`` pages of ``size`` each; the backends
+    take turns phase by phase."""
     plan = bench.plan
-    shape = replace(PAGES[RANKS_PAGE], tp_size=max(8, counts[-1]))  # ranks of one TP8 server
-    case = f"ranks {RANKS_PAGE} x{STORAGE_BATCH_SIZE}{label}"
+    shape = replace(PAGES[size], tp_size=max(8, counts[-1]))  # ranks of one TP8 server
+    case = f"ranks {size} x{batch}{label}"
     file_dir.mkdir(parents=True, exist_ok=True)
     roots = {HICACHEFS: daemon.mount.path, FILE: file_dir}
     workers: Dict[str, List[RankWorker]] = {name: [] for name in roots}
@@ -559,8 +564,7 @@ def ranks_case(bench: Bench, counts: List[int], daemon: Daemon, file_dir: Path,
     try:
         for name, root in roots.items():
             for rank in range(counts[-1]):
-                workers[name].append(RankWorker(name, root, shape, rank, plan.ranks_calls,
-                                                bench.client))
+                workers[name].append(RankWorker(name, root, shape, rank, calls, bench.client, batch))
         for worker in (w for group in workers.values() for w in group):
             if worker.receive() != "ready":
                 raise RuntimeError(f"rank process {worker.proc.pid} did not start")
@@ -569,8 +573,7 @@ def ranks_case(bench: Bench, counts: List[int], daemon: Daemon, file_dir: Path,
             for n, (command, op) in enumerate(progress(phases, f"{case} x{ranks}")):
                 for name in (list(roots) if n % 2 == 0 else list(roots)[::-1]):
                     if (name, op) not in made:
-                        made[name, op] = Result(case, op, name, ranks=ranks, wall=0.0,
-                                                batch=STORAGE_BATCH_SIZE)
+                        made[name, op] = Result(case, op, name, ranks=ranks, wall=0.0, batch=batch)
                         bench.results.append(made[name, op])
                     rank_phase(made[name, op], workers[name][:ranks], command,
                                f"ranks{ranks}", daemon if name == HICACHEFS else None)
@@ -633,8 +636,9 @@ def ranks_cases(bench: Bench, counts: List[int], worker_counts: List[int], worke
         mount = mounting.start(work / f"ranks-{workers}", work / f"ranks-{workers}.log", flags)
         configs.append(f"ranks mount{label}: {config_line(mount)}")
         try:
-            timed(f"ranks{label}", ranks_case, bench, counts, Daemon(mount), shm / f"ranks-{workers}",
-                  label)
+            for size, batch, times in RANKS_SHAPES:
+                timed(f"ranks {size}{label}", ranks_case, bench, counts, Daemon(mount),
+                      shm / f"ranks-{workers}", label, size, batch, times * bench.plan.ranks_calls)
         except BaseException:
             print_log_tail(mount)
             raise
@@ -788,8 +792,9 @@ def main() -> int:
     most = args.ranks[-1]
     print(table(bench.results, memcpy,
                 f"ranks: each rank its own process, host pool and pages (TP ranks tp0..tp{most - 1} "
-                f"of Llama-3.1-8B at TP{max(8, most)}), all at once, {plan.ranks_calls} calls of "
-                f"{STORAGE_BATCH_SIZE} pages per rank and phase:"))
+                f"of a model at TP{max(8, most)}), all at once, per rank and phase {plan.ranks_calls} "
+                f"calls of {STORAGE_BATCH_SIZE} pages of 1 MiB (Llama-3.1-8B) and "
+                f"{16 * plan.ranks_calls} calls of 8 pages of 128 KiB (Llama-3.2-1B):"))
     args.chart.parent.mkdir(parents=True, exist_ok=True)
     chart(bench.results, memcpy, args.chart,
           f"hicachefs (zero-copy v1) vs SGLang HiCacheFile (generic path) and the fast_file core, "

@@ -27,14 +27,15 @@ STOP_TIMEOUT_S = 60.0
 
 
 def serve(conn: Connection, backend: str, root: str, shape: calls.Shape, rank: int,
-          batches: int, client: dict) -> None:
-    """The rank's process: build its pool and backend, say ``ready``, then run each
+          batches: int, client: dict, batch: int) -> None:
+    """The rank's process: build its pool (``batch`` pages, a call's) and backend, say
+    ``ready``, then run each
     ``(phase, tag)`` it is sent and answer with what it measured; ``("clear", "")`` removes
     its pages, ``None`` ends it. Phases: ``write``, ``read``, and ``second`` (a read, then
     the wait for the background keep it started, after the phase's end time)."""
     logging.basicConfig(level=logging.ERROR)
     calls.as_sglang_runs()
-    pool = calls.Pool(shape, tp_rank=rank, seed=rank + 1)
+    pool = calls.Pool(shape, batch=batch, tp_rank=rank, seed=rank + 1)
     if backend == "hicachefs":
         store = calls.make_hicachefs(Path(root), pool, client)
     else:
@@ -65,7 +66,7 @@ def _phase(store, pool: calls.Pool, op, phase: str, tag: str, rank: int, batches
         calls.warm_up(store, pool, f"{tag}/tp{rank}")
     kept_reads, kept = _kept_reads(store), calls.kept_files(store)
     start = time.monotonic()  # system-wide: comparable across ranks
-    made = [calls.timed_call(pool, f"{tag}/tp{rank}/b{b}", calls.keys_for(f"{tag}/tp{rank}/b{b}"),
+    made = [calls.timed_call(pool, f"{tag}/tp{rank}/b{b}", calls.keys_for(f"{tag}/tp{rank}/b{b}", pool.batch),
                              op, phase == "write") for b in range(batches)]
     end = time.monotonic()
     keep = calls.keep_wait(store, kept + sum(c.pages for c in made) if phase == "second" else 0)
@@ -100,10 +101,10 @@ class RankWorker:
     """One rank process: started here, stopped here by its PID."""
 
     def __init__(self, backend: str, root: Path, shape: calls.Shape, rank: int, batches: int,
-                 client: dict) -> None:
+                 client: dict, batch: int = calls.STORAGE_BATCH_SIZE) -> None:
         self.conn, child = _forkserver().Pipe()
         self.proc = _forkserver().Process(
-            target=serve, args=(child, backend, str(root), shape, rank, batches, client),
+            target=serve, args=(child, backend, str(root), shape, rank, batches, client, batch),
             name=f"rank {rank} {backend}")
         self.proc.start()
         child.close()
