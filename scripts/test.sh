@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the whole test suite. CI runs exactly this.
 # Without arguments, a named subset (the FUSE paths of pages, ingest, fetch, the kernel's cache,
-# listings) then runs again with every mount served by 2 worker processes (--workers 2).
+# listings, the control files) then runs again with every mount served by 2 worker processes (--workers 2).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
@@ -17,6 +17,6 @@ fi
 HICACHEFS_TEST_WORKERS=2 exec "${pytest[@]}" \
     tests/fs/test_page_files.py tests/fs/test_ingest.py tests/fs/test_fetch.py \
     tests/fs/test_kernel_cache.py tests/fs/test_many_threads.py tests/fs/test_names.py \
-    tests/fs/test_shell_tools.py \
+    tests/fs/test_shell_tools.py tests/fs/test_control_files.py \
     --deselect tests/fs/test_fetch.py::test_a_batch_is_read_back_to_back_in_as_few_reads_as_its_bytes_need \
     --deselect tests/fs/test_ingest.py::test_a_batch_publishes_every_page_whole_in_few_requests
