@@ -7,7 +7,6 @@ and the same data shapes. Nothing here does I/O.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -123,9 +122,10 @@ class ClientStorageMetrics:
     counters: dict = field(default_factory=dict)
 
 
-@functools.lru_cache(maxsize=1)
 def storage_metrics_class():
-    """SGLang's ``StorageMetrics`` (its metrics collector asserts that type), else the stand-in."""
+    """SGLang's ``StorageMetrics`` (its metrics collector asserts that type), else the stand-in.
+    Not remembered when SGLang's module cannot be imported: it may become importable later in
+    the process (its import chain completed), and from then on SGLang asserts its own type."""
     if not HAVE_SGLANG:
         return ClientStorageMetrics
     try:
