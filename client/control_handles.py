@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import itertools
+import logging
 import os
 import random
 import threading

@@ -12,6 +12,7 @@ I/O (it holds the inode's lock for the write; libfuse 3.14 cannot tell it that w
 in parallel), so clients whose requests all go through one name send one WRITE at a time,
 however many requests the daemon (its worker processes) could take at once. A client spreads
 its threads over the names.
+
 Every handle's ``read`` and ``write`` are coroutines: a handle may pause between steps of a
 large request, or wait for a worker thread. No pyfuse3 here; not thread-safe (trio thread only).
 """

@@ -243,14 +243,14 @@ class IngestStream:
         used = plan.taken
         for n, step in enumerate(plan.steps):
             entry = self._entries[step.index]
+            completes = step.written + step.take == entry.size
             self._draft, self._skipping = step.draft, step.draft is None
             if step.draft is not None:
                 if step.draft.shared_at is None:
                     step.draft.write(step.written, next(pieces))
                 else:
-                    completes = step.written + step.take == entry.size
                     step.draft.mark_filled(next(sums) if completes else None)
-            if step.written + step.take == entry.size:
+            if completes:
                 draft, self._draft = self._draft, None
                 if draft is not None:
                     try:

@@ -191,15 +191,7 @@ class Attack:
             raise RuntimeError(f"the attack ended early (exit {self.process.poll()}): {line!r}")
 
     def finish(self) -> dict:
-        try:
-            out, _ = self.process.communicate(timeout=120)  # closes its standard input
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.communicate()
-            raise
-        if self.process.returncode != 0:
-            raise RuntimeError(f"the attack failed with exit status {self.process.returncode}")
-        return json.loads(out.strip().splitlines()[-1])
+        return _last_line_json(self.process, "the attack")  # closes its standard input
 
 
 def start(kind: str, *args, user: int = NOBODY, count: int = 1) -> Attack | list[Attack]:
@@ -230,15 +222,21 @@ class Probe:
 
     def finish(self) -> list[tuple[float, float, str]]:
         self.stop.touch()
-        try:
-            out, _ = self.process.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.communicate()
-            raise
-        if self.process.returncode != 0:
-            raise RuntimeError(f"the latency probe failed with exit status {self.process.returncode}")
-        return [tuple(s) for s in json.loads(out.strip().splitlines()[-1])]
+        return [tuple(s) for s in _last_line_json(self.process, "the latency probe")]
+
+
+def _last_line_json(process: subprocess.Popen, what: str):
+    """What a helper process printed last, as JSON, once it has ended (killed by its PID if it
+    does not end within 120 s); a helper that failed raises."""
+    try:
+        out, _ = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    if process.returncode != 0:
+        raise RuntimeError(f"{what} failed with exit status {process.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def start_probe(root: Path, pool: str, keys: list[str], stop: Path) -> Probe:
