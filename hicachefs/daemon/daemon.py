@@ -16,6 +16,7 @@ hold yet is filled by 1 MiB requests in flight together rather than 128 KiB ones
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import ctypes.util
 import functools
@@ -95,10 +96,13 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
     try:
         effective = {**asdict(config), "pid": os.getpid()}
         notifier = KernelNotifier(config.memory_bytes // PUSH_SHARE)
-        statistics = lambda: DaemonStatistics(  # noqa: E731 - wiring, read at every open of .hicachefs/stats
-            store.statistics(), dict(requests.errors), dict(requests.counts),
-            namespace.pending_count(), notifier.statistics(),
-            {str(w): dict(counts) for w, counts in sorted(requests.by_worker.items())})
+
+        def statistics() -> DaemonStatistics:  # wiring, read at every open of .hicachefs/stats
+            alone = pool.answered_alone() if pool is not None else {}
+            counts, by_worker = _request_counts(requests, alone)
+            return DaemonStatistics(store.statistics(), dict(requests.errors), counts, namespace.pending_count(),
+                                    notifier.statistics(), by_worker, {str(w): n for w, n in alone.items()})
+
         namespace = Namespace(store, ControlFiles(store, statistics, metrics.render, effective), notifier,
                               config.temp_timeout_s, config.kernel_cache)
         requests = Requests(namespace)
@@ -137,6 +141,17 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         store.close()
         log.info("store closed")
     return 1 if pool is not None and pool.failed else 0
+
+
+def _request_counts(requests: Requests, alone: dict[int, int]) -> tuple[dict, dict]:
+    """Requests answered, in all and by worker: those the owner answered, and the reads the
+    workers answered alone (``alone``, by worker)."""
+    counts = collections.Counter(requests.counts)
+    by_worker = {w: collections.Counter(ops) for w, ops in requests.by_worker.items()}
+    for worker, reads in alone.items():
+        counts["read"] += reads
+        by_worker.setdefault(worker, collections.Counter())["read"] += reads
+    return dict(counts), {str(w): dict(ops) for w, ops in sorted(by_worker.items())}
 
 
 async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoint | None,

@@ -77,6 +77,8 @@ def metric_families(facts: DaemonStatistics) -> list[Metric]:
     for worker, counts in facts.requests_by_worker.items():
         for op, count in counts.items():
             add("worker_requests", "total", count, {"worker": worker, "operation": op})
+    for worker, count in facts.reads_answered_alone.items():
+        add("worker_reads_answered_alone", "total", count, {"worker": worker})
     for field, kind, value in numbers(facts.store):
         if field not in _TIER_SUMS:
             add(_NAMES.get(field, field), kind, value)

@@ -18,7 +18,8 @@ class DaemonStatistics:
     """``errors``: requests refused, by errno name; ``requests``: FUSE requests answered, by
     operation; ``pending_files``: files being written that are not published yet;
     ``requests_by_worker``: with ``--workers``, each worker's share of ``requests`` (by its
-    number, 1 to N; empty for a daemon that reads FUSE itself)."""
+    number, 1 to N; empty for a daemon that reads FUSE itself); ``reads_answered_alone``: of each
+    worker's reads, those it answered without the owner (``fs/fetch_windows.py``)."""
 
     store: StoreStatistics
     errors: dict[str, int] = field(default_factory=dict)
@@ -26,8 +27,10 @@ class DaemonStatistics:
     pending_files: int = 0
     kernel_cache: KernelCacheStatistics = field(default_factory=KernelCacheStatistics)
     requests_by_worker: dict[str, dict[str, int]] = field(default_factory=dict)
+    reads_answered_alone: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {**self.store.as_dict(), "errors": dict(self.errors), "requests": dict(self.requests),
                 "pending_files": self.pending_files, "kernel_cache": as_dict(self.kernel_cache),
-                "requests_by_worker": {w: dict(ops) for w, ops in self.requests_by_worker.items()}}
+                "requests_by_worker": {w: dict(ops) for w, ops in self.requests_by_worker.items()},
+                "reads_answered_alone": dict(self.reads_answered_alone)}

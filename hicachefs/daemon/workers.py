@@ -48,6 +48,7 @@ import trio
 
 from .. import mount_table
 from ..fs.channel import AsyncChannel, Channel
+from ..fs.fetch_windows import FetchWindows
 from ..fs.forwarding import ForwardedRequests, serve
 from ..fs.operations import Operations
 from ..fs.requests import Requests
@@ -121,6 +122,7 @@ class WorkerPool:
         self.requests = requests
         self.mountpoint = mountpoint
         self.workers: list[Worker] = []
+        self.windows = FetchWindows(count, len(requests.namespace.store.shared_memory()))
         self.failed = False
         self._stopping = False
 
@@ -140,7 +142,7 @@ class WorkerPool:
                 pid = os.fork()
                 if pid == 0:
                     ours.close()
-                    _run_worker(index, fd, theirs, self.operations, shared)
+                    _run_worker(index, fd, theirs, self.operations, shared, self.windows)
                 theirs.close()
                 self.workers.append(Worker(index, pid, os.pidfd_open(pid), AsyncChannel(ours)))
         finally:
@@ -152,6 +154,10 @@ class WorkerPool:
         async with trio.open_nursery() as nursery:
             for worker in self.workers:
                 nursery.start_soon(self._serve_one, worker)
+
+    def answered_alone(self) -> dict[int, int]:
+        """Reads each worker answered without the owner (``fs/fetch_windows.py``)."""
+        return self.windows.answered_alone()
 
     def stop(self) -> None:
         """Let every worker finish its request and end (``serve`` returns once all have)."""
@@ -165,7 +171,7 @@ class WorkerPool:
 
     async def _serve_one(self, worker: Worker) -> None:
         try:
-            await serve(self.requests, worker.channel, worker.index)
+            await serve(self.requests, worker.channel, worker.index, self.windows)
         except (trio.BrokenResourceError, OSError):
             pass  # its end went away while we answered: it ended
         finally:
@@ -198,7 +204,8 @@ def _how_it_ended(status: int) -> str:
     return f"exited with status {code}" if code else "left its loop"
 
 
-def _run_worker(index: int, fd: int, sock: socket.socket, operations: Operations, shared: memoryview) -> None:
+def _run_worker(index: int, fd: int, sock: socket.socket, operations: Operations, shared: memoryview,
+                windows: FetchWindows) -> None:
     """A worker process's life (in the child of ``fork``): never returns."""
     code = 1
     try:
@@ -214,7 +221,8 @@ def _run_worker(index: int, fd: int, sock: socket.socket, operations: Operations
         os.dup2(clone, fd)  # libfuse reads and replies on ``fd``: from now on, this clone
         os.close(clone)
         _map_in(shared)
-        operations.requests = ForwardedRequests(Channel(sock), shared, operations.uid, operations.gid)
+        operations.requests = ForwardedRequests(Channel(sock), shared, operations.uid, operations.gid, index,
+                                                windows)
         trio.run(_serve_session, owner)
         code = 0
     except BaseException:

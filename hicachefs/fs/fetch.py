@@ -47,6 +47,8 @@ MAX_FETCH_REQUEST = 4 << 20
 PARSED_LINE_BYTES = 256
 #: Lines parsed in one step: about a millisecond of the daemon's time.
 PARSE_LINES = 2048
+#: The most pages one handle holds pinned (``read``'s ``ahead``).
+MAX_WINDOW_PAGES = 64
 
 
 class FetchHandle:
@@ -63,6 +65,7 @@ class FetchHandle:
         self._starts: list[int] = []
         self._parsed = 0  # request bytes parsed into _pages
         self._held: dict[int, PageReader] = {}  # page index -> its pinned reader
+        self._ends = False  # the last read or its pages ahead reached the answer's end
 
     async def write(self, offset: int, data: bytes) -> int:
         data = bytes(data)  # a worker's write arrives as a view of its message
@@ -93,9 +96,10 @@ class FetchHandle:
             raise FsError(errno.EINVAL, "a report of reads has only lines '0 <path>'")
         self.store.count_reads(line[2:].decode("utf-8", "surrogateescape") for line in lines)
 
-    async def read(self, offset: int, size: int) -> list:
+    async def read(self, offset: int, size: int, ahead: int = 0) -> list:
         """The pages' bytes from ``offset``, as views of each page (joined by the FUSE face, or
-        gathered by a worker from the memory it shares with the store)."""
+        gathered by a worker from the memory it shares with the store). ``ahead``: also pin the
+        RAM pages of the next ``ahead`` bytes of the answer, for ``window``."""
         if self._pages is None:
             self._pages = []
             try:
@@ -129,10 +133,36 @@ class FetchHandle:
                 pieces.append(reader.read(position - start, take))
                 position += take
                 index += 1
+            self._ends = position < end or index == len(pages)
+            if ahead and not self._ends:
+                self._pin_ahead(index, starts[index] + ahead, previous)
         finally:
             for reader in previous.values():
                 reader.close()
         return pieces
+
+    def _pin_ahead(self, index: int, until: int, previous: dict[int, PageReader]) -> None:
+        """Pin the RAM pages that begin before ``until`` in the answer, from page ``index`` on,
+        up to ``MAX_WINDOW_PAGES`` of them held; stop before one that RAM cannot serve."""
+        pages, starts = self._pages, self._starts
+        while index < len(pages) and starts[index] < until and len(self._held) < MAX_WINDOW_PAGES:
+            reader = previous.pop(index, None)
+            if reader is None:
+                reader = self._open(*pages[index])
+                if isinstance(reader, NeedsIO):
+                    return  # on a lower tier: the read that reaches it reads it
+            if reader is None:
+                self._ends = True
+                return
+            self._held[index] = reader
+            index += 1
+        self._ends = index == len(pages)
+
+    def window(self) -> tuple[list[tuple[int, memoryview]], bool]:
+        """The pages pinned since the last read, in order: (start in the answer, bytes), and
+        whether the answer ends after them (a page that cannot be served, or the request's end)."""
+        starts = self._starts
+        return [(starts[i], reader.read(0, reader.size)) for i, reader in sorted(self._held.items())], self._ends
 
     def release(self) -> None:
         self._new_request()

@@ -7,7 +7,10 @@ worker can answer any request, and counts each request by worker.
 
 Page bytes cross as little as they can. The RAM tier's arena is mapped shared, so a read answer's
 views of it cross as ``Span``s (offset, length) and the worker replies from its own mapping of the
-same memory; other pieces (a page read from a lower tier, a control file) come inline. A write of
+same memory; other pieces (a page read from a lower tier, a control file) come inline. Reads of
+the fetch file inside the window the owner pinned at the last forwarded one are not forwarded
+at all (``fetch_windows.py``): ``serve`` shows each fetch handle's window when it answers a read,
+and hides it before it answers a write or release of the handle. A write of
 a handle whose writes can be staged (``requests.STAGED``: the ingest file) goes in two phases:
 ``plan`` (with the write's head when it begins a batch), the worker copies the rest where the plan
 says (straight into the pages' drafts) and checksums the pages it completed, then ``filled``.
@@ -29,6 +32,7 @@ import pyfuse3
 
 from ..store import page_checksum
 from .channel import AsyncChannel, Channel, ChannelClosed
+from .fetch_windows import FetchWindows, Window
 from .ingest import WritePlan
 from .requests import STAGED, Requests
 
@@ -44,6 +48,9 @@ _PLAIN = frozenset({
     "setxattr", "removexattr",
 })
 
+#: Requests after which a fetch handle's window no longer holds (``fetch_windows``).
+_ENDS_WINDOW = frozenset({"write", "release"})
+
 
 class Span(NamedTuple):
     """Bytes of a read answer that lie in the store's shared memory."""
@@ -56,10 +63,13 @@ class ForwardedRequests:
     """The request layer as a worker sees it: the same calls as ``Requests``, answered by the
     owner. A refusal comes back as its errno and is raised as ``FUSEError``."""
 
-    def __init__(self, channel: Channel, shared: memoryview, uid: int, gid: int) -> None:
+    def __init__(self, channel: Channel, shared: memoryview, uid: int, gid: int, worker: int,
+                 windows: FetchWindows) -> None:
         self.channel = channel
         self.shared = shared
         self.uid, self.gid = uid, gid
+        self.worker = worker
+        self.windows = windows
         self._counted: str | None = None  # the FUSE operation the next message begins
 
     def count(self, op: str) -> None:
@@ -103,6 +113,11 @@ class ForwardedRequests:
 
     async def read(self, fh: int, offset: int, size: int) -> list:
         shared = self.shared
+        pieces = self.windows.answer(fh, offset, size, shared)
+        if pieces is not None:  # inside the fetch handle's window: the owner need not hear of it
+            self._counted = None
+            self.windows.count(self.worker)
+            return pieces
         return [shared[p.offset : p.offset + p.length] if isinstance(p, Span) else p
                 for p in self._call("read", fh, offset, size)]
 
@@ -123,7 +138,7 @@ class ForwardedRequests:
                           checksums)
 
 
-async def serve(requests: Requests, channel: AsyncChannel, worker: int) -> None:
+async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows: FetchWindows) -> None:
     """Answer one worker's requests until it closes its channel (its process ended)."""
     offset_of = requests.namespace.store.arena_offset
     while (message := await channel.receive()) is not None:
@@ -131,8 +146,13 @@ async def serve(requests: Requests, channel: AsyncChannel, worker: int) -> None:
         if counted is not None:
             requests.count(counted, worker)
         try:
+            if op in _ENDS_WINDOW:
+                windows.hide(args[0])
             if op == "read":
-                value = [_wire(piece, offset_of) for piece in await requests.read(*args)]
+                value = [_wire(piece, offset_of) for piece in await requests.read(*args, windows.ahead_bytes)]
+                pinned = requests.fetch_window(args[0])
+                if pinned is not None:
+                    windows.show(args[0], Window.of(*pinned, offset_of))
             elif op == "plan":
                 value = await requests.plan(*args)
                 if isinstance(value, WritePlan):

@@ -26,6 +26,7 @@ import trio
 from ..store import NeedsIO, StoreError
 from .control import IngestHandle
 from .errors import FsError, errno_of
+from .fetch import FetchHandle
 from .ingest import WritePlan
 from .namespace import Namespace, Room
 from .nodes import Stat
@@ -166,11 +167,20 @@ class Requests:
         staged = STAGED if isinstance(handle, IngestHandle) else 0
         return Opened(self.namespace.handles.add(handle) << 1 | staged, handle.cacheable)
 
-    async def read(self, fh: int, offset: int, size: int) -> list:
+    async def read(self, fh: int, offset: int, size: int, ahead: int = 0) -> list:
         """The bytes asked for, as the pieces the handle serves them in (views of the store's
-        memory where it can: a single piece is sent without a copy)."""
-        answer = await self.handle(fh).read(offset, size)
+        memory where it can: a single piece is sent without a copy). ``ahead``: a fetch handle
+        also pins that many bytes of pages past them (``fetch_window``)."""
+        handle = self.handle(fh)
+        answer = await (handle.read(offset, size, ahead) if ahead and isinstance(handle, FetchHandle)
+                        else handle.read(offset, size))
         return answer if isinstance(answer, list) else [answer]
+
+    def fetch_window(self, fh: int) -> tuple[list[tuple[int, memoryview]], bool] | None:
+        """The pages a fetch handle holds pinned since its last read (``FetchHandle.window``);
+        None for any other handle."""
+        handle = self.handle(fh)
+        return handle.window() if isinstance(handle, FetchHandle) else None
 
     async def write(self, fh: int, offset: int, data) -> int:
         return await self.handle(fh).write(offset, data)

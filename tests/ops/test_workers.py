@@ -87,6 +87,36 @@ def test_two_clients_are_served_by_both_workers_with_every_byte_right(mount_fact
     assert [row[0] for row in shown if len(row) == 3 and row[0] in ("1", "2")] == ["1", "2"], top.stdout
 
 
+def test_workers_read_a_fetch_batch_mostly_alone_and_only_from_its_own_request(mount_factory):
+    mount = mount_factory("--memory", "512M", "--workers", "2")  # 16 MiB of pages pinned ahead
+    pool = mount.page_dir()
+    batches = [[(f"{POOL}/{kind}{i:03d}", content(seed + i, 1 << 20)) for i in range(40)]
+               for kind, seed in (("a", 0), ("b", 100))]
+    for path, data in batches[0] + batches[1]:
+        publish(pool, path.rsplit("/", 1)[1], data)
+    before = mount.stats()
+    fd = os.open(mount.path / ".hicachefs" / "fetch", os.O_RDWR)
+    try:
+        for batch in batches:  # the same handle, a new request: nothing of the last one's pages
+            assert fetch_pages(fd, [(p, len(d)) for p, d in batch]) == b"".join(d for _, d in batch)
+        os.write(fd, f"{1 << 20} {batches[0][5][0]}\n{1 << 20} {POOL}/b001\n".encode())
+        assert os.pread(fd, 1 << 20, 0) == batches[0][5][1]
+        os.unlink(pool / "b001")  # pinned by the window of that read: still read whole, one version
+        assert os.pread(fd, 1 << 20, 1 << 20) == batches[1][1][1]
+        os.write(fd, f"{1 << 20} {batches[0][5][0]}\n{1 << 20} {POOL}/b001\n".encode())
+        assert os.pread(fd, 2 << 20, 0) == batches[0][5][1]  # gone now: the answer ends at it
+    finally:
+        os.close(fd)
+    after = mount.stats()
+    alone = sum(after["reads_answered_alone"].values()) - sum(before["reads_answered_alone"].values())
+    reads = after["requests"]["read"] - before["requests"]["read"]
+    # 84 READs of the handle (and those of the stats): all but the first of each 17 alone.
+    assert 75 <= alone and reads >= 84
+    assert sum(ops.get("read", 0) for ops in after["requests_by_worker"].values()) == after["requests"]["read"]
+    metrics = (mount.path / ".hicachefs" / "metrics").read_text()
+    assert "hicachefs_worker_reads_answered_alone_total" in metrics
+
+
 def test_pages_read_from_the_disk_tier_come_back_whole(mount_factory, tmp_path):
     mount = mount_factory(*disk_flags(tmp_path, "16M"))
     pool = mount.page_dir()

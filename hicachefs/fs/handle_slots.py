@@ -1,0 +1,61 @@
+"""A few bytes about each open handle that every worker process reads without asking the owner of
+the store (``--workers``): one slot per handle number, modulo the table's size, in memory that
+``fork`` shares.
+
+Only the owner writes a slot, and it writes one only while it answers a request of that handle.
+Requests of one handle come one after another (a client's ``preadv`` or ``pwritev`` is cut into
+requests each sent once the last is answered), so a worker reads a handle's slot only before or
+after the owner changed it; a sequence number (odd while a write is under way, as a seqlock's)
+still guards the reader against a slot that two handles share, or a handle that two threads
+use at once: such a read finds nothing, and the worker asks the owner.
+
+Not thread-safe: each process uses it from one thread.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+
+#: A slot's head: sequence number, handle number, payload length.
+_HEAD = struct.Struct("<QQI4x")
+
+
+class HandleSlots:
+    """Slots of ``payload_bytes`` each, for ``count`` handles at once (more share slots, and then
+    only the last written is found)."""
+
+    def __init__(self, count: int, payload_bytes: int) -> None:
+        self.count = count
+        self.payload_bytes = payload_bytes
+        self._size = _HEAD.size + payload_bytes
+        self._memory = mmap.mmap(-1, count * self._size)  # anonymous and MAP_SHARED: kept by fork
+
+    def _at(self, fh: int) -> int:
+        return (fh >> 1) % self.count * self._size  # handle numbers go up in steps of two
+
+    def put(self, fh: int, payload: bytes) -> None:
+        """The owner: ``fh``'s slot now says ``payload``."""
+        if len(payload) > self.payload_bytes:
+            raise ValueError(f"a payload of {len(payload)} bytes does not fit a slot of {self.payload_bytes}")
+        memory, at = self._memory, self._at(fh)
+        sequence = _HEAD.unpack_from(memory, at)[0] | 1
+        _HEAD.pack_into(memory, at, sequence, 0, 0)
+        memory[at + _HEAD.size : at + _HEAD.size + len(payload)] = payload
+        _HEAD.pack_into(memory, at, sequence + 1, fh, len(payload))
+
+    def clear(self, fh: int) -> None:
+        """The owner: ``fh``'s slot says nothing (if it was ``fh``'s)."""
+        memory, at = self._memory, self._at(fh)
+        sequence, owner, _ = _HEAD.unpack_from(memory, at)
+        if owner == fh:
+            _HEAD.pack_into(memory, at, (sequence | 1) + 1, 0, 0)
+
+    def get(self, fh: int) -> bytes | None:
+        """What ``fh``'s slot says; None when it says nothing about ``fh`` or was being written."""
+        memory, at = self._memory, self._at(fh)
+        sequence, owner, length = _HEAD.unpack_from(memory, at)
+        if owner != fh or sequence & 1 or length > self.payload_bytes:
+            return None
+        payload = memory[at + _HEAD.size : at + _HEAD.size + length]
+        return payload if _HEAD.unpack_from(memory, at)[0] == sequence else None
