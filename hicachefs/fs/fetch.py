@@ -61,7 +61,8 @@ class FetchHandle:
         self.account = account
         self._request = bytearray()
         self._lines = 0  # newlines in the request
-        self._pages: list[tuple[str, int]] | None = None  # set by the first read
+        self._pages: list[tuple[str, int]] | None = None  # set by the first read (or ``pin_first``)
+        self._read = False  # the request was read: a write starts a new one
         self._starts: list[int] = []
         self._parsed = 0  # request bytes parsed into _pages
         self._held: dict[int, PageReader] = {}  # page index -> its pinned reader
@@ -69,8 +70,10 @@ class FetchHandle:
 
     async def write(self, offset: int, data: bytes) -> int:
         data = bytes(data)  # a worker's write arrives as a view of its message
-        if self._pages is not None:  # a write after a read starts a new request
+        if self._read:  # a write after a read starts a new request
             self._new_request()
+        elif self._pages is not None:  # parsed by ``pin_first``: the request goes on
+            self._unparse()
         if len(self._request) + len(data) > MAX_FETCH_REQUEST:
             self._new_request()
             raise FsError(errno.EFBIG, f"fetch request over {MAX_FETCH_REQUEST} bytes")
@@ -110,7 +113,7 @@ class FetchHandle:
             except FsError:
                 self._new_request()  # a malformed request: the next write starts a new one
                 raise
-            self._request = bytearray()
+        self.was_read()
         pages, starts = self._pages, self._starts
         if not pages or offset >= starts[-1] + pages[-1][1]:
             return []
@@ -158,6 +161,34 @@ class FetchHandle:
             index += 1
         self._ends = index == len(pages)
 
+    def was_read(self) -> None:
+        """The answer began (here, or in a worker from ``window``): a write starts a new request."""
+        if not self._read:
+            self._read = True
+            self._request = bytearray()
+
+    def pin_first(self, ahead: int) -> None:
+        """Parse the request written so far and pin its RAM pages of the answer's first
+        ``ahead`` bytes, so that its first reads can be answered from ``window``; a write that
+        follows undoes it. A large or malformed request is left for its read."""
+        if self._read or self._pages is not None or not self._request or self.account.large:
+            return
+        self._pages = []
+        try:
+            self._parse_step()
+        except FsError:
+            self._pages, self._starts, self._parsed = None, [], 0
+            return
+        self._ends = not self._pages
+        self._pin_ahead(0, ahead, {})
+
+    def _unparse(self) -> None:
+        """Undo ``pin_first``: the request's lines are parsed again at its read."""
+        for reader in self._held.values():
+            reader.close()
+        self._held = {}
+        self._pages, self._starts, self._parsed = None, [], 0
+
     def window(self) -> tuple[list[tuple[int, memoryview]], bool]:
         """The pages pinned since the last read, in order: (start in the answer, bytes), and
         whether the answer ends after them (a page that cannot be served, or the request's end)."""
@@ -168,14 +199,10 @@ class FetchHandle:
         self._new_request()
 
     def _new_request(self) -> None:
-        for reader in self._held.values():
-            reader.close()
-        self._held = {}
+        self._unparse()
         self._request = bytearray()
         self._lines = 0
-        self._pages = None
-        self._starts = []
-        self._parsed = 0
+        self._read = False
         self.account.hold(0)
 
     def _parse_step(self) -> bool:

@@ -11,7 +11,8 @@ follow, is forwarded as before, and gives the next window.
 The window keeps to the fetch file's rules (``fetch.py``): its pages stay pinned until the owner
 answers another read of the handle or its request ends, and the owner clears the slot before
 it answers any write or release of the handle, so a window is never read for another request
-than its own. Where a page cannot be served from RAM as asked, the window ends before it: the
+than its own. A worker that answered from it marks the slot, so that the owner, clearing it,
+learns that the answer began (a write then starts a new request). Where a page cannot be served from RAM as asked, the window ends before it: the
 answer ends there (a missing page, one of another size), or the owner is asked (a page on a
 lower tier, read in a thread).
 
@@ -100,14 +101,17 @@ class FetchWindows:
 
     # ---- the owner ------------------------------------------------------------------
 
-    def show(self, fh: int, window: Window) -> None:
+    def show(self, fh: int, window: Window) -> int:
+        """Returns the other handle whose window this one took the slot of after a worker had
+        answered from it (see ``hide``), else 0."""
         if window.pages:
-            self.slots.put(fh, window.encode())
-        else:
-            self.slots.clear(fh)
-
-    def hide(self, fh: int) -> None:
+            return self.slots.put(fh, window.encode())
         self.slots.clear(fh)
+        return 0
+
+    def hide(self, fh: int) -> bool:
+        """Whether a worker answered a read from the window (the fetch file's answer began)."""
+        return self.slots.clear(fh)
 
     def answered_alone(self) -> dict[int, int]:
         """Reads each worker (1..N) answered without the owner."""
@@ -118,7 +122,10 @@ class FetchWindows:
     def answer(self, fh: int, offset: int, size: int, shared: memoryview) -> list | None:
         """The read's bytes if ``fh``'s window holds them, else None (forward it)."""
         payload = self.slots.get(fh)
-        return None if payload is None else Window.decode(payload).answer(offset, size, shared)
+        pieces = None if payload is None else Window.decode(payload).answer(offset, size, shared)
+        if pieces is not None:
+            self.slots.mark(fh)
+        return pieces
 
     def count(self, worker: int) -> None:
         at = worker * _COUNT.size

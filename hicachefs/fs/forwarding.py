@@ -9,8 +9,8 @@ Page bytes cross as little as they can. The RAM tier's arena is mapped shared, s
 views of it cross as ``Span``s (offset, length) and the worker replies from its own mapping of the
 same memory; other pieces (a page read from a lower tier, a control file) come inline. Reads of
 the fetch file inside the window the owner pinned at the last forwarded one are not forwarded
-at all (``fetch_windows.py``): ``serve`` shows each fetch handle's window when it answers a read,
-and hides it before it answers a write or release of the handle. A write of
+at all (``fetch_windows.py``): ``serve`` shows each fetch handle's window when it answers a read
+or a write (the request's first pages), and hides it before it answers a write or release. A write of
 a handle whose writes can be staged (``requests.STAGED``: the ingest file) goes in two phases:
 ``plan`` (with the write's head when it begins a batch), the worker copies the rest where the plan
 says (straight into the pages' drafts) and checksums the pages it completed, then ``filled``.
@@ -48,8 +48,10 @@ _PLAIN = frozenset({
     "setxattr", "removexattr",
 })
 
-#: Requests after which a fetch handle's window no longer holds (``fetch_windows``).
+#: Requests after which a fetch handle's window no longer holds (``fetch_windows``), and those
+#: after which it has a new one.
 _ENDS_WINDOW = frozenset({"write", "release"})
+_SHOWS_WINDOW = frozenset({"read", "write"})
 
 
 class Span(NamedTuple):
@@ -147,12 +149,9 @@ async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows:
             requests.count(counted, worker)
         try:
             if op in _ENDS_WINDOW:
-                windows.hide(args[0])
+                _end_window(requests, windows, args[0])
             if op == "read":
                 value = [_wire(piece, offset_of) for piece in await requests.read(*args, windows.ahead_bytes)]
-                pinned = requests.fetch_window(args[0])
-                if pinned is not None:
-                    windows.show(args[0], Window.of(*pinned, offset_of))
             elif op == "plan":
                 value = await requests.plan(*args)
                 if isinstance(value, WritePlan):
@@ -163,10 +162,27 @@ async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows:
                 value = await getattr(requests, op)(*args)
             else:
                 raise ValueError(f"a worker asked for {op!r}, which is no request")
+            if op in _SHOWS_WINDOW:
+                _show_window(requests, windows, args[0], op == "write", offset_of)
             answer = (0, value)
         except Exception as exc:
             answer = (requests.refused(op, args, exc), None)
         await channel.send(answer)
+
+
+def _end_window(requests: Requests, windows: FetchWindows, fh: int) -> None:
+    """Before a write or release: a fetch handle's window no longer holds; if a worker answered
+    from it, the handle's answer began."""
+    if windows.hide(fh):
+        requests.fetch_was_read(fh)
+
+
+def _show_window(requests: Requests, windows: FetchWindows, fh: int, written: bool, offset_of) -> None:
+    """After a read of a fetch handle, or a write (then its request's first pages are pinned):
+    show the pages it holds pinned to the workers."""
+    pinned = requests.fetch_window(fh, windows.ahead_bytes if written else 0)
+    if pinned is not None and (displaced := windows.show(fh, Window.of(*pinned, offset_of))):
+        requests.fetch_was_read(displaced)  # its slot is this one's now: its mark says so here
 
 
 def _wire(piece, offset_of):

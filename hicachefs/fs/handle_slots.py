@@ -7,7 +7,8 @@ Requests of one handle come one after another (a client's ``preadv`` or ``pwrite
 requests each sent once the last is answered), so a worker reads a handle's slot only before or
 after the owner changed it; a sequence number (odd while a write is under way, as a seqlock's)
 still guards the reader against a slot that two handles share, or a handle that two threads
-use at once: such a read finds nothing, and the worker asks the owner.
+use at once: such a read finds nothing, and the worker asks the owner. A worker may mark a
+slot it used (one word of its head), which tells the owner when it clears the slot.
 
 Not thread-safe: each process uses it from one thread.
 """
@@ -17,8 +18,9 @@ from __future__ import annotations
 import mmap
 import struct
 
-#: A slot's head: sequence number, handle number, payload length.
-_HEAD = struct.Struct("<QQI4x")
+#: A slot's head: sequence number, handle number, payload length, and the mark, at _MARK.
+_HEAD = struct.Struct("<QQII")
+_MARK = struct.calcsize("<QQI")
 
 
 class HandleSlots:
@@ -34,27 +36,36 @@ class HandleSlots:
     def _at(self, fh: int) -> int:
         return (fh >> 1) % self.count * self._size  # handle numbers go up in steps of two
 
-    def put(self, fh: int, payload: bytes) -> None:
-        """The owner: ``fh``'s slot now says ``payload``."""
+    def put(self, fh: int, payload: bytes) -> int:
+        """The owner: ``fh``'s slot now says ``payload``. Returns the other handle whose marked
+        slot this was (its mark would be lost), else 0."""
         if len(payload) > self.payload_bytes:
             raise ValueError(f"a payload of {len(payload)} bytes does not fit a slot of {self.payload_bytes}")
         memory, at = self._memory, self._at(fh)
-        sequence = _HEAD.unpack_from(memory, at)[0] | 1
-        _HEAD.pack_into(memory, at, sequence, 0, 0)
+        sequence, owner, _, marked = _HEAD.unpack_from(memory, at)
+        sequence |= 1
+        _HEAD.pack_into(memory, at, sequence, 0, 0, 0)
         memory[at + _HEAD.size : at + _HEAD.size + len(payload)] = payload
-        _HEAD.pack_into(memory, at, sequence + 1, fh, len(payload))
+        _HEAD.pack_into(memory, at, sequence + 1, fh, len(payload), 0)
+        return owner if marked and owner != fh else 0
 
-    def clear(self, fh: int) -> None:
-        """The owner: ``fh``'s slot says nothing (if it was ``fh``'s)."""
+    def clear(self, fh: int) -> bool:
+        """The owner: ``fh``'s slot says nothing (if it was ``fh``'s); whether a worker marked it."""
         memory, at = self._memory, self._at(fh)
-        sequence, owner, _ = _HEAD.unpack_from(memory, at)
-        if owner == fh:
-            _HEAD.pack_into(memory, at, (sequence | 1) + 1, 0, 0)
+        sequence, owner, _, marked = _HEAD.unpack_from(memory, at)
+        if owner != fh:
+            return False
+        _HEAD.pack_into(memory, at, (sequence | 1) + 1, 0, 0, 0)
+        return bool(marked)
+
+    def mark(self, fh: int) -> None:
+        """A worker: say that ``fh``'s slot was used (after ``get`` found it)."""
+        struct.pack_into("<I", self._memory, self._at(fh) + _MARK, 1)
 
     def get(self, fh: int) -> bytes | None:
         """What ``fh``'s slot says; None when it says nothing about ``fh`` or was being written."""
         memory, at = self._memory, self._at(fh)
-        sequence, owner, length = _HEAD.unpack_from(memory, at)
+        sequence, owner, length, _ = _HEAD.unpack_from(memory, at)
         if owner != fh or sequence & 1 or length > self.payload_bytes:
             return None
         payload = memory[at + _HEAD.size : at + _HEAD.size + length]

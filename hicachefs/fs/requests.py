@@ -176,11 +176,26 @@ class Requests:
                         else handle.read(offset, size))
         return answer if isinstance(answer, list) else [answer]
 
-    def fetch_window(self, fh: int) -> tuple[list[tuple[int, memoryview]], bool] | None:
+    def fetch_was_read(self, fh: int) -> None:
+        """A worker answered a read of the fetch handle from its window (``FetchHandle.was_read``);
+        nothing if it is closed."""
+        try:
+            handle = self.handle(fh)
+        except FsError:
+            return
+        if isinstance(handle, FetchHandle):
+            handle.was_read()
+
+    def fetch_window(self, fh: int, pin_first: int = 0) -> tuple[list[tuple[int, memoryview]], bool] | None:
         """The pages a fetch handle holds pinned since its last read (``FetchHandle.window``);
-        None for any other handle."""
+        None for any other handle. ``pin_first``: after a write, first pin that many bytes of
+        its answer's first pages (``FetchHandle.pin_first``)."""
         handle = self.handle(fh)
-        return handle.window() if isinstance(handle, FetchHandle) else None
+        if not isinstance(handle, FetchHandle):
+            return None
+        if pin_first:
+            handle.pin_first(pin_first)
+        return handle.window()
 
     async def write(self, fh: int, offset: int, data) -> int:
         return await self.handle(fh).write(offset, data)

@@ -25,16 +25,30 @@ def test_a_slot_says_what_the_owner_put_for_that_handle_only():
     assert slots.get(22) is None
 
 
+def test_a_mark_a_worker_leaves_is_seen_once_by_the_owner_even_when_another_handle_takes_the_slot():
+    slots = HandleSlots(8, 64)
+    slots.put(6, b"six")
+    assert slots.clear(6) is False  # nobody used it
+    slots.put(6, b"six")
+    slots.mark(6)
+    assert slots.clear(6) is True and slots.clear(6) is False
+    slots.put(6, b"six")
+    slots.mark(6)
+    assert slots.put(22, b"twenty-two") == 6  # the mark would be lost: said to the owner
+    assert slots.put(22, b"again") == 0
+
+
 def test_a_window_is_read_in_another_process_after_fork():
     windows = FetchWindows(2, 1 << 30)
     windows.show(10, Window([(0, 4096, 8192)], True))
     pid = os.fork()
     if pid == 0:
-        answer = windows.answer(10, 0, 4096, SHARED)
+        answer = windows.answer(10, 0, 4096, SHARED)  # marks the slot
         windows.count(2)
         os._exit(0 if answer is not None and bytes(answer[0]) == bytes(SHARED[8192:12288]) else 1)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert windows.answered_alone() == {1: 0, 2: 1}
+    assert windows.hide(10) is True  # the owner learns that the answer began
 
 
 def test_a_read_is_answered_from_the_window_only_when_it_holds_all_the_read_needs():
