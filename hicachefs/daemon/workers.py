@@ -48,8 +48,7 @@ import trio
 
 from .. import mount_table
 from ..fs.channel import AsyncChannel, Channel
-from ..fs.fetch_windows import FetchWindows
-from ..fs.forwarding import ForwardedRequests, serve
+from ..fs.forwarding import ForwardedRequests, Windows, serve
 from ..fs.operations import Operations
 from ..fs.requests import Requests
 
@@ -122,7 +121,7 @@ class WorkerPool:
         self.requests = requests
         self.mountpoint = mountpoint
         self.workers: list[Worker] = []
-        self.windows = FetchWindows(count, len(requests.namespace.store.shared_memory()))
+        self.windows = Windows(count, len(requests.namespace.store.shared_memory()))
         self.failed = False
         self._stopping = False
 
@@ -157,7 +156,7 @@ class WorkerPool:
 
     def answered_alone(self) -> dict[int, int]:
         """Reads each worker answered without the owner (``fs/fetch_windows.py``)."""
-        return self.windows.answered_alone()
+        return self.windows.fetch.answered_alone()
 
     def stop(self) -> None:
         """Let every worker finish its request and end (``serve`` returns once all have)."""
@@ -205,7 +204,7 @@ def _how_it_ended(status: int) -> str:
 
 
 def _run_worker(index: int, fd: int, sock: socket.socket, operations: Operations, shared: memoryview,
-                windows: FetchWindows) -> None:
+                windows: Windows) -> None:
     """A worker process's life (in the child of ``fork``): never returns."""
     code = 1
     try:

@@ -33,6 +33,7 @@ import pyfuse3
 from ..store import page_checksum
 from .channel import AsyncChannel, Channel, ChannelClosed
 from .fetch_windows import FetchWindows, Window
+from .ingest_windows import MAX_AHEAD_PAGES, IngestWindow, IngestWindows
 from .ingest import WritePlan
 from .requests import STAGED, Requests
 
@@ -48,10 +49,8 @@ _PLAIN = frozenset({
     "setxattr", "removexattr",
 })
 
-#: Requests after which a fetch handle's window no longer holds (``fetch_windows``), and those
-#: after which it has a new one.
-_ENDS_WINDOW = frozenset({"write", "release"})
-_SHOWS_WINDOW = frozenset({"read", "write"})
+#: Requests that may change or make a handle's window (``Windows``).
+_WINDOWED = frozenset({"read", "write", "release", "plan", "filled", "filled_at"})
 
 
 class Span(NamedTuple):
@@ -66,7 +65,7 @@ class ForwardedRequests:
     owner. A refusal comes back as its errno and is raised as ``FUSEError``."""
 
     def __init__(self, channel: Channel, shared: memoryview, uid: int, gid: int, worker: int,
-                 windows: FetchWindows) -> None:
+                 windows: Windows) -> None:
         self.channel = channel
         self.shared = shared
         self.uid, self.gid = uid, gid
@@ -115,10 +114,10 @@ class ForwardedRequests:
 
     async def read(self, fh: int, offset: int, size: int) -> list:
         shared = self.shared
-        pieces = self.windows.answer(fh, offset, size, shared)
+        pieces = self.windows.fetch.answer(fh, offset, size, shared)
         if pieces is not None:  # inside the fetch handle's window: the owner need not hear of it
             self._counted = None
-            self.windows.count(self.worker)
+            self.windows.fetch.count(self.worker)
             return pieces
         return [shared[p.offset : p.offset + p.length] if isinstance(p, Span) else p
                 for p in self._call("read", fh, offset, size)]
@@ -127,20 +126,55 @@ class ForwardedRequests:
         if not fh & STAGED or len(data) <= HEAD_BYTES:
             return self._call("write", fh, offset, pickle.PickleBuffer(data))
         view = memoryview(data)
+        planned = self.windows.ingest.plan(fh, offset, len(data))
+        if planned is not None:  # inside the ingest handle's window: plan and fill in one
+            copies, checksummed = planned
+            return self._call("filled_at", fh, offset, len(data), copies, self._copied(view, copies, checksummed))
         head = view[:HEAD_BYTES] if offset == 0 else view[:0]  # only a batch's start has a header
         plan = self._call("plan", fh, offset, len(data), pickle.PickleBuffer(head))
         if isinstance(plan, int):
             return plan
         copies, inline, checksummed = plan
-        shared = self.shared
-        for at, length, target in copies:
-            shared[target : target + length] = view[at : at + length]
-        checksums = [page_checksum(shared[at : at + length]) for at, length in checksummed]
+        checksums = self._copied(view, copies, checksummed)
         return self._call("filled", fh, [pickle.PickleBuffer(view[at : at + length]) for at, length in inline],
                           checksums)
 
+    def _copied(self, view: memoryview, copies: list, checksummed: list) -> list[int]:
+        """Copy a write's bytes where its plan says; the checksums of the pages it completed."""
+        shared = self.shared
+        for at, length, target in copies:
+            shared[target : target + length] = view[at : at + length]
+        return [page_checksum(shared[at : at + length]) for at, length in checksummed]
 
-async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows: FetchWindows) -> None:
+
+class Windows:
+    """What the owner shows every worker of the fetch and ingest handles it serves, so that a
+    worker answers their reads alone (``fetch_windows``) and sends their writes in one message
+    (``ingest_windows``). Made before the workers are forked; ``serve`` keeps them: ``before``
+    a request hides what it may change, ``after`` shows what it left."""
+
+    def __init__(self, workers: int, ram_bytes: int) -> None:
+        self.fetch = FetchWindows(workers, ram_bytes)
+        self.ingest = IngestWindows(ram_bytes)
+
+    def before(self, requests: Requests, op: str, fh: int) -> None:
+        if op in ("write", "release") and self.fetch.hide(fh):
+            requests.fetch_was_read(fh)  # a worker answered from the window: the answer began
+        if op in ("write", "release", "plan", "filled_at"):
+            self.ingest.hide(fh)
+
+    def after(self, requests: Requests, op: str, fh: int, offset_of) -> None:
+        if op in ("read", "write"):  # after a write: the fetch request's first pages
+            pinned = requests.fetch_window(fh, self.fetch.ahead_bytes if op == "write" else 0)
+            if pinned is not None and (displaced := self.fetch.show(fh, Window.of(*pinned, offset_of))):
+                requests.fetch_was_read(displaced)  # its slot is this one's now: its mark says so here
+        if op in ("write", "filled", "filled_at"):
+            window = requests.ingest_window(fh, self.ingest.ahead_bytes, MAX_AHEAD_PAGES)
+            if window is not None:
+                self.ingest.show(fh, IngestWindow(*window))
+
+
+async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows: Windows) -> None:
     """Answer one worker's requests until it closes its channel (its process ended)."""
     offset_of = requests.namespace.store.arena_offset
     while (message := await channel.receive()) is not None:
@@ -148,41 +182,26 @@ async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows:
         if counted is not None:
             requests.count(counted, worker)
         try:
-            if op in _ENDS_WINDOW:
-                _end_window(requests, windows, args[0])
+            if op in _WINDOWED:
+                windows.before(requests, op, args[0])
             if op == "read":
-                value = [_wire(piece, offset_of) for piece in await requests.read(*args, windows.ahead_bytes)]
+                value = [_wire(piece, offset_of) for piece in await requests.read(*args, windows.fetch.ahead_bytes)]
             elif op == "plan":
                 value = await requests.plan(*args)
                 if isinstance(value, WritePlan):
                     value = value.wire()
             elif op == "forget":
                 value = requests.forget(*args)
-            elif op in _PLAIN or op in ("write", "filled"):
+            elif op in _PLAIN or op in ("write", "filled", "filled_at"):
                 value = await getattr(requests, op)(*args)
             else:
                 raise ValueError(f"a worker asked for {op!r}, which is no request")
-            if op in _SHOWS_WINDOW:
-                _show_window(requests, windows, args[0], op == "write", offset_of)
+            if op in _WINDOWED:
+                windows.after(requests, op, args[0], offset_of)
             answer = (0, value)
         except Exception as exc:
             answer = (requests.refused(op, args, exc), None)
         await channel.send(answer)
-
-
-def _end_window(requests: Requests, windows: FetchWindows, fh: int) -> None:
-    """Before a write or release: a fetch handle's window no longer holds; if a worker answered
-    from it, the handle's answer began."""
-    if windows.hide(fh):
-        requests.fetch_was_read(fh)
-
-
-def _show_window(requests: Requests, windows: FetchWindows, fh: int, written: bool, offset_of) -> None:
-    """After a read of a fetch handle, or a write (then its request's first pages are pinned):
-    show the pages it holds pinned to the workers."""
-    pinned = requests.fetch_window(fh, windows.ahead_bytes if written else 0)
-    if pinned is not None and (displaced := windows.show(fh, Window.of(*pinned, offset_of))):
-        requests.fetch_was_read(displaced)  # its slot is this one's now: its mark says so here
 
 
 def _wire(piece, offset_of):

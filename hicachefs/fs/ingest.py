@@ -29,6 +29,11 @@ memory the store shares with the workers, or inline when it has none; nowhere fo
 it is); the worker copies them there and checksums the pages whose last byte it copied (all
 their bytes are in that memory by then: a batch's writes come one after another), and
 ``filled`` publishes them with those checksums, with the same rules and answers as ``write``.
+After a write the owner may also reserve the drafts of the pages that follow (``reserve_ahead``:
+then a page is reserved before its first byte arrives, and ``KEEP_EXISTING`` asks whether its
+name is published when it is reserved) and show them to the workers (``window``); a worker that
+copied the next write by them sends ``filled_at``, which plans that write and fills it in one
+(``ingest_windows.py``).
 
 Not thread-safe: the daemon's trio thread only. Nothing here blocks beyond the store's
 memory-speed ``reserve`` and ``publish``.
@@ -146,6 +151,7 @@ class IngestStream:
         self._skipping = False  # the page being received is kept as it is: its bytes pass by
         self._failure: FsError | StoreError | None = None
         self._plan: WritePlan | None = None  # planned, not filled yet
+        self._ahead: dict[int, Draft | None] = {}  # page index -> its draft reserved ahead (None: kept)
 
     def write(self, offset: int, data: bytes) -> int:
         self._drop_plan()
@@ -222,11 +228,72 @@ class IngestStream:
         page kept as it is)."""
         if written:  # the page began in an earlier write
             return None if self._skipping else self._draft
+        draft = self._new_draft(index, entry)
+        if draft is not None:
+            plan.reserved.append(draft)
+        return draft
+
+    def _new_draft(self, index: int, entry: _Entry) -> Draft | None:
+        """The draft of a page whose first byte comes now: the one reserved ahead for it, or a
+        new one; None for a page kept as it is."""
+        if index in self._ahead:
+            return self._ahead.pop(index)
         if self._keep_existing and self.publisher.has_page(entry.path):
             return None
-        draft = self.publisher.reserve_page(entry.path, entry.size)
-        plan.reserved.append(draft)
-        return draft
+        return self.publisher.reserve_page(entry.path, entry.size)
+
+    def reserve_ahead(self, ahead: int, most: int) -> None:
+        """Reserve the drafts of the pages that begin in the next ``ahead`` bytes of the stream
+        (at most ``most`` pages held ahead), so that another process can copy their bytes with
+        no ``plan`` (``window``). Stops quietly where the store has no room: the write that
+        reaches that page asks for it again, and fails as it would have."""
+        if self._entries is None or self._failure is not None or self._plan is not None:
+            return
+        entries, index = self._entries, self._next
+        if index < len(entries) and self._position > entries[index].start:
+            index += 1  # the page in progress has its draft
+        while index < len(entries) and entries[index].start < self._position + ahead and len(self._ahead) < most:
+            if index not in self._ahead:
+                try:
+                    self._ahead[index] = self._new_draft(index, entries[index])
+                except (FsError, StoreError):
+                    return
+            index += 1
+
+    def window(self) -> tuple[int, list[tuple[int, int, int | None]]]:
+        """Where the stream stands, and the pages from there on whose drafts are ready, in
+        order: (start in the stream, size, their draft's place in shared memory; None for a page
+        kept as it is). Empty once the batch stopped, while a write is planned, or where the
+        next page's draft is not in shared memory."""
+        pages: list[tuple[int, int, int | None]] = []
+        if self._entries is None or self._failure is not None or self._plan is not None:
+            return self._position, pages
+        entries, index = self._entries, self._next
+        if index < len(entries) and self._position > entries[index].start:  # the page in progress
+            if not self._skipping and (self._draft is None or self._draft.shared_at is None):
+                return self._position, pages
+            entry = entries[index]
+            pages.append((entry.start, entry.size, None if self._skipping else self._draft.shared_at))
+            index += 1
+        while index in self._ahead:
+            draft = self._ahead[index]
+            if draft is not None and draft.shared_at is None:
+                break
+            pages.append((entries[index].start, entries[index].size, None if draft is None else draft.shared_at))
+            index += 1
+        return self._position, pages
+
+    def filled_at(self, offset: int, size: int, copies: list[tuple[int, int, int]], checksums: list[int]) -> int:
+        """A write another process copied by the ``window`` (``copies``: what it copied where,
+        as a plan says it) and checksummed the pages it completed: ``plan`` and ``filled`` in one.
+        EIO, and nothing published, if the plan is not what it copied by."""
+        plan = self.plan(offset, size, b"")
+        if isinstance(plan, int):
+            return plan
+        if plan.inline or plan.copies != [tuple(c) for c in copies]:
+            self._drop_plan()
+            raise FsError(errno.EIO, "an ingest write was copied by a window that no longer holds")
+        return self.filled([], checksums)
 
     def filled(self, inline: list, checksums: list[int]) -> int:
         """Phase two: the worker copied the plan's bytes (``inline``: those it had nowhere to
@@ -283,11 +350,16 @@ class IngestStream:
         return b"%d %d\n" % (self._next, 0 if self._failure is None else errno_of(self._failure))
 
     def close(self) -> None:
-        """The handle closed, or a new batch began: a page not yet complete is dropped."""
+        """The handle closed, or a new batch began: a page not yet complete is dropped, and so
+        are the drafts reserved ahead."""
         self._drop_plan()
         draft, self._draft = self._draft, None
         if draft is not None:
             self.publisher.abandon_page(draft)
+        ahead, self._ahead = self._ahead, {}
+        for draft in ahead.values():
+            if draft is not None:
+                self.publisher.abandon_page(draft)
 
     def _take_header(self, data: memoryview) -> int:
         """Gather the prefix and header; parse them once whole. Returns the bytes used."""
@@ -319,9 +391,8 @@ class IngestStream:
         entry = self._entries[self._next]
         written = self._position - entry.start
         if written == 0:
-            self._skipping = self._keep_existing and self.publisher.has_page(entry.path)
-        if self._draft is None and not self._skipping:
-            self._draft = self.publisher.reserve_page(entry.path, entry.size)
+            self._draft = self._new_draft(self._next, entry)
+            self._skipping = self._draft is None
         take = min(entry.size - written, len(data))
         if not self._skipping:
             self._draft.write(written, data[:take])

@@ -208,6 +208,19 @@ class Requests:
         """A staged write's second phase (``ingest.IngestStream.filled``)."""
         return self._staged(fh).filled(inline, checksums)
 
+    async def filled_at(self, fh: int, offset: int, size: int, copies: list, checksums: list[int]) -> int:
+        """A staged write copied by the handle's window (``ingest.IngestStream.filled_at``)."""
+        return self._staged(fh).filled_at(offset, size, copies, checksums)
+
+    def ingest_window(self, fh: int, ahead: int, most: int) -> tuple[int, list] | None:
+        """An ingest handle's window (``IngestStream.window``), after reserving the drafts of
+        the pages in its next ``ahead`` bytes (at most ``most``); None for any other handle."""
+        handle = self.handle(fh)
+        if not isinstance(handle, IngestHandle):
+            return None
+        handle.stream.reserve_ahead(ahead, most)
+        return handle.stream.window()
+
     def _staged(self, fh: int):
         handle = self.handle(fh)
         if not isinstance(handle, IngestHandle):
