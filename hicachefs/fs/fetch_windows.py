@@ -33,8 +33,6 @@ from .handle_slots import HandleSlots
 #: and at most a sixteenth of the RAM tier, whose room pinned pages hold.
 AHEAD_BYTES = 16 << 20
 RAM_SHARE = 16
-#: The fetch handles open at once that keep a window each (one per client thread).
-SLOTS = 1024
 _HEAD = struct.Struct("<BxxxI")  # the answer ends after the window (1) or the owner knows more (0); pages
 _PAGE = struct.Struct("<QQQ")  # the page's start in the answer, its length, its place in shared memory
 _COUNT = struct.Struct("<Q")
@@ -94,20 +92,18 @@ class FetchWindows:
     the module docstring. Made by the owner before it forks its workers."""
 
     def __init__(self, workers: int, ram_bytes: int) -> None:
-        self.slots = HandleSlots(SLOTS, _HEAD.size + MAX_WINDOW_PAGES * _PAGE.size)
+        self.slots = HandleSlots(_HEAD.size + MAX_WINDOW_PAGES * _PAGE.size)
         self._counts = mmap.mmap(-1, (workers + 1) * _COUNT.size)
         self.workers = workers
         self.ahead_bytes = min(AHEAD_BYTES, ram_bytes // RAM_SHARE)
 
     # ---- the owner ------------------------------------------------------------------
 
-    def show(self, fh: int, window: Window) -> int:
-        """Returns the other handle whose window this one took the slot of after a worker had
-        answered from it (see ``hide``), else 0."""
+    def show(self, fh: int, window: Window) -> None:
         if window.pages:
-            return self.slots.put(fh, window.encode())
-        self.slots.clear(fh)
-        return 0
+            self.slots.put(fh, window.encode())
+        else:
+            self.slots.clear(fh)
 
     def hide(self, fh: int) -> bool:
         """Whether a worker answered a read from the window (the fetch file's answer began)."""

@@ -166,8 +166,8 @@ class Windows:
     def after(self, requests: Requests, op: str, fh: int, offset_of) -> None:
         if op in ("read", "write"):  # after a write: the fetch request's first pages
             pinned = requests.fetch_window(fh, self.fetch.ahead_bytes if op == "write" else 0)
-            if pinned is not None and (displaced := self.fetch.show(fh, Window.of(*pinned, offset_of))):
-                requests.fetch_was_read(displaced)  # its slot is this one's now: its mark says so here
+            if pinned is not None:
+                self.fetch.show(fh, Window.of(*pinned, offset_of))
         if op in ("write", "filled", "filled_at"):
             window = requests.ingest_window(fh, self.ingest.ahead_bytes, MAX_AHEAD_PAGES)
             if window is not None:

@@ -1,14 +1,15 @@
 """A few bytes about each open handle that every worker process reads without asking the owner of
-the store (``--workers``): one slot per handle number, modulo the table's size, in memory that
-``fork`` shares.
+the store (``--workers``): in memory that ``fork`` shares, the slot the handle's number names
+(``handles.slot_of``; a slot is one open handle's alone).
 
 Only the owner writes a slot, and it writes one only while it answers a request of that handle.
 Requests of one handle come one after another (a client's ``preadv`` or ``pwritev`` is cut into
 requests each sent once the last is answered), so a worker reads a handle's slot only before or
 after the owner changed it; a sequence number (odd while a write is under way, as a seqlock's)
-still guards the reader against a slot that two handles share, or a handle that two threads
-use at once: such a read finds nothing, and the worker asks the owner. A worker may mark a
-slot it used (one word of its head), which tells the owner when it clears the slot.
+and the handle's number in the slot still guard the reader against a handle that two threads
+use at once, or a slot that a closed handle left: such a read finds nothing, and the worker
+asks the owner. A worker may mark a slot it used (one word of its head), which tells the owner
+when it clears the slot.
 
 Not thread-safe: each process uses it from one thread.
 """
@@ -18,40 +19,43 @@ from __future__ import annotations
 import mmap
 import struct
 
+from .handles import SLOTS, slot_of
+
 #: A slot's head: sequence number, handle number, payload length, and the mark, at _MARK.
 _HEAD = struct.Struct("<QQII")
 _MARK = struct.calcsize("<QQI")
 
 
 class HandleSlots:
-    """Slots of ``payload_bytes`` each, for ``count`` handles at once (more share slots, and then
-    only the last written is found)."""
+    """A slot of ``payload_bytes`` for each of ``handles.SLOTS`` handles. A handle (``fh``, its
+    number shifted left by one, as ``requests`` makes it) without a slot finds nothing."""
 
-    def __init__(self, count: int, payload_bytes: int) -> None:
-        self.count = count
+    def __init__(self, payload_bytes: int) -> None:
         self.payload_bytes = payload_bytes
         self._size = _HEAD.size + payload_bytes
-        self._memory = mmap.mmap(-1, count * self._size)  # anonymous and MAP_SHARED: kept by fork
+        self._memory = mmap.mmap(-1, SLOTS * self._size)  # anonymous and MAP_SHARED: kept by fork
 
-    def _at(self, fh: int) -> int:
-        return (fh >> 1) % self.count * self._size  # handle numbers go up in steps of two
+    def _at(self, fh: int) -> int | None:
+        slot = slot_of(fh >> 1)
+        return None if slot is None else slot * self._size
 
-    def put(self, fh: int, payload: bytes) -> int:
-        """The owner: ``fh``'s slot now says ``payload``. Returns the other handle whose marked
-        slot this was (its mark would be lost), else 0."""
+    def put(self, fh: int, payload: bytes) -> None:
+        """The owner: ``fh``'s slot now says ``payload``."""
         if len(payload) > self.payload_bytes:
             raise ValueError(f"a payload of {len(payload)} bytes does not fit a slot of {self.payload_bytes}")
         memory, at = self._memory, self._at(fh)
-        sequence, owner, _, marked = _HEAD.unpack_from(memory, at)
-        sequence |= 1
+        if at is None:
+            return
+        sequence = _HEAD.unpack_from(memory, at)[0] | 1
         _HEAD.pack_into(memory, at, sequence, 0, 0, 0)
         memory[at + _HEAD.size : at + _HEAD.size + len(payload)] = payload
         _HEAD.pack_into(memory, at, sequence + 1, fh, len(payload), 0)
-        return owner if marked and owner != fh else 0
 
     def clear(self, fh: int) -> bool:
-        """The owner: ``fh``'s slot says nothing (if it was ``fh``'s); whether a worker marked it."""
+        """The owner: ``fh``'s slot says nothing; whether a worker marked it since ``put``."""
         memory, at = self._memory, self._at(fh)
+        if at is None:
+            return False
         sequence, owner, _, marked = _HEAD.unpack_from(memory, at)
         if owner != fh:
             return False
@@ -65,6 +69,8 @@ class HandleSlots:
     def get(self, fh: int) -> bytes | None:
         """What ``fh``'s slot says; None when it says nothing about ``fh`` or was being written."""
         memory, at = self._memory, self._at(fh)
+        if at is None:
+            return None
         sequence, owner, length, _ = _HEAD.unpack_from(memory, at)
         if owner != fh or sequence & 1 or length > self.payload_bytes:
             return None

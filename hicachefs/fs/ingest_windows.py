@@ -28,8 +28,6 @@ AHEAD_BYTES = 8 << 20
 RAM_SHARE = 32
 #: The most pages reserved ahead for one handle (8 MiB of SGLang's 128 KiB pages).
 MAX_AHEAD_PAGES = 64
-#: The ingest handles open at once that keep a window each (one per client thread).
-SLOTS = 1024
 _HEAD = struct.Struct("<QI4x")  # where the stream stands; pages
 _PAGE = struct.Struct("<QQq")  # the page's start in the stream, its size, its draft's place (-1: kept)
 _KEPT = -1
@@ -82,7 +80,7 @@ class IngestWindows:
     it forks its workers."""
 
     def __init__(self, ram_bytes: int) -> None:
-        self.slots = HandleSlots(SLOTS, _HEAD.size + (MAX_AHEAD_PAGES + 1) * _PAGE.size)
+        self.slots = HandleSlots(_HEAD.size + (MAX_AHEAD_PAGES + 1) * _PAGE.size)
         self.ahead_bytes = min(AHEAD_BYTES, ram_bytes // RAM_SHARE)
 
     def show(self, fh: int, window: IngestWindow) -> None:

@@ -165,7 +165,8 @@ class Requests:
 
     def _opened(self, handle) -> Opened:
         staged = STAGED if isinstance(handle, IngestHandle) else 0
-        return Opened(self.namespace.handles.add(handle) << 1 | staged, handle.cacheable)
+        slotted = isinstance(handle, (IngestHandle, FetchHandle))  # their windows (``forwarding.Windows``)
+        return Opened(self.namespace.handles.add(handle, slotted) << 1 | staged, handle.cacheable)
 
     async def read(self, fh: int, offset: int, size: int, ahead: int = 0) -> list:
         """The bytes asked for, as the pieces the handle serves them in (views of the store's
@@ -177,12 +178,8 @@ class Requests:
         return answer if isinstance(answer, list) else [answer]
 
     def fetch_was_read(self, fh: int) -> None:
-        """A worker answered a read of the fetch handle from its window (``FetchHandle.was_read``);
-        nothing if it is closed."""
-        try:
-            handle = self.handle(fh)
-        except FsError:
-            return
+        """A worker answered a read of the fetch handle from its window (``FetchHandle.was_read``)."""
+        handle = self.handle(fh)
         if isinstance(handle, FetchHandle):
             handle.was_read()
 

@@ -7,48 +7,64 @@ import os
 
 from hicachefs.fs.fetch_windows import FetchWindows, Window
 from hicachefs.fs.handle_slots import HandleSlots
+from hicachefs.fs.handles import SLOTS, HandleTable, slot_of
 
 SHARED = memoryview(bytearray(os.urandom(1 << 16)))
 
 
-def test_a_slot_says_what_the_owner_put_for_that_handle_only():
-    slots = HandleSlots(8, 64)
-    slots.put(6, b"six")
-    assert slots.get(6) == b"six"
-    assert slots.get(4) is None
-    assert slots.get(6 + 2 * 8) is None  # another handle of the same slot
-    slots.put(6 + 2 * 8, b"twenty-two")  # takes the slot over
-    assert slots.get(6) is None and slots.get(22) == b"twenty-two"
-    slots.clear(6)  # not its slot any more: nothing changes
-    assert slots.get(22) == b"twenty-two"
-    slots.clear(22)
-    assert slots.get(22) is None
+class Plain:
+    cacheable = False
+
+    def release(self) -> None:
+        pass
 
 
-def test_a_mark_a_worker_leaves_is_seen_once_by_the_owner_even_when_another_handle_takes_the_slot():
-    slots = HandleSlots(8, 64)
-    slots.put(6, b"six")
-    assert slots.clear(6) is False  # nobody used it
-    slots.put(6, b"six")
-    slots.mark(6)
-    assert slots.clear(6) is True and slots.clear(6) is False
-    slots.put(6, b"six")
-    slots.mark(6)
-    assert slots.put(22, b"twenty-two") == 6  # the mark would be lost: said to the owner
-    assert slots.put(22, b"again") == 0
+def test_each_open_slotted_handle_has_a_slot_of_its_own_and_finds_only_what_was_put_for_it():
+    table, slots = HandleTable(), HandleSlots(64)
+    first, second = (table.add(Plain(), slotted=True) << 1 for _ in range(2))
+    plain = table.add(Plain()) << 1
+    assert slot_of(first >> 1) != slot_of(second >> 1) and slot_of(plain >> 1) is None
+    slots.put(first, b"first")
+    slots.put(second, b"second")
+    slots.put(plain, b"nowhere")
+    assert (slots.get(first), slots.get(second), slots.get(plain)) == (b"first", b"second", None)
+    table.release(first >> 1)
+    slots.clear(first)
+    reused = table.add(Plain(), slotted=True) << 1  # the slot is free again, under a new number
+    assert slot_of(reused >> 1) == slot_of(first >> 1) and reused != first
+    assert slots.get(reused) is None and slots.get(first) is None
+
+
+def test_past_the_slots_a_handle_has_none():
+    table = HandleTable()
+    numbers = [table.add(Plain(), slotted=True) for _ in range(SLOTS + 1)]
+    assert len({slot_of(n) for n in numbers[:-1]}) == SLOTS and slot_of(numbers[-1]) is None
+
+
+def test_a_mark_a_worker_leaves_is_seen_once_by_the_owner():
+    slots = HandleSlots(64)
+    fh = HandleTable().add(Plain(), slotted=True) << 1
+    slots.put(fh, b"six")
+    assert slots.clear(fh) is False  # nobody used it
+    slots.put(fh, b"six")
+    slots.mark(fh)
+    assert slots.clear(fh) is True and slots.clear(fh) is False
+    slots.put(fh, b"again")  # a new window: unmarked
+    assert slots.clear(fh) is False
 
 
 def test_a_window_is_read_in_another_process_after_fork():
     windows = FetchWindows(2, 1 << 30)
-    windows.show(10, Window([(0, 4096, 8192)], True))
+    fh = HandleTable().add(Plain(), slotted=True) << 1
+    windows.show(fh, Window([(0, 4096, 8192)], True))
     pid = os.fork()
     if pid == 0:
-        answer = windows.answer(10, 0, 4096, SHARED)  # marks the slot
+        answer = windows.answer(fh, 0, 4096, SHARED)  # marks the slot
         windows.count(2)
         os._exit(0 if answer is not None and bytes(answer[0]) == bytes(SHARED[8192:12288]) else 1)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert windows.answered_alone() == {1: 0, 2: 1}
-    assert windows.hide(10) is True  # the owner learns that the answer began
+    assert windows.hide(fh) is True  # the owner learns that the answer began
 
 
 def test_a_read_is_answered_from_the_window_only_when_it_holds_all_the_read_needs():

@@ -122,6 +122,30 @@ def test_workers_read_a_fetch_batch_mostly_alone_and_only_from_its_own_request(m
     assert "hicachefs_worker_reads_answered_alone_total" in metrics
 
 
+def test_fetch_handles_open_at_once_each_read_only_their_own_request(mount_factory):
+    mount = mount_factory("--memory", "256M", "--workers", "2")
+    pool = mount.page_dir()
+    pages = [(f"{POOL}/h{i:03d}", content(300 + i, 1 << 20)) for i in range(24)]
+    for path, data in pages:
+        publish(pool, path.rsplit("/", 1)[1], data)
+    handles = [os.open(mount.path / ".hicachefs" / "fetch", os.O_RDWR) for _ in range(8)]
+    try:
+        for n, fd in enumerate(handles):  # every request written before any is read
+            os.write(fd, b"".join(f"{1 << 20} {p}\n".encode() for p, _ in pages[n * 3 : n * 3 + 3]))
+        for part in range(3):  # then read a page of each in turn
+            for n, fd in enumerate(handles):
+                assert os.pread(fd, 1 << 20, part << 20) == pages[n * 3 + part][1], (n, part)
+        first, other = handles[:2]
+        os.write(first, f"{1 << 20} {pages[0][0]}\n{1 << 20} {pages[1][0]}\n".encode())
+        assert os.pread(first, 1 << 20, 0) == pages[0][1]  # a worker answers it alone
+        os.write(other, f"{1 << 20} {pages[2][0]}\n".encode())  # another handle's window meanwhile
+        os.write(first, f"{1 << 20} {pages[5][0]}\n".encode())  # read, so this is a new request
+        assert os.pread(first, 1 << 20, 0) == pages[5][1]
+    finally:
+        for fd in handles:
+            os.close(fd)
+
+
 def test_pages_read_from_the_disk_tier_come_back_whole(mount_factory, tmp_path):
     mount = mount_factory(*disk_flags(tmp_path, "16M"))
     pool = mount.page_dir()
