@@ -164,14 +164,21 @@ class Windows:
             self.ingest.hide(fh)
 
     def after(self, requests: Requests, op: str, fh: int, offset_of) -> None:
-        if op in ("read", "write"):  # after a write: the fetch request's first pages
-            pinned = requests.fetch_window(fh, self.fetch.ahead_bytes if op == "write" else 0)
-            if pinned is not None:
-                self.fetch.show(fh, Window.of(*pinned, offset_of))
-        if op in ("write", "filled", "filled_at"):
-            window = requests.ingest_window(fh, self.ingest.ahead_bytes, MAX_AHEAD_PAGES)
-            if window is not None:
-                self.ingest.show(fh, IngestWindow(*window))
+        """Never raises: the request was answered, and a window that cannot be made is none
+        (the handle's requests are then forwarded as they come)."""
+        try:
+            if op in ("read", "write"):  # after a write: the fetch request's first pages
+                pinned = requests.fetch_window(fh, self.fetch.ahead_bytes if op == "write" else 0)
+                if pinned is not None:
+                    self.fetch.show(fh, Window.of(*pinned, offset_of))
+            if op in ("write", "filled", "filled_at"):
+                window = requests.ingest_window(fh, self.ingest.ahead_bytes, MAX_AHEAD_PAGES)
+                if window is not None:
+                    self.ingest.show(fh, IngestWindow(*window))
+        except Exception:
+            log.exception("%s(%d): could not show its window to the workers", op, fh)
+            self.fetch.hide(fh)
+            self.ingest.hide(fh)
 
 
 async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows: Windows) -> None:
