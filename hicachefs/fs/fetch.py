@@ -102,7 +102,8 @@ class FetchHandle:
     async def read(self, offset: int, size: int, ahead: int = 0) -> list:
         """The pages' bytes from ``offset``, as views of each page (joined by the FUSE face, or
         gathered by a worker from the memory it shares with the store). ``ahead``: also pin the
-        RAM pages of the next ``ahead`` bytes of the answer, for ``window``."""
+        RAM pages of the next ``ahead`` bytes of the answer, for ``window`` (a writer's handle
+        only: see ``_pins_ahead``)."""
         if self._pages is None:
             self._pages = []
             try:
@@ -137,7 +138,7 @@ class FetchHandle:
                 position += take
                 index += 1
             self._ends = position < end or index == len(pages)
-            if ahead and not self._ends:
+            if ahead and not self._ends and self._pins_ahead:
                 self._pin_ahead(index, starts[index] + ahead, previous)
         finally:
             for reader in previous.values():
@@ -161,6 +162,14 @@ class FetchHandle:
             index += 1
         self._ends = index == len(pages)
 
+    @property
+    def _pins_ahead(self) -> bool:
+        """Pages are pinned ahead of the reads only for the store's own clients: a pinned page
+        that is evicted keeps its room until unpinned, so a plain user's handles, each pinning
+        as far ahead, could hold the RAM tier's room. Anyone else's handle pins what its last
+        read read, as ever."""
+        return self.account.writer
+
     def was_read(self) -> None:
         """The answer began (here, or in a worker from ``window``): a write starts a new request."""
         if not self._read:
@@ -172,6 +181,8 @@ class FetchHandle:
         ``ahead`` bytes, so that its first reads can be answered from ``window``; a write that
         follows undoes it. A large or malformed request is left for its read."""
         if self._read or self._pages is not None or not self._request or self.account.large:
+            return
+        if not self._pins_ahead:
             return
         self._pages = []
         try:

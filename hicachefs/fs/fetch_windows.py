@@ -2,7 +2,8 @@
 
 Why: forwarded, every READ of a batch (one per MiB) cost the owner of the store a round trip,
 100-175 us of its time a page, and the owner was the ceiling. Now the owner, when it answers a
-forwarded fetch read, also pins the pages that follow it in RAM, up to ``AHEAD_BYTES``, and
+forwarded fetch read (or write), also pins the pages that follow it in RAM, up to
+``AHEAD_BYTES`` (for the store's own clients' handles only: ``FetchHandle._pins_ahead``), and
 writes the window down in the handle's slot (``handle_slots``): each page's place in the answer
 and in the memory the store shares with the workers. A worker that gets a READ inside the window
 copies the bytes from there itself; a READ outside it, or reaching past it where more pages

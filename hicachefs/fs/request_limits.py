@@ -121,6 +121,7 @@ class RequestLimits:
     """The request files' shares and lane, one for the daemon."""
 
     def __init__(self, writers: frozenset[int]) -> None:
+        self.writers = writers
         self.memory = Shares(writers, MEMORY, "bytes held for requests")
         self.answering = Shares(writers, ANSWERING, "large requests being answered")
         self.lane = StepLane()
@@ -137,6 +138,11 @@ class Account:
 
     def __init__(self, limits: RequestLimits, uid: int) -> None:
         self.limits, self.uid, self.held, self.large = limits, uid, 0, False
+
+    @property
+    def writer(self) -> bool:
+        """Whether the handle is one of the store's own clients' (root, the daemon's user)."""
+        return self.uid in self.limits.writers
 
     def hold(self, nbytes: int, large: bool = False) -> None:
         """Hold ``nbytes`` from now on; ``large``: the request is answered in steps, and takes

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import errno
+import hashlib
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import xxhash
 
 from hicachefs.testing import mounting
 from hicachefs.testing.workload import content
-from pages import fetch_pages, ingest_batch, ingest_status, publish, read_page
+from pages import as_nobody, fetch_pages, ingest_batch, ingest_status, publish, read_page
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
 #: How long a client may wait on a mount whose worker died before the test calls it a hang.
@@ -144,6 +145,31 @@ def test_fetch_handles_open_at_once_each_read_only_their_own_request(mount_facto
     finally:
         for fd in handles:
             os.close(fd)
+
+
+def test_a_plain_users_fetch_handle_pins_no_pages_ahead(public_mount_factory):
+    mount = public_mount_factory("--memory", "256M", "--workers", "2")
+    pool = mount.page_dir()
+    pages = [(f"{POOL}/n{i:03d}", content(700 + i, 1 << 20)) for i in range(8)]
+    for path, data in pages:
+        publish(pool, path.rsplit("/", 1)[1], data)
+    request = "".join(f"{1 << 20} {p}\n" for p, _ in pages)
+    script = (f"import hashlib, mmap, os; fd = os.open({str(mount.path / '.hicachefs' / 'fetch')!r}, os.O_RDWR); "
+              f"os.write(fd, {request!r}.encode()); buffer = mmap.mmap(-1, {8 << 20}); "  # page-aligned: 1 MiB READs
+              f"print(os.preadv(fd, [buffer], 0), hashlib.sha256(buffer).hexdigest())")
+    expected = f"{8 << 20} {hashlib.sha256(b''.join(d for _, d in pages)).hexdigest()}"
+
+    def alone() -> int:
+        return sum(mount.stats()["reads_answered_alone"].values())
+
+    before = alone()
+    result = as_nobody("/usr/bin/python3.11", "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+    assert alone() == before  # each of its 8 READs went to the owner: nothing pinned ahead of them
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == expected
+    assert alone() == before + 8  # the store's own client's: all 8 answered alone
 
 
 def test_pages_read_from_the_disk_tier_come_back_whole(mount_factory, tmp_path):
