@@ -32,6 +32,15 @@ def disk_flags(tmp_path, memory: str = "64M", *extra: str) -> list[str]:
     return ["--memory", memory, "--disk", str(disk), "--disk-size", "256M", "--workers", "2", *extra]
 
 
+def stored_pages(mount: mounting.Mount, prefix: str, seed: int, count: int) -> list[tuple[str, bytes]]:
+    """``count`` pages of 1 MiB published in the mount's pool: (path, bytes)."""
+    pool = mount.page_dir()
+    pages = [(f"{POOL}/{prefix}{i:03d}", content(seed + i, 1 << 20)) for i in range(count)]
+    for path, data in pages:
+        publish(pool, path.rsplit("/", 1)[1], data)
+    return pages
+
+
 def client(mount: mounting.Mount, rank: int) -> list[tuple[str, bytes]]:
     """One client's traffic of every kind; the pages it published (path, bytes)."""
     pool = mount.page_dir()
@@ -91,10 +100,7 @@ def test_two_clients_are_served_by_both_workers_with_every_byte_right(mount_fact
 def test_workers_read_a_fetch_batch_mostly_alone_and_only_from_its_own_request(mount_factory):
     mount = mount_factory("--memory", "512M", "--workers", "2")  # 16 MiB of pages pinned ahead
     pool = mount.page_dir()
-    batches = [[(f"{POOL}/{kind}{i:03d}", content(seed + i, 1 << 20)) for i in range(40)]
-               for kind, seed in (("a", 0), ("b", 100))]
-    for path, data in batches[0] + batches[1]:
-        publish(pool, path.rsplit("/", 1)[1], data)
+    batches = [stored_pages(mount, "a", 0, 40), stored_pages(mount, "b", 100, 40)]
     before = mount.stats()
     fd = os.open(mount.path / ".hicachefs" / "fetch", os.O_RDWR)
     try:
@@ -125,10 +131,7 @@ def test_workers_read_a_fetch_batch_mostly_alone_and_only_from_its_own_request(m
 
 def test_fetch_handles_open_at_once_each_read_only_their_own_request(mount_factory):
     mount = mount_factory("--memory", "256M", "--workers", "2")
-    pool = mount.page_dir()
-    pages = [(f"{POOL}/h{i:03d}", content(300 + i, 1 << 20)) for i in range(24)]
-    for path, data in pages:
-        publish(pool, path.rsplit("/", 1)[1], data)
+    pages = stored_pages(mount, "h", 300, 24)
     handles = [os.open(mount.path / ".hicachefs" / "fetch", os.O_RDWR) for _ in range(8)]
     try:
         for n, fd in enumerate(handles):  # every request written before any is read
@@ -149,10 +152,7 @@ def test_fetch_handles_open_at_once_each_read_only_their_own_request(mount_facto
 
 def test_a_plain_users_fetch_handle_pins_no_pages_ahead(public_mount_factory):
     mount = public_mount_factory("--memory", "256M", "--workers", "2")
-    pool = mount.page_dir()
-    pages = [(f"{POOL}/n{i:03d}", content(700 + i, 1 << 20)) for i in range(8)]
-    for path, data in pages:
-        publish(pool, path.rsplit("/", 1)[1], data)
+    pages = stored_pages(mount, "n", 700, 8)
     request = "".join(f"{1 << 20} {p}\n" for p, _ in pages)
     script = (f"import hashlib, mmap, os; fd = os.open({str(mount.path / '.hicachefs' / 'fetch')!r}, os.O_RDWR); "
               f"os.write(fd, {request!r}.encode()); buffer = mmap.mmap(-1, {8 << 20}); "  # page-aligned: 1 MiB READs
