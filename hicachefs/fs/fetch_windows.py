@@ -101,10 +101,7 @@ class FetchWindows:
     # ---- the owner ------------------------------------------------------------------
 
     def show(self, fh: int, window: Window) -> None:
-        if window.pages:
-            self.slots.put(fh, window.encode())
-        else:
-            self.slots.clear(fh)
+        self.slots.put(fh, window.encode() if window.pages else None)
 
     def hide(self, fh: int) -> bool:
         """Whether a worker answered a read from the window (the fetch file's answer began)."""

@@ -158,8 +158,10 @@ class Windows:
         self.ingest = IngestWindows(ram_bytes)
 
     def before(self, requests: Requests, op: str, fh: int) -> None:
-        if op in ("write", "release") and self.fetch.hide(fh):
-            requests.fetch_was_read(fh)  # a worker answered from the window: the answer began
+        if op in ("write", "release"):
+            began = self.fetch.hide(fh)  # a worker answered from the window: the answer began
+            if began and op == "write":
+                requests.fetch_was_read(fh)  # so this write starts a new request
         if op in ("write", "release", "plan", "filled_at"):
             self.ingest.hide(fh)
 

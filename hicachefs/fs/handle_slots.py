@@ -39,8 +39,11 @@ class HandleSlots:
         slot = slot_of(fh >> 1)
         return None if slot is None else slot * self._size
 
-    def put(self, fh: int, payload: bytes) -> None:
-        """The owner: ``fh``'s slot now says ``payload``."""
+    def put(self, fh: int, payload: bytes | None) -> None:
+        """The owner: ``fh``'s slot now says ``payload`` (nothing, for None: ``clear``)."""
+        if payload is None:
+            self.clear(fh)
+            return
         if len(payload) > self.payload_bytes:
             raise ValueError(f"a payload of {len(payload)} bytes does not fit a slot of {self.payload_bytes}")
         memory, at = self._memory, self._at(fh)

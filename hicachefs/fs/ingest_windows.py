@@ -85,10 +85,7 @@ class IngestWindows:
 
     def show(self, fh: int, window: IngestWindow) -> None:
         """The owner, after a write of ``fh``."""
-        if window.pages:
-            self.slots.put(fh, window.encode())
-        else:
-            self.slots.clear(fh)
+        self.slots.put(fh, window.encode() if window.pages else None)
 
     def hide(self, fh: int) -> None:
         """The owner, before anything that changes ``fh``'s stream."""
