@@ -3,7 +3,8 @@
 Why: forwarded, every READ of a batch (one per MiB) cost the owner of the store a round trip,
 100-175 us of its time a page, and the owner was the ceiling. Now the owner, when it answers a
 forwarded fetch read (or write), also pins the pages that follow it in RAM, up to
-``AHEAD_BYTES`` (for the store's own clients' handles only: ``FetchHandle._pins_ahead``), and
+``AHEAD_BYTES`` and within what all windows may pin together (``ahead_for``; for the store's own
+clients' handles only: ``FetchHandle._pins_ahead``), and
 writes the window down in the handle's slot (``handle_slots``): each page's place in the answer
 and in the memory the store shares with the workers. A worker that gets a READ inside the window
 copies the bytes from there itself; a READ outside it, or reaching past it where more pages
@@ -34,6 +35,10 @@ from .handle_slots import HandleSlots
 #: and at most a sixteenth of the RAM tier, whose room pinned pages hold.
 AHEAD_BYTES = 16 << 20
 RAM_SHARE = 16
+#: The most of the RAM tier that all windows together hold pinned. A window's pages stay pinned
+#: until its handle's next request, however long its client keeps it open and idle, so without
+#: this bound a few idle handles could hold the whole tier and leave no room for writes.
+ALL_WINDOWS_RAM_SHARE = 8
 _HEAD = struct.Struct("<BxxxI")  # the answer ends after the window (1) or the owner knows more (0); pages
 _PAGE = struct.Struct("<QQQ")  # the page's start in the answer, its length, its place in shared memory
 _COUNT = struct.Struct("<Q")
@@ -96,16 +101,35 @@ class FetchWindows:
         self.slots = HandleSlots(_HEAD.size + MAX_WINDOW_PAGES * _PAGE.size)
         self._counts = mmap.mmap(-1, (workers + 1) * _COUNT.size)
         self.workers = workers
-        self.ahead_bytes = min(AHEAD_BYTES, ram_bytes // RAM_SHARE)
+        self._ahead_bytes = min(AHEAD_BYTES, ram_bytes // RAM_SHARE)
+        self._all_bytes = ram_bytes // ALL_WINDOWS_RAM_SHARE
+        self._pinned: dict[int, int] = {}  # fh -> the bytes its window shows
+        self._pinned_total = 0
 
     # ---- the owner ------------------------------------------------------------------
 
+    def ahead_for(self, fh: int) -> int:
+        """How far ahead ``fh``'s next answer may pin pages: its share, within the room the other
+        windows leave; nothing for a handle without a slot, whose window no worker could read."""
+        if not self.slots.holds(fh):
+            return 0
+        room = self._all_bytes - (self._pinned_total - self._pinned.get(fh, 0))
+        return max(0, min(self._ahead_bytes, room))
+
     def show(self, fh: int, window: Window) -> None:
+        self._count_pinned(fh, sum(length for _, length, _ in window.pages))
         self.slots.put(fh, window.encode() if window.pages else None)
 
     def hide(self, fh: int) -> bool:
-        """Whether a worker answered a read from the window (the fetch file's answer began)."""
+        """Whether a worker answered a read from the window (the fetch file's answer began). The
+        request the owner answers next unpins its pages or pins others (``show``)."""
+        self._count_pinned(fh, 0)
         return self.slots.clear(fh)
+
+    def _count_pinned(self, fh: int, pinned: int) -> None:
+        self._pinned_total += pinned - self._pinned.pop(fh, 0)
+        if pinned:
+            self._pinned[fh] = pinned
 
     def answered_alone(self) -> dict[int, int]:
         """Reads each worker (1..N) answered without the owner."""

@@ -170,7 +170,7 @@ class Windows:
         (the handle's requests are then forwarded as they come)."""
         try:
             if op in ("read", "write"):  # after a write: the fetch request's first pages
-                pinned = requests.fetch_window(fh, self.fetch.ahead_bytes if op == "write" else 0)
+                pinned = requests.fetch_window(fh, self.fetch.ahead_for(fh) if op == "write" else 0)
                 if pinned is not None:
                     self.fetch.show(fh, Window.of(*pinned, offset_of))
             if op in ("write", "filled", "filled_at"):
@@ -194,7 +194,7 @@ async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows:
             if op in _WINDOWED:
                 windows.before(requests, op, args[0])
             if op == "read":
-                value = [_wire(piece, offset_of) for piece in await requests.read(*args, windows.fetch.ahead_bytes)]
+                value = [_wire(piece, offset_of) for piece in await requests.read(*args, windows.fetch.ahead_for(args[0]))]
             elif op == "plan":
                 value = await requests.plan(*args)
                 if isinstance(value, WritePlan):

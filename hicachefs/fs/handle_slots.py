@@ -39,6 +39,10 @@ class HandleSlots:
         slot = slot_of(fh >> 1)
         return None if slot is None else slot * self._size
 
+    def holds(self, fh: int) -> bool:
+        """Whether ``fh`` has a slot."""
+        return self._at(fh) is not None
+
     def put(self, fh: int, payload: bytes | None) -> None:
         """The owner: ``fh``'s slot now says ``payload`` (nothing, for None: ``clear``)."""
         if payload is None:

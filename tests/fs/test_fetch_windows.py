@@ -53,6 +53,23 @@ def test_a_mark_a_worker_leaves_is_seen_once_by_the_owner():
     assert slots.clear(fh) is False
 
 
+def test_windows_together_pin_at_most_an_eighth_of_the_ram_tier():
+    windows, table = FetchWindows(2, 16 << 20), HandleTable()  # 1 MiB ahead each, 2 MiB in all
+    first, second, third = (table.add(Plain(), slotted=True) << 1 for _ in range(3))
+    unslotted = table.add(Plain()) << 1
+    assert windows.ahead_for(first) == 1 << 20 and windows.ahead_for(unslotted) == 0
+    windows.show(first, Window([(0, 1 << 20, 0)], False))
+    windows.show(second, Window([(0, 768 << 10, 0)], False))
+    assert windows.ahead_for(third) == 256 << 10  # what the others leave
+    assert windows.ahead_for(second) == 1 << 20  # its own pages are let go before it pins more
+    windows.show(second, Window([], True))  # its next answer pinned nothing ahead
+    assert windows.ahead_for(third) == 1 << 20
+    windows.show(third, Window([(0, 1 << 20, 0)], False))
+    assert windows.ahead_for(second) == 0
+    windows.hide(first)  # its handle's next request unpins its pages
+    assert windows.ahead_for(second) == 1 << 20
+
+
 def test_a_window_is_read_in_another_process_after_fork():
     windows = FetchWindows(2, 1 << 30)
     fh = HandleTable().add(Plain(), slotted=True) << 1

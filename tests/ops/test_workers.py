@@ -150,6 +150,21 @@ def test_fetch_handles_open_at_once_each_read_only_their_own_request(mount_facto
             os.close(fd)
 
 
+def test_idle_fetch_handles_leave_the_ram_tier_room_for_writes(mount_factory):
+    mount = mount_factory("--memory", "16M", "--workers", "2")  # room for some 14 pages of 1 MiB
+    pages = stored_pages(mount, "i", 900, 12)
+    handles = [os.open(mount.path / ".hicachefs" / "fetch", os.O_RDWR) for _ in pages]
+    try:
+        for fd, (path, _) in zip(handles, pages):  # each request's page pinned for the workers
+            os.write(fd, f"{1 << 20} {path}\n".encode())
+        newer = stored_pages(mount, "j", 950, 12)  # room made by evicting the older pages
+        for path, data in newer:
+            assert read_page(mount.path / path) == data
+    finally:
+        for fd in handles:
+            os.close(fd)
+
+
 def test_a_plain_users_fetch_handle_pins_no_pages_ahead(public_mount_factory):
     mount = public_mount_factory("--memory", "256M", "--workers", "2")
     pages = stored_pages(mount, "n", 700, 8)
