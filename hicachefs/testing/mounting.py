@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -71,10 +72,24 @@ def start(path: Path, log_file: Path, flags: list[str]) -> Mount:
         raise RuntimeError(f"mount failed ({result.returncode}): {result.stderr.strip()}\n"
                            f"{log_file.read_text() if log_file.exists() else ''}")
     mount = Mount(path, log_file, flags)
-    config = json.loads((path / ".hicachefs" / "config").read_text())
+    try:
+        config = json.loads((path / ".hicachefs" / "config").read_text())
+    except (OSError, ValueError) as exc:
+        _take_down(path, result.stdout)
+        raise RuntimeError(f"mounted, but its config could not be read ({exc}); unmounted it\n"
+                           f"{log_file.read_text() if log_file.exists() else ''}") from None
     mount.pid, mount.worker_pids = config["pid"], config.get("worker_pids", [])
     mount.identity = (mount.pid, _start_time(mount.pid))
     return mount
+
+
+def _take_down(path: Path, said: str) -> None:
+    """A mount that came up but does not answer as it should: unmount it, and stop its daemon by
+    the PID the mount command printed if the unmount did not end it."""
+    unmount_path(path)
+    printed = re.search(r"\(pid (\d+),", said)
+    if printed and not wait_gone(int(printed[1]), STOP_TIMEOUT_S / 6):
+        os.kill(int(printed[1]), signal.SIGKILL)
 
 
 def _start_time(pid: int) -> int:
