@@ -74,22 +74,16 @@ def start(path: Path, log_file: Path, flags: list[str]) -> Mount:
     mount = Mount(path, log_file, flags)
     try:
         config = json.loads((path / ".hicachefs" / "config").read_text())
-    except (OSError, ValueError) as exc:
-        _take_down(path, result.stdout)
+    except (OSError, ValueError) as exc:  # up but not answering as it should: take it down
+        printed = re.search(r"\(pid (\d+),", result.stdout)  # the mount command names its daemon
+        mount.pid = int(printed[1]) if printed else 0
+        stop(mount)
+        unmount_path(path)
         raise RuntimeError(f"mounted, but its config could not be read ({exc}); unmounted it\n"
                            f"{log_file.read_text() if log_file.exists() else ''}") from None
     mount.pid, mount.worker_pids = config["pid"], config.get("worker_pids", [])
     mount.identity = (mount.pid, _start_time(mount.pid))
     return mount
-
-
-def _take_down(path: Path, said: str) -> None:
-    """A mount that came up but does not answer as it should: unmount it, and stop its daemon by
-    the PID the mount command printed if the unmount did not end it."""
-    unmount_path(path)
-    printed = re.search(r"\(pid (\d+),", said)
-    if printed and not wait_gone(int(printed[1]), STOP_TIMEOUT_S / 6):
-        os.kill(int(printed[1]), signal.SIGKILL)
 
 
 def _start_time(pid: int) -> int:
