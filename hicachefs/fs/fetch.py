@@ -180,15 +180,13 @@ class FetchHandle:
         """Parse the request written so far and pin its RAM pages of the answer's first
         ``ahead`` bytes, so that its first reads can be answered from ``window``; a write that
         follows undoes it. A large or malformed request is left for its read."""
-        if self._read or self._pages is not None or not self._request or self.account.large:
-            return
-        if not self._pins_ahead:
+        if self._read or self._pages is not None or not self._request or self.account.large or not self._pins_ahead:
             return
         self._pages = []
         try:
             self._parse_step()
         except FsError:
-            self._pages, self._starts, self._parsed = None, [], 0
+            self._unparse()
             return
         self._ends = not self._pages
         self._pin_ahead(0, ahead, {})
