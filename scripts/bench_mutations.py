@@ -4,8 +4,8 @@ forward to (what the daemon does), or by a lock every worker takes over state in
 
 Each of P client processes makes mutations as fast as it can, each ``--work-us`` of work (the
 owner's Python for one page's plan and publish is some 40 us), three ways:
-  - forwarded: over hicachefs's own worker channel (``fs/channel.py``: the worker's blocking
-    ``Channel``, the owner's ``AsyncChannel`` on a trio loop, one task per client), the owner
+  - forwarded: over hicachefs's own worker channel (``fs/channel.py``: the worker's ``Channel``,
+    the owner's ``AsyncChannel``, each on a trio loop, one owner task per client), the owner
     doing the work;
   - locked: each client takes one cross-process lock (``multiprocessing.Lock``, a futex-backed
     semaphore in shared memory) and does the work itself;
@@ -42,11 +42,14 @@ def cpu_seconds() -> float:
 
 
 def forwarding_client(sock: socket.socket, seconds: float, counts, index: int) -> None:
-    channel, made, end = Channel(sock), 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        channel.call(("mutate", made))
-        made += 1
-    counts[index] = made
+    async def mutations() -> int:
+        channel, made, end = Channel(sock), 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            await channel.call(("mutate", made))
+            made += 1
+        return made
+
+    counts[index] = trio.run(mutations)
 
 
 def locking_client(lock, work: float, seconds: float, counts, index: int) -> None:
@@ -68,9 +71,9 @@ def alone_client(work: float, seconds: float, counts, index: int) -> None:
 
 async def owner(channels: list[AsyncChannel], work: float) -> None:
     async def serve(channel: AsyncChannel) -> None:
-        while (message := await channel.receive()) is not None:
+        while (call := await channel.next_call()) is not None:
             spin(work)
-            await channel.send(message[1])
+            await channel.answer(call[0], call[1][1])
 
     async with trio.open_nursery() as nursery:
         for channel in channels:

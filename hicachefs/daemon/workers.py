@@ -11,14 +11,15 @@ over N cores. How they start:
 - Then it forks the workers. Each opens ``/dev/fuse`` anew, clones the session onto it
   (``FUSE_DEV_IOC_CLONE``: replies must go back on the descriptor a request was read from, and
   each clone has its own) and puts the clone where libfuse reads and writes, then runs
-  pyfuse3's loop, one request at a time, over ``ForwardedRequests``. The owner never reads
+  pyfuse3's loop over ``ForwardedRequests``, with up to ``IN_FLIGHT`` requests at once (more
+  than one only while one waits long on the owner: ``fs/channel.py``, ``fs/stolen_reads.py``). The owner never reads
   FUSE again: a request it read would wait on its own workers.
 
 How they end:
 
 - An unmount from outside ends the session: every worker's read fails, it exits 0, and
   ``serve`` returns.
-- ``stop`` (the owner's SIGTERM): SIGUSR1 to each worker, which finishes the request it has,
+- ``stop`` (the owner's SIGTERM): SIGUSR1 to each worker, which finishes the requests it has,
   leaves its loop and exits 0 (the signal also breaks a read waiting for the next request).
   Stop signals a worker gets (systemd signals every process of a unit) go to the owner.
 - A worker that dies (killed, crashed) may have taken requests that are never answered. The
@@ -48,9 +49,10 @@ import trio
 
 from .. import mount_table
 from ..fs.channel import AsyncChannel, Channel
-from ..fs.forwarding import ForwardedRequests, Windows, serve
+from ..fs.forwarding import IN_FLIGHT, ForwardedRequests, Windows, serve
 from ..fs.operations import Operations
 from ..fs.requests import Requests
+from ..fs.stolen_reads import StolenReads
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +173,6 @@ class WorkerPool:
     async def _serve_one(self, worker: Worker) -> None:
         try:
             await serve(self.requests, worker.channel, worker.index, self.windows)
-        except (trio.BrokenResourceError, OSError):
-            pass  # its end went away while we answered: it ended
         finally:
             worker.channel.close()
         await trio.lowlevel.wait_readable(worker.pidfd)
@@ -220,8 +220,11 @@ def _run_worker(index: int, fd: int, sock: socket.socket, operations: Operations
         os.dup2(clone, fd)  # libfuse reads and replies on ``fd``: from now on, this clone
         os.close(clone)
         _map_in(shared)
-        operations.requests = ForwardedRequests(Channel(sock), shared, operations.uid, operations.gid, index,
-                                                windows)
+        channel = Channel(sock)
+        reads = StolenReads(fd, lambda: channel.in_flight > 0)
+        reads.install()
+        operations.requests = ForwardedRequests(channel, shared, operations.uid, operations.gid, index, windows,
+                                                reads)
         trio.run(_serve_session, owner)
         code = 0
     except BaseException:
@@ -258,7 +261,7 @@ def _map_in(shared: memoryview) -> None:
 async def _serve_session(owner: int) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_listen_for_signals, owner)
-        await pyfuse3.main(1, 1)
+        await pyfuse3.main(1, IN_FLIGHT)
         nursery.cancel_scope.cancel()
 
 

@@ -1,24 +1,29 @@
-"""The wire between a worker process and the owner of the store: one message at a time each way,
-over a Unix stream socket of their own.
+"""The wire between a worker process and the owner of the store, over a Unix stream socket of
+their own: calls from any of the worker's tasks, each answered when it is done, in any order.
 
 A message is a Python value pickled with protocol 5, whose ``PickleBuffer``s (page bytes) travel
 out of band, after the pickle, so that neither side copies them into or out of a pickle stream:
 
     <uint32 pickle length> <uint32 buffer count> <uint64 length of each buffer> <pickle> <buffers>
 
-all little-endian. The receiver gets each buffer back as a memoryview of the message it read.
+all little-endian. The receiver gets each buffer back as a memoryview of the message it read. A
+call is ``(number, value)`` and its answer ``(number, answer)``.
 
-``Channel`` is the worker's side: blocking calls, one request and its answer at a time (a worker
-serves one FUSE request at a time, so blocking there costs nothing and saves the event loop's
-wakeups). ``AsyncChannel`` is the owner's side, one per worker, on the owner's trio loop. Neither
-is thread-safe.
+``Channel`` is the worker's side. A worker has several requests in flight only when one waits
+long on the owner (``PATIENCE_S``): until then a call waits for its answer without passing
+through the event loop, whose wakeups would cost more than most answers take. ``AsyncChannel``
+is the owner's side, one per worker, read by several tasks in turn. Neither is thread-safe; both
+run on a trio loop.
 """
 
 from __future__ import annotations
 
+import itertools
 import pickle
+import select
 import socket
 import struct
+import time
 
 import trio
 
@@ -27,6 +32,12 @@ _LENGTH = struct.Struct("<Q")
 #: What one receive asks the kernel for at most when the message's size is not known yet: a
 #: message of a few hundred bytes (most answers) then costs one system call.
 _CHUNK = 64 << 10
+#: How long a worker's call waits for its answer with the worker's event loop held (no other
+#: request of the worker moves meanwhile). Most answers take well under 1 ms; past this one the
+#: worker lets its loop read further requests, so a slow request (a large exists query, a
+#: listing storm) does not hold up the ones after it.
+PATIENCE_S = 0.002
+_MISSING = object()
 
 
 class ChannelClosed(EOFError):
@@ -42,10 +53,68 @@ def encode(value) -> list:
 
 
 class _Framing:
-    """What both sides share: a buffer of bytes read ahead, and the decoding of a message."""
+    """What both sides share: sending whole messages while other tasks send too, and reading
+    messages from bytes read ahead. How a side waits for bytes to read is its own (``_ready``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
         self._pending = bytearray()
+        self._sending = trio.Lock()
+
+    async def send(self, value) -> None:
+        pieces = encode(value)
+        if not self._sending.locked():  # the common case: the whole message goes out at once
+            try:
+                pieces = _rest(pieces, self.sock.sendmsg(pieces))
+            except BlockingIOError:
+                pass
+            if not pieces:
+                return
+            self._sending.acquire_nowait()  # free: nothing yielded since the check
+        else:
+            await self._sending.acquire()
+        try:
+            while pieces:
+                try:
+                    pieces = _rest(pieces, self.sock.sendmsg(pieces))
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(self.sock)
+        finally:
+            self._sending.release()
+
+    async def receive(self):
+        """The next message, or None when the other side closed its end."""
+        while (frame := self._frame()) is None:
+            data = await self._ready(self.sock.recv, _CHUNK)
+            if not data:
+                return None
+            self._pending += data
+        length = frame[1]
+        if len(self._pending) >= length:
+            return self._decode(memoryview(self._take(length)))
+        message = bytearray(length)  # a large message goes straight into a buffer of its own
+        have = len(self._pending)
+        message[:have] = self._pending
+        self._pending.clear()
+        view = memoryview(message)
+        while have < length:
+            got = await self._ready(self.sock.recv_into, view[have:])
+            if not got:
+                return None
+            have += got
+        return self._decode(view)
+
+    async def _ready(self, call, argument):
+        """``call(argument)``, once the socket has something to read."""
+        while True:
+            try:
+                return call(argument)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self.sock)
+
+    def close(self) -> None:
+        self.sock.close()
 
     def _frame(self) -> tuple[int, int] | None:
         """(head length, whole message length) once the head is here, else None."""
@@ -58,7 +127,8 @@ class _Framing:
         sizes = sum(_LENGTH.unpack_from(self._pending, _HEAD.size + i * _LENGTH.size)[0] for i in range(count))
         return head, head + pickled + sizes
 
-    def _decode(self, message: memoryview):
+    @staticmethod
+    def _decode(message: memoryview):
         pickled, count = _HEAD.unpack_from(message)
         at = _HEAD.size + count * _LENGTH.size
         body = message[at : at + pickled]
@@ -78,103 +148,96 @@ class _Framing:
 
 
 class Channel(_Framing):
-    """The worker's blocking side. See the module docstring."""
+    """The worker's side. See the module docstring. One call at a time reads the socket; an
+    answer it reads for another call is left for that call, which it wakes."""
 
     def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
-        sock.setblocking(True)
-        self.sock = sock
+        super().__init__(sock)
+        self._numbers = itertools.count()
+        self._answers: dict[int, object] = {}
+        self._waiting: dict[int, trio.Event] = {}
+        self._reading = False
+        self._calls = 0
+        self._patient_until = 0.0
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
 
-    def call(self, value):
-        """Send ``value``, then wait for the answer and return it."""
-        self.send(value)
-        return self.receive()
+    @property
+    def in_flight(self) -> int:
+        """Calls made that have not returned yet."""
+        return self._calls
 
-    def send(self, value) -> None:
-        pieces = encode(value)
-        while pieces:
-            sent = self.sock.sendmsg(pieces)
-            pieces = _rest(pieces, sent)
+    async def call(self, value):
+        """Send ``value``, then wait for its answer and return it."""
+        number = next(self._numbers)
+        self._calls += 1
+        try:
+            await self.send((number, value))
+            if not self._reading:
+                self._patient_until = time.monotonic() + PATIENCE_S
+            while (answer := self._answers.pop(number, _MISSING)) is _MISSING:
+                if self._reading:
+                    self._waiting[number] = event = trio.Event()
+                    await event.wait()
+                    continue
+                self._reading = True
+                try:
+                    message = await self.receive()
+                finally:
+                    self._reading = False
+                    self._patient_until = 0.0  # a call that takes the reading over waits through trio
+                if message is None:
+                    raise ChannelClosed("the owner of the store closed the channel")
+                theirs, answer = message
+                if theirs == number:
+                    return answer
+                self._answers[theirs] = answer
+                if (event := self._waiting.pop(theirs, None)) is not None:
+                    event.set()
+            return answer
+        finally:
+            self._calls -= 1
+            self._waiting.pop(number, None)
+            if not self._reading and self._waiting:  # someone must read for the calls still waiting
+                self._waiting.pop(next(iter(self._waiting))).set()
 
-    def receive(self):
-        while (frame := self._frame()) is None:
-            self._read(_CHUNK)
-        length = frame[1]
-        if len(self._pending) >= length:
-            return self._decode(memoryview(self._take(length)))
-        message = bytearray(length)  # a large message goes straight into a buffer of its own
-        have = len(self._pending)
-        message[:have] = self._pending
-        self._pending.clear()
-        view = memoryview(message)
-        while have < length:
-            got = self.sock.recv_into(view[have:])
-            if not got:
-                raise ChannelClosed("the owner of the store closed the channel")
-            have += got
-        return self._decode(view)
-
-    def _read(self, size: int) -> None:
-        data = self.sock.recv(size)
-        if not data:
-            raise ChannelClosed("the owner of the store closed the channel")
-        self._pending += data
+    async def _ready(self, call, argument):
+        while True:
+            try:
+                return call(argument)
+            except BlockingIOError:
+                left = self._patient_until - time.monotonic()
+                if left <= 0 or not self._poll.poll(left * 1000):
+                    self._patient_until = 0.0
+                    await trio.lowlevel.wait_readable(self.sock)
 
 
 class AsyncChannel(_Framing):
-    """The owner's side, on its trio loop. See the module docstring.
+    """The owner's side, on its trio loop. See the module docstring. Several tasks answer one
+    worker's calls; one at a time reads (``next_call``).
 
     It calls the socket itself and waits through trio only when the socket has nothing to read
     (or no room to write): trio's socket methods pass through its scheduler on every call, which
     cost the owner a few tens of microseconds a message, two messages a page."""
 
     def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
-        sock.setblocking(False)
-        self.sock = sock
+        super().__init__(sock)
+        self._reading = False
+        self._turns = trio.lowlevel.ParkingLot()
 
-    async def receive(self):
-        """The next message, or None when the worker closed its end (its process ended)."""
-        while (frame := self._frame()) is None:
-            data = await self._ready(self.sock.recv, _CHUNK)
-            if not data:
-                return None
-            self._pending += data
-        length = frame[1]
-        if len(self._pending) >= length:
-            return self._decode(memoryview(self._take(length)))
-        message = bytearray(length)
-        have = len(self._pending)
-        message[:have] = self._pending
-        self._pending.clear()
-        view = memoryview(message)
-        while have < length:
-            got = await self._ready(self.sock.recv_into, view[have:])
-            if not got:
-                return None
-            have += got
-        return self._decode(view)
+    async def next_call(self):
+        """(number, value) of the worker's next call, or None once the worker closed its end."""
+        while self._reading:
+            await self._turns.park()
+        self._reading = True
+        try:
+            return await self.receive()
+        finally:
+            self._reading = False
+            self._turns.unpark()
 
-    async def send(self, value) -> None:
-        pieces = encode(value)
-        while pieces:
-            try:
-                sent = self.sock.sendmsg(pieces)
-            except BlockingIOError:
-                await trio.lowlevel.wait_writable(self.sock)
-                continue
-            pieces = _rest(pieces, sent)
-
-    async def _ready(self, call, argument):
-        """``call(argument)``, once the socket has something to read."""
-        while True:
-            try:
-                return call(argument)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(self.sock)
-
-    def close(self) -> None:
-        self.sock.close()
+    async def answer(self, number: int, value) -> None:
+        await self.send((number, value))
 
 
 def _rest(pieces: list, sent: int) -> list:

@@ -16,12 +16,14 @@ a handle whose writes can be staged (``requests.STAGED``: the ingest file) goes 
 says (straight into the pages' drafts) and checksums the pages it completed, then ``filled``.
 Other writes come inline.
 
-``ForwardedRequests`` is the worker's side: its calls block on the channel (a worker serves one
-request at a time), not thread-safe. ``serve`` runs on the owner's trio loop, one task per worker.
+``ForwardedRequests`` is the worker's side: each of the worker's tasks calls the owner as its
+request needs (``channel.py``), not thread-safe. ``serve`` runs on the owner's trio loop,
+``IN_FLIGHT`` tasks per worker.
 """
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
 import os
@@ -30,12 +32,15 @@ from typing import NamedTuple
 
 import pyfuse3
 
+import trio
+
 from ..store import page_checksum
 from .channel import AsyncChannel, Channel, ChannelClosed
 from .fetch_windows import FetchWindows, Window
 from .ingest_windows import MAX_AHEAD_PAGES, IngestWindow, IngestWindows
 from .ingest import WritePlan
 from .requests import STAGED, Requests
+from .stolen_reads import StolenReads
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,13 @@ _PLAIN = frozenset({
     "releasedir", "create", "open", "release", "unlink", "rename", "getxattr", "listxattr",
     "setxattr", "removexattr",
 })
+
+#: The most requests a worker has in flight at once (pyfuse3's tasks in a worker; the owner's
+#: tasks answering one worker): more than the large requests there may be at once (38:
+#: ``request_limits.ANSWERING``), which wait for their turns, so small ones always find a task.
+IN_FLIGHT = 64
+#: The FUSE operation a worker's task began as, until its first call to the owner says so.
+_COUNTED: contextvars.ContextVar[str | None] = contextvars.ContextVar("counted", default=None)
 
 #: Requests that may change or make a handle's window (``Windows``).
 _WINDOWED = frozenset({"read", "write", "release", "plan", "filled", "filled_at"})
@@ -62,20 +74,23 @@ class Span(NamedTuple):
 
 class ForwardedRequests:
     """The request layer as a worker sees it: the same calls as ``Requests``, answered by the
-    owner. A refusal comes back as its errno and is raised as ``FUSEError``."""
+    owner. A refusal comes back as its errno and is raised as ``FUSEError``. Requests of the
+    worker's tasks go to the owner at once, each with the FUSE operation it began as (the owner
+    counts requests by worker); ``reads`` hears when one was taken (``stolen_reads``)."""
 
     def __init__(self, channel: Channel, shared: memoryview, uid: int, gid: int, worker: int,
-                 windows: Windows) -> None:
+                 windows: Windows, reads: StolenReads) -> None:
         self.channel = channel
         self.shared = shared
         self.uid, self.gid = uid, gid
         self.worker = worker
         self.windows = windows
-        self._counted: str | None = None  # the FUSE operation the next message begins
+        self.reads = reads
 
     def count(self, op: str) -> None:
-        """The owner counts requests, by worker: the next message says which one began."""
-        self._counted = op
+        """A request began (its handler's first step, right after it was read)."""
+        self.reads.taken()
+        _COUNTED.set(op)
 
     def refused(self, op: str, args: tuple, exc: BaseException) -> int:
         """A request the channel could not carry: the owner is gone or the wire broke."""
@@ -83,10 +98,11 @@ class ForwardedRequests:
                   exc_info=exc)
         return errno.EIO
 
-    def _call(self, op: str, *args):
-        counted, self._counted = self._counted, None
+    async def _call(self, op: str, *args):
+        counted = _COUNTED.get()
+        _COUNTED.set(None)
         try:
-            err, value = self.channel.call((op, args, counted))
+            err, value = await self.channel.call((op, args, counted))
         except (ChannelClosed, ConnectionError):
             # The owner died (a crash: its own stop ends the workers first). The kernel kills
             # this worker with it anyway (PR_SET_PDEATHSIG); answering EIO meanwhile would only
@@ -102,13 +118,13 @@ class ForwardedRequests:
             raise AttributeError(op)
 
         async def forwarded(*args):
-            return self._call(op, *args)
+            return await self._call(op, *args)
 
         return forwarded
 
-    def forget(self, inode_list) -> None:
+    async def forget(self, inode_list) -> None:
         try:
-            self._call("forget", list(inode_list))
+            await self._call("forget", list(inode_list))
         except Exception:  # forget must never raise
             log.exception("forget of %d inodes could not be forwarded", len(inode_list))
 
@@ -116,28 +132,29 @@ class ForwardedRequests:
         shared = self.shared
         pieces = self.windows.fetch.answer(fh, offset, size, shared)
         if pieces is not None:  # inside the fetch handle's window: the owner need not hear of it
-            self._counted = None
+            _COUNTED.set(None)
             self.windows.fetch.count(self.worker)
             return pieces
         return [shared[p.offset : p.offset + p.length] if isinstance(p, Span) else p
-                for p in self._call("read", fh, offset, size)]
+                for p in await self._call("read", fh, offset, size)]
 
     async def write(self, fh: int, offset: int, data) -> int:
         if not fh & STAGED or len(data) <= HEAD_BYTES:
-            return self._call("write", fh, offset, pickle.PickleBuffer(data))
+            return await self._call("write", fh, offset, pickle.PickleBuffer(data))
         view = memoryview(data)
         planned = self.windows.ingest.plan(fh, offset, len(data))
         if planned is not None:  # inside the ingest handle's window: plan and fill in one
             copies, checksummed = planned
-            return self._call("filled_at", fh, offset, len(data), copies, self._copied(view, copies, checksummed))
+            return await self._call("filled_at", fh, offset, len(data), copies,
+                                    self._copied(view, copies, checksummed))
         head = view[:HEAD_BYTES] if offset == 0 else view[:0]  # only a batch's start has a header
-        plan = self._call("plan", fh, offset, len(data), pickle.PickleBuffer(head))
+        plan = await self._call("plan", fh, offset, len(data), pickle.PickleBuffer(head))
         if isinstance(plan, int):
             return plan
         copies, inline, checksummed = plan
         checksums = self._copied(view, copies, checksummed)
-        return self._call("filled", fh, [pickle.PickleBuffer(view[at : at + length]) for at, length in inline],
-                          checksums)
+        return await self._call("filled", fh, [pickle.PickleBuffer(view[at : at + length]) for at, length in inline],
+                                checksums)
 
     def _copied(self, view: memoryview, copies: list, checksummed: list) -> list[int]:
         """Copy a write's bytes where its plan says; the checksums of the pages it completed."""
@@ -184,10 +201,24 @@ class Windows:
 
 
 async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows: Windows) -> None:
-    """Answer one worker's requests until it closes its channel (its process ended)."""
+    """Answer one worker's requests until its channel closes or breaks (its process ended): as
+    many at once as it may have in flight, so a slow one holds up none of the others."""
+    async with trio.open_nursery() as nursery:
+        for _ in range(IN_FLIGHT):
+            nursery.start_soon(_answer_calls, requests, channel, worker, windows)
+
+
+async def _answer_calls(requests: Requests, channel: AsyncChannel, worker: int, windows: Windows) -> None:
+    try:
+        await _answer_each(requests, channel, worker, windows)
+    except (trio.BrokenResourceError, OSError):
+        pass  # its end went away while we answered: it ended
+
+
+async def _answer_each(requests: Requests, channel: AsyncChannel, worker: int, windows: Windows) -> None:
     offset_of = requests.namespace.store.arena_offset
-    while (message := await channel.receive()) is not None:
-        op, args, counted = message
+    while (call := await channel.next_call()) is not None:
+        number, (op, args, counted) = call
         if counted is not None:
             requests.count(counted, worker)
         try:
@@ -199,9 +230,7 @@ async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows:
                 value = await requests.plan(*args)
                 if isinstance(value, WritePlan):
                     value = value.wire()
-            elif op == "forget":
-                value = requests.forget(*args)
-            elif op in _PLAIN or op in ("write", "filled", "filled_at"):
+            elif op in _PLAIN or op in ("write", "filled", "filled_at", "forget"):
                 value = await getattr(requests, op)(*args)
             else:
                 raise ValueError(f"a worker asked for {op!r}, which is no request")
@@ -210,7 +239,7 @@ async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows:
             answer = (0, value)
         except Exception as exc:
             answer = (requests.refused(op, args, exc), None)
-        await channel.send(answer)
+        await channel.answer(number, answer)
 
 
 def _wire(piece, offset_of):

@@ -130,7 +130,7 @@ class Operations(pyfuse3.Operations):
 
     async def forget(self, inode_list):
         self.requests.count("forget")
-        self.requests.forget(inode_list)
+        await self.requests.forget(inode_list)
 
     @_replying
     async def getattr(self, inode, ctx=None):

@@ -101,7 +101,7 @@ class Requests:
             return st
         return Miss(MISS_TIMEOUT_S if self.namespace.caches_misses(parent_inode) else 0.0)
 
-    def forget(self, inode_list) -> None:
+    async def forget(self, inode_list) -> None:
         for inode, nlookup in inode_list:
             try:
                 self.namespace.forget(inode, nlookup)

@@ -18,7 +18,7 @@ import pytest
 import xxhash
 
 from hicachefs.testing import mounting
-from hicachefs.testing.workload import content
+from hicachefs.testing.workload import content, exists_answer, exists_handle, exists_query, send_exists
 from pages import as_nobody, fetch_pages, ingest_batch, ingest_status, publish, read_page
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -205,6 +205,33 @@ def test_a_big_pool_lists_whole(mount_factory, tmp_path):
         publish(pool, f"page-{i:05d}", content(i, 64))
     assert sorted(os.listdir(pool)) == [f"page-{i:05d}" for i in range(1500)]
     assert subprocess.run(["ls", "-l", str(pool)], capture_output=True, text=True, timeout=60).stdout.count("\n") == 1501
+
+
+def test_a_small_request_is_answered_while_large_ones_keep_every_worker_waiting(mount_factory):
+    """Four 8 MiB exists queries are answered a step at a time, taking turns (some 0.7 s each
+    here); with one request at a time per worker, both workers waited on them and a one-line
+    query sent meanwhile came after two of them (390 ms). A worker now takes further requests
+    while one waits on the owner."""
+    mount = mount_factory("--memory", "64M", "--workers", "2")
+    mount.page_dir()
+    names = [f"{POOL}/{i:064x}" for i in range(8 * 1024 * 1024 // 110)]  # just under 8 MiB
+    sent, answered = threading.Barrier(5), []
+
+    def large() -> None:
+        with exists_handle(mount.path) as fd:
+            send_exists(fd, "".join(name + "\n" for name in names).encode())
+            sent.wait(30)
+            assert exists_answer(fd) == b"0" * len(names) + b"\n"
+            answered.append("large")
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        larges = [pool.submit(large) for _ in range(4)]
+        sent.wait(30)
+        assert exists_query(mount.path, [f"{POOL}/missing"]) == "0"
+        answered.append("small")
+        for done in larges:
+            done.result(timeout=120)
+    assert answered[0] == "small", answered
 
 
 def test_a_worker_that_dies_takes_the_mount_down_and_the_remount_is_warm(mount_factory, tmp_path):
