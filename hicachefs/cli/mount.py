@@ -26,6 +26,8 @@ from .mount_config import check_mountpoint, daemon_config
 from .recovery_display import Display
 
 MOUNT_TIMEOUT_S = 60.0
+#: How long a daemon this command takes down has to end after SIGTERM.
+STOP_TIMEOUT_S = 10.0
 
 
 def command(args: argparse.Namespace) -> int:
@@ -75,6 +77,13 @@ def command(args: argparse.Namespace) -> int:
                 print(f"hicachefs: {exc.about(config.mountpoint)} once mounted; see {config.log_file}",
                       file=sys.stderr)
                 return 1
+            except OSError as exc:  # a daemon that answers, but not as one should: take it down
+                progress.close()
+                removed = _take_down(child, config.mountpoint)
+                print(f"hicachefs: {config.mountpoint} came up, but its daemon answered a look at {control.name} "
+                      f"with {exc.strerror}; stopped it (pid {child.pid}), {removed}; see {config.log_file}",
+                      file=sys.stderr)
+                return 1
             if live:
                 progress.close()
                 print(f"hicachefs: mounted {config.mountpoint} (pid {child.pid}, log {config.log_file})")
@@ -84,6 +93,24 @@ def command(args: argparse.Namespace) -> int:
     print(f"hicachefs: the mount did not come up within {timeout:.0f} s; see {config.log_file}",
           file=sys.stderr)
     return 1
+
+
+def _take_down(child: subprocess.Popen, mountpoint: str) -> str:
+    """Stop the daemon this command started (SIGTERM, then SIGKILL past ``STOP_TIMEOUT_S``) and
+    remove its mount if it left one; what became of the mount, in words."""
+    child.terminate()
+    try:
+        child.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    if mount_table.filesystem_type(mountpoint) is None:
+        return "and nothing is mounted"
+    try:
+        mount_table.remove(mountpoint)
+    except OSError as exc:
+        return f"but could not remove the mount it left: {exc.strerror}"
+    return "and removed the mount it left"
 
 
 def _last_error(log_file: str) -> str:

@@ -1,11 +1,12 @@
 """``hicachefs umount``: SIGTERM to the daemon, which unmounts and exits; a mount whose daemon is
-gone is removed, and one whose daemon does not answer or act has its FUSE connection aborted
-first. Blocks until the daemon is gone, for at most ``UMOUNT_TIMEOUT_S``.
+gone is removed, and one whose daemon does not answer, answers its config read with an error,
+or does not act has its FUSE connection aborted first. Blocks until the daemon is gone, for at most ``UMOUNT_TIMEOUT_S``.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
@@ -34,8 +35,9 @@ def command(args: argparse.Namespace) -> int:
     except deadline.NoAnswer as exc:
         return _abort_and_remove(mountpoint, exc.about(mountpoint))
     except OSError as exc:
-        if exc.errno not in mount_table.DEAD_ERRNOS:
-            raise UsageError(f"cannot read the daemon's config in {args.mountpoint}: {exc.strerror}") from None
+        if exc.errno not in mount_table.DEAD_ERRNOS:  # a daemon that answers, but not as one should
+            return _abort_and_remove(mountpoint, f"{mountpoint}: its daemon answered the read of its config "
+                                                 f"with {errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror})")
         return _remove(mountpoint, f"removed the dead mount at {mountpoint} (its daemon was gone)",
                        f"cannot remove the dead mount at {mountpoint}")
     os.kill(pid, signal.SIGTERM)
