@@ -1,9 +1,13 @@
-"""Publishing a batch of pages with one ``pwritev`` on ``.hicachefs/ingest`` (DESIGN.md,
-"Publishing many pages in one write").
+"""Publishing a batch of pages through ``.hicachefs/ingest`` (DESIGN.md, "Publishing many pages
+in one write"): its header in one write, its pages in one ``pwritev`` after it.
 
 A batch is a 16-byte prefix, a header of ``<size> <path>\\n`` lines and the pages' bytes back to
-back, written from offset 0; the kernel cuts it into WRITE requests of up to 1 MiB, so a page
-costs the daemon its bytes' share of a request instead of six requests of its own. Each page is
+back, written from offset 0; the kernel cuts each write into WRITE requests of up to 1 MiB, so a
+page costs the daemon its bytes' share of a request instead of six requests of its own. The
+header goes first on its own: the pages' WRITEs then start on a page (1 MiB pages: one WRITE
+each), it costs no request more than one write of everything (8 pages of 128 KiB: 2 WRITEs either
+way), and with ``--workers`` the daemon has the pages' places ready before their bytes come, so a
+worker hands a WRITE of them to the owner in one message instead of two. Each page is
 published once its last byte is in; a page already published is kept as it is
 (``KEEP_EXISTING``), so the writer does not ask first (two requests saved per batch). A write that stops short means a page failed: a read of the
 handle says how many pages of the batch were published and why the next one failed, and the
@@ -26,8 +30,8 @@ _PREFIX = struct.Struct("<8sIHH")
 KEEP_EXISTING = 1
 # Pages in one batch at most (the count is a uint16).
 _MAX_PAGES = 0xFFFF
-# Buffers one pwritev may take (Linux: 1024); the header is one more.
-_MAX_BUFFERS = os.sysconf("SC_IOV_MAX") - 1
+# Buffers one pwritev may take (Linux: 1024).
+_MAX_BUFFERS = os.sysconf("SC_IOV_MAX")
 
 
 def encode_header(paths: Sequence[str], sizes: Sequence[int], flags: int = KEEP_EXISTING) -> bytes:
@@ -46,7 +50,9 @@ def publish_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memo
         header = encode_header(paths[first:last], sizes[first:last])
         total = len(header) + sum(sizes[first:last])
         try:
-            done = os.pwritev(fd, [header, *(b for page in buffers[first:last] for b in page)], 0)
+            done = os.pwrite(fd, header, 0)
+            if done == len(header):
+                done += os.pwritev(fd, [b for page in buffers[first:last] for b in page], done)
         except OSError as exc:
             done, raised = -1, exc
         if done == total:
