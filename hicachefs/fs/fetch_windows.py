@@ -29,7 +29,7 @@ import mmap
 import struct
 
 from .fetch import MAX_WINDOW_PAGES
-from .handle_slots import HandleSlots
+from .handle_slots import HandleSlots, HeldAhead
 
 #: How far past a forwarded read the owner pins pages for the workers: 16 requests of 1 MiB,
 #: and at most a sixteenth of the RAM tier, whose room pinned pages hold.
@@ -101,35 +101,25 @@ class FetchWindows:
         self.slots = HandleSlots(_HEAD.size + MAX_WINDOW_PAGES * _PAGE.size)
         self._counts = mmap.mmap(-1, (workers + 1) * _COUNT.size)
         self.workers = workers
-        self._ahead_bytes = min(AHEAD_BYTES, ram_bytes // RAM_SHARE)
-        self._all_bytes = ram_bytes // ALL_WINDOWS_RAM_SHARE
-        self._pinned: dict[int, int] = {}  # fh -> the bytes its window shows
-        self._pinned_total = 0
+        self._pinned = HeldAhead(self.slots, min(AHEAD_BYTES, ram_bytes // RAM_SHARE),
+                                 ram_bytes // ALL_WINDOWS_RAM_SHARE)
 
     # ---- the owner ------------------------------------------------------------------
 
     def ahead_for(self, fh: int) -> int:
         """How far ahead ``fh``'s next answer may pin pages: its share, within the room the other
         windows leave; nothing for a handle without a slot, whose window no worker could read."""
-        if not self.slots.holds(fh):
-            return 0
-        room = self._all_bytes - (self._pinned_total - self._pinned.get(fh, 0))
-        return max(0, min(self._ahead_bytes, room))
+        return self._pinned.room_for(fh)
 
     def show(self, fh: int, window: Window) -> None:
-        self._count_pinned(fh, sum(length for _, length, _ in window.pages))
+        self._pinned.holds(fh, sum(length for _, length, _ in window.pages))
         self.slots.put(fh, window.encode() if window.pages else None)
 
     def hide(self, fh: int) -> bool:
         """Whether a worker answered a read from the window (the fetch file's answer began). The
         request the owner answers next unpins its pages or pins others (``show``)."""
-        self._count_pinned(fh, 0)
+        self._pinned.holds(fh, 0)
         return self.slots.clear(fh)
-
-    def _count_pinned(self, fh: int, pinned: int) -> None:
-        self._pinned_total += pinned - self._pinned.pop(fh, 0)
-        if pinned:
-            self._pinned[fh] = pinned
 
     def answered_alone(self) -> dict[int, int]:
         """Reads each worker (1..N) answered without the owner."""

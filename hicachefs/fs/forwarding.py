@@ -179,7 +179,9 @@ class Windows:
             began = self.fetch.hide(fh)  # a worker answered from the window: the answer began
             if began and op == "write":
                 requests.fetch_was_read(fh)  # so this write starts a new request
-        if op in ("write", "release", "plan", "filled_at"):
+        if op == "release":
+            self.ingest.closed(fh)
+        elif op in ("write", "plan", "filled_at"):
             self.ingest.hide(fh)
 
     def after(self, requests: Requests, op: str, fh: int, offset_of) -> None:
@@ -191,7 +193,7 @@ class Windows:
                 if pinned is not None:
                     self.fetch.show(fh, Window.of(*pinned, offset_of))
             if op in ("write", "filled", "filled_at"):
-                window = requests.ingest_window(fh, self.ingest.ahead_bytes, MAX_AHEAD_PAGES)
+                window = requests.ingest_window(fh, self.ingest.ahead_for(fh), MAX_AHEAD_PAGES)
                 if window is not None:
                     self.ingest.show(fh, IngestWindow(*window))
         except Exception:

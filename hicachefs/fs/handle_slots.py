@@ -83,3 +83,29 @@ class HandleSlots:
             return None
         payload = memory[at + _HEAD.size : at + _HEAD.size + length]
         return payload if _HEAD.unpack_from(memory, at)[0] == sequence else None
+
+
+class HeldAhead:
+    """What the windows of one kind hold of the RAM tier ahead of their handles' requests (pages
+    pinned, drafts reserved), each handle's part and all of it: a handle may take at most
+    ``each_bytes``, within what the others leave of ``all_bytes``; a handle without a slot,
+    whose window no worker could read, takes nothing."""
+
+    def __init__(self, slots: HandleSlots, each_bytes: int, all_bytes: int) -> None:
+        self.slots = slots
+        self.each_bytes = each_bytes
+        self.all_bytes = all_bytes
+        self._held: dict[int, int] = {}
+        self._total = 0
+
+    def room_for(self, fh: int) -> int:
+        if not self.slots.holds(fh):
+            return 0
+        room = self.all_bytes - (self._total - self._held.get(fh, 0))
+        return max(0, min(self.each_bytes, room))
+
+    def holds(self, fh: int, held: int) -> None:
+        """``fh``'s window holds ``held`` bytes now."""
+        self._total += held - self._held.pop(fh, 0)
+        if held:
+            self._held[fh] = held

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import struct
 
-from .handle_slots import HandleSlots
+from .handle_slots import HandleSlots, HeldAhead
 
 #: How far past a write the owner reserves drafts for the workers: 8 requests of 1 MiB, and at
 #: most a thirty-second of the RAM tier (reserved room is taken from published pages).
 AHEAD_BYTES = 8 << 20
 RAM_SHARE = 32
+#: The most of the RAM tier that the drafts reserved ahead of all ingest handles take together: a
+#: batch that stops halfway keeps its drafts until its handle closes or takes a new batch.
+ALL_WINDOWS_RAM_SHARE = 8
 #: The most pages reserved ahead for one handle (8 MiB of SGLang's 128 KiB pages).
 MAX_AHEAD_PAGES = 64
 _HEAD = struct.Struct("<QI4x")  # where the stream stands; pages
@@ -81,14 +84,26 @@ class IngestWindows:
 
     def __init__(self, ram_bytes: int) -> None:
         self.slots = HandleSlots(_HEAD.size + (MAX_AHEAD_PAGES + 1) * _PAGE.size)
-        self.ahead_bytes = min(AHEAD_BYTES, ram_bytes // RAM_SHARE)
+        self._reserved = HeldAhead(self.slots, min(AHEAD_BYTES, ram_bytes // RAM_SHARE),
+                                   ram_bytes // ALL_WINDOWS_RAM_SHARE)
+
+    def ahead_for(self, fh: int) -> int:
+        """How far ahead of ``fh``'s stream the owner may reserve drafts now: its share, within
+        the room the other handles' reserved drafts leave."""
+        return self._reserved.room_for(fh)
 
     def show(self, fh: int, window: IngestWindow) -> None:
         """The owner, after a write of ``fh``."""
+        self._reserved.holds(fh, sum(size for _, size, at in window.pages if at is not None))
         self.slots.put(fh, window.encode() if window.pages else None)
 
     def hide(self, fh: int) -> None:
-        """The owner, before anything that changes ``fh``'s stream."""
+        """The owner, before anything that changes ``fh``'s stream (its drafts stay reserved)."""
+        self.slots.clear(fh)
+
+    def closed(self, fh: int) -> None:
+        """The owner, as ``fh`` closes: it gives its drafts back."""
+        self._reserved.holds(fh, 0)
         self.slots.clear(fh)
 
     def plan(self, fh: int, offset: int, size: int):

@@ -11,7 +11,8 @@ import pytest
 
 from hicachefs.fs.errors import FsError
 from hicachefs.fs.ingest import MAGIC, IngestStream, WritePlan
-from hicachefs.fs.ingest_windows import IngestWindow
+from hicachefs.fs.handles import DirectoryHandle, HandleTable
+from hicachefs.fs.ingest_windows import IngestWindow, IngestWindows
 from hicachefs.store import PageStore, StoreConfig, page_checksum
 from hicachefs.testing.workload import content
 
@@ -113,3 +114,23 @@ def test_drafts_reserved_ahead_are_given_back_when_the_handle_closes(store):
     drafts = [store.reserve(MIB) for _ in range(30)]  # the whole RAM tier, but a slab's slack
     for draft in drafts:
         store.abandon(draft)
+
+
+def test_drafts_reserved_ahead_of_all_handles_take_at_most_an_eighth_of_the_ram_tier():
+    windows, table = IngestWindows(16 << 20), HandleTable()  # 512 KiB ahead each, 2 MiB in all
+    def handle():
+        return DirectoryHandle(lambda offset: iter(()))  # any handle: only its number matters here
+
+    handles = [table.add(handle(), slotted=True) << 1 for _ in range(5)]
+    unslotted = table.add(handle()) << 1
+    assert windows.ahead_for(handles[0]) == 512 << 10 and windows.ahead_for(unslotted) == 0
+    for fh in handles[:3]:
+        windows.show(fh, IngestWindow(0, [(0, 512 << 10, 0)]))
+    windows.show(handles[3], IngestWindow(0, [(0, 256 << 10, 0), (256 << 10, 256 << 10, None)]))  # one kept
+    assert windows.ahead_for(handles[4]) == 256 << 10  # what the others leave
+    windows.hide(handles[0])  # a write of its stream: its drafts are still reserved
+    assert windows.ahead_for(handles[4]) == 256 << 10
+    windows.closed(handles[0])  # its handle closed and gave them back
+    assert windows.ahead_for(handles[4]) == 512 << 10
+    windows.show(handles[1], IngestWindow(0, []))  # its batch ended
+    assert windows.ahead_for(handles[4]) == 512 << 10 and windows.ahead_for(handles[2]) == 512 << 10
