@@ -7,10 +7,11 @@ them wake for a request and all but one find nothing left and block in ``read`` 
 request comes. A worker blocked there cannot answer the requests it already has while their
 answers from the owner wait on its channel; if no request comes, they never would.
 
-So a worker that has calls in flight arms a one-shot timer before that ``read`` and disarms it
-when the request it read begins (``taken``): a ``read`` that blocks is broken by the timer's
-signal after ``UNBLOCK_AFTER_S`` (libfuse reports ``EINTR``, and pyfuse3 goes back to waiting,
-this time through the event loop). pyfuse3 has no hook for this, so the worker's
+So a worker that has calls in flight arms a timer before that ``read`` and disarms it when the
+request it read begins (``taken``): a ``read`` that blocks is broken by the timer's signal within
+``UNBLOCK_AFTER_S`` (libfuse reports ``EINTR``, and pyfuse3 goes back to waiting, this time
+through the event loop). The timer repeats until disarmed: a process descheduled between arming
+it and the ``read`` may take its first signal before the ``read`` begins. pyfuse3 has no hook for this, so the worker's
 ``trio.lowlevel.wait_readable`` is wrapped for the session's descriptor alone: pyfuse3 reads
 right after that wait returns.
 """
@@ -54,6 +55,6 @@ class StolenReads:
             return await self._wait_readable(fd)
         self.taken()
         await self._wait_readable(fd)
-        if self.busy():
-            signal.setitimer(_TIMER, UNBLOCK_AFTER_S)
+        if self.busy():  # again every period: the first may come before the read begins
+            signal.setitimer(_TIMER, UNBLOCK_AFTER_S, UNBLOCK_AFTER_S)
             self._armed = True
