@@ -203,18 +203,21 @@ class Channel(_Framing):
 
     async def _ready(self, call, argument):
         while True:
+            left = self._patient_until - time.monotonic()
+            if left > 0 and not self._poll.poll(left * 1000):  # a patient call: wait here first
+                left = self._patient_until = 0.0
             try:
                 return call(argument)
             except BlockingIOError:
-                left = self._patient_until - time.monotonic()
-                if left <= 0 or not self._poll.poll(left * 1000):
+                if left <= 0:
                     self._patient_until = 0.0
                     await trio.lowlevel.wait_readable(self.sock)
 
 
 class AsyncChannel(_Framing):
     """The owner's side, on its trio loop. See the module docstring. Several tasks answer one
-    worker's calls; one at a time reads (``next_call``).
+    worker's calls; the one that has the turn reads the next (``next_call``) and keeps the turn
+    until it passes it on (``pass_turn``).
 
     It calls the socket itself and waits through trio only when the socket has nothing to read
     (or no room to write): trio's socket methods pass through its scheduler on every call, which
@@ -222,18 +225,29 @@ class AsyncChannel(_Framing):
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__(sock)
-        self._reading = False
+        self._reader = None  # the task that has the turn
         self._turns = trio.lowlevel.ParkingLot()
 
     async def next_call(self):
-        """(number, value) of the worker's next call, or None once the worker closed its end."""
-        while self._reading:
+        """(number, value) of the worker's next call, or None once the worker closed its end;
+        the calling task has the turn after it (but after None)."""
+        me = trio.lowlevel.current_task()
+        while self._reader is not None and self._reader is not me:
             await self._turns.park()
-        self._reading = True
+        self._reader = me
         try:
-            return await self.receive()
-        finally:
-            self._reading = False
+            call = await self.receive()
+        except BaseException:
+            self.pass_turn()
+            raise
+        if call is None:
+            self.pass_turn()  # so that every other task reads the end too
+        return call
+
+    def pass_turn(self) -> None:
+        """The task that has the turn lets another read the next call."""
+        if self._reader is trio.lowlevel.current_task():
+            self._reader = None
             self._turns.unpark()
 
     async def answer(self, number: int, value) -> None:

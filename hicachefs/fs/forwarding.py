@@ -28,6 +28,8 @@ import errno
 import logging
 import os
 import pickle
+import types
+from collections.abc import Callable
 from typing import NamedTuple
 
 import pyfuse3
@@ -211,37 +213,72 @@ async def serve(requests: Requests, channel: AsyncChannel, worker: int, windows:
 
 
 async def _answer_calls(requests: Requests, channel: AsyncChannel, worker: int, windows: Windows) -> None:
+    """One of the owner's tasks answering a worker: it reads the worker's next call while it has
+    the channel's turn, and answers it at once. Only if the answer has to wait on something (a
+    lower tier's page, a large request's turn) does the task let another read meanwhile: handing
+    the turn over at every call cost a task switch a call, most of which wait on nothing."""
+    offset_of = requests.namespace.store.arena_offset
     try:
-        await _answer_each(requests, channel, worker, windows)
+        while (call := await channel.next_call()) is not None:
+            await _eagerly(_answer(requests, channel, worker, windows, offset_of, call), channel.pass_turn)
     except (trio.BrokenResourceError, OSError):
         pass  # its end went away while we answered: it ended
 
 
-async def _answer_each(requests: Requests, channel: AsyncChannel, worker: int, windows: Windows) -> None:
-    offset_of = requests.namespace.store.arena_offset
-    while (call := await channel.next_call()) is not None:
-        number, (op, args, counted) = call
-        if counted is not None:
-            requests.count(counted, worker)
+async def _answer(requests: Requests, channel: AsyncChannel, worker: int, windows: Windows, offset_of,
+                  call) -> None:
+    number, (op, args, counted) = call
+    if counted is not None:
+        requests.count(counted, worker)
+    try:
+        if op in _WINDOWED:
+            windows.before(requests, op, args[0])
+        if op == "read":
+            value = [_wire(piece, offset_of) for piece in await requests.read(*args, windows.fetch.ahead_for(args[0]))]
+        elif op == "plan":
+            value = await requests.plan(*args)
+            if isinstance(value, WritePlan):
+                value = value.wire()
+        elif op in _PLAIN or op in ("write", "filled", "filled_at", "forget"):
+            value = await getattr(requests, op)(*args)
+        else:
+            raise ValueError(f"a worker asked for {op!r}, which is no request")
+        if op in _WINDOWED:
+            windows.after(requests, op, args[0], offset_of)
+        answer = (0, value)
+    except Exception as exc:
+        answer = (requests.refused(op, args, exc), None)
+    await channel.answer(number, answer)
+
+
+async def _eagerly(coroutine, waiting: Callable[[], None]):
+    """``await coroutine``, calling ``waiting()`` first if it is about to wait (trio has no hook
+    for "this task is about to suspend"): its first step runs here, and only the rest, if any,
+    through the scheduler."""
+    try:
+        trap = coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    waiting()
+    return await _resumed(coroutine, trap)
+
+
+@types.coroutine
+def _resumed(coroutine, trap):
+    """What ``await coroutine`` does from where it first suspended (``trap``, which trio gets)."""
+    while True:
         try:
-            if op in _WINDOWED:
-                windows.before(requests, op, args[0])
-            if op == "read":
-                value = [_wire(piece, offset_of) for piece in await requests.read(*args, windows.fetch.ahead_for(args[0]))]
-            elif op == "plan":
-                value = await requests.plan(*args)
-                if isinstance(value, WritePlan):
-                    value = value.wire()
-            elif op in _PLAIN or op in ("write", "filled", "filled_at", "forget"):
-                value = await getattr(requests, op)(*args)
-            else:
-                raise ValueError(f"a worker asked for {op!r}, which is no request")
-            if op in _WINDOWED:
-                windows.after(requests, op, args[0], offset_of)
-            answer = (0, value)
-        except Exception as exc:
-            answer = (requests.refused(op, args, exc), None)
-        await channel.answer(number, answer)
+            sent = yield trap
+        except BaseException as exc:  # trio throws into the task (a cancellation): pass it on
+            try:
+                trap = coroutine.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                trap = coroutine.send(sent)
+            except StopIteration as done:
+                return done.value
 
 
 def _wire(piece, offset_of):
