@@ -9,9 +9,9 @@ each), it costs no request more than one write of everything (8 pages of 128 KiB
 way), and with ``--workers`` the daemon has the pages' places ready before their bytes come, so a
 worker hands a WRITE of them to the owner in one message instead of two. Each page is
 published once its last byte is in; a page already published is kept as it is
-(``KEEP_EXISTING``), so the writer does not ask first (two requests saved per batch). A write that stops short means a page failed: a read of the
-handle says how many pages of the batch were published and why the next one failed, and the
-rest is written again as a new batch.
+(``KEEP_EXISTING``), so the writer does not ask first (two requests saved per batch). A write
+that stops short means a page failed: a read of the handle says how many pages of the batch
+were published and why the next one failed, and the rest is written again as a new batch.
 
 Pure functions over a file descriptor the caller owns; thread-safe as long as each thread uses
 its own descriptor (one handle holds one batch at a time).

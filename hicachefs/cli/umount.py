@@ -1,6 +1,7 @@
 """``hicachefs umount``: SIGTERM to the daemon, which unmounts and exits; a mount whose daemon is
 gone is removed, and one whose daemon does not answer, answers its config read with an error,
-or does not act has its FUSE connection aborted first. Blocks until the daemon is gone, for at most ``UMOUNT_TIMEOUT_S``.
+or does not act has its FUSE connection aborted first. Blocks until the daemon is gone, for at
+most ``UMOUNT_TIMEOUT_S``.
 """
 
 from __future__ import annotations

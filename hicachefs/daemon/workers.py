@@ -12,8 +12,8 @@ over N cores. How they start:
   (``FUSE_DEV_IOC_CLONE``: replies must go back on the descriptor a request was read from, and
   each clone has its own) and puts the clone where libfuse reads and writes, then runs
   pyfuse3's loop over ``ForwardedRequests``, with up to ``IN_FLIGHT`` requests at once (more
-  than one only while one waits long on the owner: ``fs/channel.py``, ``fs/stolen_reads.py``). The owner never reads
-  FUSE again: a request it read would wait on its own workers.
+  than one only while one waits long on the owner: ``fs/channel.py``, ``fs/stolen_reads.py``).
+  The owner never reads FUSE again: a request it read would wait on its own workers.
 
 How they end:
 

@@ -64,16 +64,10 @@ class _Framing:
 
     async def send(self, value) -> None:
         pieces = encode(value)
-        if not self._sending.locked():  # the common case: the whole message goes out at once
-            try:
-                pieces = _rest(pieces, self.sock.sendmsg(pieces))
-            except BlockingIOError:
-                pass
-            if not pieces:
-                return
-            self._sending.acquire_nowait()  # free: nothing yielded since the check
-        else:
+        if self._sending.locked():  # another task's message is part way out
             await self._sending.acquire()
+        else:
+            self._sending.acquire_nowait()  # no scheduling: the common case sends at once
         try:
             while pieces:
                 try:

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import pyfuse3
-
 import trio
 
 from ..store import page_checksum

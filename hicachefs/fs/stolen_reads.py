@@ -11,9 +11,9 @@ So a worker that has calls in flight arms a timer before that ``read`` and disar
 request it read begins (``taken``): a ``read`` that blocks is broken by the timer's signal within
 ``UNBLOCK_AFTER_S`` (libfuse reports ``EINTR``, and pyfuse3 goes back to waiting, this time
 through the event loop). The timer repeats until disarmed: a process descheduled between arming
-it and the ``read`` may take its first signal before the ``read`` begins. pyfuse3 has no hook for this, so the worker's
-``trio.lowlevel.wait_readable`` is wrapped for the session's descriptor alone: pyfuse3 reads
-right after that wait returns.
+it and the ``read`` may take its first signal before the ``read`` begins. pyfuse3 has no hook
+for this, so the worker's ``trio.lowlevel.wait_readable`` is wrapped for the session's
+descriptor alone: pyfuse3 reads right after that wait returns.
 """
 
 from __future__ import annotations
