@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -197,20 +197,21 @@ class Pool:
             self.u8[0, slot * self.ps, 0, 0, :16] = t
             self.u8[1, slot * self.ps, 0, 0, :16] = t
 
-    def scribble(self) -> None:
-        """Overwrite the sampled pages so that a read which does not land shows."""
-        for s in self.sample_slots:
+    def scribble(self, slots: Sequence[int]) -> None:
+        """Overwrite pages ``slots`` so that a read which does not land shows."""
+        for s in slots:
             self.u8[:, s * self.ps:(s + 1) * self.ps] = 0xA5
 
-    def check(self, batch_tag: str, read: int) -> Tuple[int, int]:
-        """Whether the sampled pages among the first ``read`` hold exactly what was written
-        under ``batch_tag``: (pages checked, pages wrong); a page not read is a miss, counted
-        as such elsewhere."""
+    def check(self, batch_tag: str, read: int, slots: Sequence[int]) -> Tuple[int, int]:
+        """Whether pages ``slots`` (sampled ones) among the first ``read`` hold exactly what was
+        written under ``batch_tag``: (pages checked, pages wrong); a page not read is a miss,
+        counted as such elsewhere."""
         checked = bad = 0
         half = self.page_bytes // 2
-        for s, ref in self.reference.items():
+        for s in slots:
             if s >= read:
                 continue
+            ref = self.reference[s]
             want = ref.copy()
             t = self.tag(batch_tag, s)
             want[:16] = t
@@ -286,20 +287,22 @@ class Call:
     bad: int        # of those, the pages whose bytes were wrong
 
 
-def timed_call(pool: Pool, tag: str, keys: List[str], op, write: bool) -> Call:
+def timed_call(pool: Pool, tag: str, keys: List[str], op, write: bool,
+               slots: Optional[Sequence[int]] = None) -> Call:
     """One call of ``op`` (a ``writer`` or ``reader``) on the batch ``tag``, timed. A write
-    stamps the pool's pages first (each page unique); a read overwrites the sampled pages
-    first and checks them after."""
+    stamps the pool's pages first (each page unique); a read overwrites pages ``slots`` (by
+    default the pool's sampled ones) first and checks them after."""
+    slots = pool.sample_slots if slots is None else slots
     if write:
         pool.stamp(tag)
     else:
-        pool.scribble()
+        pool.scribble(slots)
     start, start_cpu = time.perf_counter(), time.process_time()
     outcome = op(keys)
     seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     if write:
         return Call(seconds, cpu, len(keys), 0 if outcome else len(keys), 0, 0)
-    checked, bad = pool.check(tag, outcome)
+    checked, bad = pool.check(tag, outcome, slots)
     return Call(seconds, cpu, outcome, len(keys) - outcome, checked, bad)
 
 
