@@ -100,8 +100,9 @@ class FetchHandle:
         self.store.count_reads(line[2:].decode("utf-8", "surrogateescape") for line in lines)
 
     async def read(self, offset: int, size: int, ahead: int = 0) -> list:
-        """The pages' bytes from ``offset``, as views of each page (joined by the FUSE face, or
-        gathered by a worker from the memory it shares with the store). ``ahead``: also pin the
+        """The pages' bytes from ``offset``, as views of each page, or of several that lie end to
+        end in RAM (joined by the FUSE face, or gathered by a worker from the memory it shares
+        with the store). ``ahead``: also pin the
         RAM pages of the next ``ahead`` bytes of the answer, for ``window`` (a writer's handle
         only: see ``_pins_ahead``)."""
         if self._pages is None:
@@ -143,7 +144,7 @@ class FetchHandle:
         finally:
             for reader in previous.values():
                 reader.close()
-        return pieces
+        return self.store.merged(pieces)
 
     def _pin_ahead(self, index: int, until: int, previous: dict[int, PageReader]) -> None:
         """Pin the RAM pages that begin before ``until`` in the answer, from page ``index`` on,

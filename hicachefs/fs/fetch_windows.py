@@ -73,12 +73,13 @@ class Window:
         return cls(list(_PAGE.iter_unpack(payload[_HEAD.size : _HEAD.size + count * _PAGE.size])), bool(ends))
 
     def answer(self, offset: int, size: int, shared: memoryview) -> list | None:
-        """The read's bytes as views of ``shared``; None when the owner must answer it."""
+        """The read's bytes as views of ``shared`` (one for each run of pages that lie end to end
+        there); None when the owner must answer it."""
         pages = self.pages
         if not pages or not pages[0][0] <= offset < pages[-1][0] + pages[-1][1]:
             return None
         index = bisect.bisect_right(pages, (offset, 1 << 64)) - 1
-        pieces, position, end = [], offset, offset + size
+        runs, position, end = [], offset, offset + size  # (place in shared memory, length)
         for start, length, at in pages[index:]:
             if position >= end:
                 break
@@ -86,11 +87,14 @@ class Window:
             begin = at + position - start
             if begin + take > len(shared):
                 return None  # not a place in the arena: the slot was misread
-            pieces.append(shared[begin : begin + take])
+            if runs and runs[-1][0] + runs[-1][1] == begin:  # pages side by side: one piece
+                runs[-1][1] += take
+            else:
+                runs.append([begin, take])
             position += take
         if position < end and not self.ends:
             return None
-        return pieces
+        return [shared[begin : begin + length] for begin, length in runs]
 
 
 class FetchWindows:

@@ -15,6 +15,7 @@ Not thread-safe: the owning tier's caller (the store) holds its lock.
 from __future__ import annotations
 
 import ctypes
+import heapq
 import mmap
 
 _MIN_SLOT = 64
@@ -30,7 +31,9 @@ def size_class(size: int) -> int:
 
 
 class _Slab:
-    """Slots never handed out are taken by bumping ``fresh`` (no list of a million tiny slots)."""
+    """Slots never handed out are taken by bumping ``fresh`` (no list of a million tiny slots);
+    freed ones lowest first (a heap), so that pages reserved one after another, as a batch's
+    are, get slots side by side however the slab was used before (``Arena.merged``)."""
 
     __slots__ = ("slot_size", "free", "fresh", "end", "used")
 
@@ -47,7 +50,7 @@ class _Slab:
     def take(self) -> int:
         self.used += 1
         if self.free:
-            return self.free.pop()
+            return heapq.heappop(self.free)
         self.fresh += self.slot_size
         return self.fresh - self.slot_size
 
@@ -74,6 +77,23 @@ class Arena:
         if not isinstance(view, memoryview) or view.obj is not self._map or view.readonly or not view.nbytes:
             return None
         return _address(view) - self._address
+
+    def merged(self, views: list) -> list:
+        """``views`` (a read's pieces, in order) with each run that lies end to end in the arena
+        made one view of it: a batch's pages written together sit side by side, so a READ of
+        them is answered from one buffer instead of a join that copies every byte once more."""
+        merged: list = []
+        end = None  # where the last piece ends in the arena, if it is a view of it
+        for view in views:
+            at = self.offset_of(view)
+            if at is not None and at == end:
+                start = end - merged[-1].nbytes
+                end = at + view.nbytes
+                merged[-1] = self.view[start:end]
+                continue
+            merged.append(view)
+            end = None if at is None else at + view.nbytes
+        return merged
 
     def fits(self, size: int) -> bool:
         """Whether a page of ``size`` bytes can ever get a slot (it fits a slab)."""
@@ -104,7 +124,7 @@ class Arena:
         """Return the slot at ``offset``; an emptied slab goes back to the free pool."""
         number = offset // self.slab_bytes
         slab = self._slabs[number]
-        slab.free.append(offset)
+        heapq.heappush(slab.free, offset)
         slab.used -= 1
         self.used_bytes -= slab.slot_size
         if slab.used == 0:

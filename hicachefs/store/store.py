@@ -127,6 +127,10 @@ class PageStore:
         it is not a view of it (a page read from a lower tier into private memory)."""
         return self._ram.arena.offset_of(view)
 
+    def merged(self, pieces: list) -> list:
+        """A read's pieces with those that lie end to end in RAM made one (``Arena.merged``)."""
+        return self._ram.arena.merged(pieces) if len(pieces) > 1 else pieces
+
     @property
     def open_to_other_hosts(self) -> bool:
         """Whether pages may appear under any name without a call here (a tier other hosts write)."""

@@ -98,6 +98,12 @@ def test_a_read_is_answered_from_the_window_only_when_it_holds_all_the_read_need
     assert Window([(0, 100, len(SHARED) - 10)], True).answer(0, 100, SHARED) is None  # not in the arena
 
 
+def test_pages_side_by_side_in_shared_memory_are_answered_as_one_piece():
+    window = Window([(0, 1000, 100), (1000, 3000, 1100), (4000, 500, 20000)], True)
+    got = window.answer(500, 4000, SHARED)
+    assert [bytes(p) for p in got] == [bytes(SHARED[600:4100]), bytes(SHARED[20000:20500])]
+
+
 def test_a_window_survives_its_encoding_and_stops_at_a_page_outside_shared_memory():
     views = [(0, memoryview(b"x" * 100)), (100, memoryview(b"y" * 50)), (150, memoryview(b"z" * 10))]
     places = {id(views[0][1]): 7, id(views[1][1]): 900}
