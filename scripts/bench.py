@@ -73,6 +73,7 @@ import argparse
 import concurrent.futures
 import json
 import logging
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -191,17 +192,42 @@ def load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def memcpy_rate(size: int, repeats: int = 5) -> float:
-    """GB/s of a numpy copy between two large buffers (bytes copied per second), median."""
+def memcpy_rate(size: int, repeats: int = 5, ready: Callable[[], None] = lambda: None) -> float:
+    """GB/s of a numpy copy between two large buffers (bytes copied per second), median;
+    ``ready()`` is called once both are filled, just before the copies."""
     src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # fault both in
+    ready()
     rates = []
     for _ in range(repeats):
         start = time.perf_counter()
         np.copyto(dst, src)
         rates.append(size / (time.perf_counter() - start) / 1e9)
     return float(np.median(rates))
+
+
+def memcpy_rate_together(size: int, processes: int = 2) -> float:
+    """GB/s in all of ``memcpy_rate`` in ``processes`` forked processes at once: how far this
+    host's memory lets copies scale past one core (what a daemon worker per rank can gain at
+    best on pages that cost it a few copies each)."""
+    context = multiprocessing.get_context("fork")
+    start, rates = context.Barrier(processes), context.Queue()
+
+    def copier() -> None:
+        rates.put(memcpy_rate(size, ready=start.wait))  # every copier's buffers are ready: copy at once
+
+    children = [context.Process(target=copier) for _ in range(processes)]
+    for child in children:
+        child.start()
+    try:
+        return sum(rates.get(timeout=120) for _ in children)
+    finally:
+        for child in children:
+            child.join(30)
+            if child.is_alive():
+                child.kill()
+                child.join()
 
 
 def kernel_copy_rate(directory: Path, size: int = 8 * MIB, repeats: int = 64) -> float:
@@ -711,6 +737,7 @@ def main() -> int:
           f"tmpfs {shm}, disk {disk} ({disk_fs})", file=sys.stderr)
     bench = Bench(plan, args.client)
     memcpy = memcpy_rate(plan.memcpy_bytes)
+    memcpy_two = memcpy_rate_together(plan.memcpy_bytes)
     kernel_copy = kernel_copy_rate(shm)
     configs: List[str] = []
     try:
@@ -787,8 +814,9 @@ def main() -> int:
     if skipped:
         print(skipped)
     print(f"memcpy (numpy copy of {plan.memcpy_bytes >> 20} MiB): {memcpy:.2f} GB/s at the start, "
-          f"{memcpy_end:.2f} GB/s at the end; one kernel copy (preadv of a hot 8 MiB tmpfs file): "
-          f"{kernel_copy:.2f} GB/s")
+          f"{memcpy_end:.2f} GB/s at the end, {memcpy_two:.2f} GB/s in all in two processes at once "
+          f"({memcpy_two / memcpy:.2f}x one, at the start); one kernel copy (preadv of a hot 8 MiB "
+          f"tmpfs file): {kernel_copy:.2f} GB/s")
     print()
     most = args.ranks[-1]
     print(table(bench.results, memcpy,
