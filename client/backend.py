@@ -492,9 +492,11 @@ class HiCacheFS(HiCacheStorage):
 
     def statistics(self) -> Dict[str, Any]:
         """Counters since construction: hits, misses, bytes, failures by kind, refused keys;
-        and ``kept_files``, the page files kept open now for reads from the kernel's cache."""
+        ``kept_files``, the page files kept open now for reads from the kernel's cache, and
+        ``keeping``, the pages waiting to be opened and kept (read a second time)."""
         stats: Dict[str, Any] = self.counters.snapshot()
         stats["kept_files"] = len(self.io.files)
+        stats["keeping"] = self.io.files.keeping()
         stats["errors"] = self.failures.counts()
         stats["refused"] = self._refusals.counts()
         return stats

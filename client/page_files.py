@@ -77,6 +77,7 @@ class PageFiles:
         self._kept: "collections.OrderedDict[str, _Kept]" = collections.OrderedDict()
         self._seen: "collections.OrderedDict[int, None]" = collections.OrderedDict()
         self._waiting: "queue.Queue[tuple[str, int]]" = queue.Queue(MAX_WAITING)
+        self._keeping = 0  # pages queued to be kept, or being kept now
         self._warmer: Optional[threading.Thread] = None
         self._pid = os.getpid()
 
@@ -121,6 +122,10 @@ class PageFiles:
         """How many page files are kept open."""
         return len(self._kept)
 
+    def keeping(self) -> int:
+        """How many pages are waiting to be opened and kept, or being kept now."""
+        return self._keeping
+
     def forget(self, path: str) -> None:
         with self._lock:
             kept = self._kept.pop(path, None)
@@ -160,9 +165,13 @@ class PageFiles:
     def warm(self, paths: Sequence[str], size: int) -> None:
         """Open, read and keep these page files in the background (they were read before)."""
         for path in paths:
+            with self._lock:
+                self._keeping += 1  # before the thread can take it
             try:
                 self._waiting.put_nowait((path, size))
             except queue.Full:
+                with self._lock:
+                    self._keeping -= 1
                 break
         self._start()
 
@@ -194,20 +203,28 @@ class PageFiles:
             if len(scratch) < size:
                 scratch = bytearray(size)
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                done = read_into(fd, [memoryview(scratch)[:size]])
-                # After the read: a read that reached the daemon makes the kernel ask for the
-                # attributes again once, here rather than in the next caller's fstat.
-                if done == size and self.keep(path, fd, os.fstat(fd)):
-                    fd = -1
-            except OSError:
-                pass
+                self._keep_one(path, memoryview(scratch)[:size])
             finally:
-                if fd >= 0:
-                    os.close(fd)
+                with self._lock:
+                    self._keeping -= 1
+
+    def _keep_one(self, path: str, scratch: memoryview) -> None:
+        """Open, read and keep one page file (the warming thread's work)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            done = read_into(fd, [scratch])
+            # After the read: a read that reached the daemon makes the kernel ask for the
+            # attributes again once, here rather than in the next caller's fstat.
+            if done == len(scratch) and self.keep(path, fd, os.fstat(fd)):
+                fd = -1
+        except OSError:
+            pass
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def close(self) -> None:
         """Report the reads not reported yet, and let every kept file go (later reads open them

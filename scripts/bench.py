@@ -112,7 +112,6 @@ from lib.bench_sglang import (
     as_sglang_runs,
     found_then_read,
     keep_wait,
-    kept_files,
     keys_for,
     make_file,
     make_hicachefs,
@@ -321,11 +320,10 @@ class Bench:
               write: bool, keeper: Optional[HiCacheFS]) -> None:
         """One call of ``op``, timed; ``keeper``: the client whose background keep of the
         pages this call read is waited for after it (its CPU time counts, not its time)."""
-        kept = kept_files(keeper) if keeper is not None else 0
         call = timed_call(pool, tag, keys, op, write)
         result.add(call)
         if keeper is not None:
-            done = keep_wait(keeper, kept + call.pages)
+            done = keep_wait(keeper)
             result.cpu += done.cpu
             result.keep_seconds += done.seconds
             if not done.done:

@@ -66,12 +66,12 @@ def serve(conn: Connection, backend: str, root: str, shape: calls.Shape, rank: i
 def _phase(store, pool: calls.Pool, op, phase: str, tag: str, rank: int, batches: int) -> dict:
     if phase == "write":
         calls.warm_up(store, pool, f"{tag}/tp{rank}")
-    kept_reads, kept = _kept_reads(store), calls.kept_files(store)
+    kept_reads = _kept_reads(store)
     start = time.monotonic()  # system-wide: comparable across ranks
     made = [calls.timed_call(pool, f"{tag}/tp{rank}/b{b}", calls.keys_for(f"{tag}/tp{rank}/b{b}", pool.batch),
                              op, phase == "write", _checked_slots(pool, b)) for b in range(batches)]
     end = time.monotonic()
-    keep = calls.keep_wait(store, kept + sum(c.pages for c in made) if phase == "second" else 0)
+    keep = calls.keep_wait(store) if phase == "second" else calls.Keep(True, 0.0, 0.0)
     return {"start": start, "end": end, "calls": made, "page_bytes": pool.page_bytes,
             "keep_seconds": keep.seconds, "keep_cpu": keep.cpu, "keep_done": keep.done,
             "kept_reads": _kept_reads(store) - kept_reads}

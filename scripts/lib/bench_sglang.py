@@ -313,13 +313,6 @@ def warm_up(backend, pool: Pool, tag: str) -> None:
     writer(backend, pool)(keys_for(f"{tag}/warm-up", 1))
 
 
-def kept_files(backend) -> int:
-    """Page files ``backend`` keeps open for later reads (HiCacheFS only; 0 for the others).
-    The client has no public count, so this reads its table (``page_files.PageFiles``): the
-    bench waits on it for the background keep of a second read to finish."""
-    return backend.statistics()["kept_files"] if isinstance(backend, HiCacheFS) else 0
-
-
 @dataclass
 class Keep:
     """A wait for the background keep: finished?, seconds waited, this process's CPU meanwhile."""
@@ -329,15 +322,15 @@ class Keep:
     cpu: float
 
 
-def keep_wait(backend, count: int, timeout: float = KEEP_TIMEOUT_S) -> Keep:
-    """Wait until ``backend`` keeps ``count`` page files open (at most as many as it may keep;
-    another backend keeps none, and nothing is waited for)."""
+def keep_wait(backend, timeout: float = KEEP_TIMEOUT_S) -> Keep:
+    """Wait until ``backend`` has kept every page it was asked to keep (HiCacheFS's
+    ``keeping``: the pages read a second time, those its bounded queue took; another backend
+    keeps none, and nothing is waited for)."""
     if not isinstance(backend, HiCacheFS):
         return Keep(True, 0.0, 0.0)
-    count = min(count, backend.io.files.capacity)
     start, start_cpu = time.perf_counter(), time.process_time()
     done = True
-    while kept_files(backend) < count:
+    while backend.statistics()["keeping"]:
         if time.perf_counter() - start > timeout:
             done = False
             break

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from hicachefs.testing.host_pools import MHAHostPool, page_bytes
+from hicachefs_client.page_files import MAX_WAITING, PageFiles
 from pages import requests_of
 from test_backend import indices, key, make_fs
 
@@ -33,8 +34,22 @@ def kept_reader(mounted, pages=PAGES):
     reader = make_fs(mounted.path, target)
     for _ in range(2):  # read, then read again: from now on their files are kept
         assert reader.batch_get_v1(keys, indices(target, range(pages))) == [True] * pages
-    until(lambda: reader.statistics()["kept_files"] == pages)
+    until(lambda: reader.statistics()["keeping"] == 0)  # what a caller waits on
+    assert reader.statistics()["kept_files"] == pages
     return source, target, reader, keys
+
+
+def test_the_keep_is_done_once_each_page_its_queue_took_is_kept_or_given_up(tmp_path):
+    files = PageFiles(16, lambda names: None)
+    there = []
+    for i in range(4):
+        (tmp_path / f"page{i}").write_bytes(bytes([i]) * 4096)
+        there.append(str(tmp_path / f"page{i}"))
+    gone = [str(tmp_path / f"gone{i}") for i in range(MAX_WAITING + 50)]
+    files.warm(there + gone, 4096)  # more than its queue takes: the rest is left to the fetch file
+    until(lambda: files.keeping() == 0)
+    assert len(files) == 4
+    files.close()
 
 
 def test_a_page_read_again_is_then_read_with_no_request_to_the_daemon(mounted):
