@@ -102,9 +102,8 @@ class FetchHandle:
     async def read(self, offset: int, size: int, ahead: int = 0) -> list:
         """The pages' bytes from ``offset``, as views of each page, or of several that lie end to
         end in RAM (joined by the FUSE face, or gathered by a worker from the memory it shares
-        with the store). ``ahead``: also pin the
-        RAM pages of the next ``ahead`` bytes of the answer, for ``window`` (a writer's handle
-        only: see ``_pins_ahead``)."""
+        with the store). ``ahead``: also pin the RAM pages of the next ``ahead`` bytes of the
+        answer, for ``window`` (a writer's handle only: see ``_pins_ahead``)."""
         if self._pages is None:
             self._pages = []
             try:

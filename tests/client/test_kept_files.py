@@ -46,10 +46,12 @@ def test_the_keep_is_done_once_each_page_its_queue_took_is_kept_or_given_up(tmp_
         (tmp_path / f"page{i}").write_bytes(bytes([i]) * 4096)
         there.append(str(tmp_path / f"page{i}"))
     gone = [str(tmp_path / f"gone{i}") for i in range(MAX_WAITING + 50)]
-    files.warm(there + gone, 4096)  # more than its queue takes: the rest is left to the fetch file
-    until(lambda: files.keeping() == 0)
-    assert len(files) == 4
-    files.close()
+    try:
+        files.warm(there + gone, 4096)  # more than its queue takes: the rest is left to the fetch file
+        until(lambda: files.keeping() == 0)
+        assert len(files) == 4
+    finally:
+        files.close()  # the kept files' descriptors, even when it fails
 
 
 def test_a_page_read_again_is_then_read_with_no_request_to_the_daemon(mounted):
