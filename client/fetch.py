@@ -15,11 +15,14 @@ its own descriptor (one handle holds one request at a time).
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import List, Sequence
 
 # Buffers one preadv may take (Linux: 1024).
 _MAX_BUFFERS = os.sysconf("SC_IOV_MAX")
+# The largest request the daemon takes (DESIGN.md, the fetch file): a larger one is refused whole.
+MAX_REQUEST = 4 << 20
 
 
 def encode_request(paths: Sequence[str], size: int) -> bytes:
@@ -29,24 +32,43 @@ def encode_request(paths: Sequence[str], size: int) -> bytes:
 def report_reads(fd: int, paths: Sequence[str]) -> None:
     """Report reads of these pages made through files kept open (one write of ``0 <path>``
     lines), which the daemon did not see."""
-    report = memoryview(encode_request(paths, 0))
-    while report:
-        report = report[os.write(fd, report):]
+    _write_all(fd, encode_request(paths, 0))
 
 
 def fetch_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                 size: int) -> List[bool]:
     """Read page ``paths[i]`` (``size`` bytes) into ``buffers[i]``; per page, whether it was
-    read whole. A page that was not may have left part of its bytes in its buffers. OSError
-    when the handle fails."""
-    request = memoryview(encode_request(paths, size))
-    while request:
-        request = request[os.write(fd, request):]
-    read = [False] * len(paths)
+    read whole. A page that was not may have left part of its bytes in its buffers. A batch whose
+    request would be over ``MAX_REQUEST`` goes as several requests. OSError when the handle fails."""
+    lines = [f"{size} {path}\n".encode("utf-8", "surrogateescape") for path in paths]
+    read: List[bool] = []
     first = 0
     while first < len(paths):
+        last, request_bytes = first, 0
+        while last < len(paths) and request_bytes + len(lines[last]) <= MAX_REQUEST:
+            request_bytes += len(lines[last])
+            last += 1
+        if last == first:
+            raise OSError(errno.ENAMETOOLONG, "a fetch request line is longer than a whole request")
+        _write_all(fd, b"".join(lines[first:last]))
+        read += _read_answer(fd, buffers[first:last], size)
+        first = last
+    return read
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_answer(fd: int, buffers: Sequence[Sequence[memoryview]], size: int) -> List[bool]:
+    """Read one request's answer into its pages' buffers, in preadvs of at most ``_MAX_BUFFERS``."""
+    read = [False] * len(buffers)
+    first = 0
+    while first < len(buffers):
         last, count = first, 0
-        while last < len(paths) and (count + len(buffers[last]) <= _MAX_BUFFERS or last == first):
+        while last < len(buffers) and (count + len(buffers[last]) <= _MAX_BUFFERS or last == first):
             count += len(buffers[last])
             last += 1
         done = os.preadv(fd, [b for page in buffers[first:last] for b in page], first * size)

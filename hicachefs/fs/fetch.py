@@ -20,10 +20,14 @@ its bytes are one version even when it spans several reads, and stay put until t
 
 A handle holds its request against its user's share of the request files' memory
 (``request_limits``), at its bytes and ``PARSED_LINE_BYTES`` a line (what its parsed form
-costs); a write over the share fails with ENOBUFS and ends the request. A request of
-``PARSE_LINES`` lines or more is parsed a step at a time, taking turns with other large requests,
-so it delays nobody else's; the write that makes it that large fails with ENOBUFS, and ends it,
-when its user has as many large requests as its share allows. A malformed request fails its read with EINVAL and ends.
+costs); a write over the share fails with ENOBUFS. A request of ``PARSE_LINES`` lines or more is
+parsed a step at a time, taking turns with other large requests, so it delays nobody else's; the
+write that makes it that large fails with ENOBUFS when its user has as many large requests as its
+share allows. A request over ``MAX_FETCH_REQUEST`` fails with EFBIG. A refused request fails as a
+whole, as the exists file's does: its later writes fail with the same error, and so does the read
+that follows, after which the handle takes a new request (``_fail``). A malformed request fails
+its read with EINVAL and ends. Reads of one handle run one at a time (the kernel may send several
+at once): each lets go of the pages the one before it held.
 
 Not thread-safe: the daemon's trio thread only; a page on a lower tier is read in a worker
 thread.
@@ -67,29 +71,42 @@ class FetchHandle:
         self._parsed = 0  # request bytes parsed into _pages
         self._held: dict[int, PageReader] = {}  # page index -> its pinned reader
         self._ends = False  # the last read or its pages ahead reached the answer's end
+        self._failure: FsError | None = None  # a refused request, until its read (``_fail``)
+        self._reading = trio.Lock()
 
     async def write(self, offset: int, data: bytes) -> int:
         data = bytes(data)  # a worker's write arrives as a view of its message
+        if self._failure is not None:
+            raise FsError(self._failure.errno, f"{self._failure.strerror}; read to end the request")
         if self._read:  # a write after a read starts a new request
             self._new_request()
         elif self._pages is not None:  # parsed by ``pin_first``: the request goes on
             self._unparse()
-        if len(self._request) + len(data) > MAX_FETCH_REQUEST:
-            self._new_request()
-            raise FsError(errno.EFBIG, f"fetch request over {MAX_FETCH_REQUEST} bytes")
         if not self._request and data.startswith(b"0 "):  # a report of reads made elsewhere
+            if len(data) > MAX_FETCH_REQUEST:
+                raise FsError(errno.EFBIG, f"a report of reads over {MAX_FETCH_REQUEST} bytes")
             self._count_reads(data)
             return len(data)
         lines = self._lines + data.count(b"\n")
         try:
+            if len(self._request) + len(data) > MAX_FETCH_REQUEST:
+                raise FsError(errno.EFBIG, f"fetch request over {MAX_FETCH_REQUEST} bytes")
             self.account.hold(len(self._request) + len(data) + PARSED_LINE_BYTES * (lines + 1),
                               large=lines >= PARSE_LINES)
-        except FsError:
-            self._new_request()
+        except FsError as exc:
+            self._fail(exc)
             raise
         self._request += data
         self._lines = lines
         return len(data)
+
+    def _fail(self, exc: FsError) -> None:
+        """The request is refused as a whole: later writes fail too, and so does the read that
+        follows, after which the handle takes a new request. Sticky because the kernel reports
+        a write refused halfway as a short one, and the writer's retry of the rest must not
+        become a request of its own (its answer would be another request's pages)."""
+        self._new_request()
+        self._failure = FsError(exc.errno, exc.strerror)  # a copy: the raised one holds the data
 
     def _count_reads(self, report: bytes) -> None:
         lines = report.split(b"\n")
@@ -104,6 +121,13 @@ class FetchHandle:
         end in RAM (joined by the FUSE face, or gathered by a worker from the memory it shares
         with the store). ``ahead``: also pin the RAM pages of the next ``ahead`` bytes of the
         answer, for ``window`` (a writer's handle only: see ``_pins_ahead``)."""
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise FsError(failure.errno, f"the fetch request failed: {failure.strerror}")
+        async with self._reading:  # one read at a time: each lets go of the pages the last one held
+            return await self._read_locked(offset, size, ahead)
+
+    async def _read_locked(self, offset: int, size: int, ahead: int) -> list:
         if self._pages is None:
             self._pages = []
             try:

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from hicachefs.testing.workload import content
+from hicachefs_client.fetch import fetch_batch
 from pages import as_nobody, fetch_pages, publish, read_page, requests_of
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -83,12 +84,32 @@ def test_reports_of_reads_made_elsewhere_are_counted(mounted, fetch):
     assert info.value.errno == errno.EINVAL
 
 
-def test_a_request_over_the_maximum_is_refused(mounted, fetch):
+def test_a_request_over_the_maximum_fails_whole_and_so_does_the_read_that_follows(mounted, fetch):
+    (path, data), = stored(mounted, 1, 4096)
     line = f"4096 {POOL}/{'k' * 190}\n".encode()
-    with pytest.raises(OSError) as info:
-        for _ in range((4 << 20) // len(line) + 2):
-            os.write(fetch, line)
-    assert info.value.errno == errno.EFBIG
+    request = line * ((4 << 20) // len(line) + 2) + f"4096 {path}\n".encode()
+    written = os.write(fetch, request)  # the kernel reports the WRITEs before the refused one
+    assert written < len(request)
+    with pytest.raises(OSError) as rest:  # the rest is no request of its own ...
+        os.write(fetch, request[written:])
+    assert rest.value.errno == errno.EFBIG
+    with pytest.raises(OSError) as answer:  # ... and nothing is answered for any part of it
+        os.pread(fetch, 4096, 0)
+    assert answer.value.errno == errno.EFBIG
+    assert fetch_pages(fetch, [(path, 4096)]) == data  # the handle takes a new request after
+
+
+def test_the_client_splits_a_batch_whose_request_is_over_the_maximum(mounted, fetch):
+    """A batch of 20,000 pages asked in one call (the first missing, the last stored): no page
+    is ever reported read with another page's bytes."""
+    stored_pages = stored(mounted, 8, 64)
+    missing = [f"{POOL}/{'k' * 180}{i:08d}" for i in range(20_000)]
+    paths = missing + [path for path, _ in stored_pages]
+    assert len("".join(f"64 {p}\n" for p in paths)) > 4 << 20
+    buffers = [[memoryview(bytearray(64))] for _ in paths]
+    read = fetch_batch(fetch, paths, buffers, 64)
+    assert read == [False] * len(missing) + [True] * len(stored_pages)
+    assert [bytes(b[0]) for b in buffers[len(missing):]] == [data for _, data in stored_pages]
 
 
 def test_any_user_may_read_through_the_fetch_file(public_mount):

@@ -121,7 +121,8 @@ def test_a_plain_users_exists_storms_do_not_delay_other_clients(public_mount, tm
 
 def test_a_plain_users_fetch_request_is_bounded_by_the_same_share(public_mount):
     """A fetch request of the maximum of short lines would take some 80 MiB once parsed: it is
-    refused with ENOBUFS at the write that goes over, and the handle then serves a small one."""
+    refused with ENOBUFS at the write that goes over, and so is the read that follows; the
+    handle then serves a small one."""
     pool, keys = _probe_pool(public_mount)
     script = f"""
 import os
@@ -136,12 +137,17 @@ try:
     print(0, sent)
 except OSError as exc:
     print(exc.errno, sent)
+try:
+    os.pread(fd, 1 << 20, 0)
+except OSError as exc:
+    print(exc.errno)
 os.write(fd, b"4096 {pool}/{keys[1]}\\n")
 print(len(os.pread(fd, 1 << 20, 0)))
 """
     done = as_nobody(sys.executable, "-c", script)
     assert done.returncode == 0, done.stderr
-    refusal, answer = done.stdout.split("\n")[:2]
+    refusal, read, answer = done.stdout.split("\n")[:3]
     failed, sent = map(int, refusal.split())
     assert failed == errno.ENOBUFS and sent < 4 << 20, refusal
+    assert int(read) == errno.ENOBUFS
     assert answer == "4096"

@@ -1,0 +1,74 @@
+"""The fetch file's handle without FUSE: what two reads of one handle at once may do to each
+other's pages (the kernel sends several READs of one handle at once)."""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+import trio.testing
+
+from hicachefs.fs.fetch import FetchHandle
+from hicachefs.fs.request_limits import RequestLimits
+from hicachefs.store import PageStore, StoreConfig
+from hicachefs.store.device import FileDevice
+from hicachefs.testing.workload import content
+
+POOL = "m/f/tp0of1/kv"
+SIZE = 64 << 10
+
+
+class HeldReads:
+    """The disk tier's device, whose reads wait while ``held`` (``entered`` says one waits)."""
+
+    def __init__(self, device: FileDevice) -> None:
+        self._device = device
+        self.held = False
+        self.entered = threading.Event()
+        self.released = threading.Event()
+
+    def preadv(self, buffers, offset: int) -> int:
+        if self.held:
+            self.entered.set()
+            self.released.wait(30)
+        return self._device.preadv(buffers, offset)
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+
+def test_two_reads_at_once_never_let_go_of_the_pages_the_other_answers_from(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    device = HeldReads(FileDevice(disk / "hicachefs.arena"))
+    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=disk, disk_bytes=64 << 20), disk_device=device)
+    try:
+        store.put(f"{POOL}/on-disk", content(1, SIZE))
+        for i in range(40):  # more than RAM holds: the first page is demoted to disk
+            store.put(f"{POOL}/filler{i}", content(100 + i, SIZE))
+        store.put(f"{POOL}/in-ram", content(2, SIZE))
+        assert store.info(f"{POOL}/on-disk").tier == "disk" and store.info(f"{POOL}/in-ram").tier == "memory"
+        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0))
+        answered: list[bytes] = []
+
+        async def read_first_two() -> None:  # a RAM page, then one read from the disk in a thread
+            pieces = await handle.read(0, 2 * SIZE)
+            answered.append(b"".join(bytes(piece) for piece in pieces))  # what would be replied
+
+        async def main() -> None:
+            request = f"{SIZE} {POOL}/in-ram\n{SIZE} {POOL}/on-disk\n{SIZE} {POOL}/filler39\n".encode()
+            await handle.write(0, request)
+            device.held = True
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_first_two)
+                await trio.to_thread.run_sync(device.entered.wait)
+                nursery.start_soon(handle.read, 2 * SIZE, SIZE)  # the third page, meanwhile
+                await trio.testing.wait_all_tasks_blocked()
+                for i in range(40):  # new pages take every RAM slot that nobody holds
+                    store.put(f"{POOL}/new{i}", content(200 + i, SIZE))
+                device.released.set()
+
+        trio.run(main)
+        assert answered == [content(2, SIZE) + content(1, SIZE)]
+    finally:
+        store.close()
