@@ -102,7 +102,12 @@ class IngestHandle:
         return self.stream.status()[offset : offset + size]
 
     async def write(self, offset: int, data: bytes) -> int:
-        return self.stream.write(offset, data)
+        """Take the write; answer once the kernel knows of every page it replaced, so that a
+        reader told of the replace by the writer never reads the old page from its cache."""
+        try:
+            return self.stream.write(offset, data)
+        finally:
+            await self.stream.publisher.kernel_told()
 
     def release(self) -> None:
         self.stream.close()

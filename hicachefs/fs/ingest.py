@@ -70,6 +70,9 @@ class Publisher(Protocol):
 
     def publish_page(self, path: str, draft: Draft) -> None: ...
 
+    async def kernel_told(self) -> None:
+        """Wait until the kernel knows what the pages published so far replaced."""
+
 
 class _Entry(NamedTuple):
     path: str

@@ -14,7 +14,12 @@ they are queued here and sent by one worker thread, in order:
 - ``forget_attributes``: only its attributes are (a replaced page's inode: its data is still
   that of the version it stands for, which readers that have it open go on reading).
 
-Thread-safe: any thread may queue; the kernel calls happen in the worker thread only.
+A request that changed what a name means without the kernel seeing it (a page published through
+the ingest file replacing another) is answered only once the kernel has been told (``delivered``):
+a reader told "replaced" by the writer must never find the old page in the kernel's cache after.
+
+Thread-safe: any thread may queue; the kernel calls happen in the worker thread only;
+``delivered`` is awaited on the trio thread.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pyfuse3
+import trio
 
 from ..store import PageReader
 from ..typed_stats import level, total
@@ -36,6 +42,9 @@ log = logging.getLogger(__name__)
 _STOP = object()
 #: Errors that only mean the kernel no longer knows what we tell it about.
 _FORGOTTEN = {errno.ENOENT, errno.ENOTCONN, errno.EBADF}
+#: The longest a request waits for the kernel to be told (``delivered``): the kernel answers a
+#: notification within microseconds unless something is badly wrong, which is then logged.
+DELIVERY_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,9 @@ class KernelNotifier:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued_bytes = 0
+        self._queued = 0  # notifications queued, ever
+        self._sent = 0  # of those, sent to the kernel (or given up on)
+        self._waiters: list[tuple[int, trio.Event, trio.lowlevel.TrioToken]] = []
         self._thread = threading.Thread(target=self._run, name="kernel-notifier", daemon=True)
 
     def start(self) -> None:
@@ -76,9 +88,40 @@ class KernelNotifier:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                return
+                break
             if item is not _STOP and item[0] == "push":
                 item[2].close()
+        self._advance(sent=self._queued)  # nothing more will be sent: nobody waits for it
+
+    async def delivered(self) -> None:
+        """Wait until every notification queued so far has reached the kernel."""
+        with self._lock:
+            if self._sent >= self._queued:
+                return
+            event = trio.Event()
+            self._waiters.append((self._queued, event, trio.lowlevel.current_trio_token()))
+        with trio.move_on_after(DELIVERY_TIMEOUT_S) as waited:
+            await event.wait()
+        if waited.cancelled_caught:
+            log.warning("the kernel was not told of a change within %.0f s; answering anyway",
+                        DELIVERY_TIMEOUT_S)
+
+    def _put(self, item: tuple) -> None:
+        with self._lock:  # counted and queued in one step: the thread sends them in that order
+            self._queued += 1
+            self._queue.put(item)
+
+    def _advance(self, sent: int) -> None:
+        """``sent`` notifications have reached the kernel: wake who waited for them."""
+        with self._lock:
+            self._sent = sent
+            ready = [w for w in self._waiters if w[0] <= sent]
+            self._waiters = [w for w in self._waiters if w[0] > sent]
+        for _, event, token in ready:
+            try:
+                token.run_sync_soon(event.set)
+            except trio.RunFinishedError:
+                pass
 
     def push(self, inode: int, reader: PageReader) -> bool:
         """Queue the page's bytes for ``inode``'s page cache; the reader is closed once sent."""
@@ -92,44 +135,50 @@ class KernelNotifier:
         if skip:
             reader.close()
             return False
-        self._queue.put(("push", inode, reader))
+        self._put(("push", inode, reader))
         return True
 
     def forget_entry(self, parent_inode: int, name: bytes) -> None:
-        self._queue.put(("entry", parent_inode, name))
+        self._put(("entry", parent_inode, name))
 
     def forget_inode(self, inode: int) -> None:
-        self._queue.put(("inode", inode, False))
+        self._put(("inode", inode, False))
 
     def forget_attributes(self, inode: int) -> None:
-        self._queue.put(("inode", inode, True))
+        self._put(("inode", inode, True))
 
     def statistics(self) -> KernelCacheStatistics:
         with self._lock:
             return KernelCacheStatistics(**self.counters, push_queue_bytes=self._queued_bytes)
 
     def _run(self) -> None:
+        sent = 0
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
-            kind, inode, arg = item
-            try:
-                if kind == "push":
-                    self._push(inode, arg)
-                elif kind == "entry":
-                    pyfuse3.invalidate_entry(inode, arg)
-                    self._count("entries_invalidated")
-                else:
-                    pyfuse3.invalidate_inode(inode, attr_only=arg)
-                    self._count("inodes_invalidated")
-            except OSError as exc:
-                if exc.errno not in _FORGOTTEN:
-                    log.warning("kernel notification %s(%s) failed: %s", kind, inode, exc)
-                    self._count("notify_failures")
-            except Exception:  # never let the thread die: later notifications still matter
-                log.exception("kernel notification %s(%s) failed", kind, inode)
+            self._send(*item)
+            sent += 1
+            self._advance(sent)
+
+    def _send(self, kind: str, inode: int, arg) -> None:
+        """One notification to the kernel; a failure is counted, never raised."""
+        try:
+            if kind == "push":
+                self._push(inode, arg)
+            elif kind == "entry":
+                pyfuse3.invalidate_entry(inode, arg)
+                self._count("entries_invalidated")
+            else:
+                pyfuse3.invalidate_inode(inode, attr_only=arg)
+                self._count("inodes_invalidated")
+        except OSError as exc:
+            if exc.errno not in _FORGOTTEN:
+                log.warning("kernel notification %s(%s) failed: %s", kind, inode, exc)
                 self._count("notify_failures")
+        except Exception:  # never let the thread die: later notifications still matter
+            log.exception("kernel notification %s(%s) failed", kind, inode)
+            self._count("notify_failures")
 
     def _push(self, inode: int, reader: PageReader) -> None:
         try:

@@ -49,6 +49,9 @@ class KernelNotices(Protocol):
 
     def forget_attributes(self, inode: int) -> None: ...
 
+    async def delivered(self) -> None:
+        """Wait until the kernel has been told everything reported so far."""
+
 
 class Publishing:
     """The files being written and their publication. See the module docstring."""
@@ -211,6 +214,9 @@ class Publishing:
         known = self.displace(directory, key)
         if self._retire_old(directory, key) or known:  # the kernel did not see this replace
             self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
+
+    async def kernel_told(self) -> None:
+        await self.notices.delivered()
 
     def displace(self, directory: Directory, key: str) -> bool:
         """A page was just published under ``key``: a file being written under that name is

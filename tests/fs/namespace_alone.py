@@ -32,6 +32,9 @@ class Recorder:
     def forget_attributes(self, inode):
         self.events.append(("attributes", inode))
 
+    async def delivered(self):
+        self.events.append(("delivered",))
+
 
 def settled(answer):
     """The answer after its blocking work, run here (the daemon runs it in a worker thread)."""

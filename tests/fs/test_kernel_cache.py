@@ -17,7 +17,7 @@ import time
 import pytest
 
 from hicachefs.testing.workload import content, exists_query
-from pages import publish, read_page
+from pages import ingest_batch, publish, read_page
 
 PAGE = 1 << 20
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -143,6 +143,32 @@ def test_a_reader_with_the_page_open_keeps_the_old_bytes(mounted):
         assert os.fstat(fd).st_size == PAGE
     finally:
         os.close(fd)
+
+
+def test_pages_replaced_through_the_ingest_file_show_as_replaced_once_the_write_is_answered(mounted):
+    """The kernel did not see those replaces: the daemon tells it before it answers the write, so
+    a reader told of them by the writer finds its open files' pages gone (``st_nlink`` 0) instead
+    of reading the old pages from the kernel's cache. A batch replaces 64 pages at once, so that
+    telling the kernel takes a while."""
+    pool = mounted.page_dir()
+    keys = [f"k{i:02d}" for i in range(64)]
+    ingest = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
+    unchanged = 0
+    try:
+        for version in range(0, 20, 2):
+            assert ingest_batch(ingest, [(f"{POOL}/{key}", content(version, 4096)) for key in keys]) > 0
+            readers = [os.open(pool / key, os.O_RDONLY) for key in keys]
+            try:
+                assert all(os.pread(fd, 4096, 0) == content(version, 4096) for fd in readers)  # cached now
+                assert all(os.fstat(fd).st_nlink == 1 for fd in readers)  # and so are their attributes
+                assert ingest_batch(ingest, [(f"{POOL}/{key}", content(version + 1, 4096)) for key in keys]) > 0
+                unchanged += sum(os.fstat(fd).st_nlink != 0 for fd in readers)
+            finally:
+                for fd in readers:
+                    os.close(fd)
+    finally:
+        os.close(ingest)
+    assert unchanged == 0
 
 
 @pytest.mark.parametrize("flags", [[], ["--no-kernel-cache"]], ids=["cache", "no-cache"])
