@@ -61,8 +61,10 @@ class _Kept:
         self.closing = False
 
 
-def _identity(st: os.stat_result) -> tuple:
-    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_nlink > 0
+def _identity(st: os.stat_result) -> Optional[tuple]:
+    """What tells the page a kept file holds from another version under its name; None when the
+    file's page is no longer the name's (``st_nlink`` 0: replaced, removed or evicted)."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns) if st.st_nlink > 0 else None
 
 
 class PageFiles:
@@ -93,7 +95,7 @@ class PageFiles:
             self._kept.move_to_end(path)
             kept.users += 1
         try:
-            still = _identity(os.fstat(kept.fd)) == kept.identity
+            still = _identity(os.fstat(kept.fd)) == kept.identity  # never None: see keep
             if still:
                 done = read_into(kept.fd, buffers)
                 still = done == size
@@ -108,11 +110,14 @@ class PageFiles:
 
     def keep(self, path: str, fd: int, st: os.stat_result) -> bool:
         """Keep ``fd`` (the open page file at ``path``, with ``st`` its fstat) for later reads;
-        False when it is not kept (the caller closes it)."""
+        False when it is not kept (the caller closes it): a file already kept for the path, or
+        one whose page the name no longer leads to (its open raced a replace), which would
+        otherwise match its own identity for good."""
+        identity = _identity(st)
         with self._lock:
-            if path in self._kept:
+            if path in self._kept or identity is None:
                 return False
-            self._kept[path] = _Kept(fd, _identity(st))
+            self._kept[path] = _Kept(fd, identity)
             excess = [self._kept.popitem(last=False)[1] for _ in range(len(self._kept) - self.capacity)]
         for old in excess:
             self._done_with(old, drop=True)

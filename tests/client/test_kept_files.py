@@ -5,11 +5,14 @@ still counts the reads."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from hicachefs.testing.host_pools import MHAHostPool, page_bytes
+from hicachefs.testing.workload import content
 from hicachefs_client.page_files import MAX_WAITING, PageFiles
 from pages import requests_of
 from test_backend import indices, key, make_fs
@@ -106,3 +109,36 @@ def test_no_more_files_are_kept_than_the_capacity(mounted):
     assert reader.statistics()["kept_files"] <= 3
     reader.close()
     assert reader.statistics()["kept_files"] == 0
+
+
+@pytest.mark.parametrize("how", ["ingest", "rename"])
+def test_pages_another_process_replaced_are_never_read_old_once_it_stopped(mounted, how):
+    """While another process replaces 8 pages over and over, reads race the client's keeping of
+    their files (a keep may open a version being replaced). Once the writer's last replace has
+    been answered, every read gives that last version."""
+    pool = MHAHostPool(pages=PAGES)
+    reader = make_fs(mounted.path, pool)
+    keys = [key("replaced", i) for i in range(PAGES)]
+    size = reader._layout("kv").page_bytes
+    directory = reader._dir_of("kv")
+    (mounted.path / directory).mkdir(parents=True, exist_ok=True)
+    writer = subprocess.Popen([sys.executable, "-m", "hicachefs.testing.replacer", str(mounted.path), directory,
+                               ",".join(keys), str(size), "2", how], stdout=subprocess.PIPE, text=True)
+    try:
+        while writer.poll() is None:  # reads (and keeps) while the pages change under them
+            reader.batch_get_v1(keys, indices(pool, range(PAGES)))
+        last = int(writer.stdout.read())
+    finally:
+        writer.kill()
+        writer.wait()
+    assert writer.returncode == 0
+    newest = [content(last * PAGES + i, size) for i in range(PAGES)]
+    old = reads = 0
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        pool.zero()
+        assert reader.batch_get_v1(keys, indices(pool, range(PAGES))) == [True] * PAGES
+        old += sum(page_bytes(pool, i) != newest[i] for i in range(PAGES))
+        reads += PAGES
+    reader.close()
+    assert old == 0, f"{old} of {reads} reads gave a version older than the last one published"
