@@ -74,6 +74,7 @@ class Counters:
         "hits", "misses", "bytes_read", "pages_written", "pages_skipped", "bytes_written",
         "write_failures", "exists_queries", "exists_paths", "exists_stat_fallbacks",
         "refused_keys", "batches_written", "batches_read", "kept_reads",
+        "plane_reads", "plane_writes", "plane_retries", "plane_requests",
     )
 
     def __init__(self) -> None:

@@ -93,6 +93,16 @@ def threads_setting(extra: Dict[str, Any], key: str) -> int:
     return int(value)
 
 
+def switch_setting(extra: Dict[str, Any], key: str, default: Optional[bool]) -> Optional[bool]:
+    """extra_config's ``key``: true or false (JSON booleans, or the strings), else ``default``."""
+    value = extra.get(key, default)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        value = value.strip().lower() in ("true", "1")
+    if value is not default and not isinstance(value, bool):
+        raise ValueError(f"hicachefs: extra_config {key} must be true or false, not {value!r}")
+    return value
+
+
 class HiCacheFS(HiCacheStorage):
     """SGLang HiCache storage backend on a hicachefs mount. See the module docstring.
 
@@ -115,7 +125,9 @@ class HiCacheFS(HiCacheStorage):
         self.failures = FailureLog()
         self._refusals = FailureLog()  # bad keys and misuse: logged once for good
         self.counters = Counters()
-        self.io = PageIO(self.mountpoint, self.failures, self.counters)
+        self.io = PageIO(self.mountpoint, self.failures, self.counters,
+                         data_plane=switch_setting(extra, "data_plane", True),
+                         verify_reads=switch_setting(extra, "plane_verify_reads", None))
         self.read_threads = PageThreads(threads_setting(extra, "read_threads"))
         self.write_threads = PageThreads(threads_setting(extra, "write_threads"))
         self.mem_pool_host = None
@@ -500,6 +512,13 @@ class HiCacheFS(HiCacheStorage):
         stats["errors"] = self.failures.counts()
         stats["refused"] = self._refusals.counts()
         return stats
+
+    def report_reads(self) -> None:
+        """Tell the daemon now of the reads made through the data plane that it has not counted
+        yet (they are sent every half second anyway): for tools that read the daemon's
+        statistics right after their reads."""
+        if self.io.plane is not None:
+            self.io.plane.reports.send_now()
 
     def get_stats(self):
         """SGLang's ``StorageMetrics`` (per-batch samples since the last call, when

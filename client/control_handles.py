@@ -44,14 +44,16 @@ RETRY_INTERVAL_S = 1.0
 
 
 class ControlHandle:
-    """One open control file, owned by one thread."""
+    """One open control file, owned by one thread; ``state`` is its protocol's (what the
+    handle holds at the daemon between calls)."""
 
-    __slots__ = ("name", "fd", "busy", "retired", "lock", "__weakref__")
+    __slots__ = ("name", "fd", "busy", "retired", "lock", "state", "__weakref__")
 
     def __init__(self, name: str, fd: int) -> None:
         self.name, self.fd = name, fd
         self.busy = self.retired = False
         self.lock = threading.Lock()
+        self.state = None
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1

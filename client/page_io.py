@@ -32,6 +32,7 @@ from . import fetch, ingest
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, EXISTS_FILE, FETCH_FILE, INGEST_FILE, ControlHandles
 from .page_files import PageFiles, default_capacity
+from .plane import Plane
 from .vectored import advance, read_into
 
 logger = logging.getLogger(__name__)
@@ -59,11 +60,16 @@ class PageIO:
     """Reads, publishes and queries pages under one mount root. See the module docstring."""
 
     def __init__(self, mountpoint: str, failures: Optional[FailureLog] = None,
-                 counters: Optional[Counters] = None) -> None:
+                 counters: Optional[Counters] = None, data_plane: bool = True,
+                 verify_reads: Optional[bool] = None) -> None:
+        """``data_plane``: read and write pages through the daemon's shared memory where this
+        user may (``plane.py``); ``verify_reads``: check each page read that way against its
+        checksum (None: where the CPU needs it)."""
         self.root = os.path.abspath(mountpoint)
         self.failures = failures or FailureLog()
         self.counters = counters or Counters()
         self.handles = ControlHandles(self.root, self.failures)
+        self.plane = Plane(self.root, self.failures, self.counters, verify_reads) if data_plane else None
         self.files = PageFiles(default_capacity(), self._report_reads)
         if not self.handles.seen_daemon:
             logger.warning(
@@ -194,8 +200,25 @@ class PageIO:
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                    size: int) -> List[bool]:
         """Fill ``buffers[i]`` with the page at ``rels[i]`` (``size`` bytes each); per page:
-        read? A page whose file is kept open is read through it, the rest in one fetch request
-        (a file per page where the mount has none); those read before are kept from now on."""
+        read? Through the data plane where it can, else a page whose file is kept open through
+        it, the rest in one fetch request (a file per page where the mount has none); those read
+        before are kept from now on."""
+        if self.plane is not None:
+            read = self.plane.read_pages(rels, buffers, size)
+            hits, misses = read.count(True), read.count(False)
+            if hits or misses:
+                self.failures.success()
+                self.counters.add(hits=hits, misses=misses, bytes_read=hits * size, plane_reads=hits)
+            todo = [i for i, done in enumerate(read) if done is None]
+            if todo:
+                for i, done in zip(todo, self._read_elsewhere([rels[i] for i in todo], [buffers[i] for i in todo], size)):
+                    read[i] = done
+            return read  # type: ignore[return-value]
+        return self._read_elsewhere(rels, buffers, size)
+
+    def _read_elsewhere(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
+                        size: int) -> List[bool]:
+        """``read_pages`` through the daemon: kept page files, then the fetch file."""
         paths = [self.path(rel) for rel in rels]
         read = [self.files.read(path, page, size) for path, page in zip(paths, buffers)]
         kept = [rel for rel, done in zip(rels, read) if done]
@@ -261,6 +284,25 @@ class PageIO:
         each) through the ingest file, in as few writes as the kernel allows (a temporary file
         and rename per page where the mount has no ingest file); pages already stored are kept
         as they are. Per page: stored?"""
+        if self.plane is not None:
+            outcome = self.plane.publish(rel_dir, keys, buffers, size)
+            if True in outcome:
+                self.failures.success()
+            for key, result in zip(keys, outcome):
+                if isinstance(result, OSError):
+                    self.failures.failure(error_kind(result), f"cannot publish {rel_dir}/{key}: {result.strerror or result}")
+                    self.counters.add(write_failures=1)
+            todo = [i for i, result in enumerate(outcome) if result is None]
+            if todo:
+                again = self._ingest(rel_dir, [keys[i] for i in todo], [buffers[i] for i in todo], size)
+                for i, ok in zip(todo, again):
+                    outcome[i] = ok
+            return [result is True for result in outcome]
+        return self._ingest(rel_dir, keys, buffers, size)
+
+    def _ingest(self, rel_dir: str, keys: Sequence[str], buffers: Sequence[Sequence[memoryview]],
+                size: int) -> List[bool]:
+        """``publish_pages`` through the ingest file."""
         paths = [f"{rel_dir}/{key}" for key in keys]
         with self.handles.using(INGEST_FILE) as handle:
             if handle is None or not _one_per_line(paths):
@@ -292,6 +334,16 @@ class PageIO:
         """For each relative page path: published and readable? One request for all of them."""
         if not rels:
             return []
+        answers: List[Optional[bool]] = self.plane.find(rels) if self.plane is not None else [None] * len(rels)
+        if None not in answers:
+            return answers  # type: ignore[return-value]
+        asked = [i for i, answer in enumerate(answers) if answer is None]
+        for i, answer in zip(asked, self._exists_elsewhere([rels[i] for i in asked])):
+            answers[i] = answer
+        return answers  # type: ignore[return-value]
+
+    def _exists_elsewhere(self, rels: Sequence[str]) -> List[bool]:
+        """``exists`` through the daemon: the exists file, ``stat`` where it cannot say."""
         answers: List[Optional[bool]] = [None] * len(rels)
         joined = "\n".join(rels)
         if joined.count("\n") == len(rels) - 1 and not _OTHER_LINE_BREAKS.search(joined):
@@ -373,5 +425,7 @@ class PageIO:
     def close(self) -> None:
         """Close every thread's control file handles and the kept page files. Later calls still
         work (they open them again)."""
+        if self.plane is not None:
+            self.plane.close()
         self.handles.close()
         self.files.close()

@@ -33,21 +33,25 @@ from .errors import FsError
 from .fetch import FetchHandle
 from .ingest import IngestStream, Publisher
 from .nodes import Stat
+from .plane import AheadBudget, PlaneHandle
 from .request_limits import Account, RequestLimits
 
 CONTROL_DIR_INODE = 2
-_FILES = {b"stats": 3, b"metrics": 4, b"config": 5, b"exists": 6, b"ingest": 7, b"fetch": 8}
+_FILES = {b"stats": 3, b"metrics": 4, b"config": 5, b"exists": 6, b"ingest": 7, b"fetch": 8, b"plane": 9}
+#: The data plane's files, as symbolic links to this process's descriptors (``plane.py``).
+_LINKS = {b"arena": 10, b"index": 11, b"disk": 12}
 #: How many names each request stream answers to: its own and ``<name>.1`` ... (see above).
 LANES = 64
+_STREAMS = (b"exists", b"ingest", b"fetch", b"plane")
 
 
 def _lanes() -> tuple[dict[bytes, int], dict[int, int]]:
     """The streams' other names with their inodes, and every file's inode (under any of its
     names) with the inode of the file it is."""
     names, file_of = {}, {inode: inode for inode in _FILES.values()}
-    for name in (b"exists", b"ingest", b"fetch"):
+    for name in _STREAMS:
         for lane in range(1, LANES):
-            inode = max(_FILES.values()) + 1 + len(names)
+            inode = max(_LINKS.values()) + 1 + len(names)
             names[b"%s.%d" % (name, lane)] = inode
             file_of[inode] = _FILES[name]
     return names, file_of
@@ -55,9 +59,11 @@ def _lanes() -> tuple[dict[bytes, int], dict[int, int]]:
 
 _LANE_NAMES, _FILE_OF = _lanes()
 INGEST_INODE = _FILES[b"ingest"]
+#: Files only root and the daemon's user may open, however: their writes change the store.
+_WRITER_FILES = frozenset({INGEST_INODE, _FILES[b"plane"]})
 #: Files any user may open for writing: their writes are requests, not changes to the store.
 _REQUEST_FILES = frozenset({_FILES[b"exists"], _FILES[b"fetch"]})
-CONTROL_INODES = frozenset({CONTROL_DIR_INODE, *_FILE_OF})
+CONTROL_INODES = frozenset({CONTROL_DIR_INODE, *_FILE_OF, *_LINKS.values()})
 #: The largest exists request one handle accepts. SGLang asks about 128 pages at a time for
 #: each of its pools (some 70 KB); this holds a whole long prompt asked in one request: 8,192
 #: pages (half a million tokens at 64 a page) for 4 pools, at 256 bytes a path.
@@ -251,12 +257,26 @@ class ControlFiles:
         self.config = config
         self.started_ns = time.time_ns()
         self.request_limits = RequestLimits(writers=frozenset({0, os.getuid()}))
+        self.plane_ahead = AheadBudget(store.config.memory_bytes)
 
     def lookup(self, name: bytes) -> int:
-        inode = _FILES.get(name) or _LANE_NAMES.get(name)
-        if inode is None:
+        inode = _FILES.get(name) or _LANE_NAMES.get(name) or _LINKS.get(name)
+        if inode is None or (inode == _LINKS[b"disk"] and self.store.plane_files().disk is None):
             raise FsError(errno.ENOENT, "no such control file")
         return inode
+
+    def readlink(self, inode: int) -> bytes:
+        """Where a data-plane link leads: this process's descriptor of that file. The kernel lets
+        only root and this process's user follow it (``/proc``'s ptrace check)."""
+        files = self.store.plane_files()
+        fd = {_LINKS[b"arena"]: files.arena, _LINKS[b"index"]: files.index, _LINKS[b"disk"]: files.disk}.get(inode)
+        if fd is None:
+            raise FsError(errno.EINVAL, "not a symbolic link")
+        return f"/proc/{os.getpid()}/fd/{fd}".encode()
+
+    def writers_only(self, inode: int) -> bool:
+        """Whether only root and the daemon's user may open ``inode``, for reading too."""
+        return self.file_of(inode) in _WRITER_FILES
 
     @staticmethod
     def file_of(inode: int) -> int:
@@ -265,13 +285,17 @@ class ControlFiles:
         return _FILE_OF.get(inode, inode)
 
     def entries(self) -> list[tuple[bytes, int]]:
-        return sorted(_FILES.items())
+        links = {name: inode for name, inode in _LINKS.items() if name != b"disk" or self.store.plane_files().disk is not None}
+        return sorted({**_FILES, **links}.items())
 
     def stat(self, inode: int) -> Stat:
         if inode == CONTROL_DIR_INODE:
             return Stat(inode, stat.S_IFDIR | 0o555, 0, 2, self.started_ns, self.started_ns)
+        if inode in _LINKS.values():  # where it leads changes as the index grows: never cached
+            return Stat(inode, stat.S_IFLNK | 0o777, len(self.readlink(inode)), 1, self.started_ns,
+                        self.started_ns, volatile=True)
         file = self.file_of(inode)
-        mode = 0o666 if file in _REQUEST_FILES else 0o644 if file == INGEST_INODE else 0o444
+        mode = 0o666 if file in _REQUEST_FILES else 0o644 if file in _WRITER_FILES else 0o444
         return Stat(inode, stat.S_IFREG | mode, 0, 1, self.started_ns, self.started_ns)
 
     def is_request_file(self, inode: int) -> bool:
@@ -283,6 +307,8 @@ class ControlFiles:
         requests take)."""
         if inode == CONTROL_DIR_INODE:
             raise FsError(errno.EISDIR, "is a directory")
+        if inode in _LINKS.values():
+            raise FsError(errno.ELOOP, "a symbolic link")
         inode = self.file_of(inode)
         if inode == _FILES[b"exists"]:
             return ExistsHandle(self.store, self.request_limits.account(uid))
@@ -290,6 +316,8 @@ class ControlFiles:
             return FetchHandle(self.store, self.request_limits.account(uid))
         if inode == INGEST_INODE:
             return IngestHandle(publisher, self.store.config.max_page_size)
+        if inode == _FILES[b"plane"]:
+            return PlaneHandle(self.store, publisher, self.plane_ahead)
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
             raise FsError(errno.EACCES, "control file is read-only")
         if inode == _FILES[b"stats"]:

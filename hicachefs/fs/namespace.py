@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .. import names
 from ..store import NeedsIO, PageInfo, PageNotFound, PageReader, PageStore
-from .control import CONTROL_INODES, INGEST_INODE, ControlFiles
+from .control import CONTROL_INODES, ControlFiles
 from .errors import FsError
 from .handles import DirectoryHandle, Handle, HandleTable
 from .inodes import ROOT_INODE, InodeNumbers, PageNodes
@@ -98,7 +98,7 @@ class Namespace:
         open of the ingest file."""
         if inode in CONTROL_INODES:
             return not self.control.is_request_file(inode) and (
-                self.control.file_of(inode) == INGEST_INODE or bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)))
+                self.control.writers_only(inode) or bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)))
         return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC))
 
     def caches_misses(self, parent_inode: int) -> bool:
@@ -180,6 +180,11 @@ class Namespace:
         if changes and self.publishing.get(inode) is None:
             raise FsError(errno.EPERM, "published pages and directories keep their owner and mode")
         return current
+
+    def readlink(self, inode: int) -> bytes:
+        if inode not in CONTROL_INODES:
+            raise FsError(errno.EINVAL, "not a symbolic link")
+        return self.control.readlink(inode)
 
     def page_info(self, inode: int) -> PageInfo | None:
         """The store's facts about the page an inode stands for, or None when its name no

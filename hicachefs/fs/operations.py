@@ -205,6 +205,10 @@ class Operations(pyfuse3.Operations):
         await self.requests.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx.uid)
 
     @_replying
+    async def readlink(self, inode, ctx):
+        return await self.requests.readlink(inode)
+
+    @_replying
     async def getxattr(self, inode, name, ctx):
         return await self.requests.getxattr(inode, name)
 

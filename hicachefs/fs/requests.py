@@ -239,6 +239,9 @@ class Requests:
         self.namespace.check_writer(uid)
         await settled(self.namespace.rename(old_parent, old, new_parent, new, flags))
 
+    async def readlink(self, inode: int) -> bytes:
+        return self.namespace.readlink(inode)
+
     # ---- extended attributes -------------------------------------------------------
 
     async def getxattr(self, inode: int, name: bytes) -> bytes:

@@ -35,16 +35,18 @@ class FetchAheadStatistics:
 
 
 class FetchAhead:
-    """Runs ``fetch(name) -> bool`` (whether it brought the page in) for names asked for."""
+    """Runs ``fetch(name) -> bool`` (whether it brought the page in) for names asked for; the
+    store also runs its promotions of pages the data plane read twice from a lower tier on one."""
 
-    def __init__(self, fetch: Callable[[str], bool], threads: int = FETCHERS, in_flight: int = IN_FLIGHT) -> None:
+    def __init__(self, fetch: Callable[[str], bool], threads: int = FETCHERS, in_flight: int = IN_FLIGHT,
+                 name: str = "hicachefs-shared-fetch") -> None:
         self._fetch = fetch
         self._in_flight = in_flight
         self._lock = threading.Lock()
         self._fetching: dict[str, threading.Event] = {}
         self._cancelled: set[str] = set()
         self._fetched = 0
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="hicachefs-shared-fetch")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
 
     def start(self, names: Iterable[str]) -> None:
         """Fetch these pages in the background, as many as there is room for in flight."""

@@ -38,9 +38,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-_EMPTY = -1
-_TOMB = -2
-_FREE_DIR = -1
+from hicachefs.store.index_memory import EMPTY as _EMPTY, FREE_DIR as _FREE_DIR, TOMB as _TOMB
+from hicachefs.store.index_memory import Described, IndexMemory
 _GONE = -1  # a listing's entry whose row was removed
 #: A listing is compacted once more than half its entries are gone (and at least this many).
 _FEW_GONE = 64
@@ -99,6 +98,11 @@ def _key_id(key: str) -> tuple[bytes, bool]:
             if raw.hex() == key:
                 return raw, True
     return hashlib.blake2b(key.encode(), digest_size=32).digest(), False
+
+
+def _table_size(capacity: int) -> int:
+    """A table for ``capacity`` rows: a power of two, at least twice as many slots (half full at most)."""
+    return 1 << max(4, (2 * capacity - 1).bit_length())
 
 
 class PageColumns(NamedTuple):
@@ -189,36 +193,83 @@ class _Listing:
 
 
 class PageIndex:
-    """Rows of page facts addressed by name. Columns are public numpy arrays indexed by row."""
+    """Rows of page facts addressed by name. Columns are public numpy arrays indexed by row: the
+    ones the data plane reads (``hash``, ``keys``, ``dir``, ``size``, ``checksum``, and each row's
+    ``gen``) are views of ``memory``, the shared part (``index_memory``); the others are private."""
 
     _COLUMNS = {
-        "hash": np.uint64,
-        "dir": np.int32,
-        "size": np.uint32,
         "hits": np.uint32,
-        "checksum": np.uint64,
         "mtime": np.int64,
         "atime": np.int64,
         "cursor": np.int64,  # the row's place in its directory's listing
     }
 
-    def __init__(self, tiers: int, capacity: int = 1024) -> None:
+    def __init__(self, tiers: int, capacity: int = 1024, described: Described = Described()) -> None:
+        self._described = described
         self._rows = 0  # rows ever used (high-water mark)
         self._free_rows: list[int] = []
         self._live = 0
         self._tombs = 0
         for column, dtype in self._COLUMNS.items():
             setattr(self, column, np.zeros(capacity, dtype))
-        self.dir[:] = _FREE_DIR
-        self.keys = np.zeros((capacity, 4), np.uint64)
         self.loc = np.full((capacity, tiers), -1, np.int64)
+        self._use(IndexMemory(capacity, _table_size(capacity), described))
         self._odd_keys: dict[int, str] = {}  # row -> key text, for keys that are not 64 hex chars
-        self._table = np.full(1 << max(4, (2 * capacity - 1).bit_length()), _EMPTY, np.int32)
         self._dir_ids: dict[str, int] = {}
         self._dir_names: list[str] = []
         self._dir_pages: list[int] = []
         self._listings: list[_Listing] = []  # by directory id
         self._next_cursor = 1
+
+    def _use(self, memory: IndexMemory) -> None:
+        """Point the shared columns at ``memory`` (the old memory, if any, is left to its readers)."""
+        self.memory = memory
+        rows = memory.rows
+        self.gen, self.hash, self.keys, self.dir = rows["gen"], rows["hash"], rows["key"], rows["dir"]
+        self.size, self.checksum, self._ram, self._disk = rows["size"], rows["checksum"], rows["ram"], rows["disk"]
+        self._table = memory.table
+
+    def _move_to(self, capacity: int, slots: int) -> None:
+        """Move the shared columns to new memory of this shape: the rows are copied, the table is
+        built anew there, and readers of the old memory are told to look again."""
+        old = self.memory
+        memory = IndexMemory(capacity, slots, self._described)
+        kept = min(old.capacity, capacity)
+        memory.rows[:kept] = old.rows[:kept]
+        self._use(memory)
+        self._fill_table(self._table)
+        old.moved()
+        old.release()
+
+    def describe(self, described: Described) -> None:
+        """What the shared index says of the files its rows point into (``index_memory``)."""
+        self._described = described
+        self.memory.describe(described)
+
+    def dir_id(self, directory: str) -> int:
+        """The number of ``directory``, given it if it has none yet (the data plane's clients
+        hash it with the key: ``_hash_one``). Numbers are never reused while the index lives."""
+        dir_id = self._dir_ids.get(directory)
+        if dir_id is None:
+            dir_id = self._dir_ids[directory] = len(self._dir_names)
+            self._dir_names.append(directory)
+            self._dir_pages.append(0)
+            self._listings.append(_Listing())
+        return dir_id
+
+    def locate(self, row: int, tier: int, location: int, offset: int = -1) -> None:
+        """The row's page is at ``location`` in ``tier`` now (-1: not there); ``offset``: where
+        its bytes begin in the file that tier shares with the data plane (tiers 0 and 1)."""
+        self.gen[row] += 1  # odd: changing
+        self._place(row, tier, location, offset)
+        self.gen[row] += 1
+
+    def _place(self, row: int, tier: int, location: int, offset: int) -> None:
+        self.loc[row, tier] = location
+        if tier == 0:
+            self._ram[row] = offset
+        elif tier == 1:
+            self._disk[row] = offset
 
     # -- lookups -----------------------------------------------------------------------
 
@@ -295,21 +346,17 @@ class PageIndex:
     # -- changes -----------------------------------------------------------------------
 
     def add(self, name: str, size: int, checksum: int, mtime_ns: int, tier: int, location: int,
-            cursor: int = 0) -> int:
+            cursor: int = 0, offset: int = -1) -> int:
         """Store a new row for ``name``, which must be absent (remove the old row first), at
-        ``location`` in ``tier`` (more tiers are set through ``loc``). ``cursor``: the place in
-        its directory's listing that ``remove(..., keep_place=True)`` of its old row returned;
-        0: a new place, at the end."""
+        ``location`` in ``tier`` (more tiers are set through ``locate``), its bytes at ``offset``
+        in the file that tier shares with the data plane. ``cursor``: the place in its
+        directory's listing that ``remove(..., keep_place=True)`` of its old row returned; 0: a
+        new place, at the end."""
         if 2 * (self._live + self._tombs + 1) > len(self._table):  # before the new row is filled in
             self._rebuild(len(self._table) * (2 if 4 * (self._live + 1) > len(self._table) else 1))
         directory, key = _split(name)
         kid, plain = _key_id(key)
-        dir_id = self._dir_ids.get(directory)
-        if dir_id is None:
-            dir_id = self._dir_ids[directory] = len(self._dir_names)
-            self._dir_names.append(directory)
-            self._dir_pages.append(0)
-            self._listings.append(_Listing())
+        dir_id = self.dir_id(directory)
         self._dir_pages[dir_id] += 1
         if self._free_rows:
             row = self._free_rows.pop()
@@ -319,6 +366,7 @@ class PageIndex:
             row = self._rows
             self._rows += 1
         h = _hash_one(dir_id, kid)
+        self.gen[row] += 1  # odd while the row is filled; in the table only once whole
         self.hash[row] = h
         self.dir[row] = dir_id
         self.keys[row] = np.frombuffer(kid, np.uint64)
@@ -329,7 +377,9 @@ class PageIndex:
         self.checksum[row] = checksum
         self.mtime[row] = self.atime[row] = mtime_ns
         self.loc[row] = -1
-        self.loc[row, tier] = location
+        self._ram[row] = self._disk[row] = -1
+        self._place(row, tier, location, offset)
+        self.gen[row] += 1
         listing = self._listings[dir_id]
         if cursor:
             listing.take(cursor, row)
@@ -366,7 +416,10 @@ class PageIndex:
             self._listings[dir_id].hold(cursor)
         else:
             self._listings[dir_id].remove(cursor)
+        self.gen[row] += 1
         self.dir[row] = _FREE_DIR
+        self._ram[row] = self._disk[row] = -1
+        self.gen[row] += 1
         self._odd_keys.pop(row, None)
         self._free_rows.append(row)
         return cursor
@@ -389,8 +442,9 @@ class PageIndex:
             location=self.loc[rows, tier],
         )
 
-    def load(self, tier: int, pages: PageColumns) -> None:
-        """Fill this empty index with ``pages``, located in ``tier``: the columns are copied in
+    def load(self, tier: int, pages: PageColumns, offsets: np.ndarray | None = None) -> None:
+        """Fill this empty index with ``pages``, located in ``tier`` (``offsets``: where their
+        bytes begin in the file that tier shares with the data plane): the columns are copied in
         whole and the hash table built vectorised. Names must be distinct, ``dir`` in range."""
         if self._rows:
             raise ValueError("load needs an empty index")
@@ -398,9 +452,9 @@ class PageIndex:
         capacity = max(n, len(self.size))
         for column, dtype in self._COLUMNS.items():
             setattr(self, column, np.zeros(capacity, dtype))
-        self.dir[n:] = _FREE_DIR
-        self.keys = np.zeros((capacity, 4), np.uint64)
         self.loc = np.full((capacity, self.loc.shape[1]), -1, np.int64)
+        self._move_to(capacity, _table_size(capacity))
+        self.gen[:n] = 2
         self.dir[:n] = pages.dir
         self.keys[:n] = pages.keys
         self.hash[:n] = _hash_many(self.dir[:n], self.keys[:n])
@@ -408,12 +462,14 @@ class PageIndex:
         self.checksum[:n] = pages.checksum
         self.mtime[:n] = self.atime[:n] = pages.mtime
         self.loc[:n, tier] = pages.location
+        if offsets is not None and tier in (0, 1):
+            (self._ram if tier == 0 else self._disk)[:n] = offsets
         self._dir_names = list(pages.directories)
         self._dir_ids = {name: i for i, name in enumerate(self._dir_names)}
         self._dir_pages = np.bincount(pages.dir, minlength=len(self._dir_names)).tolist()
         self._odd_keys = dict(pages.odd_keys)
         self._rows = self._live = n
-        self._rebuild(1 << max(4, (2 * capacity - 1).bit_length()))
+        self._rebuild(len(self._table))
         by_dir = np.argsort(pages.dir, kind="stable").astype(np.int32)  # each directory's rows in order
         self.cursor[by_dir] = np.arange(1, n + 1)
         self._next_cursor = n + 1
@@ -425,22 +481,33 @@ class PageIndex:
         new = 2 * len(self.size)
         for column in self._COLUMNS:
             old = getattr(self, column)
-            grown = np.full(new, _FREE_DIR, old.dtype) if column == "dir" else np.zeros(new, old.dtype)
+            grown = np.zeros(new, old.dtype)
             grown[: len(old)] = old
             setattr(self, column, grown)
-        keys = np.zeros((new, 4), np.uint64)
-        keys[: len(self.keys)] = self.keys
-        self.keys = keys
         loc = np.full((new, self.loc.shape[1]), -1, np.int64)
         loc[: len(self.loc)] = self.loc
         self.loc = loc
+        self._move_to(new, len(self._table))
 
     def _rebuild(self, table_size: int) -> None:
-        """Re-insert every live row into a fresh table, vectorised. Rows inserted in the order of
-        their home slots each land in the first free slot at or after their home: the later of
-        their home and the slot after the previous row's, a running maximum. The few pushed past
-        the end wrap round to the first free slots from the start, where a probe finds them."""
+        """Re-insert every live row into a fresh table: in place when it keeps its size (readers'
+        probes may miss meanwhile: ``table_gen``), else in new shared memory."""
+        if table_size != len(self._table):
+            self._move_to(len(self.size), table_size)
+            return
         table = np.full(table_size, _EMPTY, np.int32)
+        self._fill_table(table)
+        self.memory.rebuilding()
+        self._table[:] = table
+        self.memory.rebuilt()
+
+    def _fill_table(self, table: np.ndarray) -> None:
+        """Insert every live row into ``table`` (all ``EMPTY``), vectorised. Rows inserted in the
+        order of their home slots each land in the first free slot at or after their home: the
+        later of their home and the slot after the previous row's, a running maximum. The few
+        pushed past the end wrap round to the first free slots from the start, where a probe
+        finds them."""
+        table_size = len(table)
         rows = np.nonzero(self.dir[: self._rows] != _FREE_DIR)[0]
         home = (self.hash[rows] & np.uint64(table_size - 1)).astype(np.int64)
         order = np.argsort(home)
@@ -454,7 +521,6 @@ class PageIndex:
             while table[free] != _EMPTY:
                 free += 1
             table[free] = row
-        self._table = table
         self._tombs = 0
 
     # -- directories and scans ---------------------------------------------------------

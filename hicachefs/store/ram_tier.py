@@ -46,6 +46,12 @@ class RamTier(Tier):
     def fits(self, name: bytes, size: int) -> bool:
         return self.arena.fits(size)
 
+    def shared_fd(self) -> int | None:
+        return self.arena.fd
+
+    def byte_offset(self, location, name_length):
+        return location  # a slot's offset is its page's first byte
+
     def allocate(self, size: int) -> int | None:
         """A free slot for ``size`` bytes, or None until the store evicts something."""
         return self.arena.allocate(size)

@@ -69,6 +69,12 @@ def record_length(name_len: int, size: int) -> int:
     return (HEADER.size + name_len + size + _ALIGN - 1) & ~(_ALIGN - 1)
 
 
+def payload_offset(location, name_len):
+    """Where the payload of the record at ``location`` begins (its name is ``name_len`` bytes);
+    elementwise on numpy arrays too."""
+    return location + HEADER.size + name_len
+
+
 def record_lengths(name_lens: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """``record_length`` over arrays (int64)."""
     return (HEADER.size + name_lens.astype(np.int64) + sizes.astype(np.int64) + _ALIGN - 1) & ~(_ALIGN - 1)

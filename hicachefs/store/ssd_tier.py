@@ -32,7 +32,7 @@ from pathlib import Path
 from hicachefs.store import snapshot
 from hicachefs.store.device import FileDevice
 from hicachefs.store.index import PageColumns
-from hicachefs.store.region_log import RegionLog, check_ours, record_length
+from hicachefs.store.region_log import RegionLog, check_ours, payload_offset, record_length
 from hicachefs.store.statistics import TierCounters
 from hicachefs.store.tier import (PageMeta, ReadResult, RecoveryListener, RecoveryProgress, RecoverySink, Tier,
                                   TierEvents)
@@ -98,6 +98,12 @@ class SsdTier(Tier):
 
     def fits(self, name: bytes, size: int) -> bool:
         return self.log.fits(len(name), size)
+
+    def shared_fd(self) -> int | None:
+        return self.log.device.fd
+
+    def byte_offset(self, location, name_length):
+        return payload_offset(location, name_length)
 
     def retention_bytes(self) -> int:
         return self.log.capacity - self.log.region_bytes

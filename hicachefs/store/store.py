@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,6 +51,7 @@ from hicachefs.store.config import StoreConfig
 from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreFull
 from hicachefs.store.fetch_ahead import FetchAhead, FetchAheadStatistics
 from hicachefs.store.index import PageColumns, PageIndex
+from hicachefs.store.index_memory import Described
 from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader, checksum_text
 from hicachefs.store.ram_tier import RamTier
 from hicachefs.store.statistics import StoreStatistics, TierStatistics, summed
@@ -69,6 +72,14 @@ _FEW_NAMES = 16
 LISTING_BATCH = 64
 
 GoneListener = Callable[[list[str]], None]
+
+
+class PlaneFiles(NamedTuple):
+    """The files the data plane's clients open (``PageStore.plane_files``), as descriptors."""
+
+    arena: int
+    index: int
+    disk: int | None
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,7 @@ class PageStore:
         self._ram: RamTier = chain[0]
         self._tiers = [t for t in chain if t.indexed]  # the index has a location column for each
         self._named = [t for t in chain if not t.indexed]
-        self._index = PageIndex(tiers=len(self._tiers))
+        self._index = PageIndex(tiers=len(self._tiers), described=self._described())
         self._listeners: list[GoneListener] = []
         self._gone: list[str] = []
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
@@ -105,12 +116,24 @@ class PageStore:
         try:
             for position, tier in enumerate(self._tiers):
                 tier.bind(_Events(self, position))
-                tier.recover(_Recovered(self._index, position), progress)
+                tier.recover(_Recovered(self._index, position, tier), progress)
         except BaseException:
             for tier in reversed(chain):
                 tier.close()
             raise
         self._ahead = FetchAhead(self._fetch)  # idle (no threads) without a named tier
+        # Pages the data plane's clients read a second time from a lower tier: into RAM, as an
+        # ``open`` would promote them (``count_plane_reads``).
+        self._promoting = FetchAhead(self._promote, threads=1, name="hicachefs-promote")
+
+    def _described(self) -> Described:
+        """What the shared index says of the files it points into and of this store."""
+        arena = os.fstat(self._ram.shared_fd())
+        disk_fd = self._tiers[1].shared_fd() if len(self._tiers) > 1 else None
+        disk = os.fstat(disk_fd) if disk_fd is not None else None
+        return Described(token=os.urandom(16), arena_ino=arena.st_ino, arena_bytes=arena.st_size,
+                         disk_dev=disk.st_dev if disk else 0, disk_ino=disk.st_ino if disk else 0,
+                         named=bool(self._named), pid=os.getpid())
 
     def on_gone(self, listener: GoneListener) -> None:
         """Call ``listener(names)`` with pages that left the store on its own initiative. It is
@@ -184,11 +207,12 @@ class PageStore:
             place = self._drop(old, keep_place=True) if old >= 0 else 0  # listed where the old one was
             self._found.pop(name, None)
             if slot is None:
-                row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower, cursor=place)
+                row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower, cursor=place,
+                                      offset=self._tiers[lower[0]].byte_offset(lower[1], len(name.encode())))
             else:
-                row = self._index.add(name, page.size, checksum, page.mtime_ns, RAM, slot, cursor=place)
+                row = self._index.add(name, page.size, checksum, page.mtime_ns, RAM, slot, cursor=place, offset=slot)
                 if lower is not None:
-                    self._index.loc[row, lower[0]] = lower[1]
+                    self._locate(row, *lower)
                 self._ram.admit(row, page.size)
             info = PageInfo(name=name, size=page.size, tier=self._tiers[RAM if slot is not None else lower[0]].name,
                             checksum=checksum_text(checksum), hits=0, mtime_ns=page.mtime_ns, atime_ns=page.mtime_ns)
@@ -280,18 +304,55 @@ class PageStore:
         now = time.time_ns()
         counted = 0
         with self._lock:
-            index = self._index
             for name in names:
-                row = index.find(name)
-                if row < 0:
-                    continue
-                index.hits[row] += 1
-                index.atime[row] = now
-                if index.loc[row, RAM] >= 0:
-                    self._ram.touch(row)
-                else:
-                    self._tiers[index.top_tier(row)].counters.hits += 1
-                counted += 1
+                row = self._index.find(name)
+                if row >= 0:
+                    self._count_read(row, now)
+                    counted += 1
+        return counted
+
+    def _count_read(self, row: int, now: int) -> None:
+        index = self._index
+        index.hits[row] += 1
+        index.atime[row] = now
+        if index.loc[row, RAM] >= 0:
+            self._ram.touch(row)
+        else:
+            self._tiers[index.top_tier(row)].counters.hits += 1
+
+    # -- the data plane ----------------------------------------------------------------
+
+    def plane_files(self) -> PlaneFiles:
+        """The descriptors of what the data plane's clients read and write themselves (they
+        open them through the mount): the RAM tier's arena, the shared index (its memory moves
+        when the index grows: ask again at each open), the disk tier's file (None without one)."""
+        with self._lock:
+            index_fd = self._index.memory.fd
+        disk = self._tiers[1].shared_fd() if len(self._tiers) > 1 else None
+        return PlaneFiles(self._ram.shared_fd(), index_fd, disk)
+
+    def plane_dir(self, directory: str) -> int:
+        """The number the data plane's clients hash ``directory``'s keys with (``PageIndex.dir_id``)."""
+        with self._lock:
+            return self._index.dir_id(directory)
+
+    def count_plane_reads(self, reads: Iterable[tuple[int, int]]) -> int:
+        """Count reads the data plane's clients made themselves, each named by the index row and
+        its ``gen`` as they read it: as ``count_reads`` does, for the rows that still hold that
+        page (a row changed since stands for another page, or none). How many were counted."""
+        now = time.time_ns()
+        counted = 0
+        promote = []
+        with self._lock:
+            index = self._index
+            for row, gen in reads:
+                if 0 <= row < len(index.gen) and int(index.gen[row]) == gen and index.dir[row] >= 0:
+                    self._count_read(row, now)
+                    counted += 1
+                    if index.loc[row, RAM] < 0 and index.hits[row] > 1:  # read again from below
+                        promote.append(index.name(row))
+        if promote:
+            self._promoting.start(promote)
         return counted
 
     # -- names -------------------------------------------------------------------------
@@ -469,14 +530,17 @@ class PageStore:
         not scan), make the persistent tiers durable, release everything. A failing device stops
         the write-down, not the close. A second close does nothing: the tiers' files may belong
         to a new store by then."""
+        if not self._closed:
+            self._promoting.close()  # first: a promotion reads into RAM, which must still be there
         if self._named and not self._closed:
-            self._ahead.close()  # first: a fetch promotes into RAM, which must still be there
+            self._ahead.close()  # so does a fetch from a named tier
             for tier in self._named:
                 tier.close()  # first: write-behind releases pages, which takes the lock
         with self._lock, self._reporting():
             if self._closed:
                 return
             self._closed = True
+            self._index.memory.closed()  # the data plane's clients let go before anything moves
             try:
                 if len(self._tiers) > 1:
                     self._write_down_for_restart()
@@ -492,9 +556,10 @@ class PageStore:
     # -- reading below RAM -------------------------------------------------------------
 
     def _read_below(self, name: str, tier: Tier, position: int, location: int, page: PageMeta,
-                    info: PageInfo, slot: int | None) -> PageReader | None:
+                    info: PageInfo, slot: int | None, counted: bool = True) -> PageReader | None:
         """Read and check a page an indexed tier below RAM holds, into ``slot`` (a promotion)
-        or private memory; None when it changed meanwhile (look again)."""
+        or private memory; None when it changed meanwhile (look again). ``counted``: the read
+        is a hit of the page's (not a promotion of the store's own)."""
         buffer = self._ram.view(slot, page.size) if slot is not None else memoryview(bytearray(page.size))
         try:
             result = tier.read_into(page, location, buffer)
@@ -507,12 +572,12 @@ class PageStore:
             unchanged = row >= 0 and self._index.loc[row, position] == location and self._index.checksum[row] == page.checksum
             if result is ReadResult.OK:
                 if unchanged:
-                    self._index.hits[row] += 1
+                    self._index.hits[row] += counted
                     info = self._info(row)
                 release = None
                 if slot is not None:
                     if unchanged and self._index.loc[row, RAM] < 0:
-                        self._index.loc[row, RAM] = slot
+                        self._locate(row, RAM, slot)
                         self._ram.admit(row, page.size, promoted=True)
                     else:  # a private copy for this reader only
                         self._ram.retire(slot)
@@ -522,7 +587,7 @@ class PageStore:
                 self._ram.retire(slot)
                 self._ram.unpin(slot)
             if unchanged:  # the copy is where the index says, and it is bad (the tier counted it)
-                self._index.loc[row, position] = -1
+                self._locate(row, position, -1)
                 tier.drop(page, location)
                 if self._index.top_tier(row) < 0:
                     self._forget(row)
@@ -561,7 +626,7 @@ class PageStore:
                     return None
                 if slot is None:  # no room in RAM: a private copy for this reader only
                     return PageReader(self._named_info(page), page, buffer, None)
-                row = self._index.add(name, page.size, page.checksum, page.mtime_ns, RAM, slot)
+                row = self._index.add(name, page.size, page.checksum, page.mtime_ns, RAM, slot, offset=slot)
                 self._index.hits[row] = 1
                 self._ram.admit(row, page.size, promoted=True)
                 return PageReader(self._info(row), page, buffer, self._unpinner(slot), in_ram=True)
@@ -572,6 +637,25 @@ class PageStore:
     def _fetch(self, name: str) -> bool:
         """Promote a page from a named tier into RAM ahead of its read (a fetcher thread)."""
         reader = self._open_named(name, ahead=True)
+        if reader is None:
+            return False
+        reader.close()
+        return True
+
+    def _promote(self, name: str) -> bool:
+        """Read a page a lower tier holds into a RAM slot and index it there (blocking); whether
+        it was. Nothing happens when RAM has no room that is not held."""
+        with self._lock:
+            row = self._index.find(name)
+            if row < 0 or self._index.loc[row, RAM] >= 0:
+                return False
+            position = self._index.top_tier(row)
+            tier, location = self._tiers[position], int(self._index.loc[row, position])
+            page, info = self._meta(row), self._info(row)
+            slot = self._slot_for_promotion(page.size)
+        if slot is None:
+            return False
+        reader = self._read_below(name, tier, position, location, page, info, slot, counted=False)
         if reader is None:
             return False
         reader.close()
@@ -723,7 +807,7 @@ class PageStore:
         slot = int(index.loc[row, RAM])
         if not (index.loc[row, 1:] >= 0).any():
             self._write_below(self._meta(row), self._ram.view(slot, int(index.size[row])), RAM, row)
-        index.loc[row, RAM] = -1
+        self._locate(row, RAM, -1)
         demoted = index.top_tier(row) >= 0
         self._ram.release(row, slot, demoted)
         if not demoted:
@@ -746,9 +830,16 @@ class PageStore:
                 log.warning("cannot write %s down to the %s tier: %s", page.name, tier.name, exc)
                 continue
             if row >= 0 and self._index.dir[row] >= 0:
-                self._index.loc[row, position] = location
+                self._locate(row, position, location)
             return position, location
         return None
+
+    def _locate(self, row: int, position: int, location: int) -> None:
+        """The index learns where the row's page is in tier ``position`` now (-1: not there),
+        and where its bytes begin in the file that tier shares with the data plane."""
+        offset = -1 if location < 0 else self._tiers[position].byte_offset(
+            location, len(self._index.name(row).encode()) if position else 0)
+        self._index.locate(row, position, location, offset)
 
     def _reclaimed(self, position: int, start: int, end: int) -> int:
         """Tier ``position`` is about to overwrite [start, end): forget what lives only there;
@@ -756,7 +847,7 @@ class PageStore:
         index = self._index
         left = 0
         for row in index.rows_located_between(position, start, end).tolist():
-            index.loc[row, position] = -1
+            self._locate(row, position, -1)
             if index.top_tier(row) < 0:
                 left += 1
                 self._forget(row)
@@ -804,13 +895,13 @@ class _Events:
 class _Recovered:
     """Where an indexed tier puts the pages it recovers (``RecoverySink``): its index column."""
 
-    __slots__ = ("index", "position")
+    __slots__ = ("index", "position", "tier")
 
-    def __init__(self, index: PageIndex, position: int) -> None:
-        self.index, self.position = index, position
+    def __init__(self, index: PageIndex, position: int, tier: Tier) -> None:
+        self.index, self.position, self.tier = index, position, tier
 
     def load(self, pages: PageColumns) -> None:
-        self.index.load(self.position, pages)
+        self.index.load(self.position, pages, self.tier.byte_offset(pages.location, pages.name_lengths()))
 
     def found(self, page: PageMeta, location: int) -> tuple[PageMeta, int] | None:
         index = self.index
@@ -820,7 +911,8 @@ class _Recovered:
             replaced = (PageMeta(page.name, int(index.size[older]), int(index.checksum[older]), 0),
                         int(index.loc[older, self.position]))
             index.remove(older)
-        index.add(page.name, page.size, page.checksum, page.mtime_ns, self.position, location)
+        index.add(page.name, page.size, page.checksum, page.mtime_ns, self.position, location,
+                  offset=self.tier.byte_offset(location, len(page.name.encode())))
         return replaced
 
 

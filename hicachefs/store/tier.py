@@ -113,6 +113,18 @@ class Tier(ABC):
     def drop(self, page: PageMeta, location: int) -> None:
         """Forget the page at ``location``; no later recovery brings it back."""
 
+    # -- the data plane (tiers whose bytes its clients read themselves) ----------------------
+
+    def shared_fd(self) -> int | None:
+        """The descriptor of the file the data plane's clients read this tier's pages from (they
+        open it through the mount), or None: the plane does not read this tier."""
+        return None
+
+    def byte_offset(self, location, name_length):
+        """Where the bytes of the page at ``location`` (whose name has ``name_length`` UTF-8
+        bytes) begin in ``shared_fd``'s file; works on numpy arrays of both too."""
+        raise NotImplementedError(f"the data plane does not read the {self.name} tier")
+
     def retention_bytes(self) -> int:
         """How many bytes can be written here before the first of them may be dropped to make
         room (a ring reclaims its oldest region before it is full)."""

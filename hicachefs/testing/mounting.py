@@ -103,12 +103,18 @@ def alive(pid: int) -> bool:
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    """Wait until the process has ended, every thread of it (its pidfd says so: ``/proc``'s
+    state says zombie once its first thread has, while the others may still be running)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
+    finally:
+        os.close(fd)
 
 
 def is_mounted(path: Path) -> bool:

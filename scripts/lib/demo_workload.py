@@ -172,6 +172,9 @@ class Server:
         """Pages published in the mount (its stats; pages already there are not counted)."""
         return mount_stats(self.mountpoint)["published"]
 
+    def report_reads(self) -> None:
+        self.sglang.backend.report_reads()
+
     def client_errors(self) -> Dict[str, int]:
         """Failures the client met, and calls SGLang's controller saw fail."""
         errors = {k: v for k, v in self.sglang.backend.statistics()["errors"].items() if k != "NO_EXISTS_FILE"}

@@ -235,9 +235,9 @@ def test_get_stats(store_root):
     assert fs.batch_exists(keys) == 3  # close() drops handles; later calls reopen them
 
 
-def test_exists_file_is_used_on_a_mount(hicachefs_mount):
+def test_exists_file_is_used_on_a_mount_without_the_data_plane(hicachefs_mount):
     pool = MHAHostPool(pages=16)
-    fs = make_fs(hicachefs_mount, pool)
+    fs = make_fs(hicachefs_mount, pool, extra={"data_plane": False})
     keys = [key("query", i) for i in range(20)]
     assert fs.batch_set_v1(keys[:10], indices(pool, range(10))) == [True] * 10
     assert fs.batch_exists(keys) == 10

@@ -83,12 +83,14 @@ def test_page_too_large_is_refused_once(mount_factory, caplog):
 def test_full_store_gives_false_not_exceptions(mount_factory, caplog):
     mount = mount_factory("--memory", "16M")
     pool = MHAHostPool(pages=96, layer_num=16, head_num=4, head_dim=64)  # 256 KiB pages
-    fs = make_fs(mount.path, pool)
+    # Filled by a writer through the ingest file, which holds no slots between its batches.
+    writer = make_fs(mount.path, pool, extra={"data_plane": False})
     first = [key("full", "first", 0)]
-    assert fs.batch_set_v1(first, indices(pool, [0])) == [True]
+    assert writer.batch_set_v1(first, indices(pool, [0])) == [True]
     fill = (16 << 20) // os.stat(mount.path / files_under(mount.path)[0]).st_size  # pages the RAM tier holds
     held_keys = first + [key("full", "held", i) for i in range(1, fill)]
-    assert fs.batch_set_v1(held_keys[1:], indices(pool, range(1, fill))) == [True] * (fill - 1)
+    assert writer.batch_set_v1(held_keys[1:], indices(pool, range(1, fill))) == [True] * (fill - 1)
+    fs = make_fs(mount.path, pool)
     # Readers hold every page open: nothing can be evicted, so the RAM tier is really full.
     held = [os.open(mount.path / rel, os.O_RDONLY) for rel in files_under(mount.path)]
     assert len(held) == fill

@@ -34,7 +34,7 @@ def kept_reader(mounted, pages=PAGES):
     assert writer.batch_set_v1(keys, indices(source, range(pages))) == [True] * pages
     writer.close()
     target = MHAHostPool(pages=pages)
-    reader = make_fs(mounted.path, target)
+    reader = make_fs(mounted.path, target, extra={"data_plane": False})  # kept files are the other way
     for _ in range(2):  # read, then read again: from now on their files are kept
         assert reader.batch_get_v1(keys, indices(target, range(pages))) == [True] * pages
     until(lambda: reader.statistics()["keeping"] == 0)  # what a caller waits on
@@ -111,13 +111,15 @@ def test_no_more_files_are_kept_than_the_capacity(mounted):
     assert reader.statistics()["kept_files"] == 0
 
 
+@pytest.mark.parametrize("plane", [True, False], ids=["plane", "no-plane"])
 @pytest.mark.parametrize("how", ["ingest", "rename"])
-def test_pages_another_process_replaced_are_never_read_old_once_it_stopped(mounted, how):
-    """While another process replaces 8 pages over and over, reads race the client's keeping of
-    their files (a keep may open a version being replaced). Once the writer's last replace has
-    been answered, every read gives that last version."""
+def test_pages_another_process_replaced_are_never_read_old_once_it_stopped(mounted, how, plane):
+    """While another process replaces 8 pages over and over, reads race the replaces (through
+    the data plane, or through page files the client keeps, whose keeping may open a version
+    being replaced). Once the writer's last replace has been answered, every read gives that
+    last version."""
     pool = MHAHostPool(pages=PAGES)
-    reader = make_fs(mounted.path, pool)
+    reader = make_fs(mounted.path, pool, extra={"data_plane": plane})
     keys = [key("replaced", i) for i in range(PAGES)]
     size = reader._layout("kv").page_bytes
     directory = reader._dir_of("kv")

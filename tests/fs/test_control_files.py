@@ -92,7 +92,7 @@ def test_read_only_control_files_refuse_writes(mounted, name):
     with pytest.raises(OSError) as info:
         os.open(mounted.path / ".hicachefs" / "new", os.O_WRONLY | os.O_CREAT)
     assert info.value.errno == errno.EPERM
-    assert sorted(os.listdir(mounted.path / ".hicachefs")) == ["config", "exists", "fetch", "ingest", "metrics", "stats"]
+    assert sorted(os.listdir(mounted.path / ".hicachefs")) == ["arena", "config", "exists", "fetch", "index", "ingest", "metrics", "plane", "stats"]
 
 
 def test_each_request_stream_answers_to_other_names_that_are_files_of_their_own(mounted):
@@ -122,6 +122,6 @@ def test_each_request_stream_answers_to_other_names_that_are_files_of_their_own(
     assert os.stat(control / "fetch.9").st_mode == os.stat(control / "fetch").st_mode
     for missing in ("ingest.0", "ingest.64", "fetch.01", "stats.1"):
         assert not (control / missing).exists(), missing
-    assert sorted(os.listdir(control)) == ["config", "exists", "fetch", "ingest", "metrics", "stats"]
+    assert sorted(os.listdir(control)) == ["arena", "config", "exists", "fetch", "index", "ingest", "metrics", "plane", "stats"]
     refused = as_nobody("/usr/bin/python3.11", "-c", f"import os; os.open({str(control / 'ingest.5')!r}, os.O_RDWR)")
     assert "PermissionError" in refused.stderr

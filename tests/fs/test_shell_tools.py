@@ -26,7 +26,7 @@ def test_ls_du_df_find_getfattr_cat(mounted):
     listing = sh("ls", "-la", str(pool))
     assert listing.count("-r--r--r--") == 3 and "key2" in listing and "1048576" in listing
     assert ".hicachefs" not in sh("ls", "-a", str(mounted.path))  # reachable by name only
-    assert sh("ls", str(mounted.path / ".hicachefs")).split() == ["config", "exists", "fetch", "ingest", "metrics", "stats"]
+    assert sh("ls", str(mounted.path / ".hicachefs")).split() == ["arena", "config", "exists", "fetch", "index", "ingest", "metrics", "plane", "stats"]
 
     assert int(sh("du", "-sb", str(mounted.path / "m")).split()[0]) >= 3 << 20
     assert int(sh("du", "-sk", str(pool)).split()[0]) >= 3 * 1024

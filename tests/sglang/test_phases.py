@@ -32,6 +32,21 @@ def test_sglang_decides_the_same_hits_over_hicachefs_as_over_hicache_file(side_b
         # Device and host were emptied: every page of the warm turns' stored prefixes came back.
         assert all(r.device_hit + r.host_hit > 0 for r in ours.phases.requests["warm"])
     assert ours.phases.prefetch_outcomes["burst"].get("declined_rate_limited", 0) > 0
+    # Every page went through the data plane (the first of each pool made its directories).
+    assert ours.client_stats["plane_reads"] == ours.client_stats["hits"] > 0
+    assert ours.client_stats["plane_writes"] > 0
+
+
+def test_the_same_hits_with_the_data_plane_off(side_by_side):
+    """Through the control files alone (``data_plane`` false), SGLang decides the same hits as
+    over HiCacheFile and as through the plane (the test above), and no page crosses the plane."""
+    runs = side_by_side(CASES["page_first_direct"], extra={"data_plane": False})
+    for run in runs.values():
+        assert_clean(run)
+    assert_same_decisions(runs["hicachefs"], runs["file"])
+    stats = runs["hicachefs"].client_stats
+    assert stats["plane_reads"] == stats["plane_writes"] == stats["plane_requests"] == 0
+    assert stats["hits"] > 0 and stats["pages_written"] > 0
 
 
 def test_mla_pages_go_to_the_all_shard_once(side_by_side):

@@ -1,0 +1,398 @@
+"""The client's side of the data plane: pages copied between SGLang's host buffers and the
+daemon's shared memory by the caller's own thread (docs/contract.md, "The data plane").
+
+Root and the daemon's user (SGLang's ranks) may use it; anyone else, or a daemon without it,
+gets ``None`` from every call here, and the caller goes the usual way (control files, page
+files). What the plane does:
+
+- **Reads and existence ask the daemon nothing.** The client finds a page in the shared index
+  itself and copies it from the arena (or the disk tier's file) with ``preadv`` straight into
+  the host buffers (``plane_index``). A page that changes under the copy is looked up again, at
+  most ``RETRIES`` times, then left to the daemon; never taken for read with foreign bytes.
+  Only what the plane cannot say goes to the daemon: a page the index does not hold when a tier
+  other hosts write exists (the daemon looks there, and fetches it ahead), an index being
+  rebuilt, a page on no tier the plane reads.
+- **Writes cost one request a batch.** Each thread's handle on ``.hicachefs/plane`` keeps a
+  reservation ready (as many slots as its last batch had pages); the client copies the pages
+  into those slots with ``pwritev``, checksums them (xxh3_64), and commits the batch, which
+  reserves the next batch's slots in the same request. Pages the index already holds are kept as
+  they are without asking. A page without a slot (the daemon had none to give) goes another way.
+- **Reads are reported** to the daemon in batches, from a thread of its own, every half second
+  (``Reports``), so that hits and recency stay right; a report may lag, it is never dropped while
+  the mount works (the rest is sent at ``close``).
+- **A daemon that went away** (crash, restart, unmount) is noticed at once (``Attachment.live``):
+  nothing it mapped is used again, and the plane attaches to the next daemon by itself, trying
+  at most once a second.
+
+Thread-safe: any thread may call; each uses its own handle on the plane file.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import struct
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .accounting import Counters, FailureLog, error_kind
+from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
+from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, key_id, page_checksum
+from .vectored import advance
+
+logger = logging.getLogger(__name__)
+
+PLANE_FILE = f"{CONTROL_DIR}/plane"
+_REQUEST = struct.Struct("<4sHHII")
+_REQUEST_MAGIC, _ANSWER_MAGIC = b"HCPQ", b"HCPA"
+DIR, RESERVE, COMMIT, REPORT, RELEASE = 1, 2, 3, 4, 5
+KEEP_EXISTING = 1
+PUBLISHED, KEPT = 0, 1
+_ENTRY = struct.Struct("<qQIH")
+#: Looks of a page that kept changing under its copies, before the daemon is asked instead.
+RETRIES = 3
+#: Attaching again after a failure at most this often (seconds).
+RETRY_INTERVAL_S = 1.0
+#: Pages a commit reserves for the next batch at most (a batch of SGLang's is 8 to 128).
+MAX_AHEAD = 128
+#: Pages one commit request carries at most.
+MAX_COMMIT = 1024
+#: Reads are reported this often (seconds), or at this many.
+REPORT_INTERVAL_S = 0.5
+MAX_REPORT = 4096
+
+Read = Tuple[int, int]  # a read as reported: the index row and its gen
+
+
+class Plane:
+    """The data plane of one mount. See the module docstring."""
+
+    def __init__(self, root: str, failures: FailureLog, counters: Counters,
+                 verify_reads: Optional[bool] = None) -> None:
+        """``verify_reads``: check every page's checksum after its copy (by default only where
+        the CPU may reorder loads, and for the disk tier's pages)."""
+        self.root = root
+        self.failures = failures
+        self.counters = counters
+        self.verify_reads = (not ORDERED_LOADS) if verify_reads is None else verify_reads
+        self.handles = ControlHandles(root, failures)
+        self._lock = threading.Lock()
+        self._attachment: Optional[Attachment] = None
+        self._retry_at = 0.0
+        self._dirs: Dict[Tuple[bytes, str], int] = {}
+        self._told: set = set()  # reasons for no plane, logged once
+        self.reports = Reports(self)
+
+    # ---------------------------------------------------------------- attaching
+
+    def attached(self) -> Optional[Attachment]:
+        """The live daemon's attachment, made anew when the last one's daemon is gone; None
+        when there is none to be had now."""
+        attachment = self._attachment
+        if attachment is not None and attachment.live:
+            return attachment
+        with self._lock:
+            current = self._attachment
+            if current is not None and current is not attachment and current.live:
+                return current  # another thread attached meanwhile
+            if current is not None:
+                self._attachment = None
+                logger.info("hicachefs client: the daemon of %s went away; the data plane waits for the next", self.root)
+            if time.monotonic() < self._retry_at:
+                return None
+            try:
+                attachment = Attachment(self.root)
+            except (OSError, Unknown) as exc:
+                self._retry_at = time.monotonic() + RETRY_INTERVAL_S
+                self._say_why_not(exc)
+                return None
+            self._attachment = attachment
+        self.reports.start()  # which also lets go of the attachment once its daemon is gone
+        return attachment
+
+    def let_go_if_gone(self) -> bool:
+        """Drop the attachment of a daemon that is gone (its memory is then no longer held
+        here once no thread still copies); whether one is held."""
+        with self._lock:
+            if self._attachment is not None and not self._attachment.live:
+                self._attachment = None
+                logger.info("hicachefs client: the daemon of %s went away; the data plane waits for the next", self.root)
+            return self._attachment is not None
+
+    def _say_why_not(self, exc: BaseException) -> None:
+        """Log once per reason why there is no plane (not a failure: pages go the other way; a
+        mount that is gone is the other ways' to report)."""
+        reason = error_kind(exc) if isinstance(exc, OSError) else type(exc).__name__
+        if reason in self._told or getattr(exc, "errno", None) in (errno.ENOTCONN, errno.ECONNABORTED):
+            return
+        self._told.add(reason)
+        logger.info("hicachefs client: no data plane at %s (%s); pages go through the control files",
+                    self.root, exc)
+
+    def _dir_id(self, attachment: Attachment, directory: str) -> Optional[int]:
+        """The number the index hashes ``directory``'s keys with (asked once per daemon)."""
+        known = self._dirs.get((attachment.token, directory))
+        if known is not None:
+            return known
+        with self.handles.using(PLANE_FILE) as handle:
+            if handle is None:
+                return None
+            answer = self._request(handle, DIR, 0, 0, directory.encode("utf-8", "surrogateescape"), 8)
+        if answer is None:
+            return None
+        number = struct.unpack("<q", answer)[0]
+        self._dirs[(attachment.token, directory)] = number
+        return number
+
+    # ---------------------------------------------------------------- reading
+
+    def find(self, rels: Sequence[str]) -> List[Optional[bool]]:
+        """Per page path: held (True), not held (False), or None when only the daemon can say."""
+        attachment = self.attached()
+        if attachment is None:
+            return [None] * len(rels)
+        found: List[Optional[bool]] = []
+        for rel in rels:
+            located = self._locate(attachment, rel)
+            found.append(located if isinstance(located, bool) or located is None else True)
+        return found
+
+    def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
+                   size: int) -> List[Optional[bool]]:
+        """Copy page ``rels[i]`` (``size`` bytes) into ``buffers[i]``; per page: read (True), not
+        held as asked (False), or None when the daemon must serve it. A page that was not read
+        may have left part of its bytes in its buffers."""
+        attachment = self.attached()
+        if attachment is None:
+            return [None] * len(rels)
+        return [self._read_one(attachment, rel, page, size) for rel, page in zip(rels, buffers)]
+
+    def _read_one(self, attachment: Attachment, rel: str, buffers: Sequence[memoryview], size: int) -> Optional[bool]:
+        for _ in range(RETRIES):
+            found = self._locate(attachment, rel)
+            if not isinstance(found, Found):
+                return found
+            if found.size != size:
+                return False
+            try:
+                if attachment.copy(found, buffers, size, self.verify_reads):
+                    self.reports.note((found.row, found.gen))
+                    return True
+            except Unknown:
+                return None
+            self.counters.add(plane_retries=1)
+        return None  # it kept changing under the copies, or its bytes failed their checksum
+
+    def _locate(self, attachment: Attachment, rel: str):
+        """The page's row (``Found``), False when the index does not hold it and nobody else
+        may, or None when only the daemon can say."""
+        directory, _, key = rel.rpartition("/")
+        dir_id = self._dir_id(attachment, directory)
+        if dir_id is None:
+            return None
+        try:
+            found = attachment.find(dir_id, key_id(key))
+        except Unknown:
+            return None
+        if found is None:
+            return None if attachment.named else False
+        return found
+
+    # ---------------------------------------------------------------- writing
+
+    def publish(self, rel_dir: str, keys: Sequence[str], buffers: Sequence[Sequence[memoryview]],
+                size: int) -> List[Optional[OSError | bool]]:
+        """Publish page ``keys[i]`` of ``rel_dir`` from ``buffers[i]`` (``size`` bytes); pages
+        the index holds already are kept as they are. Per page: True (stored), an OSError
+        (refused), or None when the plane could not take it (it goes another way). What was
+        stored or kept is counted here."""
+        results: List[Optional[OSError | bool]] = [None] * len(keys)
+        attachment = self.attached()
+        if attachment is None:
+            return results
+        rels = [f"{rel_dir}/{key}" for key in keys]
+        todo = []
+        for i, held in enumerate(self.find(rels)):
+            if held:
+                results[i] = True
+            else:
+                todo.append(i)
+        self.counters.add(pages_skipped=len(keys) - len(todo))
+        if not todo:
+            return results
+        with self.handles.using(PLANE_FILE) as handle:
+            if handle is not None:
+                for start in range(0, len(todo), MAX_COMMIT):
+                    chunk = todo[start : start + MAX_COMMIT]
+                    self._publish_chunk(attachment, handle, [rels[i] for i in chunk],
+                                        [buffers[i] for i in chunk], size, chunk, results)
+        return results
+
+    def _publish_chunk(self, attachment: Attachment, handle: ControlHandle, rels: List[str],
+                       buffers: Sequence[Sequence[memoryview]], size: int, where: List[int],
+                       results: List[Optional[OSError | bool]]) -> None:
+        slots = self._slots(attachment, handle, size, len(rels))
+        entries, placed = [], []
+        for j, offset in enumerate(slots):
+            if offset < 0:
+                continue  # no slot: the page goes another way
+            try:
+                _write_all(attachment.arena_fd, buffers[j], offset, size)
+            except OSError as exc:
+                results[where[j]] = exc
+                continue
+            path = rels[j].encode("utf-8", "surrogateescape")
+            entries.append(_ENTRY.pack(offset, page_checksum(buffers[j]), size, len(path)) + path)
+            placed.append(j)
+        if len(placed) < len(slots):  # a slot whose page could not be copied goes back
+            unused = [offset for j, offset in enumerate(slots) if offset >= 0 and j not in placed]
+            if unused:
+                self._request(handle, RELEASE, 0, len(unused), struct.pack(f"<{len(unused)}q", *unused), 0)
+        ahead = min(len(rels), MAX_AHEAD)
+        body = b"".join(entries) + struct.pack(f"<I{ahead}I", ahead, *([size] * ahead))
+        answer = self._request(handle, COMMIT, KEEP_EXISTING, len(entries), body, 4 * len(entries) + 8 * ahead)
+        if answer is None:
+            return
+        outcomes = struct.unpack_from(f"<{len(entries)}i", answer)
+        published = outcomes.count(PUBLISHED)
+        self.counters.add(pages_written=published, bytes_written=published * size, plane_writes=published,
+                          pages_skipped=outcomes.count(KEPT), batches_written=1)
+        for j, outcome in zip(placed, outcomes):
+            if outcome in (PUBLISHED, KEPT):
+                results[where[j]] = True
+            elif outcome != -errno.ENOENT:  # a pool directory not made yet: made on the other way
+                results[where[j]] = OSError(-outcome, f"{rels[j]}: {errno.errorcode.get(-outcome, -outcome)}")
+        handle.state = (attachment.token, size, [o for o in struct.unpack_from(f"<{ahead}q", answer, 4 * len(entries))
+                                                 if o >= 0])
+
+    def _slots(self, attachment: Attachment, handle: ControlHandle, size: int, count: int) -> List[int]:
+        """``count`` reserved slots for pages of ``size`` bytes: the handle's ready ones first,
+        the rest reserved now (-errno where the daemon had none)."""
+        ready: List[int] = []
+        if handle.state is not None:
+            token, ready_size, offsets = handle.state
+            if token == attachment.token and ready_size == size:
+                ready = offsets
+            elif token == attachment.token and offsets:
+                self._request(handle, RELEASE, 0, len(offsets), struct.pack(f"<{len(offsets)}q", *offsets), 0)
+            handle.state = None
+        if len(ready) > count:
+            handle.state = (attachment.token, size, ready[count:])
+            return ready[:count]
+        missing = count - len(ready)
+        if not missing:
+            return ready
+        answer = self._request(handle, RESERVE, 0, missing, struct.pack(f"<{missing}I", *([size] * missing)), 8 * missing)
+        return ready + (list(struct.unpack(f"<{missing}q", answer)) if answer is not None else [-errno.EIO] * missing)
+
+    # ---------------------------------------------------------------- the plane file
+
+    def _request(self, handle: ControlHandle, op: int, flags: int, count: int, body: bytes,
+                 answer_bytes: int) -> Optional[bytes]:
+        """Send one request on the handle and read its answer's body; None when the handle
+        fails (it is dropped: the daemon then gives back what it held)."""
+        try:
+            request = _REQUEST.pack(_REQUEST_MAGIC, op, flags, count, len(body)) + body
+            if handle.fd < 0 or _pwrite_all(handle.fd, request) != len(request):
+                raise OSError(errno.EIO, "a plane request was not taken whole")
+            answer = _pread_all(handle.fd, _REQUEST.size + answer_bytes)
+            magic, answered_op, _, answered_count, length = _REQUEST.unpack_from(answer)
+            if (magic, answered_op, answered_count, length) != (_ANSWER_MAGIC, op, count, answer_bytes):
+                raise OSError(errno.EPROTO, f"a plane answer does not fit its request ({answer[:16]!r})")
+        except (OSError, struct.error) as exc:
+            self.handles.drop(handle)
+            self.failures.failure(error_kind(exc), f"a data plane request failed: {exc}")
+            return None
+        self.counters.add(plane_requests=1)
+        return answer[_REQUEST.size :]
+
+    def report(self, reads: List[Read]) -> None:
+        """Tell the daemon of reads made through the plane (``Reports``' thread)."""
+        with self.handles.using(PLANE_FILE) as handle:
+            if handle is not None:
+                body = b"".join(struct.pack("<IQ", row, gen) for row, gen in reads)
+                self._request(handle, REPORT, 0, len(reads), body, 4)
+
+    def close(self) -> None:
+        self.reports.send_now()
+        self.handles.close()
+
+
+class Reports:
+    """Reads made through the plane, gathered and sent to the daemon by a thread of its own.
+    The thread also lets go of an attachment whose daemon is gone, so that an idle client does
+    not keep its memory; it ends once there is neither an attachment nor a read to send."""
+
+    def __init__(self, plane: Plane) -> None:
+        self.plane = plane
+        self._lock = threading.Lock()
+        self._due = threading.Condition(self._lock)
+        self._reads: List[Read] = []
+        self._thread: Optional[threading.Thread] = None
+
+    def note(self, read: Read) -> None:
+        with self._lock:
+            self._reads.append(read)
+            if len(self._reads) >= MAX_REPORT:
+                self._due.notify()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="hicachefs-plane", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._due.wait_for(lambda: len(self._reads) >= MAX_REPORT, REPORT_INTERVAL_S)
+                reads, self._reads = self._reads[:MAX_REPORT], self._reads[MAX_REPORT:]
+            if reads:
+                self.plane.report(reads)
+            held = self.plane.let_go_if_gone()
+            with self._lock:
+                if not held and not self._reads:
+                    self._thread = None
+                    return
+
+    def send_now(self) -> None:
+        """Send what was not sent yet."""
+        with self._lock:
+            reads, self._reads = self._reads, []
+        for start in range(0, len(reads), MAX_REPORT):
+            self.plane.report(reads[start : start + MAX_REPORT])
+
+
+def _write_all(fd: int, buffers: Sequence[memoryview], offset: int, size: int) -> None:
+    done = 0
+    rest = list(buffers)
+    while rest:
+        n = os.pwritev(fd, rest, offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, "a write into the arena wrote nothing")
+        done += n
+        rest = advance(rest, n)
+    if done != size:
+        raise OSError(errno.EINVAL, f"a page of {done} bytes for a slot of {size}")
+
+
+def _pwrite_all(fd: int, data: bytes) -> int:
+    view, done = memoryview(data), 0
+    while done < len(view):
+        n = os.pwrite(fd, view[done:], done)
+        if n <= 0:
+            break
+        done += n
+    return done
+
+
+def _pread_all(fd: int, size: int) -> bytes:
+    answer = os.pread(fd, size, 0)
+    while 0 < len(answer) < size:
+        more = os.pread(fd, size - len(answer), len(answer))
+        if not more:
+            break
+        answer += more
+    return answer

@@ -1,0 +1,261 @@
+"""``.hicachefs/plane``: the daemon's side of the data plane, the store's own writers' requests.
+
+The data plane (docs/contract.md, "The data plane"): root and the daemon's user open the RAM
+tier's arena, the shared index and the disk tier's file through the mount (``.hicachefs/arena``,
+``index``, ``disk``: symbolic links to this process's descriptors, which only they may follow),
+read pages themselves with no request at all, and copy the pages they write into reserved slots
+of the arena themselves. What is left for the daemon goes through this file, a request a write
+and its answer a read from offset 0:
+
+    request  "HCPQ" op:u16 flags:u16 count:u32 body_bytes:u32, then the body
+    answer   "HCPA" op:u16 0:u16 count:u32 body_bytes:u32, then the body
+
+- ``DIR``: body the path of a pool directory; answer ``<q``, the number the index hashes its keys
+  with (a client asks once per directory and daemon).
+- ``RESERVE``: body ``count`` sizes (``<I``); answer per page ``<q``: the offset of a slot in the
+  arena that is this handle's until it commits it, releases it or closes, or ``-errno`` (no slot:
+  the page goes another way).
+- ``COMMIT``: body ``count`` entries ``<qQIH`` (slot offset, xxh3_64 of the page, size, path
+  length) each followed by the page's path, then ``<I`` n and n sizes to reserve next (so that a
+  batch costs one request; all handles' slots reserved ahead hold at most ``AheadBudget``'s
+  share of the RAM tier); ``flags`` 1 (``KEEP_EXISTING``) leaves pages already stored as they
+  are. Answer per page ``<i``: 0 published, 1 kept as it was, or ``-errno``; then per size to
+  reserve ``<q`` as ``RESERVE`` answers.
+- ``REPORT``: body ``count`` reads the client made (``<IQ``: the index row and its ``gen`` as it
+  read it; at most ``MAX_REPORT``), counted as hits; answer ``<I``, how many still stood for
+  their page.
+- ``RELEASE``: body ``count`` slot offsets (``<q``) given back; empty answer.
+
+The rules of page files hold: a reservation stays its handle's until committed or released, and
+the daemon never gives its slot to anyone else; closing the handle frees what was not committed,
+so a writer that dies publishes nothing; a commit publishes each page atomically (replacing a
+page of that name, as a rename would), with the writer's checksum, and a page that fails
+publishes nothing. Reserved slots count as files being written (``WritingBudget``: at most half
+of ``--memory``). A commit is answered once the kernel knows what it replaced. A malformed
+request fails its write with EINVAL.
+
+Not thread-safe: the daemon's trio thread only. Nothing blocks beyond the store's memory-speed
+calls.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from typing import Protocol
+from .. import names
+from ..store import Draft, PageStore, StoreError
+from .errors import FsError, errno_of
+from . import ingest
+from .writing_budget import WritingBudget
+
+REQUEST = struct.Struct("<4sHHII")
+ANSWER = struct.Struct("<4sHHII")
+REQUEST_MAGIC, ANSWER_MAGIC = b"HCPQ", b"HCPA"
+DIR, RESERVE, COMMIT, REPORT, RELEASE = 1, 2, 3, 4, 5
+KEEP_EXISTING = 1
+PUBLISHED, KEPT = 0, 1
+_ENTRY = struct.Struct("<qQIH")
+_SIZE = struct.Struct("<I")
+_READ = struct.Struct("<IQ")
+_OFFSET = struct.Struct("<q")
+#: Reads one report may hold (about 2 ms of the daemon's time to count).
+MAX_REPORT = 4096
+#: The largest request: a commit of 4,096 pages of the longest path, with as many sizes ahead.
+MAX_REQUEST = 4096 * (_ENTRY.size + 5 * names.MAX_NAME_BYTES + 4 + _SIZE.size) + REQUEST.size + 4
+
+
+class Publisher(ingest.Publisher, Protocol):
+    """The namespace's publish rules, and what the files being written may hold."""
+
+    writing: WritingBudget
+
+
+class AheadBudget:
+    """The bytes of slots all handles hold reserved ahead of their next batch (a commit's sizes
+    to reserve next), within ``limit``: such a slot was made room for in RAM, evicting or
+    demoting the least recently used page as any write does, one batch early; this bounds how
+    much of the RAM tier idle writers can hold that way. Past it, a batch reserves its slots
+    when it comes (a request more)."""
+
+    #: A sixteenth of the RAM tier: 16 ranks' batches of 8 pages of 1 MiB on a 2 GiB tier.
+    SHARE = 16
+
+    def __init__(self, memory_bytes: int) -> None:
+        self.limit = memory_bytes // self.SHARE
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+
+
+class PlaneHandle:
+    """One writer's handle on ``.hicachefs/plane``: its reservations and its last answer."""
+
+    cacheable = False
+
+    def __init__(self, store: PageStore, publisher: Publisher, ahead: AheadBudget) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.budget = publisher.writing
+        self.ahead = ahead
+        self._reserved: dict[int, Draft] = {}  # arena offset -> the draft of a slot of this handle's
+        self._ahead: set[int] = set()  # of those, the ones reserved ahead (``AheadBudget``)
+        self._request = bytearray()
+        self._answer = b""
+
+    async def write(self, offset: int, data) -> int:
+        """Take a request's bytes (from offset 0, in order); run it once whole."""
+        if offset == 0:
+            self._request = bytearray()
+        elif offset != len(self._request):
+            raise FsError(errno.EINVAL, f"a plane request goes on at {len(self._request)}, not {offset}")
+        if len(self._request) + len(data) > MAX_REQUEST:
+            self._request = bytearray()
+            raise FsError(errno.EFBIG, f"a plane request is at most {MAX_REQUEST} bytes")
+        self._request += data
+        if len(self._request) < REQUEST.size:
+            return len(data)
+        magic, op, flags, count, body_bytes = REQUEST.unpack_from(self._request)
+        if magic != REQUEST_MAGIC:
+            self._request = bytearray()
+            raise FsError(errno.EINVAL, "not a plane request (bad magic)")
+        if len(self._request) < REQUEST.size + body_bytes:
+            return len(data)
+        body = memoryview(bytes(self._request))[REQUEST.size : REQUEST.size + body_bytes]
+        self._request = bytearray()
+        try:
+            answer = self._run(op, flags, count, body)
+        except struct.error:
+            raise FsError(errno.EINVAL, "a plane request's body does not hold what its header says") from None
+        finally:
+            if op == COMMIT:
+                await self.publisher.kernel_told()
+        self._answer = ANSWER.pack(ANSWER_MAGIC, op, 0, count, len(answer)) + answer
+        return len(data)
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return self._answer[offset : offset + size]
+
+    def release(self) -> None:
+        """The handle closed (its writer may have died): what it did not commit publishes nothing."""
+        for offset in list(self._reserved):
+            self._give_back(self._take(offset))
+
+    # -- the operations --------------------------------------------------------------------
+
+    def _run(self, op: int, flags: int, count: int, body: memoryview) -> bytes:
+        if op == DIR:
+            return _OFFSET.pack(self.store.plane_dir(self._directory(bytes(body))))
+        if op == RESERVE:
+            return self._reserve([_SIZE.unpack_from(body, 4 * i)[0] for i in range(count)])
+        if op == COMMIT:
+            return self._commit(flags, count, body)
+        if op == REPORT:
+            if count > MAX_REPORT:  # counted on the event loop: a few milliseconds at the most
+                raise FsError(errno.EFBIG, f"a report holds at most {MAX_REPORT} reads")
+            reads = [_READ.unpack_from(body, _READ.size * i) for i in range(count)]
+            return _SIZE.pack(self.store.count_plane_reads(reads))
+        if op == RELEASE:
+            for i in range(count):
+                draft = self._take(_OFFSET.unpack_from(body, 8 * i)[0])
+                if draft is not None:
+                    self._give_back(draft)
+            return b""
+        raise FsError(errno.EINVAL, f"no plane operation {op}")
+
+    def _reserve(self, sizes: list[int], ahead: bool = False) -> bytes:
+        """A slot for each size, or ``-errno`` where none can be had (past the writing budget,
+        too large for RAM, RAM held by readers: the page then goes another way). ``ahead``: for
+        the next batch, within the ``AheadBudget``."""
+        answers = []
+        for size in sizes:
+            if ahead and not self.ahead.take(size):
+                answers.append(-errno.ENOBUFS)
+                continue
+            try:
+                self.budget.change(size)
+            except FsError as exc:
+                answers.append(-exc.errno)
+                continue
+            try:
+                draft = self.store.reserve(size)
+            except StoreError as exc:
+                self.budget.change(-size)
+                answers.append(-errno_of(exc))
+                continue
+            if draft.shared_at is None:  # private memory: no slot a client can reach
+                self.store.abandon(draft)
+                self.budget.change(-size)
+                answers.append(-errno.ENOSPC)
+                continue
+            self._reserved[draft.shared_at] = draft
+            if ahead:
+                self._ahead.add(draft.shared_at)
+            answers.append(draft.shared_at)
+        if ahead:  # what could not be had goes back to the ahead budget
+            for size, answer in zip(sizes, answers):
+                if answer < 0 and answer != -errno.ENOBUFS:
+                    self.ahead.give_back(size)
+        return b"".join(map(_OFFSET.pack, answers))
+
+    def _take(self, offset: int) -> Draft | None:
+        """The handle's slot at ``offset``, no longer reserved (None if it holds none there)."""
+        draft = self._reserved.pop(offset, None)
+        if draft is not None and offset in self._ahead:
+            self._ahead.discard(offset)
+            self.ahead.give_back(draft.size)
+        return draft
+
+    def _commit(self, flags: int, count: int, body: memoryview) -> bytes:
+        outcomes = []
+        at = 0
+        for _ in range(count):
+            offset, checksum, size, length = _ENTRY.unpack_from(body, at)
+            path = bytes(body[at + _ENTRY.size : at + _ENTRY.size + length]).decode("utf-8", "surrogateescape")
+            at += _ENTRY.size + length
+            outcomes.append(self._publish(offset, checksum, size, path, flags & KEEP_EXISTING))
+        ahead = _SIZE.unpack_from(body, at)[0]
+        sizes = [_SIZE.unpack_from(body, at + 4 + 4 * i)[0] for i in range(ahead)]
+        return struct.pack(f"<{count}i", *outcomes) + self._reserve(sizes, ahead=True)
+
+    def _publish(self, offset: int, checksum: int, size: int, path: str, keep_existing: int) -> int:
+        """Publish the page its writer copied into the slot at ``offset``: PUBLISHED, KEPT or
+        ``-errno``. The slot is used up whatever happens."""
+        draft = self._take(offset)
+        if draft is None:
+            return -errno.EBADF  # not a slot of this handle's (never reserved, or used up)
+        self.budget.change(-draft.size)
+        if draft.size != size:
+            self.store.abandon(draft)
+            return -errno.EINVAL
+        if keep_existing and self.publisher.has_page(path):
+            self.store.abandon(draft)
+            return KEPT
+        draft.mark_filled(checksum)
+        try:
+            self.publisher.publish_page(path, draft)  # consumes the draft whatever happens
+        except (FsError, StoreError) as exc:
+            return -errno_of(exc)
+        return PUBLISHED
+
+    def _give_back(self, draft: Draft) -> None:
+        self.budget.change(-draft.size)
+        self.store.abandon(draft)
+
+    @staticmethod
+    def _directory(raw: bytes) -> str:
+        """A pool directory's path, checked (the index numbers no other)."""
+        parts = raw.split(b"/")
+        if len(parts) != names.POOL_DEPTH:
+            raise FsError(errno.EINVAL, "a plane directory is a pool directory: model/format/shard/pool")
+        try:
+            return "/".join(names.check_component(part) for part in parts)
+        except names.BadName as exc:
+            raise FsError(exc.errno, str(exc)) from None

@@ -1,0 +1,152 @@
+"""The data plane's two sides without FUSE: a store's shared index and arena, read by the
+client's ``Attachment`` through links to this process's own descriptors (as the mount's
+``.hicachefs/index``, ``arena`` and ``disk`` are links to the daemon's). A reader never takes a
+page that changed under its copy for read."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import hicachefs_client.plane_index as plane_index
+from hicachefs.store import PageStore, StoreConfig
+from hicachefs.testing.workload import content
+from hicachefs_client.plane_index import Attachment, key_id
+
+DIRECTORY = "m/f/tp0of1/kv"
+SIZE = 64 << 10
+
+
+def attach(store: PageStore, root: Path) -> Attachment:
+    """An attachment to ``store`` through links under ``root``, as a client makes one."""
+    control = root / ".hicachefs"
+    control.mkdir(parents=True, exist_ok=True)
+    files = store.plane_files()
+    for name, fd in (("index", files.index), ("arena", files.arena), ("disk", files.disk)):
+        link = control / name
+        if link.is_symlink():
+            link.unlink()
+        if fd is not None:
+            link.symlink_to(f"/proc/{os.getpid()}/fd/{fd}")
+    return Attachment(str(root))
+
+
+def read(attachment: Attachment, store: PageStore, key: str, size: int = SIZE):
+    """(found, bytes read or None when the copy did not hold)."""
+    found = attachment.find(store.plane_dir(DIRECTORY), key_id(key))
+    if found is None:
+        return None, None
+    buffer = bytearray(size)
+    return found, bytes(buffer) if attachment.copy(found, [memoryview(buffer)], size, verify=False) else None
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=tmp_path / "disk", disk_bytes=64 << 20))
+    yield store
+    store.close()
+
+
+def test_a_page_put_is_found_and_read_whole_and_one_never_put_is_not(store, tmp_path):
+    store.put(f"{DIRECTORY}/{'a' * 64}", content(1, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    found, data = read(attachment, store, "a" * 64)
+    assert data == content(1, SIZE) and found.size == SIZE and found.ram >= 0
+    assert read(attachment, store, "b" * 64) == (None, None)
+    store.put(f"{DIRECTORY}/odd key", content(2, 100))  # not 64 hex digits: hashed by its digest
+    assert read(attachment, store, "odd key", 100)[1] == content(2, 100)
+
+
+@pytest.mark.parametrize("change", ["replace", "remove", "demote"])
+def test_every_change_of_a_page_fails_a_copy_made_before_it(store, tmp_path, change):
+    name = f"{DIRECTORY}/{'c' * 64}"
+    store.put(name, content(3, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    found, _ = read(attachment, store, "c" * 64)
+    if change == "replace":
+        store.put(name, content(4, SIZE))
+    elif change == "remove":
+        store.delete(name)
+    else:
+        for i in range(40):  # more than RAM holds: the page moves down to the disk tier
+            store.put(f"{DIRECTORY}/filler{i}", content(100 + i, SIZE))
+    assert not attachment.unchanged(found)
+    again, data = read(attachment, store, "c" * 64)
+    if change == "remove":
+        assert again is None
+    else:
+        assert data == content(4 if change == "replace" else 3, SIZE)
+        assert change != "demote" or (again.ram < 0 and again.disk >= 0)
+
+
+def test_a_reader_stalled_mid_copy_while_its_slot_gets_another_page_never_takes_it(store, tmp_path, monkeypatch):
+    name = f"{DIRECTORY}/{'d' * 64}"
+    store.put(name, content(5, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    found = attachment.find(store.plane_dir(DIRECTORY), key_id("d" * 64))
+    reused = []
+
+    def evict_and_reuse(_found):  # between the copy and its check, the page goes, its slot is reused
+        store.delete(name)
+        store.put(f"{DIRECTORY}/{'e' * 64}", content(6, SIZE))
+        reused.append(attachment.find(store.plane_dir(DIRECTORY), key_id("e" * 64)).ram)
+
+    monkeypatch.setattr(plane_index, "after_copy", evict_and_reuse)
+    buffer = bytearray(SIZE)
+    assert attachment.copy(found, [memoryview(buffer)], SIZE, verify=False) is False
+    assert reused == [found.ram]  # the slot did get another page's bytes
+
+
+def test_an_index_that_grows_sends_readers_to_its_new_memory(store, tmp_path):
+    attachment = attach(store, tmp_path / "root")
+    for i in range(3000):  # past the index's first capacity
+        store.put(f"{DIRECTORY}/{i:064x}", content(i, 64))
+    assert not attachment.live
+    again = attach(store, tmp_path / "root")
+    assert again.live and read(again, store, f"{2999:064x}", 64)[1] == content(2999, 64)
+
+
+def test_a_closed_store_is_trusted_no_more(tmp_path):
+    store = PageStore(StoreConfig(memory_bytes=2 << 20))
+    attachment = attach(store, tmp_path / "root")
+    assert attachment.live
+    store.close()
+    assert not attachment.live
+
+
+def put_on_disk(store: PageStore, name: str, data: bytes) -> None:
+    """Publish a page, then more pages than RAM holds: it is demoted to the disk tier."""
+    store.put(name, data)
+    for i in range(40):
+        store.put(f"{DIRECTORY}/filler{i}", content(100 + i, SIZE))
+    assert store.info(name).tier == "disk"
+
+
+def test_a_page_on_the_disk_tier_is_read_from_its_file_and_checked(store, tmp_path):
+    put_on_disk(store, f"{DIRECTORY}/{'f' * 64}", content(7, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    found, data = read(attachment, store, "f" * 64)
+    assert found.ram < 0 and data == content(7, SIZE)
+    with open(tmp_path / "disk" / "hicachefs.arena", "r+b") as arena:  # a block gone bad
+        arena.seek(found.disk + 100)
+        arena.write(b"\xff\x00\xff")
+    assert read(attachment, store, "f" * 64)[1] is None
+
+
+def test_a_page_the_plane_reads_twice_from_the_disk_tier_is_promoted_to_ram(store, tmp_path):
+    name = f"{DIRECTORY}/{'9' * 64}"
+    put_on_disk(store, name, content(8, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    for reads in (1, 2):
+        found, data = read(attachment, store, "9" * 64)
+        assert data == content(8, SIZE) and found.ram < 0
+        assert store.count_plane_reads([(found.row, found.gen)]) == 1  # the client's report
+    deadline = time.monotonic() + 5
+    while store.info(name).tier != "memory":
+        assert time.monotonic() < deadline, "the page read twice from disk was not promoted"
+        time.sleep(0.01)
+    found, data = read(attachment, store, "9" * 64)
+    assert data == content(8, SIZE) and found.ram >= 0 and store.info(name).hits == 2
