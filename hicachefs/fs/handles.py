@@ -80,12 +80,14 @@ class HandleTable:
 class PendingHandle:
     """An open file that is (or was) being written. Once the file is published, its handles
     read the page it became; once it is discarded (removed, replaced by a rename onto its name,
-    abandoned), they read nothing more: EIO, never zeros where its bytes were."""
+    abandoned), they read nothing more: EIO, never zeros where its bytes were. ``writing``: the
+    handle was opened for writing; a read-only one never writes."""
 
     cacheable = False
 
-    def __init__(self, pending: PendingFile, closed: Callable[[PendingFile], None]):
+    def __init__(self, pending: PendingFile, writing: bool, closed: Callable[[PendingFile, bool], None]):
         self.pending = pending
+        self.writing = writing
         self._closed = closed
 
     async def read(self, offset: int, size: int):
@@ -98,12 +100,14 @@ class PendingHandle:
             return bytes(reader.read(offset, size))  # a copy: the pin ends here
 
     async def write(self, offset: int, data: bytes) -> int:
+        if not self.writing:
+            raise FsError(errno.EBADF, "file opened read-only")
         if self.pending.gone:
             raise FsError(errno.EPERM, "the file was published or discarded; pages are immutable")
         return self.pending.write(offset, data)
 
     def release(self) -> None:
-        self._closed(self.pending)
+        self._closed(self.pending, self.writing)
 
 
 class DirectoryHandle:
