@@ -112,8 +112,10 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         def statistics() -> DaemonStatistics:  # wiring, read at every open of .hicachefs/stats
             alone = pool.answered_alone() if pool is not None else {}
             counts, by_worker = _request_counts(requests, alone)
+            refusals = requests.refusals.statistics()
             return DaemonStatistics(store.statistics(), dict(requests.errors), counts, namespace.pending_count(),
-                                    notifier.statistics(), by_worker, {str(w): n for w, n in alone.items()})
+                                    notifier.statistics(), by_worker, {str(w): n for w, n in alone.items()},
+                                    refusals.by_user, refusals.not_logged)
 
         namespace = Namespace(store, ControlFiles(store, statistics, metrics.render, effective), notifier,
                               config.temp_timeout_s, config.kernel_cache)

@@ -51,14 +51,22 @@ class HandleTable:
     def __init__(self) -> None:
         self._serials = itertools.count(1)
         self._handles: dict[int, Handle] = {}
+        self._openers: dict[int, int] = {}
         self._free_slots = list(range(SLOTS - 1, -1, -1))
 
-    def add(self, handle: Handle, slotted: bool = False) -> int:
-        """The handle's number; ``slotted``: with a slot of its own while one is free."""
+    def add(self, handle: Handle, slotted: bool = False, uid: int | None = None) -> int:
+        """The handle's number; ``slotted``: with a slot of its own while one is free; ``uid``:
+        who opened it (``opener``), where known."""
         slot = self._free_slots.pop() if slotted and self._free_slots else _NO_SLOT
         number = next(self._serials) * _MODULUS + slot
         self._handles[number] = handle
+        if uid is not None:
+            self._openers[number] = uid
         return number
+
+    def opener(self, fh: int) -> int | None:
+        """The uid that opened the handle, if known."""
+        return self._openers.get(fh)
 
     def get(self, fh: int) -> Handle:
         handle = self._handles.get(fh)
@@ -68,6 +76,7 @@ class HandleTable:
 
     def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
+        self._openers.pop(fh, None)
         if handle is not None:
             if (slot := slot_of(fh)) is not None:
                 self._free_slots.append(slot)

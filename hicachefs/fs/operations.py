@@ -155,7 +155,7 @@ class Operations(pyfuse3.Operations):
 
     @_replying
     async def opendir(self, inode, ctx):
-        return await self.requests.opendir(inode)
+        return await self.requests.opendir(inode, ctx.uid)
 
     @_replying
     async def readdir(self, fh, start_id, token):
