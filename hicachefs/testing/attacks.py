@@ -108,11 +108,12 @@ def start(kind: str, *args, user: int = NOBODY, count: int = 1) -> Attack | list
     return started[0] if count == 1 else started
 
 
-def run_script(script: str, user: int = NOBODY, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run Python source as ``user`` with the system's Python, where it may ``import plain_user``."""
+def run_script(script: str, *args: str, user: int = NOBODY, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run Python source as ``user`` with the system's Python, where it may ``import plain_user``
+    (``args``: its ``sys.argv[1:]``)."""
     with _reachable_copy() as directory:
-        return subprocess.run([SYSTEM_PYTHON, "-s", "-c", script], env={"PYTHONPATH": str(directory)}, cwd="/",
-                              user=user, group=user, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([SYSTEM_PYTHON, "-s", "-c", script, *args], env={"PYTHONPATH": str(directory)},
+                              cwd="/", user=user, group=user, capture_output=True, text=True, timeout=timeout)
 
 
 @dataclass
