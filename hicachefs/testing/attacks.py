@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
 from hicachefs.testing import plain_user
-from hicachefs.testing.plain_user import COSTLY_LINE, costly_request
+from hicachefs.testing.plain_user import COSTLY_LINE
 
 NOBODY = 65534
 #: The Python the plain user runs: the system's (standard library only, as ``plain_user`` needs).

@@ -12,6 +12,7 @@ import time
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
 from hicachefs.fs.fetch import MAX_FETCH_REQUEST
 from hicachefs.testing import attacks
+from hicachefs.testing.plain_user import COSTLY_LINE, costly_request
 from hicachefs.testing.workload import content, exists_query, publish
 
 #: Before item 2, 250 held requests took the daemon from 317 MiB to 2.37 GiB.
@@ -37,7 +38,7 @@ def _probe_pool(mount) -> tuple[str, list[str]]:
 def test_held_requests_of_a_plain_user_are_refused_past_the_budget(public_mount):
     pool, keys = _probe_pool(public_mount)
     before = attacks.rss(public_mount.pid)
-    request = MAX_EXISTS_REQUEST - len(attacks.COSTLY_LINE)  # just under the maximum
+    request = MAX_EXISTS_REQUEST - len(COSTLY_LINE)  # just under the maximum
     with attacks.start("held-requests", public_mount.path, HELD_REQUESTS, request) as held:
         holding = attacks.rss(public_mount.pid)
         asked = exists_query(public_mount.path, [f"{pool}/{keys[0]}", f"{pool}/none"])  # root, meanwhile
@@ -83,7 +84,7 @@ print(len(exists_answer(fd)))
 """
     done = attacks.run_script(script)
     assert done.returncode == 0, done.stderr
-    lines = len(attacks.costly_request(MAX_EXISTS_REQUEST - 10).splitlines())
+    lines = len(costly_request(MAX_EXISTS_REQUEST - 10).splitlines())
     assert done.stdout.split("\n")[:-1] == [str(errno.ENOBUFS)] * 3 + ["b'10\\n'", str(lines + 1)]
 
 
