@@ -20,6 +20,7 @@ import collections
 import ctypes
 import ctypes.util
 import functools
+import gc
 import json
 import logging
 import os
@@ -77,6 +78,17 @@ def keep_freed_memory() -> None:
     libc.mallopt(m_trim_threshold, (1 << 31) - 1)  # and never give the heap's top back
 
 
+def keep_start_up_objects() -> None:
+    """Leave what start-up made (modules, the store, the mount's objects) out of the garbage
+    collector's full collections from now on: they live as long as the daemon, and scanning
+    them paused every request in turn. While a plain user listed a pool of 20,000 pages in a
+    loop (each listing makes an inode for each entry the kernel keeps), the full collections
+    took 11-20 ms, of which some 39,000 objects from start-up; without those, 4-8 ms. Frozen
+    objects are still freed when their last reference goes."""
+    gc.collect()
+    gc.freeze()
+
+
 def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
     """Serve the mount until a signal or unmount; returns the process exit code. How the disk
     index is rebuilt is logged, and sent to ``progress_fd`` (closed once the store is open)."""
@@ -100,8 +112,10 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         def statistics() -> DaemonStatistics:  # wiring, read at every open of .hicachefs/stats
             alone = pool.answered_alone() if pool is not None else {}
             counts, by_worker = _request_counts(requests, alone)
+            refusals = requests.refusals.statistics()
             return DaemonStatistics(store.statistics(), dict(requests.errors), counts, namespace.pending_count(),
-                                    notifier.statistics(), by_worker, {str(w): n for w, n in alone.items()})
+                                    notifier.statistics(), by_worker, {str(w): n for w, n in alone.items()},
+                                    refusals.by_user, refusals.not_logged)
 
         namespace = Namespace(store, ControlFiles(store, statistics, metrics.render, effective), notifier,
                               config.temp_timeout_s, config.kernel_cache)
@@ -127,6 +141,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
                 effective["worker_pids"] = pool.pids
             notifier.start()
             notify("READY=1")
+            keep_start_up_objects()
             trio.run(_serve, namespace, store, endpoint, config.mountpoint, pool)
         finally:
             notifier.stop()

@@ -46,6 +46,8 @@ _HELP = {
     "tier_written_bytes": "Page bytes written into the tier.",
     "tier_read_bytes": "Page bytes read out of the tier.",
     "errors": "Requests refused with an error, by errno.",
+    "user_errors": "Requests refused with an error, by the uid of their sender and kind (errno, or internal).",
+    "errors_not_logged": "Refused requests that made no log line (past the first of each kind and user).",
     "fuse_requests": "FUSE requests answered, by operation.",
     "worker_requests": "FUSE requests answered, by worker process (--workers) and operation.",
 }
@@ -72,6 +74,10 @@ def metric_families(facts: DaemonStatistics) -> list[Metric]:
             add("tier_" + _NAMES.get(field, field), kind, value, {"tier": tier.name})
     for err, count in facts.errors.items():
         add("errors", "total", count, {"errno": err})
+    for uid, kinds in facts.errors_by_user.items():
+        for kind, count in kinds.items():
+            add("user_errors", "total", count, {"uid": uid, "kind": kind})
+    add("errors_not_logged", "total", facts.errors_not_logged)
     for op, count in facts.requests.items():
         add("fuse_requests", "total", count, {"operation": op})
     for worker, counts in facts.requests_by_worker.items():

@@ -27,7 +27,10 @@ share allows. A request over ``MAX_FETCH_REQUEST`` fails with EFBIG. A refused r
 whole, as the exists file's does: its later writes fail with the same error, and so does the read
 that follows, after which the handle takes a new request (``_fail``). A malformed request fails
 its read with EINVAL and ends. Reads of one handle run one at a time (the kernel may send several
-at once): each lets go of the pages the one before it held.
+at once): each lets go of the pages the one before it held. The writes and reads of users other
+than the store's own clients take turns with those of all such users, each followed by a pause
+(``request_limits``), so that however many processes they run, another client's request waits
+behind one of them at most.
 
 Not thread-safe: the daemon's trio thread only; a page on a lower tier is read in a worker
 thread.
@@ -75,6 +78,12 @@ class FetchHandle:
         self._reading = trio.Lock()
 
     async def write(self, offset: int, data: bytes) -> int:
+        if self.account.writer:
+            return self._write(data)
+        async with self.account.turn():  # another user's writes take turns (``request_limits``)
+            return self._write(data)
+
+    def _write(self, data: bytes) -> int:
         data = bytes(data)  # a worker's write arrives as a view of its message
         if self._failure is not None:
             raise FsError(self._failure.errno, f"{self._failure.strerror}; read to end the request")
@@ -125,9 +134,14 @@ class FetchHandle:
             failure, self._failure = self._failure, None
             raise FsError(failure.errno, f"the fetch request failed: {failure.strerror}")
         async with self._reading:  # one read at a time: each lets go of the pages the last one held
-            return await self._read_locked(offset, size, ahead)
+            await self._parse()
+            if self.account.writer:
+                return await self._answer(offset, size, ahead)
+            async with self.account.turn():  # another user's reads take turns (``request_limits``)
+                return await self._answer(offset, size, ahead)
 
-    async def _read_locked(self, offset: int, size: int, ahead: int) -> list:
+    async def _parse(self) -> None:
+        """Parse the request at its first read (in steps, if it is large)."""
         if self._pages is None:
             self._pages = []
             try:
@@ -138,6 +152,8 @@ class FetchHandle:
             except FsError:
                 self._new_request()  # a malformed request: the next write starts a new one
                 raise
+
+    async def _answer(self, offset: int, size: int, ahead: int) -> list:
         self.was_read()
         pages, starts = self._pages, self._starts
         if not pages or offset >= starts[-1] + pages[-1][1]:

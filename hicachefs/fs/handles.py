@@ -51,14 +51,22 @@ class HandleTable:
     def __init__(self) -> None:
         self._serials = itertools.count(1)
         self._handles: dict[int, Handle] = {}
+        self._openers: dict[int, int] = {}
         self._free_slots = list(range(SLOTS - 1, -1, -1))
 
-    def add(self, handle: Handle, slotted: bool = False) -> int:
-        """The handle's number; ``slotted``: with a slot of its own while one is free."""
+    def add(self, handle: Handle, slotted: bool = False, uid: int | None = None) -> int:
+        """The handle's number; ``slotted``: with a slot of its own while one is free; ``uid``:
+        who opened it (``opener``), where known."""
         slot = self._free_slots.pop() if slotted and self._free_slots else _NO_SLOT
         number = next(self._serials) * _MODULUS + slot
         self._handles[number] = handle
+        if uid is not None:
+            self._openers[number] = uid
         return number
+
+    def opener(self, fh: int) -> int | None:
+        """The uid that opened the handle, if known."""
+        return self._openers.get(fh)
 
     def get(self, fh: int) -> Handle:
         handle = self._handles.get(fh)
@@ -68,6 +76,7 @@ class HandleTable:
 
     def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
+        self._openers.pop(fh, None)
         if handle is not None:
             if (slot := slot_of(fh)) is not None:
                 self._free_slots.append(slot)
@@ -80,12 +89,14 @@ class HandleTable:
 class PendingHandle:
     """An open file that is (or was) being written. Once the file is published, its handles
     read the page it became; once it is discarded (removed, replaced by a rename onto its name,
-    abandoned), they read nothing more: EIO, never zeros where its bytes were."""
+    abandoned), they read nothing more: EIO, never zeros where its bytes were. ``writing``: the
+    handle was opened for writing; a read-only one never writes."""
 
     cacheable = False
 
-    def __init__(self, pending: PendingFile, closed: Callable[[PendingFile], None]):
+    def __init__(self, pending: PendingFile, writing: bool, closed: Callable[[PendingFile, bool], None]):
         self.pending = pending
+        self.writing = writing
         self._closed = closed
 
     async def read(self, offset: int, size: int):
@@ -98,12 +109,14 @@ class PendingHandle:
             return bytes(reader.read(offset, size))  # a copy: the pin ends here
 
     async def write(self, offset: int, data: bytes) -> int:
+        if not self.writing:
+            raise FsError(errno.EBADF, "file opened read-only")
         if self.pending.gone:
             raise FsError(errno.EPERM, "the file was published or discarded; pages are immutable")
         return self.pending.write(offset, data)
 
     def release(self) -> None:
-        self._closed(self.pending)
+        self._closed(self.pending, self.writing)
 
 
 class DirectoryHandle:

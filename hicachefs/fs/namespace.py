@@ -274,7 +274,7 @@ class Namespace:
         if visible and self._has_page(parent, text):
             raise FsError(errno.EEXIST, "page already published; pages are immutable")
         pending = self.publishing.create(parent, text, visible)
-        return self._pending_stat(pending), self.publishing.open(pending)
+        return self._pending_stat(pending), self.publishing.open(pending, writing=True)
 
     def open(self, inode: int, flags: int, uid: int = 0, pid: int = 0) -> Handle | NeedsIO:
         """Open a file: a control file's handle, a file being written, or a published page
@@ -290,7 +290,7 @@ class Namespace:
         if pending is not None:
             if flags & os.O_TRUNC:
                 pending.truncate(0)
-            return self.publishing.open(pending)
+            return self.publishing.open(pending, writing=bool(flags & (os.O_WRONLY | os.O_RDWR)))
         node = self.nodes.get(inode)
         if node is None:
             if self.tree.is_directory(inode):
@@ -410,7 +410,7 @@ class Namespace:
 
     @property
     def temp_timeout_s(self) -> float:
-        """Seconds after which an unpublished temporary file nobody has open is discarded."""
+        """Seconds after its last writer's close that an unpublished temporary file is discarded."""
         return self.publishing.temp_timeout_s
 
     def reap_abandoned(self, now: float | None = None) -> int:

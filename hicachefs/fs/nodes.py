@@ -86,20 +86,29 @@ class PendingFile:
 
     Once published, ``published`` is the page it became: handles still open on the file read
     that page.
+
+    Its handles count apart: ``writers`` (opened for writing: create, ``O_WRONLY``, ``O_RDWR``)
+    and ``readers`` (read-only: any user may open a file being written that ``ls`` shows).
+    Only writers decide its fate: at their last close (``last_close``) it is published (one
+    created under a key), or, a temporary one, discarded the reaper's timeout later, whoever
+    still reads it. Before, any handle kept it: a plain user holding a dead writer's 32
+    temporary files open for reading kept all of them (and what they held of the files being
+    written's room, so root's new ones failed with ENOSPC) until it closed them.
     """
 
     inode: int
     directory: Directory
     name: str
-    visible: bool  # created under a key name: listed, and published at last close
+    visible: bool  # created under a key name: listed, and published at its last writer's close
     store: PageStore
     budget: WritingBudget  # what the draft and the staging buffer hold counts against it
     draft: Draft | None = None
     staging: bytearray | None = None
     size: int = 0
-    opens: int = 0
+    writers: int = 0
+    readers: int = 0
     nlookup: int = 0
-    last_close: float = field(default_factory=time.monotonic)
+    last_close: float = field(default_factory=time.monotonic)  # its last writer's
     # Fixed at creation, not moved by writes: the kernel drops an inode's cached data when
     # its mtime changes, and the page this file becomes is pushed into that cache at publish.
     mtime_ns: int = field(default_factory=time.time_ns)
@@ -111,6 +120,10 @@ class PendingFile:
     @property
     def failed(self) -> bool:
         return self.failure is not None
+
+    @property
+    def opens(self) -> int:
+        return self.writers + self.readers
 
     def truncate(self, size: int) -> None:
         self._changing(self._truncate, size)

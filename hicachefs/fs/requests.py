@@ -4,7 +4,8 @@ One layer under two faces: ``operations.Operations`` calls it in the daemon's ow
 with ``--workers`` the owner of the store calls it for every request its worker processes
 forward (``forwarding.py``). What each request means is the namespace's; here the blocking
 I/O it may still need runs in a worker thread (``NeedsIO``), requests and refusals are counted,
-and a refusal is logged and given its errno (``refused``, the one place that does).
+and a refusal is given its errno and logged, a few lines per kind and user (``refused``, the one
+place that does; ``refusal_log``).
 
 A handle number says in its lowest bit (``STAGED``) whether the handle's writes can be staged:
 the writer's process copies their bytes into the store's shared memory itself, between
@@ -30,12 +31,15 @@ from .fetch import FetchHandle
 from .ingest import WritePlan
 from .namespace import Namespace, Room
 from .nodes import Stat
+from .refusal_log import RefusalLog
 
 log = logging.getLogger(__name__)
 
 #: Answers that are ordinary traffic, not problems worth a log line (ESTALE: an open that raced
 #: a replace, which the kernel retries with a fresh lookup).
 _QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA, errno.ESTALE}
+#: Requests on an open handle: their first argument is its number, and their sender its opener.
+_ON_HANDLES = frozenset({"read", "write", "release", "readdir", "releasedir"})
 #: How long the kernel may remember a name that is missing, where the namespace lets it.
 MISS_TIMEOUT_S = 300.0
 #: The handle number's bit that says its writes can be staged (see the module docstring).
@@ -71,6 +75,7 @@ class Requests:
         self.namespace = namespace
         self.uid, self.gid = namespace.uid, namespace.gid  # who owns every file
         self.errors: collections.Counter[str] = collections.Counter()
+        self.refusals = RefusalLog(log)
         #: Requests answered, by operation; with workers, also by worker (``by_worker``).
         self.counts: collections.Counter[str] = collections.Counter()
         self.by_worker: dict[int, collections.Counter[str]] = {}
@@ -82,16 +87,33 @@ class Requests:
 
     def refused(self, op: str, args: tuple, exc: BaseException) -> int:
         """The errno a failed request answers with, counted and (unless it is ordinary
-        traffic) logged; anything that is not a refusal is logged as a bug and answered EIO."""
-        if isinstance(exc, (FsError, StoreError)):
-            err, why = errno_of(exc), exc.strerror if isinstance(exc, FsError) else str(exc)
-        else:
-            log.error("%s%r failed unexpectedly; answering EIO", op, args[:2], exc_info=exc)
-            err, why = errno.EIO, "internal error"
+        traffic) logged, a few lines per kind and user (``refusal_log``); anything that is not
+        a refusal is a bug, logged as an error and answered EIO. ``args``: the request's, as the
+        FUSE adapter got them (they say whose it is: ``_sender``)."""
+        if not isinstance(exc, (FsError, StoreError)):
+            self.errors["EIO"] += 1
+            self.refusals.refused("internal", self._sender(op, args), logging.ERROR,
+                                  "%s%r failed unexpectedly; answering EIO", op, args[:2], exc_info=exc)
+            return errno.EIO
+        err = errno_of(exc)
         if err not in _QUIET:
-            self.errors[errno.errorcode.get(err, str(err))] += 1
-            log.warning("%s%r: %s (%s)", op, args[:2], errno.errorcode.get(err, err), why)
+            name = errno.errorcode.get(err, str(err))
+            self.errors[name] += 1
+            why = exc.strerror if isinstance(exc, FsError) else str(exc)
+            self.refusals.refused(name, self._sender(op, args), logging.WARNING, "%s%r: %s (%s)", op, args[:2],
+                                  name, why)
         return err
+
+    def _sender(self, op: str, args: tuple) -> int | None:
+        """The uid a request came from: its context's (pyfuse3 hands most requests their
+        sender's as their last argument), or, for a request on a handle, its opener's; None
+        where neither says (a forwarded request's, with ``--workers``)."""
+        context = args[-1] if args else None
+        if hasattr(context, "uid"):
+            return context.uid
+        if op in _ON_HANDLES and args:
+            return self.namespace.handles.opener(args[0] >> 1)
+        return None
 
     # ---- attributes ----------------------------------------------------------------
 
@@ -129,8 +151,8 @@ class Requests:
         self.namespace.check_writer(uid)
         self.namespace.rmdir(parent_inode, name)
 
-    async def opendir(self, inode: int) -> int:
-        return self.namespace.handles.add(self.namespace.opendir(inode)) << 1
+    async def opendir(self, inode: int, uid: int | None = None) -> int:
+        return self.namespace.handles.add(self.namespace.opendir(inode), uid=uid) << 1
 
     async def readdir(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
         """Up to ``limit`` entries from position ``start``: (next position, name, attributes).
@@ -156,17 +178,17 @@ class Requests:
     async def create(self, parent_inode: int, name: bytes, flags: int, uid: int) -> tuple[Stat, Opened]:
         self.namespace.check_writer(uid)
         st, handle = self.namespace.create(parent_inode, name, flags)
-        return st, self._opened(handle)
+        return st, self._opened(handle, uid)
 
     async def open(self, inode: int, flags: int, uid: int, pid: int = 0) -> Opened:
         if self.namespace.needs_writer(inode, flags):
             self.namespace.check_writer(uid)
-        return self._opened(await settled(self.namespace.open(inode, flags, uid, pid)))
+        return self._opened(await settled(self.namespace.open(inode, flags, uid, pid)), uid)
 
-    def _opened(self, handle) -> Opened:
+    def _opened(self, handle, uid: int) -> Opened:
         staged = STAGED if isinstance(handle, IngestHandle) else 0
         slotted = isinstance(handle, (IngestHandle, FetchHandle))  # their windows (``forwarding.Windows``)
-        return Opened(self.namespace.handles.add(handle, slotted) << 1 | staged, handle.cacheable)
+        return Opened(self.namespace.handles.add(handle, slotted, uid) << 1 | staged, handle.cacheable)
 
     async def read(self, fh: int, offset: int, size: int, ahead: int = 0) -> list:
         """The bytes asked for, as the pieces the handle serves them in (views of the store's

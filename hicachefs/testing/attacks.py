@@ -1,20 +1,10 @@
 """What a plain local user may try to stall or bloat a mount's daemon, each as a process of its
-own, and another client timing its small requests meanwhile (``latency_probe``).
+own (``plain_user``), and another client timing its small requests meanwhile (``latency_probe``).
 
-    python -m hicachefs.testing.attacks exists-storm ROOT
-        ask ``.hicachefs/exists`` about a maximal request of the costliest lines, again and again
-    python -m hicachefs.testing.attacks listing-storm DIR
-        open DIR and read its first entries, again and again
-    python -m hicachefs.testing.attacks held-listings DIR COUNT
-        COUNT directory handles on DIR, each with its first entries read, held open
-    python -m hicachefs.testing.attacks held-requests ROOT COUNT
-        COUNT exists handles, each holding an unread request just under the maximum
-
-Each prints ``started`` once its first round is done (``held-*``: once all its handles are) and
-a line for each of its next rounds, and when its standard input closes, one JSON line of what it
-did: rounds, errors by errno name, and its first and last round's times on CLOCK_MONOTONIC
-(which the test process shares). The tests and ``scripts/stress.py`` run them as uid 65534
-(``start``).
+The plain user's programs run as uid 65534 (``start``, ``run_script``) with the system's Python,
+from a copy of ``plain_user.py`` in a directory of their own that any user can read: the
+checkout's may not be (a clone in a 0700 directory), nor its ``.venv``. The tests and
+``scripts/stress.py`` run them so.
 """
 
 from __future__ import annotations
@@ -23,27 +13,24 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
-from hicachefs.testing.workload import exists_answer, send_exists
+from hicachefs.testing import plain_user
+from hicachefs.testing.plain_user import COSTLY_LINE
 
 NOBODY = 65534
-#: The costliest exists line: five components, so it is looked up, and as short as that allows.
-COSTLY_LINE = b"a/b/c/d/e\n"
-#: Entries a listing round reads: about what one getdents64 of glibc's buffer takes.
-LISTING_ROUND_ENTRIES = 64
-#: Rounds reported by a line each (``Attack.wait_round``); later ones are only counted.
-REPORTED_ROUNDS = 100
-#: How long any of these may run, whatever happens to its STOP file.
-LONGEST_S = 300.0
+#: The Python the plain user runs: the system's (standard library only, as ``plain_user`` needs).
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def fill_pool(root: Path, pool: str, count: int, size: int = 64) -> list[str]:
@@ -62,110 +49,6 @@ def fill_pool(root: Path, pool: str, count: int, size: int = 64) -> list[str]:
     finally:
         os.close(fd)
     return keys
-
-
-def costly_request(size: int = MAX_EXISTS_REQUEST) -> bytes:
-    """``size`` bytes of ``COSTLY_LINE``s (the last line cut short)."""
-    return (COSTLY_LINE * (size // len(COSTLY_LINE) + 1))[:size]
-
-
-@dataclass
-class Figures:
-    rounds: int = 0
-    errors: Counter = field(default_factory=Counter)
-    first: float = 0.0  # when the first round ended
-    last: float = 0.0  # when the last round ended
-
-    def round_done(self) -> None:
-        self.rounds += 1
-        self.last = time.monotonic()
-        if self.rounds == 1:
-            self.first = self.last
-            print("started", flush=True)
-        elif self.rounds <= REPORTED_ROUNDS:  # no more: nobody may be reading the pipe
-            print("round", flush=True)
-
-    def failed(self, exc: OSError) -> None:
-        self.errors[errno.errorcode.get(exc.errno, str(exc.errno))] += 1
-
-    def as_json(self) -> str:
-        return json.dumps({"rounds": self.rounds, "errors": dict(self.errors), "first": self.first,
-                           "last": self.last})
-
-
-def _stop_at_end_of_input() -> threading.Event:
-    """Set once standard input closes: the parent's way to end an attack."""
-    stop = threading.Event()
-
-    def wait() -> None:
-        sys.stdin.read()
-        stop.set()
-
-    threading.Thread(target=wait, daemon=True).start()
-    return stop
-
-
-def _rounds(stop: threading.Event):
-    deadline = time.monotonic() + LONGEST_S
-    while not stop.is_set() and time.monotonic() < deadline:
-        yield
-
-
-def exists_storm(root: Path, stop: threading.Event, figures: Figures) -> None:
-    request = costly_request()
-    for _ in _rounds(stop):
-        try:
-            fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-            try:
-                send_exists(fd, request)
-                exists_answer(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            figures.failed(exc)
-        figures.round_done()
-
-
-def listing_storm(directory: Path, stop: threading.Event, figures: Figures) -> None:
-    for _ in _rounds(stop):
-        try:
-            with os.scandir(directory) as entries:
-                for _, _ in zip(range(LISTING_ROUND_ENTRIES), entries):
-                    pass
-        except OSError as exc:
-            figures.failed(exc)
-        figures.round_done()
-
-
-def _hold(count: int, take, stop: threading.Event, figures: Figures) -> None:
-    """Take ``count`` things the daemon keeps for this process (``take(held)`` makes one and
-    leaves its closing to the ``ExitStack``), then keep them until told to stop."""
-    with contextlib.ExitStack() as held:
-        for _ in range(count):
-            try:
-                take(held)
-            except OSError as exc:
-                figures.failed(exc)
-        figures.round_done()
-        stop.wait(LONGEST_S)
-
-
-def held_listings(directory: Path, count: int, stop: threading.Event, figures: Figures) -> None:
-    def take(held: contextlib.ExitStack) -> None:
-        next(held.enter_context(os.scandir(directory)), None)
-
-    _hold(count, take, stop, figures)
-
-
-def held_requests(root: Path, count: int, stop: threading.Event, figures: Figures) -> None:
-    request = costly_request(MAX_EXISTS_REQUEST - len(COSTLY_LINE))
-
-    def take(held: contextlib.ExitStack) -> None:
-        fd = os.open(root / ".hicachefs" / "exists", os.O_RDWR)
-        held.callback(os.close, fd)
-        send_exists(fd, request)
-
-    _hold(count, take, stop, figures)
 
 
 @dataclass
@@ -194,22 +77,44 @@ class Attack:
         return _last_line_json(self.process, "the attack")  # closes its standard input
 
 
-def start(kind: str, *args, user: int = NOBODY, count: int = 1) -> Attack | list[Attack]:
-    """Start an attack as ``user`` and wait until it is under way; ``count`` > 1: that many at
-    once (a list), each under way."""
-    command = [sys.executable, "-m", "hicachefs.testing.attacks", kind, *map(str, args)]
-    started = [Attack(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                       user=user, group=user))
-               for _ in range(count)]
+@contextlib.contextmanager
+def _reachable_copy() -> Iterator[Path]:
+    """A directory that any user can read holding a copy of ``plain_user.py``, removed after."""
+    directory = Path(tempfile.mkdtemp(prefix="hicachefs-plain-user-"))
     try:
-        for attack in started:
-            attack.wait_round()
-    except BaseException:
-        for attack in started:
-            attack.process.kill()
-            attack.process.communicate()
-        raise
+        directory.chmod(0o755)
+        shutil.copyfile(plain_user.__file__, directory / "plain_user.py")
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def start(kind: str, *args, user: int = NOBODY, count: int = 1) -> Attack | list[Attack]:
+    """Start an attack of ``plain_user`` as ``user`` and wait until it is under way; ``count`` >
+    1: that many at once (a list), each under way. Once they are, their copy of the program goes
+    (Python has read it)."""
+    with _reachable_copy() as directory:
+        command = [SYSTEM_PYTHON, "-I", str(directory / "plain_user.py"), kind, *map(str, args)]
+        started = [Attack(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                           user=user, group=user, cwd="/"))
+                   for _ in range(count)]
+        try:
+            for attack in started:
+                attack.wait_round()
+        except BaseException:
+            for attack in started:
+                attack.process.kill()
+                attack.process.communicate()
+            raise
     return started[0] if count == 1 else started
+
+
+def run_script(script: str, *args: str, user: int = NOBODY, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run Python source as ``user`` with the system's Python, where it may ``import plain_user``
+    (``args``: its ``sys.argv[1:]``)."""
+    with _reachable_copy() as directory:
+        return subprocess.run([SYSTEM_PYTHON, "-s", "-c", script, *args], env={"PYTHONPATH": str(directory)},
+                              cwd="/", user=user, group=user, capture_output=True, text=True, timeout=timeout)
 
 
 @dataclass
@@ -309,8 +214,8 @@ def plain_user_round(mount, memory_bytes: int, big_pages: int = 40_000) -> Count
     probe = start_probe(mount.path, rel, keys, mount.path.parent / "probe-stop")
     started = time.monotonic()
     try:
-        phases = [("listing-storm", (big,), 2, 50), ("exists-storm", (mount.path,), 4, 1),
-                  ("held-requests", (mount.path, 100), 1, 0)]
+        phases = [("listing-storm", (big,), 2, 50), ("exists-storm", (mount.path, MAX_EXISTS_REQUEST), 4, 1),
+                  ("held-requests", (mount.path, 100, MAX_EXISTS_REQUEST - len(COSTLY_LINE)), 1, 0)]
         for kind, args, count, rounds in phases:
             with contextlib.ExitStack() as stack:
                 running = start(kind, *args, count=count)
@@ -337,26 +242,3 @@ def plain_user_round(mount, memory_bytes: int, big_pages: int = 40_000) -> Count
     figures["slow"] += sum(t > SLOW_S for t in took)
     figures["p99_us"] = round(percentile(took, 0.99) * 1e6)
     return figures
-
-
-def main() -> int:
-    kind, args = sys.argv[1], sys.argv[2:]
-    figures = Figures()
-    stop = _stop_at_end_of_input()
-    if kind == "exists-storm":
-        exists_storm(Path(args[0]), stop, figures)
-    elif kind == "listing-storm":
-        listing_storm(Path(args[0]), stop, figures)
-    elif kind == "held-listings":
-        held_listings(Path(args[0]), int(args[1]), stop, figures)
-    elif kind == "held-requests":
-        held_requests(Path(args[0]), int(args[1]), stop, figures)
-    else:
-        print(f"unknown attack {kind!r}", file=sys.stderr)
-        return 2
-    print(figures.as_json(), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,8 @@ another key or another writer, or a flipped byte cannot pass.
 
 The exists query (DESIGN.md, ``.hicachefs/exists``): ``exists_query`` asks about paths on a
 handle of its own, ``ask_exists`` on an open one (``exists_handle``); ``exists_raw`` sends any
-bytes and reads the whole answer, ``send_exists`` and ``exists_answer`` are its two halves.
+bytes and reads the whole answer, ``send_exists`` and ``exists_answer`` are its two halves
+(from ``plain_user``, whose programs use them with the standard library alone).
 
 Used by the tests and by ``scripts/stress.py``; also imported by ``storm_worker`` and the
 tests' helper processes, which run without pytest.
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from hicachefs.testing.plain_user import exists_answer, send_exists
 
 HEADER_BYTES = 64
 _MAGIC = b"HCRT"
@@ -113,22 +116,6 @@ def publish(pool: Path, key: str, data: bytes, tmp_name: str | None = None) -> N
     finally:
         os.close(fd)
     os.rename(tmp, pool / key)
-
-
-def send_exists(fd: int, request: bytes) -> None:
-    """Write all of ``request`` (any bytes) to an open exists handle, a MiB at a time (a FUSE
-    WRITE's most); an OSError (EFBIG past the maximum request) is the caller's."""
-    view = memoryview(request)
-    while view:
-        view = view[os.write(fd, view[: 1 << 20]) :]
-
-
-def exists_answer(fd: int) -> bytes:
-    """All an open exists handle answers, to EOF."""
-    answer = bytearray()
-    while piece := os.read(fd, 1 << 20):
-        answer += piece
-    return bytes(answer)
 
 
 def ask_exists(fd: int, paths: list[str]) -> str:

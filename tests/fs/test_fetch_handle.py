@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from hicachefs.fs.fetch import FetchHandle
-from hicachefs.fs.request_limits import RequestLimits
+from hicachefs.fs.request_limits import STEP_PAUSE_S, RequestLimits
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.device import FileDevice
 from hicachefs.testing.workload import content
@@ -72,3 +72,34 @@ def test_two_reads_at_once_never_let_go_of_the_pages_the_other_answers_from(tmp_
         assert answered == [content(2, SIZE) + content(1, SIZE)]
     finally:
         store.close()
+
+
+def test_other_users_fetch_writes_and_reads_take_turns_and_the_store_clients_do_not():
+    """A plain user's fetch writes and reads are each a turn in one lane, followed by a pause, so
+    its processes cannot keep the daemon busy back to back; root's run at once."""
+    store = PageStore(StoreConfig(memory_bytes=4 << 20))
+    try:
+        store.put(f"{POOL}/k", content(1, SIZE))
+        limits = RequestLimits(writers=frozenset({0}))
+        handles = {f"plain{i}": FetchHandle(store, limits.account(65534)) for i in range(3)}
+        handles["root"] = FetchHandle(store, limits.account(0))
+        answered: dict[str, tuple[float, int]] = {}
+
+        async def ask(name: str, started: float) -> None:
+            handle = handles[name]
+            await handle.write(0, f"{SIZE} {POOL}/k\n".encode())
+            pieces = await handle.read(0, SIZE)
+            answered[name] = (trio.current_time() - started, sum(len(piece) for piece in pieces))
+            handle.release()
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                for name in handles:
+                    nursery.start_soon(ask, name, trio.current_time())
+
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        store.close()
+    assert answered.pop("root") == (0.0, SIZE)
+    assert all(size == SIZE for _, size in answered.values())
+    assert max(took for took, _ in answered.values()) >= 6 * STEP_PAUSE_S - 1e-9  # 3 writes, 3 reads

@@ -112,6 +112,33 @@ def test_temporary_files_nobody_renamed_are_discarded_after_the_timeout():
     made.store.close()
 
 
+def test_only_writers_keep_a_file_being_written():
+    """Read-only handles neither keep a temporary file from being discarded (they read EIO after)
+    nor a file created under a key from being published (they read the page after), nor write."""
+    made = alone(temp_timeout_s=10)
+    inode, fh = made.create(b".abandoned")
+    made.write(fh, b"x" * 100)
+    reader, _ = made.open(inode)
+    assert made.read(reader) == b"x" * 100
+    with pytest.raises(FsError) as info:
+        made.write(reader, b"y")
+    assert info.value.errno == errno.EBADF
+    made.close(fh)
+    assert made.ns.reap_abandoned(now=time.monotonic() + 11) == 1
+    with pytest.raises(FsError) as info:
+        made.read(reader)
+    assert info.value.errno == errno.EIO
+    made.close(reader)
+    inode, fh = made.create(b"direct")
+    reader, _ = made.open(inode)
+    made.write(fh, b"page")
+    made.close(fh)
+    assert made.contents(b"direct") == b"page" and made.read(reader) == b"page"
+    made.close(reader)
+    assert made.ns.pending_count() == 0 and made.store.statistics().pages == 1
+    made.store.close()
+
+
 def test_directories_keep_the_tree_shape(ns):
     assert refused(ns.ns.mkdir, ns.pool, b"deeper") == errno.EPERM  # pools hold pages
     assert refused(ns.ns.create, ROOT_INODE, b"page", os.O_WRONLY) == errno.EPERM

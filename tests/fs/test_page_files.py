@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
+import subprocess
 import time
 
 import pytest
 
-from hicachefs.testing.workload import content, exists_query
-from pages import publish, read_page, write_all
+from hicachefs.testing.workload import content, errno_of, exists_query
+from pages import publish, read_page, wait_until, write_all
 
 SIZES = [0, 1, 4095, 4096, 1 << 20, (1 << 20) + 1, 8 << 20, 64 << 20]
 
@@ -159,6 +161,63 @@ def test_abandoned_temporary_file_is_discarded(mount_factory):
         time.sleep(0.2)
     assert ".abandoned" not in os.listdir(pool)
     assert mount.stats()["pending_files"] == 0
+
+
+#: Run as nobody with the system's Python: opens every temporary file in the pool for reading
+#: (what ``ls`` shows it) and prints how many; at a line on its standard input, reads each and
+#: prints what each read did ("read" or its errno's name).
+TEMPORARY_FILE_READER = r"""
+import errno, json, os, sys
+pool = sys.argv[1]
+held = [os.open(os.path.join(pool, name), os.O_RDONLY) for name in os.listdir(pool) if name.startswith(".")]
+print(len(held), flush=True)
+sys.stdin.readline()
+done = []
+for fd in held:
+    try:
+        os.pread(fd, 4096, 0)
+        done.append("read")
+    except OSError as exc:
+        done.append(errno.errorcode[exc.errno])
+print(json.dumps(done), flush=True)
+"""
+
+
+def test_a_plain_user_reading_a_dead_writers_temporary_files_does_not_keep_them(public_mount_factory):
+    """Before: a plain user holding them open kept all 32 pending, and root's new temporary files
+    failed with ENOSPC (they hold all that files being written may) until it closed them."""
+    mount = public_mount_factory("--memory", "64M", "--temp-timeout", "1")
+    pool = mount.page_dir()
+    writer = [os.open(pool / f".dead-{i}", os.O_WRONLY | os.O_CREAT, 0o644) for i in range(32)]
+    reader = None
+    try:
+        for fd in writer:
+            os.write(fd, bytes(1 << 20))
+        reader = subprocess.Popen(["/usr/bin/python3", "-c", TEMPORARY_FILE_READER, str(pool)], user=65534,
+                                  group=65534, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert reader.stdout.readline().strip() == "32"
+        full = os.open(pool / ".one-more", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            assert errno_of(os.write, full, bytes(1 << 20)) == errno.ENOSPC  # they hold all they may
+        finally:
+            os.close(full)
+        for fd in writer:
+            os.close(fd)  # the writer dies
+        writer = []
+        wait_until(lambda: mount.stats()["pending_files"] == 0, timeout=8)
+        assert not [name for name in os.listdir(pool) if name.startswith(".")]
+        for i in range(32):
+            publish(pool, f"after-{i}", content(i, 1 << 20))
+        reader.stdin.write("read\n")
+        reader.stdin.flush()
+        assert json.loads(reader.stdout.readline()) == ["EIO"] * 32
+    finally:
+        for fd in writer:
+            os.close(fd)
+        if reader is not None:
+            reader.kill()
+            reader.wait()
+    assert read_page(pool / "after-31") == content(31, 1 << 20)
 
 
 def test_unwritten_bytes_read_as_zeros_never_an_earlier_page(mounted):

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
-import sys
 import time
 
 from hicachefs.fs.control import MAX_EXISTS_REQUEST
+from hicachefs.fs.fetch import MAX_FETCH_REQUEST
 from hicachefs.testing import attacks
+from hicachefs.testing.plain_user import COSTLY_LINE, costly_request
 from hicachefs.testing.workload import content, exists_query, publish
-from pages import as_nobody
 
 #: Before item 2, 250 held requests took the daemon from 317 MiB to 2.37 GiB.
 HELD_REQUESTS = 100
@@ -39,7 +38,8 @@ def _probe_pool(mount) -> tuple[str, list[str]]:
 def test_held_requests_of_a_plain_user_are_refused_past_the_budget(public_mount):
     pool, keys = _probe_pool(public_mount)
     before = attacks.rss(public_mount.pid)
-    with attacks.start("held-requests", public_mount.path, HELD_REQUESTS) as held:
+    request = MAX_EXISTS_REQUEST - len(COSTLY_LINE)  # just under the maximum
+    with attacks.start("held-requests", public_mount.path, HELD_REQUESTS, request) as held:
         holding = attacks.rss(public_mount.pid)
         asked = exists_query(public_mount.path, [f"{pool}/{keys[0]}", f"{pool}/none"])  # root, meanwhile
         figures = held.finish()
@@ -60,8 +60,7 @@ def test_a_refused_request_ends_and_the_handle_takes_the_next(public_mount):
     small = f"{pool}/{keys[0]}\n{pool}/none\n".encode()
     script = f"""
 import os
-from hicachefs.testing.attacks import costly_request
-from hicachefs.testing.workload import exists_answer, send_exists
+from plain_user import costly_request, exists_answer, send_exists
 exists = {str(public_mount.path / ".hicachefs" / "exists")!r}
 def refused(call):
     try:
@@ -83,9 +82,9 @@ os.close(holders.pop())
 send_exists(fd, large)
 print(len(exists_answer(fd)))
 """
-    done = as_nobody(sys.executable, "-c", script)
+    done = attacks.run_script(script)
     assert done.returncode == 0, done.stderr
-    lines = len(attacks.costly_request(MAX_EXISTS_REQUEST - 10).splitlines())
+    lines = len(costly_request(MAX_EXISTS_REQUEST - 10).splitlines())
     assert done.stdout.split("\n")[:-1] == [str(errno.ENOBUFS)] * 3 + ["b'10\\n'", str(lines + 1)]
 
 
@@ -95,7 +94,7 @@ def test_a_plain_users_exists_storms_do_not_delay_other_clients(public_mount, tm
     try:
         with contextlib.ExitStack() as running:
             storms = [running.enter_context(storm)
-                      for storm in attacks.start("exists-storm", public_mount.path, count=STORMS)]
+                      for storm in attacks.start("exists-storm", public_mount.path, MAX_EXISTS_REQUEST, count=STORMS)]
             started = time.monotonic()
             for storm in storms:  # a query of each, all four at once
                 storm.wait_round()
@@ -126,7 +125,7 @@ def test_a_plain_users_fetch_request_is_bounded_by_the_same_share(public_mount):
     pool, keys = _probe_pool(public_mount)
     script = f"""
 import os
-from hicachefs.fs.fetch import MAX_FETCH_REQUEST
+MAX_FETCH_REQUEST = {MAX_FETCH_REQUEST}
 fd = os.open({str(public_mount.path / ".hicachefs" / "fetch")!r}, os.O_RDWR)
 line = b"64 a/b/c/d/e\\n"
 request = line * (MAX_FETCH_REQUEST // len(line))
@@ -144,7 +143,7 @@ except OSError as exc:
 os.write(fd, b"4096 {pool}/{keys[1]}\\n")
 print(len(os.pread(fd, 1 << 20, 0)))
 """
-    done = as_nobody(sys.executable, "-c", script)
+    done = attacks.run_script(script)
     assert done.returncode == 0, done.stderr
     refusal, read, answer = done.stdout.split("\n")[:3]
     failed, sent = map(int, refusal.split())

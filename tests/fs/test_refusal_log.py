@@ -1,0 +1,76 @@
+"""Refusals (issue 29, item 9): a user refused again and again grows the daemon's log by a line
+per kind now and then, not a line per refusal; every refusal is counted in stats, by kind and
+user, and so is every line left out."""
+
+from __future__ import annotations
+
+import logging
+
+from hicachefs.fs.refusal_log import RefusalLog
+from pages import as_nobody, publish
+
+REFUSALS = 200
+
+
+def test_a_plain_users_refusals_are_counted_each_and_logged_once_per_kind(public_mount):
+    pool = public_mount.page_dir()
+    publish(pool, "k", b"page")
+    script = f"""
+import errno, os
+for _ in range({REFUSALS}):
+    try:
+        os.mkdir({str(public_mount.path / "x")!r})
+    except PermissionError:
+        pass
+for _ in range(3):
+    try:
+        os.setxattr({str(pool / "k")!r}, "user.mine", b"1")
+    except OSError as exc:
+        assert exc.errno == errno.ENOTSUP, exc
+"""
+    done = as_nobody("/usr/bin/python3", "-c", script)
+    assert done.returncode == 0, done.stderr
+    try:
+        (pool / "deeper").mkdir()  # root, refused as well (pools hold pages): its own line
+    except PermissionError:
+        pass
+    warnings = [line for line in public_mount.log_text().splitlines() if " WARNING " in line]
+    assert [line for line in warnings if "EACCES" in line and "[uid 65534]" in line] != []
+    assert len([line for line in warnings if "EACCES" in line]) == 1, warnings
+    assert len([line for line in warnings if "ENOTSUP" in line]) == 1, warnings
+    assert [line for line in warnings if "EPERM" in line and "[uid 0]" in line] != [], warnings
+    stats = public_mount.stats()
+    assert stats["errors_by_user"]["65534"] == {"EACCES": REFUSALS, "ENOTSUP": 3}
+    assert stats["errors_by_user"]["0"]["EPERM"] == 1
+    assert stats["errors"]["EACCES"] == REFUSALS
+    assert stats["errors_not_logged"] == REFUSALS - 1 + 2
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_after_the_interval_one_line_says_how_many_were_left_out(caplog):
+    clock = Clock()
+    refusals = RefusalLog(logging.getLogger("hicachefs.test"), interval_s=10.0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="hicachefs.test"):
+        for _ in range(50):
+            refusals.refused("ENOBUFS", 65534, logging.WARNING, "write%r: %s", (1, 0), "ENOBUFS")
+            clock.now += 0.125  # exact in binary: the 51st comes 10 s after the first
+        refusals.refused("ENOBUFS", 1000, logging.WARNING, "write%r: %s", (2, 0), "ENOBUFS")
+        clock.now += 3.75
+        refusals.refused("ENOBUFS", 65534, logging.WARNING, "write%r: %s", (1, 0), "ENOBUFS")
+        refusals.refused("EFBIG", 65534, logging.WARNING, "write%r: %s", (1, 0), "EFBIG")
+    assert [r.getMessage() for r in caplog.records] == [
+        "write(1, 0): ENOBUFS [uid 65534]",
+        "write(2, 0): ENOBUFS [uid 1000]",
+        "write(1, 0): ENOBUFS [uid 65534; 49 more ENOBUFS like it not logged in the last 10 s]",
+        "write(1, 0): EFBIG [uid 65534]",
+    ]
+    counts = refusals.statistics()
+    assert counts.by_user == {"65534": {"EFBIG": 1, "ENOBUFS": 51}, "1000": {"ENOBUFS": 1}}
+    assert counts.not_logged == 49
