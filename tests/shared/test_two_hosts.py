@@ -54,11 +54,11 @@ def wait_for(condition, seconds: float):
 
 
 @pytest.fixture
-def two_hosts(mount_factory, gluster_root):
+def two_hosts(mount_factory, engine_root):
     """make(*flags) -> (host A, host B): daemons on the volume's two mounts."""
 
     def make(*flags: str) -> tuple[mounting.Mount, mounting.Mount]:
-        a, b = gluster_root
+        a, b = engine_root
         return (mount_factory("--memory", "256M", "--shared", str(a / "hc"), *flags),
                 mount_factory("--memory", "256M", "--shared", str(b / "hc"), *flags))
 
@@ -127,7 +127,7 @@ def test_b_serves_after_a_is_killed(two_hosts):
     assert all(page_bytes(target, p) == page_bytes(source, p) for p in range(PAGES))
 
 
-def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts, gluster):
+def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts, engine):
     a, b = two_hosts()
     local = keys("b-local", 4)
     pool_b = publish_on_pages(b, local, seed=3)
@@ -135,7 +135,7 @@ def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts
     publish_on_pages(a, shared_only, seed=4)
     paths = [b.path / POOL_DIR / name for name in shared_only]
     assert wait_for(lambda: all(path.exists() for path in paths), 2.0)  # found, not fetched
-    gluster.stop()
+    engine.stop()
     try:
         assert wait_for(lambda: not b.stats()["tiers"]["shared"]["available"], 5.0)
         target = MHAHostPool(pages=4)
@@ -147,7 +147,7 @@ def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts
         assert time.monotonic() - started < 0.05
         assert reader.batch_get_v1(shared_only, indices(target, range(4))) == [False] * 4
     finally:
-        gluster.start()
+        engine.start()
     assert wait_for(lambda: b.stats()["tiers"]["shared"]["available"], 15.0)
     assert wait_for(lambda: reader.batch_exists(shared_only) == 4, 5.0)  # retried in the background
     b.expected_log_errors.append("shared tier")
@@ -160,12 +160,12 @@ def publish_on_pages(host: mounting.Mount, names: list[str], seed: int) -> MHAHo
     return pool
 
 
-def test_a_corrupt_file_on_the_shared_tier_is_caught_and_never_served(two_hosts, gluster_root):
+def test_a_corrupt_file_on_the_shared_tier_is_caught_and_never_served(two_hosts, engine_root):
     a, b = two_hosts()
     names = keys("corrupt", 2)
     publish_on_pages(a, names, seed=5)
     assert wait_for(lambda: a.stats()["tiers"]["shared"]["written_behind"] == 2, 5.0)
-    files = [p for p in (gluster_root[0] / "hc").rglob(names[0]) if p.is_file()]
+    files = [p for p in (engine_root[0] / "hc").rglob(names[0]) if p.is_file()]
     assert len(files) == 1
     with open(files[0], "r+b") as f:  # flip a byte in the middle of the payload
         f.seek(files[0].stat().st_size // 2)
@@ -182,7 +182,7 @@ def test_a_corrupt_file_on_the_shared_tier_is_caught_and_never_served(two_hosts,
     b.expected_log_errors.append("checksum")
 
 
-def test_the_shared_size_bound_holds(two_hosts, gluster_root):
+def test_the_shared_size_bound_holds(two_hosts, engine_root):
     a, b = two_hosts("--shared-size", "4M", "--max-page-size", "1M")
     names = keys("bounded", 12)
     pool = MHAHostPool(pages=12, layer_num=32, head_num=8, head_dim=32)  # 512 KiB pages: 6 MiB in all
@@ -194,7 +194,7 @@ def test_the_shared_size_bound_holds(two_hosts, gluster_root):
     assert a.stats()["tiers"]["shared"]["written_behind_bytes"] == 12 * (512 << 10)
 
     def within_bound():
-        used = sum(p.stat().st_size for p in (gluster_root[0] / "hc").rglob("*") if p.is_file()
+        used = sum(p.stat().st_size for p in (engine_root[0] / "hc").rglob("*") if p.is_file()
                    and ".journal" not in p.parts)
         return used <= 4 << 20
 

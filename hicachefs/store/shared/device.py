@@ -48,6 +48,9 @@ class DirectoryDevice:
     def write(self, data: bytes, fd: int) -> int:
         return os.write(fd, data)
 
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
     def rename(self, source: str, target: str) -> None:
         os.rename(source, target)
 

@@ -321,8 +321,9 @@ class SharedTier(Tier):
             self._to_close, self._recent = [], collections.OrderedDict()
         try:
             self._guard.call(self._close_all, fds, timeout=self._deadline_s, probe=True)
+            self._guard.call(self._journal.close, timeout=self._deadline_s, probe=True)
         except OSError:
-            pass
+            pass  # a filesystem that hangs keeps them; nothing else is left to do with them
         self._guard.close()
 
     # -- filesystem work, run on guard threads -------------------------------------------
