@@ -1,8 +1,10 @@
-"""Two hosts' daemons on the two mounts of one GlusterFS volume, driven as SGLang drives them.
+"""Two hosts' daemons on the two mounts of one volume of each engine (``engine``: GlusterFS,
+then JuiceFS), driven as SGLang drives them.
 
 Host A and host B each mount hicachefs with ``--shared`` on their own view of the volume. What A
-publishes through the client, B finds with ``batch_exists`` and reads byte-exact with
-``batch_get_v1``; B keeps serving when A is killed and when the volume stops under it.
+publishes through the client, B finds with ``batch_exists`` within 2 s and reads byte-exact with
+``batch_get_v1``; what A removes with ``rm -r`` is gone on B; B keeps serving when A is killed,
+when the engine stops under it and comes back, and when it freezes.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -24,6 +27,10 @@ from hicachefs_client import HiCacheFS
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 POOL_DIR = "Qwen--Qwen2.5-0.5B-Instruct/bfloat16-page_first-16/tp0of1/kv"
 PAGES = 16
+#: The daemon's deadline for a call to the shared filesystem (``SharedTier``'s default), and a
+#: client request's allowance beyond it on a busy 2-core machine.
+DEADLINE_S = 0.5
+PROMPT_S = DEADLINE_S + 0.5
 
 
 def client(mount: mounting.Mount, pool: MHAHostPool) -> HiCacheFS:
@@ -151,6 +158,46 @@ def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts
     assert wait_for(lambda: b.stats()["tiers"]["shared"]["available"], 15.0)
     assert wait_for(lambda: reader.batch_exists(shared_only) == 4, 5.0)  # retried in the background
     b.expected_log_errors.append("shared tier")
+
+
+def test_b_serves_its_own_pages_and_never_waits_past_the_deadline_while_the_engine_is_frozen(two_hosts, engine):
+    a, b = two_hosts()
+    local = keys("b-local-frozen", 4)
+    pool_b = publish_on_pages(b, local, seed=6)
+    shared_only = keys("a-shared-frozen", 4)
+    pool_a = publish_on_pages(a, shared_only, seed=7)
+    assert wait_for(lambda: all((b.path / POOL_DIR / name).exists() for name in shared_only), 2.0)
+    target = MHAHostPool(pages=4)
+    reader = client(b, target)
+    took = []
+    with engine.frozen():  # every call on the volume hangs until the block ends
+        for _ in range(3):
+            for call in (lambda: reader.batch_get_v1(local, indices(target, range(4))),
+                         lambda: reader.batch_exists(shared_only),
+                         lambda: reader.batch_get_v1(shared_only, indices(target, range(4)))):
+                started = time.monotonic()
+                call()
+                took.append(time.monotonic() - started)
+        assert reader.batch_get_v1(local, indices(target, range(4))) == [True] * 4  # local pages
+        assert all(page_bytes(target, p) == page_bytes(pool_b, p) for p in range(4))
+    assert max(took) < PROMPT_S, took
+    assert wait_for(lambda: b.stats()["tiers"]["shared"]["available"], 15.0)
+    assert wait_for(lambda: reader.batch_get_v1(shared_only, indices(target, range(4))) == [True] * 4, 5.0)
+    assert all(page_bytes(target, p) == page_bytes(pool_a, p) for p in range(4))
+    b.expected_log_errors.append("shared tier")
+
+
+def test_rm_r_on_a_removes_the_pages_on_b(two_hosts, engine_root):
+    a, b = two_hosts()
+    names = keys("removed", 4)
+    publish_on_pages(a, names, seed=8)
+    paths = [b.path / POOL_DIR / name for name in names]
+    assert wait_for(lambda: all(path.exists() for path in paths), 2.0)  # found there, not fetched
+    model = POOL_DIR.split("/")[0]
+    shutil.rmtree(a.path / model)
+    assert wait_for(lambda: not any(path.exists() for path in paths), 2.0)
+    assert client(b, MHAHostPool(pages=4)).batch_exists(names) == 0
+    assert not [p for p in (engine_root[0] / "hc" / model).rglob("*") if p.is_file()]  # gone from the volume
 
 
 def publish_on_pages(host: mounting.Mount, names: list[str], seed: int) -> MHAHostPool:
