@@ -7,6 +7,8 @@
 #                                 file storage in DIR/bucket, FUSE-mounted at DIR/a and DIR/b
 #   scripts/juicefs.sh down DIR   unmount both, stop redis-server, remove DIR
 #
+# JUICEFS_MOUNT_OPTIONS (words) are added to both mounts' options, e.g. to try another tuning.
+#
 # Both are idempotent: "up" starts what is not running (so it also brings back a redis-server
 # that was stopped), "down" stops what runs. Processes are stopped by the PIDs recorded under
 # DIR, never by name. Nothing listens on a fixed port, so several volumes can run at once.
@@ -31,6 +33,7 @@ mount_options=(
   --attr-cache 1 --entry-cache 1 --dir-entry-cache 1 --negative-entry-cache 0
   --no-usage-report --no-syslog --backup-meta 0
   --metrics 127.0.0.1:0  # any free port: several volumes at once
+  ${JUICEFS_MOUNT_OPTIONS:-}
 )
 
 # Alive means: the process exists and is not a zombie (stopped processes linger as zombies here).
