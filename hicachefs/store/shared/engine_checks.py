@@ -118,19 +118,25 @@ def _glusterfs_client(mountpoint: str) -> list[str] | None:
 
 
 def settings(path: str) -> Settings | None:
-    """What the engine under ``path`` uses; None for a filesystem it cannot tell about."""
+    """What the engine under ``path`` uses; None for a filesystem it cannot tell about, or
+    settings it cannot read (JuiceFS's ``.config`` is root's alone)."""
     with open("/proc/self/mountinfo") as file:
         mount = find_mount(os.path.realpath(path), file.read())
-    if mount is None:
-        return None
+    try:
+        return _settings_of(mount) if mount is not None else None
+    except (ValueError, TypeError, AttributeError):
+        return None  # a format this module does not know
+
+
+def _settings_of(mount: Mount) -> Settings | None:
     if mount.fstype == "fuse.juicefs":
         for name in (".config", ".jfs.config"):  # the second with --prefix-internal
             try:
                 with open(os.path.join(mount.mountpoint, name)) as file:
                     return juicefs_settings(json.load(file))
-            except (FileNotFoundError, ValueError):
+            except (FileNotFoundError, PermissionError):
                 continue
-        return None  # --hide-internal
+        return None  # --hide-internal, or not root
     if mount.fstype == "fuse.glusterfs":
         argv = _glusterfs_client(mount.mountpoint)
         return glusterfs_settings(argv) if argv is not None else None
