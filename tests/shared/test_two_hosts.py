@@ -1,8 +1,10 @@
-"""Two hosts' daemons on the two mounts of one GlusterFS volume, driven as SGLang drives them.
+"""Two hosts' daemons on the two mounts of one volume of each engine (``engine``: GlusterFS,
+then JuiceFS), driven as SGLang drives them.
 
 Host A and host B each mount hicachefs with ``--shared`` on their own view of the volume. What A
-publishes through the client, B finds with ``batch_exists`` and reads byte-exact with
-``batch_get_v1``; B keeps serving when A is killed and when the volume stops under it.
+publishes through the client, B finds with ``batch_exists`` within 2 s and reads byte-exact with
+``batch_get_v1``; what A removes with ``rm -r`` is gone on B; B keeps serving when A is killed,
+when the engine stops under it and comes back, and when it freezes.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
+from hicachefs.store.shared import SharedTier
 from hicachefs.testing import mounting
 from hicachefs.testing.host_pools import MHAHostPool, page_bytes
 from hicachefs_client import HiCacheFS
@@ -24,6 +28,10 @@ from hicachefs_client import HiCacheFS
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 POOL_DIR = "Qwen--Qwen2.5-0.5B-Instruct/bfloat16-page_first-16/tp0of1/kv"
 PAGES = 16
+#: The daemon's deadline for a call to the shared filesystem, and a client request's allowance
+#: beyond it on a busy 2-core machine.
+DEADLINE_S = SharedTier.__init__.__kwdefaults__["deadline_s"]
+PROMPT_S = DEADLINE_S + 0.5
 
 
 def client(mount: mounting.Mount, pool: MHAHostPool) -> HiCacheFS:
@@ -54,11 +62,11 @@ def wait_for(condition, seconds: float):
 
 
 @pytest.fixture
-def two_hosts(mount_factory, gluster_root):
+def two_hosts(mount_factory, engine_root):
     """make(*flags) -> (host A, host B): daemons on the volume's two mounts."""
 
     def make(*flags: str) -> tuple[mounting.Mount, mounting.Mount]:
-        a, b = gluster_root
+        a, b = engine_root
         return (mount_factory("--memory", "256M", "--shared", str(a / "hc"), *flags),
                 mount_factory("--memory", "256M", "--shared", str(b / "hc"), *flags))
 
@@ -127,7 +135,7 @@ def test_b_serves_after_a_is_killed(two_hosts):
     assert all(page_bytes(target, p) == page_bytes(source, p) for p in range(PAGES))
 
 
-def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts, gluster):
+def test_b_keeps_serving_and_answers_misses_fast_while_the_engine_is_gone_and_after(two_hosts, engine):
     a, b = two_hosts()
     local = keys("b-local", 4)
     pool_b = publish_on_pages(b, local, seed=3)
@@ -135,7 +143,7 @@ def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts
     publish_on_pages(a, shared_only, seed=4)
     paths = [b.path / POOL_DIR / name for name in shared_only]
     assert wait_for(lambda: all(path.exists() for path in paths), 2.0)  # found, not fetched
-    gluster.stop()
+    engine.stop()
     try:
         assert wait_for(lambda: not b.stats()["tiers"]["shared"]["available"], 5.0)
         target = MHAHostPool(pages=4)
@@ -147,10 +155,53 @@ def test_b_keeps_serving_and_answers_misses_fast_when_the_volume_stops(two_hosts
         assert time.monotonic() - started < 0.05
         assert reader.batch_get_v1(shared_only, indices(target, range(4))) == [False] * 4
     finally:
-        gluster.start()
+        engine.start()
     assert wait_for(lambda: b.stats()["tiers"]["shared"]["available"], 15.0)
     assert wait_for(lambda: reader.batch_exists(shared_only) == 4, 5.0)  # retried in the background
+    assert reader.batch_get_v1(local, indices(target, range(4))) == [True] * 4  # nothing lost here
+    assert all(page_bytes(target, p) == page_bytes(pool_b, p) for p in range(4))
     b.expected_log_errors.append("shared tier")
+
+
+def test_b_serves_its_own_pages_and_never_waits_past_the_deadline_while_the_engine_is_frozen(two_hosts, engine):
+    a, b = two_hosts()
+    local = keys("b-local-frozen", 4)
+    pool_b = publish_on_pages(b, local, seed=6)
+    shared_only = keys("a-shared-frozen", 4)
+    pool_a = publish_on_pages(a, shared_only, seed=7)
+    assert wait_for(lambda: all((b.path / POOL_DIR / name).exists() for name in shared_only), 2.0)
+    target = MHAHostPool(pages=4)
+    reader = client(b, target)
+    took = []
+    with engine.frozen():  # every call on the volume hangs until the block ends
+        for _ in range(3):
+            for call in (lambda: reader.batch_get_v1(local, indices(target, range(4))),
+                         lambda: reader.batch_exists(shared_only),
+                         lambda: reader.batch_get_v1(shared_only, indices(target, range(4)))):
+                started = time.monotonic()
+                call()
+                took.append(time.monotonic() - started)
+        assert reader.batch_get_v1(local, indices(target, range(4))) == [True] * 4  # local pages
+        assert all(page_bytes(target, p) == page_bytes(pool_b, p) for p in range(4))
+        assert not b.stats()["tiers"]["shared"]["available"]  # the calls met the frozen engine
+    assert max(took) < PROMPT_S, took
+    assert wait_for(lambda: b.stats()["tiers"]["shared"]["available"], 15.0)
+    assert wait_for(lambda: reader.batch_get_v1(shared_only, indices(target, range(4))) == [True] * 4, 5.0)
+    assert all(page_bytes(target, p) == page_bytes(pool_a, p) for p in range(4))
+    b.expected_log_errors.append("shared tier")
+
+
+def test_rm_r_on_a_removes_the_pages_on_b(two_hosts, engine_root):
+    a, b = two_hosts()
+    names = keys("removed", 4)
+    publish_on_pages(a, names, seed=8)
+    paths = [b.path / POOL_DIR / name for name in names]
+    assert wait_for(lambda: all(path.exists() for path in paths), 2.0)  # found there, not fetched
+    model = POOL_DIR.split("/")[0]
+    shutil.rmtree(a.path / model)
+    assert wait_for(lambda: not any(path.exists() for path in paths), 2.0)
+    assert client(b, MHAHostPool(pages=4)).batch_exists(names) == 0
+    assert not [p for p in (engine_root[0] / "hc" / model).rglob("*") if p.is_file()]  # gone from the volume
 
 
 def publish_on_pages(host: mounting.Mount, names: list[str], seed: int) -> MHAHostPool:
@@ -160,12 +211,12 @@ def publish_on_pages(host: mounting.Mount, names: list[str], seed: int) -> MHAHo
     return pool
 
 
-def test_a_corrupt_file_on_the_shared_tier_is_caught_and_never_served(two_hosts, gluster_root):
+def test_a_corrupt_file_on_the_shared_tier_is_caught_and_never_served(two_hosts, engine_root):
     a, b = two_hosts()
     names = keys("corrupt", 2)
     publish_on_pages(a, names, seed=5)
     assert wait_for(lambda: a.stats()["tiers"]["shared"]["written_behind"] == 2, 5.0)
-    files = [p for p in (gluster_root[0] / "hc").rglob(names[0]) if p.is_file()]
+    files = [p for p in (engine_root[0] / "hc").rglob(names[0]) if p.is_file()]
     assert len(files) == 1
     with open(files[0], "r+b") as f:  # flip a byte in the middle of the payload
         f.seek(files[0].stat().st_size // 2)
@@ -182,7 +233,7 @@ def test_a_corrupt_file_on_the_shared_tier_is_caught_and_never_served(two_hosts,
     b.expected_log_errors.append("checksum")
 
 
-def test_the_shared_size_bound_holds(two_hosts, gluster_root):
+def test_the_shared_size_bound_holds(two_hosts, engine_root):
     a, b = two_hosts("--shared-size", "4M", "--max-page-size", "1M")
     names = keys("bounded", 12)
     pool = MHAHostPool(pages=12, layer_num=32, head_num=8, head_dim=32)  # 512 KiB pages: 6 MiB in all
@@ -194,7 +245,7 @@ def test_the_shared_size_bound_holds(two_hosts, gluster_root):
     assert a.stats()["tiers"]["shared"]["written_behind_bytes"] == 12 * (512 << 10)
 
     def within_bound():
-        used = sum(p.stat().st_size for p in (gluster_root[0] / "hc").rglob("*") if p.is_file()
+        used = sum(p.stat().st_size for p in (engine_root[0] / "hc").rglob("*") if p.is_file()
                    and ".journal" not in p.parts)
         return used <= 4 << 20
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from typing import NamedTuple
+
+_MAKEDIRS_PAUSES_S = (0.05, 0.25, 1.0)
 
 
 class Entry(NamedTuple):
@@ -48,6 +51,9 @@ class DirectoryDevice:
     def write(self, data: bytes, fd: int) -> int:
         return os.write(fd, data)
 
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
     def rename(self, source: str, target: str) -> None:
         os.rename(source, target)
 
@@ -58,6 +64,15 @@ class DirectoryDevice:
         return os.stat(path)
 
     def makedirs(self, path: str) -> None:
+        """``os.makedirs``, tried again when another host makes the same directories at once:
+        GlusterFS then answered ENOENT for a parent both had just made, until the kernel's
+        entry for it (1 s) expired."""
+        for pause in _MAKEDIRS_PAUSES_S:
+            try:
+                os.makedirs(path, exist_ok=True)
+                return
+            except FileNotFoundError:
+                time.sleep(pause)
         os.makedirs(path, exist_ok=True)
 
     def listdir(self, path: str) -> list[str]:

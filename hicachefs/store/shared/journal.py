@@ -7,9 +7,14 @@ reads the other hosts' journals from where it left off: the cost of a refresh is
 hosts plus the pages that changed. Listings (``sweep.Sweeper``) stay the ground truth for what
 the journals do not say (pages older than the journals, removals by other means).
 
-Reads use O_DIRECT where the filesystem allows it: a FUSE client caches a file's size for about
-a second, and a buffered read would not see appended bytes until it expires (measured on
-GlusterFS: ~1 s buffered, ~2 ms direct).
+Only what POSIX and close-to-open consistency promise is relied on, since engines differ past
+that: a writer's append reaches other hosts when it is flushed to the filesystem, and a reader
+sees it when it opens the file after that. So each batch is fsync'd after its write (JuiceFS
+keeps unsynced appends in the writer's buffer for about 2 s), and a reader opens each file anew
+for every poll (a descriptor kept open sees the file's old size for the attribute cache's time:
+about 1 s on JuiceFS even with O_DIRECT). Reads use O_DIRECT where the filesystem allows it: a
+FUSE client caches a file's pages, and a buffered read would not see appended bytes until the
+cache is dropped (measured on GlusterFS: ~1 s buffered, ~2 ms direct).
 
 A writer starts a new file when its file passes ``rotate_bytes`` or half of ``keep_s`` in age;
 any host removes journal files older than ``keep_s`` (removals are idempotent). A name holding a
@@ -43,10 +48,9 @@ class Announcement(NamedTuple):
 
 
 class _Source:
-    __slots__ = ("fd", "offset", "finished")
+    __slots__ = ("offset", "finished")
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    def __init__(self) -> None:
         self.offset = 0
         self.finished = False  # a rotated-away file that was read to its end
 
@@ -124,6 +128,7 @@ class Journal:
                 written = self._device.write(data, fd)
                 if written != len(data):
                     raise OSError(errno.EIO, f"journal append wrote {written} of {len(data)} bytes")
+                self._device.fsync(fd)  # what other hosts see of it (close-to-open)
             except OSError:
                 self._drop_file()
                 with self._pending_lock:
@@ -173,27 +178,19 @@ class Journal:
                 if parsed is not None and parsed[0] != self.writer:
                     latest[parsed[0]] = max(latest.get(parsed[0], 0), parsed[1])
             for gone in set(self._sources) - set(names):
-                self._forget(gone)
+                del self._sources[gone]
             found: list[Announcement] = []
             budget = self._poll_bytes
             for name in sorted(names):
                 parsed = _writer_of(name)
                 if parsed is None or parsed[0] == self.writer or budget <= 0:
                     continue
-                source = self._sources.get(name)
-                if source is None:
-                    try:
-                        source = self._sources[name] = _Source(self._open_direct(name))
-                    except OSError as error:
-                        if error.errno in _GONE:
-                            continue
-                        raise
+                source = self._sources.setdefault(name, _Source())
                 if source.finished:
                     continue
                 budget -= self._read_new(name, source, found)
                 if parsed[1] < latest[parsed[0]] and budget > 0:
                     source.finished = True  # rotated away: it never grows again
-                    self._device.close(source.fd)
             self.received += len(found)
             return found
         finally:
@@ -209,34 +206,39 @@ class Journal:
             return self._device.open(path, os.O_RDONLY)
 
     def _read_new(self, name: str, source: _Source, found: list[Announcement]) -> int:
-        """Read ``source`` from its offset to its end; return the bytes consumed."""
+        """Open ``name`` and read it from the source's offset to its end; return the bytes
+        consumed (none when the file is gone: another host expired it)."""
+        try:
+            fd = self._open_direct(name)
+        except OSError as error:
+            if error.errno in _GONE:
+                self._sources.pop(name, None)
+                return 0
+            raise
         consumed = 0
-        while True:
-            start = source.offset - source.offset % _ALIGN
-            skip = source.offset - start
-            try:
-                got = self._device.preadv([memoryview(self._buffer)[:_CHUNK]], source.fd, start)
-            except OSError as error:
-                if error.errno in _GONE:
-                    self._forget(name)
+        try:
+            while True:
+                start = source.offset - source.offset % _ALIGN
+                skip = source.offset - start
+                got = self._device.preadv([memoryview(self._buffer)[:_CHUNK]], fd, start)
+                if got <= skip:
                     return consumed
-                raise
-            if got <= skip:
+                announcements, used = parse(self._buffer[skip:got])
+                found.extend(announcements)
+                source.offset += used
+                consumed += used
+                if got < _CHUNK or used == 0 or consumed >= self._poll_bytes:
+                    return consumed
+        except OSError as error:
+            if error.errno in _GONE:
+                self._sources.pop(name, None)
                 return consumed
-            announcements, used = parse(self._buffer[skip:got])
-            found.extend(announcements)
-            source.offset += used
-            consumed += used
-            if got < _CHUNK or used == 0 or consumed >= self._poll_bytes:
-                return consumed
-
-    def _forget(self, name: str) -> None:
-        source = self._sources.pop(name, None)
-        if source is not None and not source.finished:
+            raise
+        finally:
             try:
-                self._device.close(source.fd)
+                self._device.close(fd)
             except OSError:
-                pass
+                pass  # nothing of it is kept
 
     def expire(self) -> int:
         """Remove every writer's journal files older than ``keep_s``; return how many."""
@@ -258,7 +260,5 @@ class Journal:
         return removed
 
     def close(self) -> None:
-        """Close the files (no flush: the tier flushes through its guard first)."""
+        """Close the writer's file (no flush: the tier flushes through its guard first)."""
         self._drop_file()
-        for name in list(self._sources):
-            self._forget(name)

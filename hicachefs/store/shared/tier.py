@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hicachefs.store.shared import engine_checks
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.guard import CallGuard, GuardStatistics, Refused
@@ -158,6 +159,7 @@ class SharedTier(Tier):
                                          queue_lag_s)
         try:
             self._guard.call(self._probe, timeout=deadline_s, probe=True)
+            self._check_engine()
         except OSError as error:
             self._guard.mark_unavailable(f"{type(error).__name__}: {error}")
             _log.warning("shared tier %s unavailable at start: %s", self.root, error)
@@ -321,8 +323,9 @@ class SharedTier(Tier):
             self._to_close, self._recent = [], collections.OrderedDict()
         try:
             self._guard.call(self._close_all, fds, timeout=self._deadline_s, probe=True)
+            self._guard.call(self._journal.close, timeout=self._deadline_s, probe=True)
         except OSError:
-            pass
+            pass  # a filesystem that hangs keeps them; nothing else is left to do with them
         self._guard.close()
 
     # -- filesystem work, run on guard threads -------------------------------------------
@@ -331,6 +334,20 @@ class SharedTier(Tier):
         """Whether the filesystem answers: a listing always reaches it (a stat may not)."""
         self._device.makedirs(self._layout.journal)
         self._device.listdir(self._layout.journal)
+
+    def _check_engine(self) -> None:
+        """Say once, in one line, what the filesystem's mount uses that the tier cannot work
+        well with (``engine_checks``); raises ``OSError`` when the filesystem does not answer."""
+        settings = self._guard.call(engine_checks.settings, str(self.root), timeout=self._deadline_s)
+        if settings is None:
+            return
+        problems = settings.problems()
+        if problems:
+            _log.warning("shared tier %s: its %s mount has %s; pages may take longer to reach other hosts "
+                         "or be lost (README: what the shared tier needs from its filesystem)",
+                         self.root, settings.engine, ", ".join(problems))
+        else:
+            _log.info("shared tier %s on %s: %s", self.root, settings.engine, settings.describe())
 
     def _open_page(self, name: str, where: Place, payload_ahead: int = 0) -> _Opened | None:
         path = self._layout.page_path(where)

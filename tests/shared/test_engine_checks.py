@@ -1,0 +1,50 @@
+"""The mount settings the shared tier checks at start: each engine's mounts as the project's
+scripts make them give what the tier needs, and a mount that does not is named in one warning."""
+
+import logging
+
+import pytest
+from shared_helpers import FAST
+
+from hicachefs.store.shared import SharedTier, engine_checks
+from hicachefs.testing.engine import EngineDidNotStart
+from hicachefs.testing.juicefs import JuiceVolume
+
+NEEDED = {"attribute cache": 1.0, "entry cache": 1.0, "negative entry cache": 0.0}
+
+
+def test_each_engines_mounts_give_what_the_tier_needs(engine):
+    for view in (engine.a, engine.b):
+        settings = engine_checks.settings(str(view / "hc"))
+        assert settings is not None and settings.engine == engine.name
+        assert {label: settings.caches_s[label] for label in NEEDED} == NEEDED
+        assert not settings.writeback and settings.problems() == []
+
+
+def test_a_juicefs_mount_with_long_caches_and_writeback_is_named_in_one_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("JUICEFS_MOUNT_OPTIONS", "--attr-cache 5 --negative-entry-cache 2 --writeback")
+    try:
+        volume = JuiceVolume.up(tmp_path / "v")
+    except EngineDidNotStart as error:
+        JuiceVolume.down(tmp_path / "v")
+        pytest.skip(f"JuiceFS did not start here: {error}")
+    try:
+        with caplog.at_level(logging.INFO, logger="hicachefs.store.shared.tier"):
+            SharedTier(volume.a / "hc", None, **FAST).close()
+    finally:
+        JuiceVolume.down(tmp_path / "v")
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "JuiceFS mount has attribute cache 5 s (at most 1 s), negative entry cache 2 s" in warnings[0]
+    assert "write-back caching" in warnings[0] and "entry cache 1 s" not in warnings[0]
+
+
+def test_nfs_with_its_default_attribute_caches_is_named():
+    mountinfo = ("36 25 0:40 / /mnt/nfs rw,relatime - nfs4 server:/export rw,vers=4.2,rsize=1048576,hard,proto=tcp\n"
+                 "37 36 0:41 / /mnt/nfs/fast rw - nfs4 server:/fast rw,vers=4.2,acregmax=1,acdirmax=1,lookupcache=pos\n")
+    slow = engine_checks.find_mount("/mnt/nfs/hicache", mountinfo)
+    fast = engine_checks.find_mount("/mnt/nfs/fast/hicache", mountinfo)
+    assert slow.mountpoint == "/mnt/nfs" and fast.mountpoint == "/mnt/nfs/fast"
+    assert engine_checks.nfs_settings(slow.options).problems() == [
+        "attribute cache 60 s (at most 1 s)", "entry cache 60 s (at most 1 s)", "negative entry cache 60 s (at most 1 s)"]
+    assert engine_checks.nfs_settings(fast.options).problems() == []
