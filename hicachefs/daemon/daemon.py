@@ -128,11 +128,13 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         if os.getuid() == 0:
             options.add("allow_other")
         pyfuse3.init(operations, config.mountpoint, options)
-        # From here on a stop signal is only heard while the loop listens for it, and ignored
-        # after: a second one (systemd signals a mount's processes again after umount) must
-        # not cut short the RAM tier's write-down below.
+        # From here on a stop signal never kills the process: one that comes before the loop
+        # listens (the mount is live already) is kept for it, and one after it is swallowed (a
+        # second one, as systemd sends a mount's processes after umount, must not cut short
+        # the RAM tier's write-down below).
+        early = _EarlyStop()
         for signum in HANDLED_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
+            signal.signal(signum, early)
         try:
             if config.workers > 1:
                 trio.run(answer_init, operations)
@@ -142,7 +144,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
             notifier.start()
             notify("READY=1")
             keep_start_up_objects()
-            trio.run(_serve, namespace, store, endpoint, config.mountpoint, pool)
+            trio.run(_serve, namespace, store, endpoint, config.mountpoint, pool, early)
         finally:
             notifier.stop()
             pyfuse3.close(unmount=True)
@@ -170,7 +172,7 @@ def _request_counts(requests: Requests, alone: dict[int, int]) -> tuple[dict, di
 
 
 async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoint | None,
-                 mountpoint: str, pool: WorkerPool | None) -> None:
+                 mountpoint: str, pool: WorkerPool | None, early: _EarlyStop) -> None:
     """Serve the mount (this process reads FUSE, or ``pool``'s workers do) and what runs beside
     it, until the session ends."""
     token = trio.lowlevel.current_trio_token()
@@ -185,7 +187,7 @@ async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoi
 
     store.on_gone(pages_gone)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, pyfuse3.terminate if pool is None else pool.stop)
+        nursery.start_soon(_stop_on_signal, pyfuse3.terminate if pool is None else pool.stop, early)
         nursery.start_soon(_reap_abandoned, namespace)
         nursery.start_soon(_end_pin_leases, namespace)
         if os.getuid() == 0:
@@ -206,9 +208,20 @@ def _raise_readahead(mountpoint: str) -> None:
         log.warning("could not raise the mount's readahead: %s", exc)
 
 
-async def _stop_on_signal(stop) -> None:
+class _EarlyStop:
+    """The handler of stop signals outside the loop: keeps the first, for the loop to act on."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+
+async def _stop_on_signal(stop, early: _EarlyStop) -> None:
     with trio.open_signal_receiver(*HANDLED_SIGNALS) as signals:
-        signum = await signals.__anext__()
+        signum = early.signum or await signals.__anext__()
         log.info("%s: finishing requests in flight, then unmounting", signal.Signals(signum).name)
         stop()
         await trio.sleep_forever()  # still listening, so later stop signals are swallowed
