@@ -5,10 +5,8 @@ A batch is a 16-byte prefix, a header of ``<size> <path>\\n`` lines and the page
 back, written from offset 0; the kernel cuts each write into WRITE requests of up to 1 MiB, so a
 page costs the daemon its bytes' share of a request instead of six requests of its own. The
 header goes first on its own: the pages' WRITEs then start on a page (1 MiB pages: one WRITE
-each), it costs no request more than one write of everything (8 pages of 128 KiB: 2 WRITEs either
-way), and with ``--workers`` the daemon has the pages' places ready before their bytes come, so a
-worker hands a WRITE of them to the owner in one message instead of two. Each page is
-published once its last byte is in; a page already published is kept as it is
+each), and it costs no request more than one write of everything (8 pages of 128 KiB: 2 WRITEs
+either way). Each page is published once its last byte is in; a page already published is kept as it is
 (``KEEP_EXISTING``), so the writer does not ask first (two requests saved per batch). A write
 that stops short means a page failed: a read of the handle says how many pages of the batch
 were published and why the next one failed, and the rest is written again as a new batch.

@@ -2,7 +2,7 @@
 """Reliability figures in one run: each kind of trouble until its target is reached, then a table.
 
     .venv/bin/python scripts/stress.py [--minutes 30] [--modes crash-wt,model,...] [--seed N]
-                                       [--scale 1.0] [--record FILE] [--workers N]
+                                       [--scale 1.0] [--record FILE]
 
 Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick look):
 
@@ -344,12 +344,8 @@ def main() -> int:
                         help="where a failing model run's steps are written (default ./stress-model-failures.txt)")
     parser.add_argument("--jobs", type=int, choices=(1, 2), default=2,
                         help="2 (default): the model mode runs in a second process alongside the others")
-    parser.add_argument("--workers", type=int, choices=range(1, 65), metavar="N",
-                        help="mount with --workers N (default: the daemon's own default)")
     parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)  # a model job's figures, as JSON
     args = parser.parse_args()
-    if args.workers is not None:  # every mount of this process and of the model job
-        os.environ[mounting.WORKERS_ENV] = str(args.workers)
     # The store warns about each fault the rounds inject; a count of errors is what matters here.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     started = time.monotonic()

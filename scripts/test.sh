@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the whole test suite. CI runs exactly this.
-# Without arguments, the whole suite, then a named subset (the FUSE paths of pages, ingest, fetch,
-# the kernel's cache, listings, the control files) again with every mount served by 2 worker
-# processes (--workers 2); with arguments, one run of pytest with them. Every run runs whatever
-# the ones before it did; a line for each at the end says how it went, and the exit status is
-# non-zero if any failed.
+# Without arguments, the suite in two runs: everything but the shared tier's engines, then the
+# shared tier's tests (on GlusterFS and JuiceFS volumes); with arguments, one run of pytest with
+# them. Every run runs whatever the ones before it did; a line for each at the end says how it
+# went, and the exit status is non-zero if any failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
@@ -29,16 +28,8 @@ runs() {
         run "pytest $*" "${pytest[@]}" "$@"
         return
     fi
-    run "the whole suite" "${pytest[@]}"
-    # Deselected at N=2: both count a control file's requests from .hicachefs/stats, and the kernel
-    # sends the RELEASE of each read of the stats file after its close; with 2 readers another
-    # worker may forward it after the next read, so it lands in the count.
-    run "a subset with --workers 2" env HICACHEFS_TEST_WORKERS=2 "${pytest[@]}" \
-        tests/fs/test_page_files.py tests/fs/test_ingest.py tests/fs/test_fetch.py \
-        tests/fs/test_kernel_cache.py tests/fs/test_many_threads.py tests/fs/test_names.py \
-        tests/fs/test_shell_tools.py tests/fs/test_control_files.py \
-        --deselect tests/fs/test_fetch.py::test_a_batch_is_read_back_to_back_in_as_few_reads_as_its_bytes_need \
-        --deselect tests/fs/test_ingest.py::test_a_batch_publishes_every_page_whole_in_few_requests
+    run "all but the shared tier" "${pytest[@]}" --ignore=tests/shared
+    run "the shared tier" "${pytest[@]}" tests/shared
 }
 
 runs "$@"

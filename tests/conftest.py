@@ -24,8 +24,7 @@ def mount_factory(tmp_path):
     """Mount hicachefs with given flags; every mount made is stopped and removed at teardown.
 
     ``mount_factory(*flags, path=None)`` returns a ``mounting.Mount``. Remounting the same
-    path (after ``mounting.stop`` or ``mounting.kill``) is allowed. ``HICACHEFS_TEST_WORKERS=N``
-    in the environment mounts with ``--workers N`` where the flags do not say (``mounting.start``).
+    path (after ``mounting.stop`` or ``mounting.kill``) is allowed.
     """
     assert os.path.exists("/dev/fuse"), "/dev/fuse is missing: FUSE tests cannot run"
     mounts: list[mounting.Mount] = []

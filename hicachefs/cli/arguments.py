@@ -60,8 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="discard an unpublished temporary file this long after its last close (default 60)")
     mount.add_argument("--metrics-listen", metavar="HOST:PORT",
                        help="serve Prometheus metrics at http://HOST:PORT/metrics (PORT alone: 127.0.0.1)")
-    mount.add_argument("--workers", default="1", metavar="N",
-                       help="processes that read FUSE requests, 1 to 64 (default 1: the daemon's own)")
     mount.set_defaults(fuse_options=())
     umount = commands.add_parser("umount", help="unmount cleanly (RAM tier written down to disk)")
     umount.add_argument("mountpoint")

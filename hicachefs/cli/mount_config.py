@@ -19,7 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ..daemon.config import MAX_WORKERS, DaemonConfig
+from ..daemon.config import DaemonConfig
 from ..daemon.metrics_endpoint import check_can_listen, parse_listen_address
 from ..store.device import ArenaRefused
 from ..store.ssd_tier import check_disk_dir
@@ -57,7 +57,6 @@ def daemon_config(args: argparse.Namespace, mountpoint: Path) -> DaemonConfig:
     if args.write_through and disk_dir is None:
         raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
     _check_temp_timeout(args.temp_timeout)
-    workers = _workers(args.workers)
     metrics_listen = None if args.metrics_listen is None else _metrics_listen(args.metrics_listen)
     _check_fuse()
     log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
@@ -78,7 +77,6 @@ def daemon_config(args: argparse.Namespace, mountpoint: Path) -> DaemonConfig:
         kernel_cache=args.kernel_cache,
         metrics_listen=metrics_listen,
         fuse_options=tuple(args.fuse_options),
-        workers=workers,
     )
 
 
@@ -210,12 +208,6 @@ def _check_temp_timeout(seconds: float) -> None:
         raise UsageError(f"--temp-timeout {seconds:g} is below the minimum of {MIN_TEMP_TIMEOUT_S:g} second")
     if seconds > MAX_TEMP_TIMEOUT_S:
         raise UsageError(f"--temp-timeout {seconds:g} is above the maximum of {MAX_TEMP_TIMEOUT_S:g} seconds")
-
-
-def _workers(text: str) -> int:
-    if not text.strip().isdigit() or not 1 <= int(text) <= MAX_WORKERS:
-        raise UsageError(f"--workers {text}: give a whole number of processes from 1 to {MAX_WORKERS}")
-    return int(text)
 
 
 def _check_log_file(path: str, given: str | None) -> None:

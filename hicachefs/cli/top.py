@@ -2,8 +2,7 @@
 
 Every view shows the levels of the newer read (pages, bytes, capacity per tier) and the rates
 between the two reads: bytes in and out per tier, hits, evictions, demotions and promotions
-per second, FUSE requests per second by operation (and by worker process, with ``--workers``),
-errors. The first view comes one interval after the start, so even ``--count 1`` shows real
+per second, FUSE requests per second by operation, errors. The first view comes one interval after the start, so even ``--count 1`` shows real
 rates.
 
 On a terminal the view is redrawn in place (rich's ``Live``, on the alternate screen) until
@@ -139,19 +138,7 @@ def render(mountpoint: Path, before: Sample, after: Sample) -> Group:
     for op in by_rate:
         requests.add_row(op, _number(_delta(old_requests, new_requests, op) / seconds), str(new_requests[op]))
 
-    parts = [summary, levels, traffic, requests]
-    if new.get("requests_by_worker"):
-        parts.append(_workers(old.get("requests_by_worker", {}), new["requests_by_worker"], seconds))
-    return Group(*parts, _errors(old, new, seconds))
-
-
-def _workers(old: dict, new: dict, seconds: float) -> Table:
-    """Each worker process's requests (``--workers``): how the kernel spread them."""
-    table = _table("worker", "requests/s", "total")
-    for worker in sorted(new, key=int):
-        total, before = sum(new[worker].values()), sum(old.get(worker, {}).values())
-        table.add_row(worker, _number((total - before if total >= before else total) / seconds), str(total))
-    return table
+    return Group(summary, levels, traffic, requests, _errors(old, new, seconds))
 
 
 def _errors(old: dict, new: dict, seconds: float) -> Table | Text:

@@ -11,9 +11,6 @@ from pathlib import Path
 
 from ..store import StoreConfig
 
-#: The most worker processes a mount takes (``--workers``).
-MAX_WORKERS = 64
-
 
 @dataclass(frozen=True)
 class DaemonConfig:
@@ -34,8 +31,6 @@ class DaemonConfig:
     metrics_listen: str | None = None
     #: Kernel mount flags given with ``-o`` (nosuid, noatime...), passed on with the mount.
     fuse_options: tuple[str, ...] = ()
-    #: Processes that read FUSE requests (``daemon/workers.py``); 1: the daemon's own.
-    workers: int = 1
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(

@@ -16,7 +16,6 @@ hold yet is filled by 1 MiB requests in flight together rather than 128 KiB ones
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import ctypes.util
 import functools
@@ -44,7 +43,6 @@ from .metrics_endpoint import MetricsEndpoint
 from .recovery_reporter import Reporter
 from .sd_notify import notify
 from .statistics import DaemonStatistics
-from .workers import WorkerPool, answer_init
 
 log = logging.getLogger("hicachefs")
 
@@ -104,18 +102,16 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         return 1
     finally:
         reporter.close()
-    requests = endpoint = pool = None
+    requests = endpoint = None
     try:
         effective = {**asdict(config), "pid": os.getpid()}
         notifier = KernelNotifier(config.memory_bytes // PUSH_SHARE)
 
         def statistics() -> DaemonStatistics:  # wiring, read at every open of .hicachefs/stats
-            alone = pool.answered_alone() if pool is not None else {}
-            counts, by_worker = _request_counts(requests, alone)
             refusals = requests.refusals.statistics()
-            return DaemonStatistics(store.statistics(), dict(requests.errors), counts, namespace.pending_count(),
-                                    notifier.statistics(), by_worker, {str(w): n for w, n in alone.items()},
-                                    refusals.by_user, refusals.not_logged)
+            return DaemonStatistics(store.statistics(), dict(requests.errors), dict(requests.counts),
+                                    namespace.pending_count(), notifier.statistics(), refusals.by_user,
+                                    refusals.not_logged)
 
         namespace = Namespace(store, ControlFiles(store, statistics, metrics.render, effective), notifier,
                               config.temp_timeout_s, config.kernel_cache)
@@ -136,45 +132,25 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         for signum in HANDLED_SIGNALS:
             signal.signal(signum, early)
         try:
-            if config.workers > 1:
-                trio.run(answer_init, operations)
-                pool = WorkerPool(config.workers, operations, requests, config.mountpoint)
-                pool.start()
-                effective["worker_pids"] = pool.pids
             notifier.start()
             notify("READY=1")
             keep_start_up_objects()
-            trio.run(_serve, namespace, store, endpoint, config.mountpoint, pool, early)
+            trio.run(_serve, namespace, store, endpoint, config.mountpoint, early)
         finally:
             notifier.stop()
             pyfuse3.close(unmount=True)
-        if pool is not None and pool.failed:
-            log.info("left the dead mount at %s for hicachefs umount or mount to remove", config.mountpoint)
-        else:
-            log.info("unmounted %s", config.mountpoint)
+        log.info("unmounted %s", config.mountpoint)
     finally:
         if endpoint is not None:
             endpoint.close()
         store.close()
         log.info("store closed")
-    return 1 if pool is not None and pool.failed else 0
-
-
-def _request_counts(requests: Requests, alone: dict[int, int]) -> tuple[dict, dict]:
-    """Requests answered, in all and by worker: those the owner answered, and the reads the
-    workers answered alone (``alone``, by worker)."""
-    counts = collections.Counter(requests.counts)
-    by_worker = {w: collections.Counter(ops) for w, ops in requests.by_worker.items()}
-    for worker, reads in alone.items():
-        counts["read"] += reads
-        by_worker.setdefault(worker, collections.Counter())["read"] += reads
-    return dict(counts), {str(w): dict(ops) for w, ops in sorted(by_worker.items())}
+    return 0
 
 
 async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoint | None,
-                 mountpoint: str, pool: WorkerPool | None, early: _EarlyStop) -> None:
-    """Serve the mount (this process reads FUSE, or ``pool``'s workers do) and what runs beside
-    it, until the session ends."""
+                 mountpoint: str, early: _EarlyStop) -> None:
+    """Serve the mount and what runs beside it, until the session ends."""
     token = trio.lowlevel.current_trio_token()
     if endpoint is not None:
         endpoint.attach(token)
@@ -187,14 +163,14 @@ async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoi
 
     store.on_gone(pages_gone)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, pyfuse3.terminate if pool is None else pool.stop, early)
+        nursery.start_soon(_stop_on_signal, pyfuse3.terminate, early)
         nursery.start_soon(_reap_abandoned, namespace)
         nursery.start_soon(_end_pin_leases, namespace)
         if os.getuid() == 0:
             # Abandoned on cancel: its stat is served by this very loop, which may be ending.
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, _raise_readahead, mountpoint,
                                                  abandon_on_cancel=True))
-        await (pyfuse3.main() if pool is None else pool.serve())
+        await pyfuse3.main()
         nursery.cancel_scope.cancel()
 
 

@@ -49,7 +49,6 @@ _HELP = {
     "user_errors": "Requests refused with an error, by the uid of their sender and kind (errno, or internal).",
     "errors_not_logged": "Refused requests that made no log line (past the first of each kind and user).",
     "fuse_requests": "FUSE requests answered, by operation.",
-    "worker_requests": "FUSE requests answered, by worker process (--workers) and operation.",
 }
 #: The store's fields that are sums over its tiers (see the module docstring).
 _TIER_SUMS = frozenset({"hits", "evictions", "demotions", "promotions", "checksum_failures",
@@ -80,11 +79,6 @@ def metric_families(facts: DaemonStatistics) -> list[Metric]:
     add("errors_not_logged", "total", facts.errors_not_logged)
     for op, count in facts.requests.items():
         add("fuse_requests", "total", count, {"operation": op})
-    for worker, counts in facts.requests_by_worker.items():
-        for op, count in counts.items():
-            add("worker_requests", "total", count, {"worker": worker, "operation": op})
-    for worker, count in facts.reads_answered_alone.items():
-        add("worker_reads_answered_alone", "total", count, {"worker": worker})
     for field, kind, value in numbers(facts.store):
         if field not in _TIER_SUMS:
             add(_NAMES.get(field, field), kind, value)

@@ -18,19 +18,14 @@ class DaemonStatistics:
     """``errors``: requests refused, by errno name; ``errors_by_user``: the same by the uid of
     their sender and kind (``fs/refusal_log.py``); ``errors_not_logged``: refusals that made no
     log line (past the first of each kind and user, one line in 10 s at most); ``requests``:
-    FUSE requests answered, by
-    operation; ``pending_files``: files being written that are not published yet;
-    ``requests_by_worker``: with ``--workers``, each worker's share of ``requests`` (by its
-    number, 1 to N; empty for a daemon that reads FUSE itself); ``reads_answered_alone``: of each
-    worker's reads, those it answered without the owner (``fs/fetch_windows.py``)."""
+    FUSE requests answered, by operation; ``pending_files``: files being written that are not
+    published yet."""
 
     store: StoreStatistics
     errors: dict[str, int] = field(default_factory=dict)
     requests: dict[str, int] = field(default_factory=dict)
     pending_files: int = 0
     kernel_cache: KernelCacheStatistics = field(default_factory=KernelCacheStatistics)
-    requests_by_worker: dict[str, dict[str, int]] = field(default_factory=dict)
-    reads_answered_alone: dict[str, int] = field(default_factory=dict)
     errors_by_user: dict[str, dict[str, int]] = field(default_factory=dict)
     errors_not_logged: int = 0
 
@@ -38,6 +33,4 @@ class DaemonStatistics:
         return {**self.store.as_dict(), "errors": dict(self.errors),
                 "errors_by_user": {uid: dict(kinds) for uid, kinds in self.errors_by_user.items()},
                 "errors_not_logged": self.errors_not_logged, "requests": dict(self.requests),
-                "pending_files": self.pending_files, "kernel_cache": as_dict(self.kernel_cache),
-                "requests_by_worker": {w: dict(ops) for w, ops in self.requests_by_worker.items()},
-                "reads_answered_alone": dict(self.reads_answered_alone)}
+                "pending_files": self.pending_files, "kernel_cache": as_dict(self.kernel_cache)}

@@ -54,8 +54,6 @@ MAX_FETCH_REQUEST = 4 << 20
 PARSED_LINE_BYTES = 256
 #: Lines parsed in one step: about a millisecond of the daemon's time.
 PARSE_LINES = 2048
-#: The most pages one handle holds pinned (``read``'s ``ahead``).
-MAX_WINDOW_PAGES = 64
 
 
 class FetchHandle:
@@ -68,12 +66,11 @@ class FetchHandle:
         self.account = account
         self._request = bytearray()
         self._lines = 0  # newlines in the request
-        self._pages: list[tuple[str, int]] | None = None  # set by the first read (or ``pin_first``)
+        self._pages: list[tuple[str, int]] | None = None  # set by the first read
         self._read = False  # the request was read: a write starts a new one
         self._starts: list[int] = []
         self._parsed = 0  # request bytes parsed into _pages
         self._held: dict[int, PageReader] = {}  # page index -> its pinned reader
-        self._ends = False  # the last read or its pages ahead reached the answer's end
         self._failure: FsError | None = None  # a refused request, until its read (``_fail``)
         self._reading = trio.Lock()
 
@@ -84,13 +81,10 @@ class FetchHandle:
             return self._write(data)
 
     def _write(self, data: bytes) -> int:
-        data = bytes(data)  # a worker's write arrives as a view of its message
         if self._failure is not None:
             raise FsError(self._failure.errno, f"{self._failure.strerror}; read to end the request")
         if self._read:  # a write after a read starts a new request
             self._new_request()
-        elif self._pages is not None:  # parsed by ``pin_first``: the request goes on
-            self._unparse()
         if not self._request and data.startswith(b"0 "):  # a report of reads made elsewhere
             if len(data) > MAX_FETCH_REQUEST:
                 raise FsError(errno.EFBIG, f"a report of reads over {MAX_FETCH_REQUEST} bytes")
@@ -125,20 +119,18 @@ class FetchHandle:
             raise FsError(errno.EINVAL, "a report of reads has only lines '0 <path>'")
         self.store.count_reads(line[2:].decode("utf-8", "surrogateescape") for line in lines)
 
-    async def read(self, offset: int, size: int, ahead: int = 0) -> list:
+    async def read(self, offset: int, size: int) -> list:
         """The pages' bytes from ``offset``, as views of each page, or of several that lie end to
-        end in RAM (joined by the FUSE face, or gathered by a worker from the memory it shares
-        with the store). ``ahead``: also pin the RAM pages of the next ``ahead`` bytes of the
-        answer, for ``window`` (a writer's handle only: see ``_pins_ahead``)."""
+        end in RAM (the FUSE face joins them)."""
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise FsError(failure.errno, f"the fetch request failed: {failure.strerror}")
         async with self._reading:  # one read at a time: each lets go of the pages the last one held
             await self._parse()
             if self.account.writer:
-                return await self._answer(offset, size, ahead)
+                return await self._answer(offset, size)
             async with self.account.turn():  # another user's reads take turns (``request_limits``)
-                return await self._answer(offset, size, ahead)
+                return await self._answer(offset, size)
 
     async def _parse(self) -> None:
         """Parse the request at its first read (in steps, if it is large)."""
@@ -153,8 +145,10 @@ class FetchHandle:
                 self._new_request()  # a malformed request: the next write starts a new one
                 raise
 
-    async def _answer(self, offset: int, size: int, ahead: int) -> list:
-        self.was_read()
+    async def _answer(self, offset: int, size: int) -> list:
+        if not self._read:  # the answer began: a write starts a new request
+            self._read = True
+            self._request = bytearray()
         pages, starts = self._pages, self._starts
         if not pages or offset >= starts[-1] + pages[-1][1]:
             return []
@@ -177,78 +171,19 @@ class FetchHandle:
                 pieces.append(reader.read(position - start, take))
                 position += take
                 index += 1
-            self._ends = position < end or index == len(pages)
-            if ahead and not self._ends and self._pins_ahead:
-                self._pin_ahead(index, starts[index] + ahead, previous)
         finally:
             for reader in previous.values():
                 reader.close()
         return self.store.merged(pieces)
 
-    def _pin_ahead(self, index: int, until: int, previous: dict[int, PageReader]) -> None:
-        """Pin the RAM pages that begin before ``until`` in the answer, from page ``index`` on,
-        up to ``MAX_WINDOW_PAGES`` of them held; stop before one that RAM cannot serve."""
-        pages, starts = self._pages, self._starts
-        while index < len(pages) and starts[index] < until and len(self._held) < MAX_WINDOW_PAGES:
-            reader = previous.pop(index, None)
-            if reader is None:
-                reader = self._open(*pages[index])
-                if isinstance(reader, NeedsIO):
-                    return  # on a lower tier: the read that reaches it reads it
-            if reader is None:
-                self._ends = True
-                return
-            self._held[index] = reader
-            index += 1
-        self._ends = index == len(pages)
-
-    @property
-    def _pins_ahead(self) -> bool:
-        """Pages are pinned ahead of the reads only for the store's own clients: a pinned page
-        that is evicted keeps its room until unpinned, so a plain user's handles, each pinning
-        as far ahead, could hold the RAM tier's room. Anyone else's handle pins what its last
-        read read, as ever."""
-        return self.account.writer
-
-    def was_read(self) -> None:
-        """The answer began (here, or in a worker from ``window``): a write starts a new request."""
-        if not self._read:
-            self._read = True
-            self._request = bytearray()
-
-    def pin_first(self, ahead: int) -> None:
-        """Parse the request written so far and pin its RAM pages of the answer's first
-        ``ahead`` bytes, so that its first reads can be answered from ``window``; a write that
-        follows undoes it. A large or malformed request is left for its read."""
-        if self._read or self._pages is not None or not self._request or self.account.large or not self._pins_ahead:
-            return
-        self._pages = []
-        try:
-            self._parse_step()
-        except FsError:
-            self._unparse()
-            return
-        self._ends = not self._pages
-        self._pin_ahead(0, ahead, {})
-
-    def _unparse(self) -> None:
-        """Undo ``pin_first``: the request's lines are parsed again at its read."""
-        for reader in self._held.values():
-            reader.close()
-        self._held = {}
-        self._pages, self._starts, self._parsed = None, [], 0
-
-    def window(self) -> tuple[list[tuple[int, memoryview]], bool]:
-        """The pages pinned since the last read, in order: (start in the answer, bytes), and
-        whether the answer ends after them (a page that cannot be served, or the request's end)."""
-        starts = self._starts
-        return [(starts[i], reader.read(0, reader.size)) for i, reader in sorted(self._held.items())], self._ends
-
     def release(self) -> None:
         self._new_request()
 
     def _new_request(self) -> None:
-        self._unparse()
+        for reader in self._held.values():
+            reader.close()
+        self._held = {}
+        self._pages, self._starts, self._parsed = None, [], 0
         self._request = bytearray()
         self._lines = 0
         self._read = False

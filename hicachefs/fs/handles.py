@@ -30,35 +30,17 @@ class Handle(Protocol):
     def release(self) -> None: ...
 
 
-#: Handles that may keep a slot of their own in memory the worker processes share
-#: (``handle_slots``) at once: the handle's number says which (``slot_of``).
-SLOTS = 1024
-_NO_SLOT = SLOTS  # the residue of a number that has none
-_MODULUS = SLOTS + 1
-
-
-def slot_of(number: int) -> int | None:
-    """The slot a handle number was given (``HandleTable.add``), or None."""
-    slot = number % _MODULUS
-    return None if slot == _NO_SLOT else slot
-
-
 class HandleTable:
-    """Handle numbers (the FUSE ``fh``) to handles. A number is never used twice, and says in
-    its residue modulo ``SLOTS + 1`` which slot it holds, if any: a slot is any one handle's
-    alone while it is open, so that a worker finds it from the number the kernel sends."""
+    """Handle numbers (the FUSE ``fh``) to handles; a number is never used twice."""
 
     def __init__(self) -> None:
         self._serials = itertools.count(1)
         self._handles: dict[int, Handle] = {}
         self._openers: dict[int, int] = {}
-        self._free_slots = list(range(SLOTS - 1, -1, -1))
 
-    def add(self, handle: Handle, slotted: bool = False, uid: int | None = None) -> int:
-        """The handle's number; ``slotted``: with a slot of its own while one is free; ``uid``:
-        who opened it (``opener``), where known."""
-        slot = self._free_slots.pop() if slotted and self._free_slots else _NO_SLOT
-        number = next(self._serials) * _MODULUS + slot
+    def add(self, handle: Handle, uid: int | None = None) -> int:
+        """The handle's number; ``uid``: who opened it (``opener``), where known."""
+        number = next(self._serials)
         self._handles[number] = handle
         if uid is not None:
             self._openers[number] = uid
@@ -78,8 +60,6 @@ class HandleTable:
         handle = self._handles.pop(fh, None)
         self._openers.pop(fh, None)
         if handle is not None:
-            if (slot := slot_of(fh)) is not None:
-                self._free_slots.append(slot)
             handle.release()
 
     def __len__(self) -> int:

@@ -21,20 +21,6 @@ its bytes came before it (the kernel then reports the batch's earlier writes as 
 A read of the handle says how many of the batch's pages were published and the errno of the one
 that failed: ``<published> <errno>\\n``.
 
-With worker processes (``--workers``) a WRITE's page bytes need not pass through the owner of
-the store: ``plan`` takes the write's head (the batch's first write sends the prefix and header,
-and whatever payload follows them in its head; later writes send none) as any write, reserves
-the pages the rest of the write reaches and says where their bytes go (a draft's place in the
-memory the store shares with the workers, or inline when it has none; nowhere for a page kept as
-it is); the worker copies them there and checksums the pages whose last byte it copied (all
-their bytes are in that memory by then: a batch's writes come one after another), and
-``filled`` publishes them with those checksums, with the same rules and answers as ``write``.
-After a write the owner may also reserve the drafts of the pages that follow (``reserve_ahead``:
-then a page is reserved before its first byte arrives, and ``KEEP_EXISTING`` asks whether its
-name is published when it is reserved) and show them to the workers (``window``); a worker that
-copied the next write by them sends ``filled_at``, which plans that write and fills it in one
-(``ingest_windows.py``).
-
 Not thread-safe: the daemon's trio thread only. Nothing here blocks beyond the store's
 memory-speed ``reserve`` and ``publish``.
 """
@@ -43,7 +29,6 @@ from __future__ import annotations
 
 import errno
 import struct
-from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from .. import names
@@ -106,36 +91,6 @@ def parse_header(header: bytes, count: int, payload_start: int, max_size: int) -
     return entries
 
 
-class _Step(NamedTuple):
-    """A planned part of a write: ``take`` bytes of page ``index`` from its byte ``written``
-    on, into ``draft`` (None: the page is kept as it is; index -1: the header goes on)."""
-
-    index: int
-    written: int
-    take: int
-    draft: Draft | None
-
-
-@dataclass
-class WritePlan:
-    """Where the bytes of a write past its head go (see the module docstring): ``copies`` are
-    (position in the write, length, offset in shared memory), ``inline`` the (position, length)
-    ranges to send back with ``filled``, in order; ``checksummed`` the (offset in shared memory,
-    size) of the pages the copies complete, whose checksums ``filled`` gets, in order."""
-
-    copies: list[tuple[int, int, int]] = field(default_factory=list)
-    inline: list[tuple[int, int]] = field(default_factory=list)
-    checksummed: list[tuple[int, int]] = field(default_factory=list)
-    steps: list[_Step] = field(default_factory=list)
-    taken: int = 0  # bytes of the write the head used
-    failure: FsError | StoreError | None = None  # what stops the write after its steps
-    reserved: list[Draft] = field(default_factory=list)  # drafts of pages the plan began
-
-    def wire(self) -> tuple[list, list, list]:
-        """What the worker needs of it: the copies, the inline ranges, the pages to checksum."""
-        return self.copies, self.inline, self.checksummed
-
-
 class IngestStream:
     """One handle's batch in progress. See the module docstring."""
 
@@ -153,11 +108,8 @@ class IngestStream:
         self._keep_existing = False
         self._skipping = False  # the page being received is kept as it is: its bytes pass by
         self._failure: FsError | StoreError | None = None
-        self._plan: WritePlan | None = None  # planned, not filled yet
-        self._ahead: dict[int, Draft | None] = {}  # page index -> its draft reserved ahead (None: kept)
 
     def write(self, offset: int, data: bytes) -> int:
-        self._drop_plan()
         if offset == 0:
             self.close()
             self._reset()
@@ -187,182 +139,21 @@ class IngestStream:
             return used
         raise exc
 
-    def plan(self, offset: int, size: int, head) -> int | WritePlan:
-        """Phase one of a ``size``-byte write at ``offset`` whose bytes past ``head`` another
-        process copies: the bytes accepted when the head was the whole write or the write
-        stopped in it, else the plan for the rest (``filled`` ends it)."""
-        taken = self.write(offset, head)
-        if taken < len(head) or taken == size:
-            return taken
-        plan = WritePlan(taken=taken)
-        if self._entries is None:  # a header longer than the head: it all comes inline
-            plan.inline.append((taken, size - taken))
-            plan.steps.append(_Step(-1, 0, size - taken, None))
-            self._plan = plan
-            return plan
-        at, index = taken, self._next
-        written = self._position - self._entries[index].start if index < len(self._entries) else 0
-        while at < size:
-            if index >= len(self._entries):
-                plan.failure = FsError(errno.EINVAL, "ingest write past the last page of the batch")
-                break
-            entry = self._entries[index]
-            try:
-                draft = self._planned_draft(plan, index, written, entry)
-            except (FsError, StoreError) as exc:
-                plan.failure = exc
-                break
-            take = min(entry.size - written, size - at)
-            if draft is not None:
-                if draft.shared_at is None:
-                    plan.inline.append((at, take))
-                else:
-                    plan.copies.append((at, take, draft.shared_at + written))
-                    if written + take == entry.size:
-                        plan.checksummed.append((draft.shared_at, entry.size))
-            plan.steps.append(_Step(index, written, take, draft))
-            at += take
-            index, written = index + 1, 0
-        self._plan = plan
-        return plan
-
-    def _planned_draft(self, plan: WritePlan, index: int, written: int, entry: _Entry) -> Draft | None:
-        """The draft a planned step goes into: the page in progress's, or a new one (None for a
-        page kept as it is)."""
-        if written:  # the page began in an earlier write
-            return None if self._skipping else self._draft
-        draft = self._new_draft(index, entry)
-        if draft is not None:
-            plan.reserved.append(draft)
-        return draft
-
-    def _new_draft(self, index: int, entry: _Entry) -> Draft | None:
-        """The draft of a page whose first byte comes now: the one reserved ahead for it, or a
-        new one; None for a page kept as it is."""
-        if index in self._ahead:
-            return self._ahead.pop(index)
+    def _new_draft(self, entry: _Entry) -> Draft | None:
+        """The draft of a page whose first byte comes now; None for a page kept as it is."""
         if self._keep_existing and self.publisher.has_page(entry.path):
             return None
         return self.publisher.reserve_page(entry.path, entry.size)
-
-    def reserve_ahead(self, ahead: int, most: int) -> None:
-        """Reserve the drafts of the pages that begin in the next ``ahead`` bytes of the stream
-        (at most ``most`` pages held ahead), so that another process can copy their bytes with
-        no ``plan`` (``window``). Stops quietly where the store has no room: the write that
-        reaches that page asks for it again, and fails as it would have."""
-        if self._entries is None or self._failure is not None or self._plan is not None:
-            return
-        entries, index = self._entries, self._next
-        if index < len(entries) and self._position > entries[index].start:
-            index += 1  # the page in progress has its draft
-        while index < len(entries) and entries[index].start < self._position + ahead and len(self._ahead) < most:
-            if index not in self._ahead:
-                try:
-                    self._ahead[index] = self._new_draft(index, entries[index])
-                except (FsError, StoreError):
-                    return
-            index += 1
-
-    def window(self) -> tuple[int, list[tuple[int, int, int | None]]]:
-        """Where the stream stands, and the pages from there on whose drafts are ready, in
-        order: (start in the stream, size, their draft's place in shared memory; None for a page
-        kept as it is). Empty once the batch stopped, while a write is planned, or where the
-        next page's draft is not in shared memory."""
-        pages: list[tuple[int, int, int | None]] = []
-        if self._entries is None or self._failure is not None or self._plan is not None:
-            return self._position, pages
-        entries, index = self._entries, self._next
-        if index < len(entries) and self._position > entries[index].start:  # the page in progress
-            if not self._skipping and (self._draft is None or self._draft.shared_at is None):
-                return self._position, pages
-            entry = entries[index]
-            pages.append((entry.start, entry.size, None if self._skipping else self._draft.shared_at))
-            index += 1
-        while index in self._ahead:
-            draft = self._ahead[index]
-            if draft is not None and draft.shared_at is None:
-                break
-            pages.append((entries[index].start, entries[index].size, None if draft is None else draft.shared_at))
-            index += 1
-        return self._position, pages
-
-    def filled_at(self, offset: int, size: int, copies: list[tuple[int, int, int]], checksums: list[int]) -> int:
-        """A write another process copied by the ``window`` (``copies``: what it copied where,
-        as a plan says it) and checksummed the pages it completed: ``plan`` and ``filled`` in one.
-        EIO, and nothing published, if the plan is not what it copied by."""
-        plan = self.plan(offset, size, b"")
-        if isinstance(plan, int):
-            return plan
-        if plan.inline or plan.copies != [tuple(c) for c in copies]:
-            self._drop_plan()
-            raise FsError(errno.EIO, "an ingest write was copied by a window that no longer holds")
-        return self.filled([], checksums)
-
-    def filled(self, inline: list, checksums: list[int]) -> int:
-        """Phase two: the worker copied the plan's bytes (``inline``: those it had nowhere to
-        copy, in order) and checksummed the pages it completed (``checksums``, in the plan's
-        order); publish those pages. Answers as ``write`` does."""
-        plan, self._plan = self._plan, None
-        if plan is None:
-            raise FsError(errno.EINVAL, "no ingest write is waiting for its bytes")
-        if len(checksums) != len(plan.checksummed):
-            raise FsError(errno.EINVAL, f"{len(checksums)} checksums for {len(plan.checksummed)} pages")
-        pieces, sums = iter(inline), iter(checksums)
-        if plan.steps and plan.steps[0].index < 0:  # the whole rest came inline
-            return plan.taken + self.write(self._position, next(pieces))
-        used = plan.taken
-        for n, step in enumerate(plan.steps):
-            entry = self._entries[step.index]
-            completes = step.written + step.take == entry.size
-            self._draft, self._skipping = step.draft, step.draft is None
-            if step.draft is not None:
-                if step.draft.shared_at is None:
-                    step.draft.write(step.written, next(pieces))
-                else:
-                    step.draft.mark_filled(next(sums) if completes else None)
-            if completes:
-                draft, self._draft = self._draft, None
-                if draft is not None:
-                    try:
-                        self.publisher.publish_page(entry.path, draft)
-                    except (FsError, StoreError) as exc:
-                        self._abandon(plan.steps[n + 1 :], plan.reserved)
-                        return self._stopped(exc, used)
-                self._next += 1
-            used += step.take
-            self._position += step.take
-        if plan.failure is not None:
-            return self._stopped(plan.failure, used)
-        return used
-
-    def _drop_plan(self) -> None:
-        """A plan that was never filled (a new write came first): its pages publish nothing."""
-        plan, self._plan = self._plan, None
-        if plan is not None:
-            self._abandon(plan.steps, plan.reserved)
-
-    def _abandon(self, steps: list[_Step], reserved: list[Draft]) -> None:
-        """Give back the drafts the plan reserved for ``steps`` (the page in progress's is
-        the stream's own: ``close`` gives it back)."""
-        for step in steps:
-            if step.draft is not None and step.draft is not self._draft and step.draft in reserved:
-                self.publisher.abandon_page(step.draft)
 
     def status(self) -> bytes:
         """``<pages of the batch published> <errno of the failed page, or 0>\\n``."""
         return b"%d %d\n" % (self._next, 0 if self._failure is None else errno_of(self._failure))
 
     def close(self) -> None:
-        """The handle closed, or a new batch began: a page not yet complete is dropped, and so
-        are the drafts reserved ahead."""
-        self._drop_plan()
+        """The handle closed, or a new batch began: a page not yet complete is dropped."""
         draft, self._draft = self._draft, None
         if draft is not None:
             self.publisher.abandon_page(draft)
-        ahead, self._ahead = self._ahead, {}
-        for draft in ahead.values():
-            if draft is not None:
-                self.publisher.abandon_page(draft)
 
     def _take_header(self, data: memoryview) -> int:
         """Gather the prefix and header; parse them once whole. Returns the bytes used."""
@@ -394,7 +185,7 @@ class IngestStream:
         entry = self._entries[self._next]
         written = self._position - entry.start
         if written == 0:
-            self._draft = self._new_draft(self._next, entry)
+            self._draft = self._new_draft(entry)
             self._skipping = self._draft is None
         take = min(entry.size - written, len(data))
         if not self._skipping:

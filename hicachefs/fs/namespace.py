@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import time
 from dataclasses import dataclass
 
 from .. import names

@@ -5,9 +5,7 @@ exception would stop pyfuse3's loop and leave a dead mount), so every failure is
 errno by ``Requests.refused``, the one place that maps, counts and logs refusals.
 
 The answers become pyfuse3's objects here (``entry``, ``looked_up``, ``statvfs``,
-``file_info``). With ``--workers`` the same face runs in every worker process, over the requests
-it forwards to the owner of the store (``forwarding.ForwardedRequests``), so all answer the
-kernel alike. Kernel caching: attributes and entries are cached for five minutes, because they
+``file_info``). Kernel caching: attributes and entries are cached for five minutes, because they
 change through requests the kernel itself sends (write, truncate, rename, unlink), after which it
 drops or updates what it cached, and published pages never change; what the store changes on its
 own (evictions) the namespace reports through the kernel notifier, and what may change elsewhere
@@ -20,7 +18,6 @@ other files use direct I/O.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import pyfuse3
 
@@ -107,8 +104,7 @@ def _replying(handler):
 
 
 class Operations(pyfuse3.Operations):
-    """The FUSE face of the request layer: in the process that holds the store, or in each worker
-    process over the requests it forwards (``requests`` is then a ``ForwardedRequests``)."""
+    """The FUSE face of the request layer."""
 
     supports_dot_lookup = True
     enable_writeback_cache = False
@@ -117,12 +113,6 @@ class Operations(pyfuse3.Operations):
         super().__init__()
         self.requests = requests
         self.uid, self.gid = requests.uid, requests.gid
-        #: Called as FUSE_INIT is answered (``daemon/workers.py`` waits for it).
-        self.initialized: Callable[[], None] | None = None
-
-    def init(self):
-        if self.initialized is not None:
-            self.initialized()
 
     @_replying
     async def lookup(self, parent_inode, name, ctx=None):

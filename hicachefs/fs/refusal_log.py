@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 #: Seconds between two lines of one kind of refusal to one user.
 INTERVAL_S = 10.0
-#: The user of a request that does not say whose it is (a listing's, with ``--workers``).
+#: The user of a request that does not say whose it is.
 UNKNOWN_USER = "unknown"
 
 

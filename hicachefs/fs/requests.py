@@ -1,18 +1,11 @@
 """The mount's FUSE requests as plain calls: plain arguments in, plain answers out, no pyfuse3.
 
-One layer under two faces: ``operations.Operations`` calls it in the daemon's own process, and
-with ``--workers`` the owner of the store calls it for every request its worker processes
-forward (``forwarding.py``). What each request means is the namespace's; here the blocking
+``operations.Operations`` calls it. What each request means is the namespace's; here the blocking
 I/O it may still need runs in a worker thread (``NeedsIO``), requests and refusals are counted,
 and a refusal is given its errno and logged, a few lines per kind and user (``refused``, the one
 place that does; ``refusal_log``).
 
-A handle number says in its lowest bit (``STAGED``) whether the handle's writes can be staged:
-the writer's process copies their bytes into the store's shared memory itself, between
-``plan`` and ``filled`` (the ingest file, ``ingest.py``). Any worker may get any request of a
-handle, so the number itself must say it.
-
-Not thread-safe: the trio thread of the process holding the store only.
+Not thread-safe: the daemon's trio thread only.
 """
 
 from __future__ import annotations
@@ -25,10 +18,7 @@ from dataclasses import dataclass
 import trio
 
 from ..store import NeedsIO, StoreError
-from .control import IngestHandle
 from .errors import FsError, errno_of
-from .fetch import FetchHandle
-from .ingest import WritePlan
 from .namespace import Namespace, Room
 from .nodes import Stat
 from .refusal_log import RefusalLog
@@ -42,8 +32,6 @@ _QUIET = {errno.ENOENT, errno.EEXIST, errno.ENODATA, errno.ESTALE}
 _ON_HANDLES = frozenset({"read", "write", "release", "readdir", "releasedir"})
 #: How long the kernel may remember a name that is missing, where the namespace lets it.
 MISS_TIMEOUT_S = 300.0
-#: The handle number's bit that says its writes can be staged (see the module docstring).
-STAGED = 1
 
 
 @dataclass(frozen=True)
@@ -76,14 +64,11 @@ class Requests:
         self.uid, self.gid = namespace.uid, namespace.gid  # who owns every file
         self.errors: collections.Counter[str] = collections.Counter()
         self.refusals = RefusalLog(log)
-        #: Requests answered, by operation; with workers, also by worker (``by_worker``).
+        #: Requests answered, by operation.
         self.counts: collections.Counter[str] = collections.Counter()
-        self.by_worker: dict[int, collections.Counter[str]] = {}
 
-    def count(self, op: str, worker: int | None = None) -> None:
+    def count(self, op: str) -> None:
         self.counts[op] += 1
-        if worker is not None:
-            self.by_worker.setdefault(worker, collections.Counter())[op] += 1
 
     def refused(self, op: str, args: tuple, exc: BaseException) -> int:
         """The errno a failed request answers with, counted and (unless it is ordinary
@@ -107,12 +92,12 @@ class Requests:
     def _sender(self, op: str, args: tuple) -> int | None:
         """The uid a request came from: its context's (pyfuse3 hands most requests their
         sender's as their last argument), or, for a request on a handle, its opener's; None
-        where neither says (a forwarded request's, with ``--workers``)."""
+        where neither says."""
         context = args[-1] if args else None
         if hasattr(context, "uid"):
             return context.uid
         if op in _ON_HANDLES and args:
-            return self.namespace.handles.opener(args[0] >> 1)
+            return self.namespace.handles.opener(args[0])
         return None
 
     # ---- attributes ----------------------------------------------------------------
@@ -152,7 +137,7 @@ class Requests:
         self.namespace.rmdir(parent_inode, name)
 
     async def opendir(self, inode: int, uid: int | None = None) -> int:
-        return self.namespace.handles.add(self.namespace.opendir(inode), uid=uid) << 1
+        return self.namespace.handles.add(self.namespace.opendir(inode), uid)
 
     async def readdir(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
         """Up to ``limit`` entries from position ``start``: (next position, name, attributes).
@@ -171,7 +156,7 @@ class Requests:
             describe(True)
 
     async def releasedir(self, fh: int) -> None:
-        self.namespace.handles.release(fh >> 1)
+        self.namespace.handles.release(fh)
 
     # ---- files ---------------------------------------------------------------------
 
@@ -186,71 +171,22 @@ class Requests:
         return self._opened(await settled(self.namespace.open(inode, flags, uid, pid)), uid)
 
     def _opened(self, handle, uid: int) -> Opened:
-        staged = STAGED if isinstance(handle, IngestHandle) else 0
-        slotted = isinstance(handle, (IngestHandle, FetchHandle))  # their windows (``forwarding.Windows``)
-        return Opened(self.namespace.handles.add(handle, slotted, uid) << 1 | staged, handle.cacheable)
+        return Opened(self.namespace.handles.add(handle, uid), handle.cacheable)
 
-    async def read(self, fh: int, offset: int, size: int, ahead: int = 0) -> list:
+    async def read(self, fh: int, offset: int, size: int) -> list:
         """The bytes asked for, as the pieces the handle serves them in (views of the store's
-        memory where it can: a single piece is sent without a copy). ``ahead``: a fetch handle
-        also pins that many bytes of pages past them (``fetch_window``)."""
-        handle = self.handle(fh)
-        answer = await (handle.read(offset, size, ahead) if ahead and isinstance(handle, FetchHandle)
-                        else handle.read(offset, size))
+        memory where it can: a single piece is sent without a copy)."""
+        answer = await self.handle(fh).read(offset, size)
         return answer if isinstance(answer, list) else [answer]
-
-    def fetch_was_read(self, fh: int) -> None:
-        """A worker answered a read of the fetch handle from its window (``FetchHandle.was_read``)."""
-        handle = self.handle(fh)
-        if isinstance(handle, FetchHandle):
-            handle.was_read()
-
-    def fetch_window(self, fh: int, pin_first: int = 0) -> tuple[list[tuple[int, memoryview]], bool] | None:
-        """The pages a fetch handle holds pinned since its last read (``FetchHandle.window``);
-        None for any other handle. ``pin_first``: after a write, first pin that many bytes of
-        its answer's first pages (``FetchHandle.pin_first``)."""
-        handle = self.handle(fh)
-        if not isinstance(handle, FetchHandle):
-            return None
-        if pin_first:
-            handle.pin_first(pin_first)
-        return handle.window()
 
     async def write(self, fh: int, offset: int, data) -> int:
         return await self.handle(fh).write(offset, data)
 
-    async def plan(self, fh: int, offset: int, size: int, head) -> int | WritePlan:
-        """A staged write's first phase (``ingest.IngestStream.plan``)."""
-        return self._staged(fh).plan(offset, size, head)
-
-    async def filled(self, fh: int, inline: list, checksums: list[int]) -> int:
-        """A staged write's second phase (``ingest.IngestStream.filled``)."""
-        return self._staged(fh).filled(inline, checksums)
-
-    async def filled_at(self, fh: int, offset: int, size: int, copies: list, checksums: list[int]) -> int:
-        """A staged write copied by the handle's window (``ingest.IngestStream.filled_at``)."""
-        return self._staged(fh).filled_at(offset, size, copies, checksums)
-
-    def ingest_window(self, fh: int, ahead: int, most: int) -> tuple[int, list] | None:
-        """An ingest handle's window (``IngestStream.window``), after reserving the drafts of
-        the pages in its next ``ahead`` bytes (at most ``most``); None for any other handle."""
-        handle = self.handle(fh)
-        if not isinstance(handle, IngestHandle):
-            return None
-        handle.stream.reserve_ahead(ahead, most)
-        return handle.stream.window()
-
-    def _staged(self, fh: int):
-        handle = self.handle(fh)
-        if not isinstance(handle, IngestHandle):
-            raise FsError(errno.EBADF, "not a handle whose writes can be staged")
-        return handle.stream
-
     def handle(self, fh: int):
-        return self.namespace.handles.get(fh >> 1)
+        return self.namespace.handles.get(fh)
 
     async def release(self, fh: int) -> None:
-        self.namespace.handles.release(fh >> 1)
+        self.namespace.handles.release(fh)
 
     async def unlink(self, parent_inode: int, name: bytes, uid: int) -> None:
         self.namespace.check_writer(uid)

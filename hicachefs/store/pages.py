@@ -98,7 +98,7 @@ class Draft:
     @property
     def shared_at(self) -> int | None:
         """Where its bytes lie in the memory the store shares with worker processes (its RAM
-        slot's offset there, see ``PageStore.shared_memory``); None for private memory."""
+        slot's offset in the arena the data plane's clients write into too); None for private memory."""
         return self._offset
 
     def mark_filled(self, checksum: int | None = None) -> None:

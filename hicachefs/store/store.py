@@ -140,16 +140,6 @@ class PageStore:
         called with the store's lock held: it must be quick and must not call the store."""
         self._listeners.append(listener)
 
-    def shared_memory(self) -> memoryview:
-        """The RAM tier's bytes, mapped shared: a process forked from this one sees the same
-        memory (``--workers``). Pages' views and drafts' ``shared_at`` are places in it."""
-        return self._ram.arena.view
-
-    def arena_offset(self, view) -> int | None:
-        """Where ``view`` (a page reader's or a draft's) begins in ``shared_memory``; None when
-        it is not a view of it (a page read from a lower tier into private memory)."""
-        return self._ram.arena.offset_of(view)
-
     def merged(self, pieces: list) -> list:
         """A read's pieces with those that lie end to end in RAM made one (``Arena.merged``)."""
         return self._ram.arena.merged(pieces) if len(pieces) > 1 else pieces

@@ -16,13 +16,10 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 STOP_TIMEOUT_S = 60.0
-#: The environment variable that gives every mount made here worker processes (``start``).
-WORKERS_ENV = "HICACHEFS_TEST_WORKERS"
 
 
 @dataclass
@@ -33,8 +30,6 @@ class Mount:
     log_file: Path
     flags: list[str]
     pid: int = 0
-    #: With ``--workers``, the daemon's worker processes (they end with it).
-    worker_pids: list[int] = field(default_factory=list)
     expected_log_errors: list[str] = field(default_factory=list)
     # (pid, start time in clock ticks) of the daemon ``start`` found: tells it from a later
     # process given the same number (see ``daemon_pidfd``).
@@ -56,12 +51,7 @@ class Mount:
 
 def start(path: Path, log_file: Path, flags: list[str]) -> Mount:
     """Mount with ``hicachefs mount`` (background daemon) and wait until it answers. A dead mount
-    left at ``path`` is the mount command's to remove, as after any crash. ``WORKERS_ENV=N`` in
-    the environment mounts with ``--workers N`` where the flags do not say (``scripts/test.sh``
-    runs a subset of the suite so, ``scripts/stress.py --workers N`` all its mounts)."""
-    workers = os.environ.get(WORKERS_ENV)
-    if workers and "--workers" not in flags:
-        flags = [*flags, "--workers", workers]
+    left at ``path`` is the mount command's to remove, as after any crash."""
     if not is_dead_mount(path):
         path.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
@@ -81,7 +71,7 @@ def start(path: Path, log_file: Path, flags: list[str]) -> Mount:
         unmount_path(path)
         raise RuntimeError(f"mounted, but its config could not be read ({exc}); unmounted it\n"
                            f"{log_file.read_text() if log_file.exists() else ''}") from None
-    mount.pid, mount.worker_pids = config["pid"], config.get("worker_pids", [])
+    mount.pid = config["pid"]
     mount.identity = (mount.pid, _start_time(mount.pid))
     return mount
 
@@ -199,16 +189,13 @@ def stop_if_mounted(path: Path) -> None:
 
 
 def kill(mount: Mount) -> None:
-    """Simulate a crash: SIGKILL the daemon, then clean up its dead mount (once its workers,
-    which the kernel kills with it, are gone too: until then they still answer)."""
+    """Simulate a crash: SIGKILL the daemon, then clean up its dead mount."""
     fd = daemon_pidfd(mount)
     if fd is not None:
         try:
             _signal(fd, signal.SIGKILL, 10)
         finally:
             os.close(fd)
-        for pid in mount.worker_pids:
-            wait_gone(pid, 10)
     if fd is not None or is_dead_mount(mount.path):
         unmount_path(mount.path)
 

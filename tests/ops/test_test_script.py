@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-#: The fake interpreter: one line per call ("<workers> <arguments>"), and the exit status that
-#: FAIL_WITHOUT_WORKERS / FAIL_WITH_WORKERS give the runs without and with HICACHEFS_TEST_WORKERS.
+#: The fake interpreter: one line per call (its arguments), and the exit status that FAIL_SHARED
+#: gives the run of the shared tier's tests, and FAIL_OTHERS every other run.
 FAKE_PYTHON = """#!/usr/bin/env bash
-echo "${HICACHEFS_TEST_WORKERS:-none} $*" >> "$(dirname "$0")/../../calls"
-if [ -n "${HICACHEFS_TEST_WORKERS:-}" ]; then exit "${FAIL_WITH_WORKERS:-0}"; fi
-exit "${FAIL_WITHOUT_WORKERS:-0}"
+echo "$*" >> "$(dirname "$0")/../../calls"
+case " $* " in *" tests/shared "*) exit "${FAIL_SHARED:-0}" ;; esac
+exit "${FAIL_OTHERS:-0}"
 """
 
 
@@ -44,27 +44,28 @@ def run_test_sh(checkout: Path, *args: str, **fail: str) -> tuple[int, list[str]
 
 
 def test_a_failing_run_does_not_stop_the_next_and_fails_the_script(checkout):
-    status, summary, calls = run_test_sh(checkout, FAIL_WITHOUT_WORKERS="1")
-    assert [call.split()[0] for call in calls] == ["none", "2"]
-    assert summary == ["test.sh: 2 pytest run(s)", "  FAILED (exit 1): the whole suite",
-                       "  passed: a subset with --workers 2"]
+    status, summary, calls = run_test_sh(checkout, FAIL_OTHERS="1")
+    assert calls == ["-m pytest -q -p no:cacheprovider --ignore=tests/shared",
+                     "-m pytest -q -p no:cacheprovider tests/shared"]
+    assert summary == ["test.sh: 2 pytest run(s)", "  FAILED (exit 1): all but the shared tier",
+                       "  passed: the shared tier"]
     assert status != 0
 
 
 def test_a_failing_last_run_fails_the_script(checkout):
-    status, summary, _ = run_test_sh(checkout, FAIL_WITH_WORKERS="3")
-    assert summary[1:] == ["  passed: the whole suite", "  FAILED (exit 3): a subset with --workers 2"]
+    status, summary, _ = run_test_sh(checkout, FAIL_SHARED="3")
+    assert summary[1:] == ["  passed: all but the shared tier", "  FAILED (exit 3): the shared tier"]
     assert status != 0
 
 
 def test_all_runs_passing_pass_the_script(checkout):
     status, summary, calls = run_test_sh(checkout)
-    assert len(calls) == 2 and summary[1:] == ["  passed: the whole suite", "  passed: a subset with --workers 2"]
+    assert len(calls) == 2 and summary[1:] == ["  passed: all but the shared tier", "  passed: the shared tier"]
     assert status == 0
 
 
 def test_arguments_make_one_run_of_them(checkout):
-    status, summary, calls = run_test_sh(checkout, "tests/fs/test_cli.py", "-k", "bad", FAIL_WITHOUT_WORKERS="1")
-    assert calls == ["none -m pytest -q -p no:cacheprovider tests/fs/test_cli.py -k bad"]
+    status, summary, calls = run_test_sh(checkout, "tests/fs/test_cli.py", "-k", "bad", FAIL_OTHERS="1")
+    assert calls == ["-m pytest -q -p no:cacheprovider tests/fs/test_cli.py -k bad"]
     assert summary == ["test.sh: 1 pytest run(s)", "  FAILED (exit 1): pytest tests/fs/test_cli.py -k bad"]
     assert status != 0
