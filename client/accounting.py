@@ -73,7 +73,7 @@ class Counters:
     FIELDS = (
         "hits", "misses", "bytes_read", "pages_written", "pages_skipped", "bytes_written",
         "write_failures", "exists_queries", "exists_paths", "exists_stat_fallbacks",
-        "refused_keys", "batches_written", "batches_read", "kept_reads",
+        "refused_keys", "batches_written", "batches_read",
         "plane_reads", "plane_writes", "plane_retries", "plane_requests",
     )
 

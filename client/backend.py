@@ -503,12 +503,10 @@ class HiCacheFS(HiCacheStorage):
         return ok
 
     def statistics(self) -> Dict[str, Any]:
-        """Counters since construction: hits, misses, bytes, failures by kind, refused keys;
-        ``kept_files``, the page files kept open now for reads from the kernel's cache, and
-        ``keeping``, the pages waiting to be opened and kept (read a second time)."""
+        """Counters since construction: hits, misses, bytes, failures by kind, refused keys, and
+        what went through the data plane (``plane_reads``, ``plane_writes``, ``plane_retries``:
+        copies made again because their page changed under them, ``plane_requests``)."""
         stats: Dict[str, Any] = self.counters.snapshot()
-        stats["kept_files"] = len(self.io.files)
-        stats["keeping"] = self.io.files.keeping()
         stats["errors"] = self.failures.counts()
         stats["refused"] = self._refusals.counts()
         return stats

@@ -6,8 +6,7 @@ the kernel has no entry) before any byte moves; here the whole batch costs one W
 READs its bytes need, at most 1 MiB each. The answer holds the pages back to back, each at the
 offset the sizes before it give; a page the daemon cannot serve as asked (missing, another
 size) ends the read short at its start, so the pages the read covered whole are the ones read,
-and reading on from the next page's offset continues the batch. Reads the client made through
-page files it keeps open are reported in a write of their own (``report_reads``).
+and reading on from the next page's offset continues the batch.
 
 Pure functions over a file descriptor the caller owns; thread-safe as long as each thread uses
 its own descriptor (one handle holds one request at a time).
@@ -23,16 +22,6 @@ from typing import List, Sequence
 _MAX_BUFFERS = os.sysconf("SC_IOV_MAX")
 # The largest request the daemon takes (DESIGN.md, the fetch file): a larger one is refused whole.
 MAX_REQUEST = 4 << 20
-
-
-def encode_request(paths: Sequence[str], size: int) -> bytes:
-    return "".join(f"{size} {path}\n" for path in paths).encode("utf-8", "surrogateescape")
-
-
-def report_reads(fd: int, paths: Sequence[str]) -> None:
-    """Report reads of these pages made through files kept open (one write of ``0 <path>``
-    lines), which the daemon did not see."""
-    _write_all(fd, encode_request(paths, 0))
 
 
 def fetch_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memoryview]],

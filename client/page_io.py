@@ -1,16 +1,17 @@
 """Plain file I/O against a hicachefs mount: read pages, publish pages, ask which pages exist.
 
-Everything here follows DESIGN.md ("Page files", the control files) and nothing else, so it
-works against any daemon that keeps the contract, and against a plain directory (no
+Everything here follows DESIGN.md ("Page files", the control files, the data plane) and nothing
+else, so it works against any daemon that keeps the contract, and against a plain directory (no
 ``.hicachefs/``: existence is then answered by ``stat``, pages are files, which the tests use).
-Batches go through the control files: many pages published by one write on ``ingest``
-(``ingest.py``), read by one request on ``fetch`` (``fetch.py``), asked about by one request
-on ``exists``; single pages, and mounts without those files, by a file per page (a temporary
-file renamed to its key, an open and ``preadv``).
+Batches go through the data plane where this user may (``plane.py``: the client moves the bytes
+and reads the index itself), and what it cannot take through the control files: many pages
+published by one write on ``ingest`` (``ingest.py``), read by one request on ``fetch``
+(``fetch.py``), asked about by one request on ``exists``; single pages, and mounts without
+those files, by a file per page (a temporary file renamed to its key, an open and ``preadv``).
 
 Thread-safety: ``PageIO`` is safe to call from many threads at once; each thread keeps its own
-control file handles (``control_handles.py``). Every call blocks on the daemon; a daemon that
-stalls stalls the caller (the kernel gives no timeout).
+control file handles (``control_handles.py``). A call that reaches the daemon blocks on it; a
+daemon that stalls stalls the caller (the kernel gives no timeout), but not the plane's reads.
 
 Failures never raise: a page that is missing, a daemon that is gone (``ENOTCONN``), ``ENOSPC``,
 ``EIO``, ``EFBIG``... make the call return a miss / ``False``. Each kind of failure is logged once
@@ -31,7 +32,6 @@ from typing import List, Optional, Sequence
 from . import fetch, ingest
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, EXISTS_FILE, FETCH_FILE, INGEST_FILE, ControlHandles
-from .page_files import PageFiles, default_capacity
 from .plane import Plane
 from .vectored import advance, read_into
 
@@ -70,7 +70,6 @@ class PageIO:
         self.counters = counters or Counters()
         self.handles = ControlHandles(self.root, self.failures)
         self.plane = Plane(self.root, self.failures, self.counters, verify_reads) if data_plane else None
-        self.files = PageFiles(default_capacity(), self._report_reads)
         if not self.handles.seen_daemon:
             logger.warning(
                 "hicachefs client: %s has no %s/ (not a live hicachefs mount yet); existence "
@@ -200,54 +199,20 @@ class PageIO:
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                    size: int) -> List[bool]:
         """Fill ``buffers[i]`` with the page at ``rels[i]`` (``size`` bytes each); per page:
-        read? Through the data plane where it can, else a page whose file is kept open through
-        it, the rest in one fetch request (a file per page where the mount has none); those read
-        before are kept from now on."""
-        if self.plane is not None:
-            read = self.plane.read_pages(rels, buffers, size)
-            hits, misses = read.count(True), read.count(False)
-            if hits or misses:
-                self.failures.success()
-                self.counters.add(hits=hits, misses=misses, bytes_read=hits * size, plane_reads=hits)
-            todo = [i for i, done in enumerate(read) if done is None]
-            if todo:
-                for i, done in zip(todo, self._read_elsewhere([rels[i] for i in todo], [buffers[i] for i in todo], size)):
-                    read[i] = done
-            return read  # type: ignore[return-value]
-        return self._read_elsewhere(rels, buffers, size)
-
-    def _read_elsewhere(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
-                        size: int) -> List[bool]:
-        """``read_pages`` through the daemon: kept page files, then the fetch file."""
-        paths = [self.path(rel) for rel in rels]
-        read = [self.files.read(path, page, size) for path, page in zip(paths, buffers)]
-        kept = [rel for rel, done in zip(rels, read) if done]
-        if kept:
-            self.files.note_reads(kept)
+        read? Through the data plane where it can, the rest in one fetch request (a file per
+        page where the mount has none)."""
+        if self.plane is None:
+            return self._fetch(rels, buffers, size)
+        read = self.plane.read_pages(rels, buffers, size)
+        hits, misses = read.count(True), read.count(False)
+        if hits or misses:
             self.failures.success()
-            self.counters.add(hits=len(kept), bytes_read=len(kept) * size, kept_reads=len(kept))
+            self.counters.add(hits=hits, misses=misses, bytes_read=hits * size, plane_reads=hits)
         todo = [i for i, done in enumerate(read) if done is None]
         if todo:
-            done = self._fetch([rels[i] for i in todo], [buffers[i] for i in todo], size)
-            again = self.files.seen_before([paths[i] for i, ok in zip(todo, done) if ok])
-            self.files.remember([paths[i] for i, ok in zip(todo, done) if ok])
-            self.files.warm([paths[i] for i, repeat in zip([i for i, ok in zip(todo, done) if ok], again)
-                             if repeat], size)
-            for i, ok in zip(todo, done):
-                read[i] = ok
+            for i, done in zip(todo, self._fetch([rels[i] for i in todo], [buffers[i] for i in todo], size)):
+                read[i] = done
         return read  # type: ignore[return-value]
-
-    def _report_reads(self, rels: List[str]) -> None:
-        """Tell the daemon about reads through kept files (``fetch.report_reads``), so that it
-        counts them and does not take those pages for cold."""
-        with self.handles.using(FETCH_FILE) as handle:
-            if handle is None or not _one_per_line(rels):
-                return
-            try:
-                fetch.report_reads(handle.fd, rels)
-            except OSError as exc:
-                self.handles.drop(handle)
-                self.failures.failure(error_kind(exc), f"reporting reads failed: {exc.strerror or exc}")
 
     def _publish_missing(self, rel_dir: str, keys: Sequence[str],
                          buffers: Sequence[Sequence[memoryview]], size: int) -> List[bool]:
@@ -407,8 +372,6 @@ class PageIO:
     def remove_tree(self, rel_dir: str) -> bool:
         """``rm -r`` of a directory below the root (evicts its pages). Missing is fine."""
 
-        self.files.forget_under(self.path(rel_dir))
-
         def on_error(function, path, info):
             if not isinstance(info[1], FileNotFoundError):
                 raise info[1]
@@ -423,9 +386,8 @@ class PageIO:
         return True
 
     def close(self) -> None:
-        """Close every thread's control file handles and the kept page files. Later calls still
-        work (they open them again)."""
+        """Report the plane's reads not reported yet and close every thread's control file
+        handles. Later calls still work (they open them again)."""
         if self.plane is not None:
             self.plane.close()
         self.handles.close()
-        self.files.close()

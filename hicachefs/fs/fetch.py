@@ -8,10 +8,7 @@ the kernel cuts into READ requests of at most 1 MiB.
 
 The request is one ``<size> <path>\\n`` line per page; several writes append to it (their offsets
 do not matter), and a write after a read starts a new one. The answer is read at its own offsets,
-from 0 (``pread``/``preadv``, or a seek to 0 after writing). A write of ``0 <path>\\n`` lines (and nothing else, whole lines)
-is no request but a report: reads of those pages that the client made through files it keeps
-open, served by the kernel's page cache and so unseen here; each is counted at once as a read
-(hits, access time, eviction order). The answer is the pages back to back in request order, each
+from 0 (``pread``/``preadv``, or a seek to 0 after writing). The answer is the pages back to back in request order, each
 exactly its requested size. A page that is missing, of another size, or unreadable ends the
 read short at the start of its range, so a page was read whole exactly when the read that
 covered it returned all its bytes; reading on from the next page's offset continues the batch.
@@ -85,11 +82,6 @@ class FetchHandle:
             raise FsError(self._failure.errno, f"{self._failure.strerror}; read to end the request")
         if self._read:  # a write after a read starts a new request
             self._new_request()
-        if not self._request and data.startswith(b"0 "):  # a report of reads made elsewhere
-            if len(data) > MAX_FETCH_REQUEST:
-                raise FsError(errno.EFBIG, f"a report of reads over {MAX_FETCH_REQUEST} bytes")
-            self._count_reads(data)
-            return len(data)
         lines = self._lines + data.count(b"\n")
         try:
             if len(self._request) + len(data) > MAX_FETCH_REQUEST:
@@ -110,14 +102,6 @@ class FetchHandle:
         become a request of its own (its answer would be another request's pages)."""
         self._new_request()
         self._failure = FsError(exc.errno, exc.strerror)  # a copy: the raised one holds the data
-
-    def _count_reads(self, report: bytes) -> None:
-        lines = report.split(b"\n")
-        if lines[-1] == b"":
-            lines.pop()
-        if not all(line.startswith(b"0 ") for line in lines):
-            raise FsError(errno.EINVAL, "a report of reads has only lines '0 <path>'")
-        self.store.count_reads(line[2:].decode("utf-8", "surrogateescape") for line in lines)
 
     async def read(self, offset: int, size: int) -> list:
         """The pages' bytes from ``offset``, as views of each page, or of several that lie end to

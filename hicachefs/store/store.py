@@ -287,20 +287,6 @@ class PageStore:
                 return reader
         raise PageNotFound(name)
 
-    def count_reads(self, names: Iterable[str]) -> int:
-        """Count reads of these pages that were served without the store (the kernel's page
-        cache, through files a client keeps open): hits, access time and eviction order, as an
-        ``open`` would. Names not stored are passed over; how many were counted."""
-        now = time.time_ns()
-        counted = 0
-        with self._lock:
-            for name in names:
-                row = self._index.find(name)
-                if row >= 0:
-                    self._count_read(row, now)
-                    counted += 1
-        return counted
-
     def _count_read(self, row: int, now: int) -> None:
         index = self._index
         index.hits[row] += 1
@@ -328,8 +314,9 @@ class PageStore:
 
     def count_plane_reads(self, reads: Iterable[tuple[int, int]]) -> int:
         """Count reads the data plane's clients made themselves, each named by the index row and
-        its ``gen`` as they read it: as ``count_reads`` does, for the rows that still hold that
-        page (a row changed since stands for another page, or none). How many were counted."""
+        its ``gen`` as they read it, as an ``open`` would count them (hits, access time, eviction
+        order), for the rows that still hold that page (a row changed since stands for another
+        page, or none). How many were counted."""
         now = time.time_ns()
         counted = 0
         promote = []

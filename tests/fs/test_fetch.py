@@ -73,17 +73,6 @@ def test_a_page_spanning_reads_is_one_version_even_when_replaced_between_them(mo
     assert rest == old[1 << 20 :]
 
 
-def test_reports_of_reads_made_elsewhere_are_counted(mounted, fetch):
-    (path, data), = stored(mounted, 1, 4096)
-    hits = mounted.stats()["hits"]
-    os.write(fetch, f"0 {path}\n0 {path}\n0 {POOL}/missing\n".encode())
-    assert mounted.stats()["hits"] == hits + 2
-    assert os.getxattr(mounted.path / path, "user.hicachefs.hits") == b"2"
-    with pytest.raises(OSError) as info:
-        os.write(fetch, f"0 {path}\n4096 {path}\n".encode())  # a report holds reports only
-    assert info.value.errno == errno.EINVAL
-
-
 def test_a_request_over_the_maximum_fails_whole_and_so_does_the_read_that_follows(mounted, fetch):
     (path, data), = stored(mounted, 1, 4096)
     line = f"4096 {POOL}/{'k' * 190}\n".encode()
