@@ -31,6 +31,7 @@ from .. import names
 from ..store import PageStore
 from .errors import FsError
 from .fetch import FetchHandle
+from .page_handle import Leases
 from .ingest import IngestStream, Publisher
 from .nodes import Stat
 from .plane import AheadBudget, PlaneHandle
@@ -302,9 +303,9 @@ class ControlFiles:
         """Whether any user may open ``inode`` for writing (its writes ask, they change nothing)."""
         return self.file_of(inode) in _REQUEST_FILES
 
-    def open(self, inode: int, flags: int, publisher: Publisher, uid: int = 0):
-        """A handle on a control file; ``uid``: who opens it (whose share a request file's
-        requests take)."""
+    def open(self, inode: int, flags: int, publisher: Publisher, leases: Leases, uid: int = 0):
+        """A handle on a control file; ``leases``: what bounds a fetch handle's pins; ``uid``:
+        who opens it (whose share a request file's requests take)."""
         if inode == CONTROL_DIR_INODE:
             raise FsError(errno.EISDIR, "is a directory")
         if inode in _LINKS.values():
@@ -313,7 +314,7 @@ class ControlFiles:
         if inode == _FILES[b"exists"]:
             return ExistsHandle(self.store, self.request_limits.account(uid))
         if inode == _FILES[b"fetch"]:
-            return FetchHandle(self.store, self.request_limits.account(uid))
+            return FetchHandle(self.store, self.request_limits.account(uid), leases)
         if inode == INGEST_INODE:
             return IngestHandle(publisher, self.store.config.max_page_size)
         if inode == _FILES[b"plane"]:

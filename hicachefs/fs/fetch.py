@@ -13,7 +13,10 @@ exactly its requested size. A page that is missing, of another size, or unreadab
 read short at the start of its range, so a page was read whole exactly when the read that
 covered it returned all its bytes; reading on from the next page's offset continues the batch.
 A page is pinned from the read that starts it to the read after the one that finishes it, so
-its bytes are one version even when it spans several reads, and stay put until they are sent.
+its bytes stay put until they are sent, on a lease (``page_handle.Leases``) as an open page's:
+the pins go ``PIN_LEASE_S`` after the handle's last read, and a plain user's handles hold at
+most the leases' share of the RAM tier between them. A page that spans several reads is one
+version: a read that goes on with a page whose pin went finds that version again, or ends there.
 
 A handle holds its request against its user's share of the request files' memory
 (``request_limits``), at its bytes and ``PARSED_LINE_BYTES`` a line (what its parsed form
@@ -37,11 +40,13 @@ from __future__ import annotations
 
 import bisect
 import errno
+import time
 
 import trio
 
 from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
 from .errors import FsError
+from .page_handle import Leases
 from .request_limits import Account
 
 #: The largest request one handle accepts: 4,096 lines of the longest page path.
@@ -58,9 +63,14 @@ class FetchHandle:
 
     cacheable = False
 
-    def __init__(self, store: PageStore, account: Account) -> None:
+    def __init__(self, store: PageStore, account: Account, leases: Leases) -> None:
         self.store = store
         self.account = account
+        self.leases = leases
+        self.bounded = not account.writer  # its pins count against the leases' budget
+        self.size = 0  # bytes it holds pinned, while on a lease
+        self.pinned_until = 0.0
+        self.queued = False
         self._request = bytearray()
         self._lines = 0  # newlines in the request
         self._pages: list[tuple[str, int]] | None = None  # set by the first read
@@ -68,6 +78,7 @@ class FetchHandle:
         self._starts: list[int] = []
         self._parsed = 0  # request bytes parsed into _pages
         self._held: dict[int, PageReader] = {}  # page index -> its pinned reader
+        self._versions: dict[int, tuple[str, int]] = {}  # page index -> the version its reads had
         self._failure: FsError | None = None  # a refused request, until its read (``_fail``)
         self._reading = trio.Lock()
 
@@ -137,7 +148,7 @@ class FetchHandle:
         if not pages or offset >= starts[-1] + pages[-1][1]:
             return []
         index = bisect.bisect_right(starts, offset) - 1
-        previous, self._held = self._held, {}
+        previous = self._taken()
         pieces = []
         position, end = offset, offset + size
         try:
@@ -147,10 +158,14 @@ class FetchHandle:
                     reader = self._open(*pages[index])
                     if isinstance(reader, NeedsIO):  # on a lower tier: read it off the event loop
                         reader = await self._open_slowly(reader, pages[index][1])
+                start = starts[index]
+                if reader is not None and position > start and reader.info.version != self._versions.get(index):
+                    reader.close()  # goes on with a page whose pin went, and it changed meanwhile
+                    reader = None
                 if reader is None:
                     break
                 self._held[index] = reader
-                start = starts[index]
+                self._versions[index] = reader.info.version
                 take = min(end, start + reader.size) - position
                 pieces.append(reader.read(position - start, take))
                 position += take
@@ -158,15 +173,38 @@ class FetchHandle:
         finally:
             for reader in previous.values():
                 reader.close()
+            self._lease()
         return self.store.merged(pieces)
+
+    def _taken(self) -> dict[int, PageReader]:
+        """The pages held, off the lease (a read takes them over, and holds what it reads)."""
+        held, self._held = self._held, {}
+        if held:
+            self.leases.released(self)
+        return held
+
+    def _lease(self) -> None:
+        """Hold what the last read pinned on a lease, renewed."""
+        if self._held:
+            self.size = sum(reader.size for reader in self._held.values())
+            self.pinned_until = time.monotonic() + self.leases.lease_s
+            self.leases.hold(self)
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def unpin(self) -> None:
+        """The lease ended, or the budget needs the room: the pages held go."""
+        for reader in self._taken().values():
+            reader.close()
 
     def release(self) -> None:
         self._new_request()
 
     def _new_request(self) -> None:
-        for reader in self._held.values():
-            reader.close()
-        self._held = {}
+        self.unpin()
+        self._versions = {}
         self._pages, self._starts, self._parsed = None, [], 0
         self._request = bytearray()
         self._lines = 0

@@ -72,8 +72,9 @@ class Namespace:
         self.nodes = PageNodes(numbers)
         self.publishing = Publishing(store, self.tree, self.nodes, numbers, notices, temp_timeout_s, kernel_cache)
         self.handles = HandleTable()
-        # What pages held open by users who may not change the store keep pinned between them:
-        # a quarter of the RAM tier, so such a user can never keep new pages out of RAM.
+        # What pages held open (and fetch handles' pages) of users who may not change the store
+        # keep pinned between them: a quarter of the RAM tier, so such a user can never keep new
+        # pages out of RAM.
         self.leases = Leases(bounded_bytes=store.config.memory_bytes // 4)
         self.racing = RacingOpens()
 
@@ -284,7 +285,7 @@ class Namespace:
         since been given another version, or none, raced a replace or a removal after its
         lookup (``racing_opens`` says how it still finds one of the two pages)."""
         if inode in CONTROL_INODES:
-            return self.control.open(inode, flags, publisher=self.publishing, uid=uid)
+            return self.control.open(inode, flags, publisher=self.publishing, leases=self.leases, uid=uid)
         pending = self.publishing.get(inode)
         if pending is not None:
             if flags & os.O_TRUNC:

@@ -26,6 +26,7 @@ import heapq
 import itertools
 import time
 from collections import OrderedDict
+from typing import Protocol
 
 import trio
 
@@ -38,6 +39,23 @@ from .errors import FsError
 PIN_LEASE_S = 2.0
 
 
+class Leased(Protocol):
+    """What holds pages pinned on a lease: an open page (``PageHandle``), or a fetch handle's
+    pages of its last read (``fetch.FetchHandle``). ``size``: the bytes it holds pinned, fixed
+    from ``Leases.hold`` to ``Leases.released``; ``unpin`` lets them go (and calls
+    ``released``)."""
+
+    size: int
+    bounded: bool
+    pinned_until: float
+    queued: bool
+
+    @property
+    def holding(self) -> bool: ...
+
+    def unpin(self) -> None: ...
+
+
 class Leases:
     """The handles holding a pin, by when their leases end. A read renews a lease in place; the
     heap entry is corrected when its time comes, so a renewal costs nothing here. The bounded
@@ -47,12 +65,12 @@ class Leases:
     def __init__(self, lease_s: float = PIN_LEASE_S, bounded_bytes: int | None = None) -> None:
         self.lease_s = lease_s
         self.bounded_bytes = bounded_bytes
-        self._heap: list[tuple[float, int, PageHandle]] = []
+        self._heap: list[tuple[float, int, Leased]] = []
         self._order = itertools.count()
-        self._bounded: OrderedDict[PageHandle, None] = OrderedDict()
+        self._bounded: OrderedDict[Leased, None] = OrderedDict()
         self._bounded_held = 0
 
-    def hold(self, handle: PageHandle) -> None:
+    def hold(self, handle: Leased) -> None:
         """Track a handle that has just pinned its page or renewed its lease."""
         if not handle.queued:
             handle.queued = True
@@ -66,7 +84,7 @@ class Leases:
             while self._bounded_held > self.bounded_bytes and next(iter(self._bounded)) is not handle:
                 next(iter(self._bounded)).unpin()
 
-    def released(self, handle: PageHandle) -> None:
+    def released(self, handle: Leased) -> None:
         """The handle let its pin go."""
         if self._bounded.pop(handle, False) is None:
             self._bounded_held -= handle.size
@@ -82,11 +100,11 @@ class Leases:
         ended = 0
         while self._heap and self._heap[0][0] <= now:
             _, _, handle = heapq.heappop(self._heap)
-            if handle.reader is not None and handle.pinned_until > now:  # renewed meanwhile
+            if handle.holding and handle.pinned_until > now:  # renewed meanwhile
                 heapq.heappush(self._heap, (handle.pinned_until, next(self._order), handle))
                 continue
             handle.queued = False
-            if handle.reader is not None:
+            if handle.holding:
                 handle.unpin()
                 ended += 1
         return ended
@@ -130,6 +148,10 @@ class PageHandle:
 
     async def write(self, offset: int, data: bytes) -> int:
         raise FsError(errno.EBADF, "page opened read-only")
+
+    @property
+    def holding(self) -> bool:
+        return self.reader is not None
 
     def unpin(self) -> None:
         reader, self.reader = self.reader, None

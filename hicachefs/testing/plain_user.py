@@ -187,6 +187,19 @@ def held_requests(root: Path, count: int, size: int, stop: threading.Event, figu
     _hold(count, take, stop, figures)
 
 
+def held_fetches(root: Path, pool: str, size: int, keys: str, stop: threading.Event, figures: Figures) -> None:
+    """A fetch handle per key, each asked for that page and read one byte of (which pins it)."""
+    pages = iter(keys.split(","))
+
+    def take(held: contextlib.ExitStack) -> None:
+        fd = os.open(root / ".hicachefs" / "fetch", os.O_RDWR)
+        held.callback(os.close, fd)
+        os.write(fd, f"{size} {pool}/{next(pages)}\n".encode())
+        os.pread(fd, 1, 0)
+
+    _hold(len(keys.split(",")), take, stop, figures)
+
+
 def main() -> int:
     kind, args = sys.argv[1], sys.argv[2:]
     figures = Figures()
@@ -201,6 +214,8 @@ def main() -> int:
         held_listings(Path(args[0]), int(args[1]), stop, figures)
     elif kind == "held-requests":
         held_requests(Path(args[0]), int(args[1]), int(args[2]), stop, figures)
+    elif kind == "held-fetches":
+        held_fetches(Path(args[0]), args[1], int(args[2]), args[3], stop, figures)
     else:
         print(f"unknown attack {kind!r}", file=sys.stderr)
         return 2

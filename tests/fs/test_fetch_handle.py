@@ -4,11 +4,14 @@ other's pages (the kernel sends several READs of one handle at once)."""
 from __future__ import annotations
 
 import threading
+import time
 
+import pytest
 import trio
 import trio.testing
 
 from hicachefs.fs.fetch import FetchHandle
+from hicachefs.fs.page_handle import Leases
 from hicachefs.fs.request_limits import STEP_PAUSE_S, RequestLimits
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.device import FileDevice
@@ -48,7 +51,7 @@ def test_two_reads_at_once_never_let_go_of_the_pages_the_other_answers_from(tmp_
             store.put(f"{POOL}/filler{i}", content(100 + i, SIZE))
         store.put(f"{POOL}/in-ram", content(2, SIZE))
         assert store.info(f"{POOL}/on-disk").tier == "disk" and store.info(f"{POOL}/in-ram").tier == "memory"
-        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0))
+        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), Leases())
         answered: list[bytes] = []
 
         async def read_first_two() -> None:  # a RAM page, then one read from the disk in a thread
@@ -81,8 +84,8 @@ def test_other_users_fetch_writes_and_reads_take_turns_and_the_store_clients_do_
     try:
         store.put(f"{POOL}/k", content(1, SIZE))
         limits = RequestLimits(writers=frozenset({0}))
-        handles = {f"plain{i}": FetchHandle(store, limits.account(65534)) for i in range(3)}
-        handles["root"] = FetchHandle(store, limits.account(0))
+        handles = {f"plain{i}": FetchHandle(store, limits.account(65534), Leases()) for i in range(3)}
+        handles["root"] = FetchHandle(store, limits.account(0), Leases())
         answered: dict[str, tuple[float, int]] = {}
 
         async def ask(name: str, started: float) -> None:
@@ -103,3 +106,27 @@ def test_other_users_fetch_writes_and_reads_take_turns_and_the_store_clients_do_
     assert answered.pop("root") == (0.0, SIZE)
     assert all(size == SIZE for _, size in answered.values())
     assert max(took for took, _ in answered.values()) >= 6 * STEP_PAUSE_S - 1e-9  # 3 writes, 3 reads
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_page_read_on_after_its_pin_went_is_the_version_it_was_or_nothing(replaced):
+    """A fetch handle's pins are on a lease, as an open page's: once it ends, a read that goes on
+    with a page spanning reads finds that page's version again, or ends at it (never half of one
+    version and half of another)."""
+    name, size = f"{POOL}/spanning", 2 << 20
+    store = PageStore(StoreConfig(memory_bytes=32 << 20))
+    try:
+        store.put(name, content(1, size))
+        leases = Leases(lease_s=0.01)
+        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(65534), leases)
+        trio.run(handle.write, 0, f"{size} {name}\n".encode())
+        first = b"".join(bytes(piece) for piece in trio.run(handle.read, 0, 1 << 20))
+        assert first == content(1, size)[: 1 << 20] and handle.holding
+        leases.expire(time.monotonic() + 1)
+        assert not handle.holding  # the lease ended: nothing of the store is pinned by the handle
+        if replaced:
+            store.put(name, content(2, size))
+        rest = b"".join(bytes(piece) for piece in trio.run(handle.read, 1 << 20, 1 << 20))
+        assert rest == (b"" if replaced else content(1, size)[1 << 20 :])
+    finally:
+        store.close()

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 
+from hicachefs.testing import attacks
 from hicachefs.testing.workload import content
 from pages import publish
 
@@ -117,3 +118,26 @@ def test_a_held_page_replaced_and_then_let_go_reads_eio_never_the_new_page(publi
         holder.wait()
     assert sums.pop("k") == "EIO"  # its version is no longer stored: the contract's other answer
     assert sums == {key: hashlib.sha256(content(key, MiB)).hexdigest() for key in others}
+
+
+def test_a_plain_users_fetch_handles_keep_no_new_page_out_of_ram(public_mount_factory):
+    """Issue 29, item 6: a fetch handle holds the pages of its last read until its next request.
+    A plain user's 64 handles, each holding one page of a 64 MiB RAM tier with no disk tier (all
+    of it), hold at most a quarter of the tier between them (and only for the pin lease): root's
+    40 new pages are neither refused nor evicted by one another."""
+    mount = public_mount_factory("--memory", "64M")
+    pool = mount.page_dir()
+    held = [f"held{i}" for i in range(64)]
+    for key in held:
+        publish(pool, key, content(key, MiB))
+    relative = pool.relative_to(mount.path)
+    with attacks.start("held-fetches", mount.path, relative, MiB, ",".join(held)) as holder:
+        refused = 0
+        for i in range(40):
+            try:
+                publish(pool, f"new{i}", content(i, MiB))
+            except OSError:
+                refused += 1
+        kept = sum((pool / f"new{i}").exists() for i in range(40))
+        figures = holder.finish()
+    assert figures["errors"] == {} and refused == 0 and kept == 40
