@@ -53,6 +53,10 @@ MAX_THREADS = 64
 # A batch's pages go to the daemon in runs of at least this many bytes, one request each (a
 # run of small pages fills one 1 MiB FUSE request), spread over the threads above.
 MIN_CHUNK_BYTES = 1 << 20
+# Through the data plane a run is copied by its thread (about 10 GB/s) and, written, costs one
+# commit request: a run of at least 8 MiB (some 800 us of copying) is worth a thread of its own;
+# SGLang's usual batch of 8 small pages goes whole in the caller's thread.
+MIN_PLANE_CHUNK_BYTES = 8 << 20
 # Pages that are copied (layouts other than page-first) through scratch buffers: at most this
 # many bytes of them per run, the scratch memory one thread holds.
 MAX_COPIED_CHUNK_BYTES = 16 << 20
@@ -232,9 +236,11 @@ class HiCacheFS(HiCacheStorage):
     def _chunks(self, count: int, page_bytes: int, threads: int, copied: bool) -> List[range]:
         """The batch cut into runs of pages, one request each, spread over ``threads``: runs of
         at least ``MIN_CHUNK_BYTES`` (fewer requests: a run of small pages is one 1 MiB
-        request), and, when pages are copied through scratch buffers, at most
-        ``MAX_COPIED_CHUNK_BYTES`` (the scratch memory a thread holds)."""
-        per_chunk = max(-(-count // threads), -(-MIN_CHUNK_BYTES // page_bytes))
+        request; ``MIN_PLANE_CHUNK_BYTES`` through the data plane), and, when pages are copied
+        through scratch buffers, at most ``MAX_COPIED_CHUNK_BYTES`` (the scratch memory a thread
+        holds)."""
+        smallest = MIN_PLANE_CHUNK_BYTES if self.io.plane_attached() else MIN_CHUNK_BYTES
+        per_chunk = max(-(-count // threads), -(-smallest // page_bytes))
         if copied:
             per_chunk = min(per_chunk, max(1, MAX_COPIED_CHUNK_BYTES // page_bytes))
         return [range(i, min(i + per_chunk, count)) for i in range(0, count, per_chunk)]

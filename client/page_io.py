@@ -77,6 +77,10 @@ class PageIO:
 
     # ---------------------------------------------------------------- paths
 
+    def plane_attached(self) -> bool:
+        """Whether pages go through the data plane now."""
+        return self.plane is not None and self.plane.attached() is not None
+
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
 

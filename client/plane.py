@@ -35,6 +35,7 @@ import os
 import struct
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .accounting import Counters, FailureLog, error_kind
@@ -45,10 +46,10 @@ from .vectored import advance
 logger = logging.getLogger(__name__)
 
 PLANE_FILE = f"{CONTROL_DIR}/plane"
-_REQUEST = struct.Struct("<4sHHII")
+_REQUEST = struct.Struct("<4sHHIIQ")  # magic, op, flags, count, body bytes, seq (answers alike)
 _REQUEST_MAGIC, _ANSWER_MAGIC = b"HCPQ", b"HCPA"
-DIR, RESERVE, COMMIT, REPORT, RELEASE = 1, 2, 3, 4, 5
-KEEP_EXISTING = 1
+DIR, RESERVE, COMMIT, REPORT, RELEASE, MAILBOX = 1, 2, 3, 4, 5, 6
+KEEP_EXISTING, IN_MAILBOX = 1, 2
 PUBLISHED, KEPT = 0, 1
 _ENTRY = struct.Struct("<qQIH")
 #: Looks of a page that kept changing under its copies, before the daemon is asked instead.
@@ -64,6 +65,19 @@ REPORT_INTERVAL_S = 0.5
 MAX_REPORT = 4096
 
 Read = Tuple[int, int]  # a read as reported: the index row and its gen
+
+
+@dataclass
+class _HandleState:
+    """What a thread's handle on the plane file holds at one daemon (``token``): its mailbox in
+    the arena (-1: none; answers are then read from the handle), the slots it reserved for its
+    next batch, and the sequence number of its last request."""
+
+    token: bytes
+    mailbox: int = -1
+    ready_size: int = 0
+    ready: List[int] = field(default_factory=list)
+    seq: int = 0
 
 
 class Plane:
@@ -139,7 +153,7 @@ class Plane:
         with self.handles.using(PLANE_FILE) as handle:
             if handle is None:
                 return None
-            answer = self._request(handle, DIR, 0, 0, directory.encode("utf-8", "surrogateescape"), 8)
+            answer = self._request(attachment, handle, DIR, 0, 0, directory.encode("utf-8", "surrogateescape"), 8)
         if answer is None:
             return None
         number = struct.unpack("<q", answer)[0]
@@ -249,10 +263,11 @@ class Plane:
         if len(placed) < len(slots):  # a slot whose page could not be copied goes back
             unused = [offset for j, offset in enumerate(slots) if offset >= 0 and j not in placed]
             if unused:
-                self._request(handle, RELEASE, 0, len(unused), struct.pack(f"<{len(unused)}q", *unused), 0)
+                self._request(attachment, handle, RELEASE, 0, len(unused), struct.pack(f"<{len(unused)}q", *unused), 0)
         ahead = min(len(rels), MAX_AHEAD)
         body = b"".join(entries) + struct.pack(f"<I{ahead}I", ahead, *([size] * ahead))
-        answer = self._request(handle, COMMIT, KEEP_EXISTING, len(entries), body, 4 * len(entries) + 8 * ahead)
+        answer = self._request(attachment, handle, COMMIT, KEEP_EXISTING, len(entries), body,
+                               4 * len(entries) + 8 * ahead)
         if answer is None:
             return
         outcomes = struct.unpack_from(f"<{len(entries)}i", answer)
@@ -264,43 +279,62 @@ class Plane:
                 results[where[j]] = True
             elif outcome != -errno.ENOENT:  # a pool directory not made yet: made on the other way
                 results[where[j]] = OSError(-outcome, f"{rels[j]}: {errno.errorcode.get(-outcome, -outcome)}")
-        handle.state = (attachment.token, size, [o for o in struct.unpack_from(f"<{ahead}q", answer, 4 * len(entries))
-                                                 if o >= 0])
+        state = self._state(attachment, handle)
+        state.ready_size = size
+        state.ready = [o for o in struct.unpack_from(f"<{ahead}q", answer, 4 * len(entries)) if o >= 0]
 
     def _slots(self, attachment: Attachment, handle: ControlHandle, size: int, count: int) -> List[int]:
         """``count`` reserved slots for pages of ``size`` bytes: the handle's ready ones first,
         the rest reserved now (-errno where the daemon had none)."""
-        ready: List[int] = []
-        if handle.state is not None:
-            token, ready_size, offsets = handle.state
-            if token == attachment.token and ready_size == size:
-                ready = offsets
-            elif token == attachment.token and offsets:
-                self._request(handle, RELEASE, 0, len(offsets), struct.pack(f"<{len(offsets)}q", *offsets), 0)
-            handle.state = None
+        state = self._state(attachment, handle)
+        ready, state.ready = state.ready, []
+        if ready and state.ready_size != size:  # for pages of another size: no use now
+            self._request(attachment, handle, RELEASE, 0, len(ready), struct.pack(f"<{len(ready)}q", *ready), 0)
+            ready = []
         if len(ready) > count:
-            handle.state = (attachment.token, size, ready[count:])
+            state.ready = ready[count:]
             return ready[:count]
         missing = count - len(ready)
         if not missing:
             return ready
-        answer = self._request(handle, RESERVE, 0, missing, struct.pack(f"<{missing}I", *([size] * missing)), 8 * missing)
+        answer = self._request(attachment, handle, RESERVE, 0, missing, struct.pack(f"<{missing}I", *([size] * missing)),
+                               8 * missing)
         return ready + (list(struct.unpack(f"<{missing}q", answer)) if answer is not None else [-errno.EIO] * missing)
 
     # ---------------------------------------------------------------- the plane file
 
-    def _request(self, handle: ControlHandle, op: int, flags: int, count: int, body: bytes,
-                 answer_bytes: int) -> Optional[bytes]:
-        """Send one request on the handle and read its answer's body; None when the handle
-        fails (it is dropped: the daemon then gives back what it held)."""
+    def _state(self, attachment: Attachment, handle: ControlHandle) -> _HandleState:
+        """The handle's state at this daemon; a new one (with a mailbox asked for) once the
+        handle meets another daemon than the one it held things at."""
+        state = handle.state
+        if state is None or state.token != attachment.token:
+            state = handle.state = _HandleState(attachment.token)
+            answer = self._request(attachment, handle, MAILBOX, 0, 0, b"", 8)
+            if answer is not None:
+                state.mailbox = struct.unpack("<q", answer)[0]
+        return state
+
+    def _request(self, attachment: Attachment, handle: ControlHandle, op: int, flags: int, count: int,
+                 body: bytes, answer_bytes: int) -> Optional[bytes]:
+        """Send one request on the handle and take its answer's body: from the handle's mailbox
+        in the arena when it has one (no request more), else read from the handle. None when
+        the handle fails (it is dropped: the daemon then gives back what it held)."""
+        state = self._state(attachment, handle) if op != MAILBOX else None
         try:
-            request = _REQUEST.pack(_REQUEST_MAGIC, op, flags, count, len(body)) + body
+            seq = 0 if state is None else state.seq + 1
+            mailbox = -1 if state is None else state.mailbox
+            if state is not None:
+                state.seq = seq
+            request = _REQUEST.pack(_REQUEST_MAGIC, op, flags | (IN_MAILBOX if mailbox >= 0 else 0), count,
+                                    len(body), seq) + body
             if handle.fd < 0 or _pwrite_all(handle.fd, request) != len(request):
                 raise OSError(errno.EIO, "a plane request was not taken whole")
-            answer = _pread_all(handle.fd, _REQUEST.size + answer_bytes)
-            magic, answered_op, _, answered_count, length = _REQUEST.unpack_from(answer)
-            if (magic, answered_op, answered_count, length) != (_ANSWER_MAGIC, op, count, answer_bytes):
-                raise OSError(errno.EPROTO, f"a plane answer does not fit its request ({answer[:16]!r})")
+            expected = (_ANSWER_MAGIC, op, count, answer_bytes, seq)
+            answer = _answer_in(attachment.arena_fd, mailbox, _REQUEST.size + answer_bytes) if mailbox >= 0 else b""
+            if _header(answer) != expected:  # no mailbox, or the answer did not fit in it
+                answer = _pread_all(handle.fd, _REQUEST.size + answer_bytes)
+                if _header(answer) != expected:
+                    raise OSError(errno.EPROTO, f"a plane answer does not fit its request ({answer[:24]!r})")
         except (OSError, struct.error) as exc:
             self.handles.drop(handle)
             self.failures.failure(error_kind(exc), f"a data plane request failed: {exc}")
@@ -309,11 +343,15 @@ class Plane:
         return answer[_REQUEST.size :]
 
     def report(self, reads: List[Read]) -> None:
-        """Tell the daemon of reads made through the plane (``Reports``' thread)."""
+        """Tell the daemon of reads made through the plane (``Reports``' thread); reads of a
+        daemon that is gone are let go."""
+        attachment = self._attachment
+        if attachment is None:
+            return
         with self.handles.using(PLANE_FILE) as handle:
             if handle is not None:
                 body = b"".join(struct.pack("<IQ", row, gen) for row, gen in reads)
-                self._request(handle, REPORT, 0, len(reads), body, 4)
+                self._request(attachment, handle, REPORT, 0, len(reads), body, 4)
 
     def close(self) -> None:
         self.reports.send_now()
@@ -386,6 +424,19 @@ def _pwrite_all(fd: int, data: bytes) -> int:
             break
         done += n
     return done
+
+
+def _header(answer: bytes) -> Optional[tuple]:
+    """What an answer says it answers: (magic, op, count, body bytes, seq)."""
+    if len(answer) < _REQUEST.size:
+        return None
+    magic, op, _, count, length, seq = _REQUEST.unpack_from(answer)
+    return magic, op, count, length, seq
+
+
+def _answer_in(arena_fd: int, mailbox: int, size: int) -> bytes:
+    """What the handle's mailbox in the arena holds (``size`` bytes of it)."""
+    return os.pread(arena_fd, size, mailbox)
 
 
 def _pread_all(fd: int, size: int) -> bytes:

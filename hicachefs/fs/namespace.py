@@ -401,12 +401,11 @@ class Namespace:
         for name in gone:
             path, _, key = name.rpartition("/")
             directory = self.tree.at(path)
-            if directory is None:
+            node = None if directory is None else self.nodes.detach(directory, key)
+            if node is None:  # the kernel holds nothing for that name (no lookup made it a node)
                 continue
             self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
-            node = self.nodes.detach(directory, key)
-            if node is not None:
-                self.notices.forget_inode(node.inode)
+            self.notices.forget_inode(node.inode)
 
     @property
     def temp_timeout_s(self) -> float:

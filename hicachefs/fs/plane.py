@@ -7,8 +7,14 @@ read pages themselves with no request at all, and copy the pages they write into
 of the arena themselves. What is left for the daemon goes through this file, a request a write
 and its answer a read from offset 0:
 
-    request  "HCPQ" op:u16 flags:u16 count:u32 body_bytes:u32, then the body
-    answer   "HCPA" op:u16 0:u16 count:u32 body_bytes:u32, then the body
+    request  "HCPQ" op:u16 flags:u16 count:u32 body_bytes:u32 seq:u64, then the body
+    answer   "HCPA" op:u16 0:u16 count:u32 body_bytes:u32 seq:u64, then the body
+
+A request with flag ``IN_MAILBOX`` has its answer also written into the handle's mailbox (a slot
+of the arena the handle holds, ``MAILBOX``), before the write is answered, so that the writer
+reads it from the arena: a batch then costs the daemon one request (its WRITE), not two. The
+answer's ``seq`` is its request's, so an answer that did not fit (and is only read) is never
+taken for a later one.
 
 - ``DIR``: body the path of a pool directory; answer ``<q``, the number the index hashes its keys
   with (a client asks once per directory and daemon).
@@ -25,6 +31,8 @@ and its answer a read from offset 0:
   read it; at most ``MAX_REPORT``), counted as hits; answer ``<I``, how many still stood for
   their page.
 - ``RELEASE``: body ``count`` slot offsets (``<q``) given back; empty answer.
+- ``MAILBOX``: a mailbox for this handle (``MAILBOX_BYTES``); answer ``<q``, its offset in the
+  arena, or ``-errno``.
 
 The rules of page files hold: a reservation stays its handle's until committed or released, and
 the daemon never gives its slot to anyone else; closing the handle frees what was not committed,
@@ -49,11 +57,13 @@ from .errors import FsError, errno_of
 from . import ingest
 from .writing_budget import WritingBudget
 
-REQUEST = struct.Struct("<4sHHII")
-ANSWER = struct.Struct("<4sHHII")
+REQUEST = struct.Struct("<4sHHIIQ")
+ANSWER = struct.Struct("<4sHHIIQ")
 REQUEST_MAGIC, ANSWER_MAGIC = b"HCPQ", b"HCPA"
-DIR, RESERVE, COMMIT, REPORT, RELEASE = 1, 2, 3, 4, 5
-KEEP_EXISTING = 1
+DIR, RESERVE, COMMIT, REPORT, RELEASE, MAILBOX = 1, 2, 3, 4, 5, 6
+KEEP_EXISTING, IN_MAILBOX = 1, 2
+#: A mailbox holds the answer to a commit of 4,096 pages with 128 to reserve next.
+MAILBOX_BYTES = 64 << 10
 PUBLISHED, KEPT = 0, 1
 _ENTRY = struct.Struct("<qQIH")
 _SIZE = struct.Struct("<I")
@@ -107,6 +117,7 @@ class PlaneHandle:
         self.ahead = ahead
         self._reserved: dict[int, Draft] = {}  # arena offset -> the draft of a slot of this handle's
         self._ahead: set[int] = set()  # of those, the ones reserved ahead (``AheadBudget``)
+        self._mailbox: Draft | None = None
         self._request = bytearray()
         self._answer = b""
 
@@ -122,7 +133,7 @@ class PlaneHandle:
         self._request += data
         if len(self._request) < REQUEST.size:
             return len(data)
-        magic, op, flags, count, body_bytes = REQUEST.unpack_from(self._request)
+        magic, op, flags, count, body_bytes, seq = REQUEST.unpack_from(self._request)
         if magic != REQUEST_MAGIC:
             self._request = bytearray()
             raise FsError(errno.EINVAL, "not a plane request (bad magic)")
@@ -137,7 +148,9 @@ class PlaneHandle:
         finally:
             if op == COMMIT:
                 await self.publisher.kernel_told()
-        self._answer = ANSWER.pack(ANSWER_MAGIC, op, 0, count, len(answer)) + answer
+        self._answer = ANSWER.pack(ANSWER_MAGIC, op, 0, count, len(answer), seq) + answer
+        if flags & IN_MAILBOX and self._mailbox is not None and len(self._answer) <= MAILBOX_BYTES:
+            self._mailbox.buffer[: len(self._answer)] = self._answer
         return len(data)
 
     async def read(self, offset: int, size: int) -> bytes:
@@ -147,6 +160,9 @@ class PlaneHandle:
         """The handle closed (its writer may have died): what it did not commit publishes nothing."""
         for offset in list(self._reserved):
             self._give_back(self._take(offset))
+        mailbox, self._mailbox = self._mailbox, None
+        if mailbox is not None:
+            self._give_back(mailbox)
 
     # -- the operations --------------------------------------------------------------------
 
@@ -168,7 +184,18 @@ class PlaneHandle:
                 if draft is not None:
                     self._give_back(draft)
             return b""
+        if op == MAILBOX:
+            return _OFFSET.pack(self._open_mailbox())
         raise FsError(errno.EINVAL, f"no plane operation {op}")
+
+    def _open_mailbox(self) -> int:
+        """The handle's mailbox (made at its first ask): its offset in the arena, or -errno."""
+        if self._mailbox is None:
+            offset = _OFFSET.unpack(self._reserve([MAILBOX_BYTES]))[0]
+            if offset < 0:
+                return offset
+            self._mailbox = self._reserved.pop(offset)
+        return self._mailbox.shared_at
 
     def _reserve(self, sizes: list[int], ahead: bool = False) -> bytes:
         """A slot for each size, or ``-errno`` where none can be had (past the writing budget,
@@ -235,15 +262,12 @@ class PlaneHandle:
         if draft.size != size:
             self.store.abandon(draft)
             return -errno.EINVAL
-        if keep_existing and self.publisher.has_page(path):
-            self.store.abandon(draft)
-            return KEPT
         draft.mark_filled(checksum)
         try:
-            self.publisher.publish_page(path, draft)  # consumes the draft whatever happens
+            published = self.publisher.publish_page(path, draft, bool(keep_existing))  # consumes the draft
         except (FsError, StoreError) as exc:
             return -errno_of(exc)
-        return PUBLISHED
+        return PUBLISHED if published else KEPT
 
     def _give_back(self, draft: Draft) -> None:
         self.budget.change(-draft.size)

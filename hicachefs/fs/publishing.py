@@ -211,20 +211,23 @@ class Publishing:
     def abandon_page(self, draft: Draft) -> None:
         self.store.abandon(draft)
 
-    def publish_page(self, path: str, draft: Draft) -> None:
+    def publish_page(self, path: str, draft: Draft, keep_existing: bool = False) -> bool:
         """Publish a filled draft under ``path``, replacing what the name held, as a rename
-        onto it would; the draft is consumed whatever happens."""
+        onto it would; the draft is consumed whatever happens. ``keep_existing``: a page the
+        name holds is kept as it is instead (False is returned)."""
         try:
             directory, key = self._target(path)
         except BaseException:
             self.store.abandon(draft)
             raise
-        self.store.publish(draft, directory.page_name(key))
+        if self.store.publish(draft, directory.page_name(key), keep_existing=keep_existing) is None:
+            return False
         directory.last_page_size = draft.size
         directory.mtime_ns = time.time_ns()
         known = self.displace(directory, key)
         if self._retire_old(directory, key) or known:  # the kernel did not see this replace
             self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
+        return True
 
     async def kernel_told(self) -> None:
         await self.notices.delivered()

@@ -173,14 +173,23 @@ class PageStore:
             return Draft(None, size, memoryview(bytearray(size)))
         return Draft(offset, size, self._ram.view(offset, size))
 
-    def publish(self, draft: Draft, name: str, mtime_ns: int | None = None) -> PageInfo:
+    def publish(self, draft: Draft, name: str, mtime_ns: int | None = None,
+                keep_existing: bool = False) -> PageInfo | None:
         """Checksum the draft and make it visible under ``name``, replacing any page of that
         name atomically; with write_through it is on the next tier when this returns. On any
-        failure the draft is given back and the store is as it was (an old page stays)."""
+        failure the draft is given back and the store is as it was (an old page stays).
+        ``keep_existing``: a page of that name stored here or on a named tier is kept as it is
+        instead, the draft given back, and None returned."""
         checksum = draft.checksum()
         slot = draft.consume()
         page = PageMeta(name, draft.size, checksum, time.time_ns() if mtime_ns is None else mtime_ns)
+        elsewhere = keep_existing and bool(self._named) and self._named_may_hold(name)  # (not under the lock)
         with self._lock, self._reporting():
+            old = self._index.find(name)
+            if keep_existing and (old >= 0 or elsewhere):
+                if slot is not None:
+                    self._ram.retire(slot)
+                return None
             try:
                 lower = None
                 if slot is None or self.config.write_through:
@@ -193,7 +202,8 @@ class PageStore:
                 if slot is not None:
                     self._ram.retire(slot)
                 raise
-            old = self._index.find(name)
+            if lower is not None:  # making room below may have reclaimed the old page's row
+                old = self._index.find(name)
             place = self._drop(old, keep_place=True) if old >= 0 else 0  # listed where the old one was
             self._found.pop(name, None)
             if slot is None:

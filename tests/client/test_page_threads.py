@@ -1,5 +1,5 @@
 """A batch's pages moved on several threads (extra_config ``read_threads``, ``write_threads``), in runs
-of pages of at least ``MIN_CHUNK_BYTES`` each: the same bytes, failures per page (or per run, for an
+of pages of at least ``MIN_CHUNK_BYTES`` each (``MIN_PLANE_CHUNK_BYTES`` through the data plane): the same bytes, failures per page (or per run, for an
 unexpected exception), nothing raised into SGLang, safe from many SGLang threads at once."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def small_runs(monkeypatch):
     """Runs of one page at least, so that a batch of the tests' small pages is spread over the
     threads as a batch of large pages is."""
     monkeypatch.setattr(backend, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(backend, "MIN_PLANE_CHUNK_BYTES", 1)
 
 
 @pytest.mark.parametrize("kind, layout", [("mha", "page_first"), ("mla", "page_first"),
