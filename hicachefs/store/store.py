@@ -52,7 +52,7 @@ from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageT
 from hicachefs.store.fetch_ahead import FetchAhead, FetchAheadStatistics
 from hicachefs.store.index import PageColumns, PageIndex
 from hicachefs.store.index_memory import Described
-from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader, checksum_text
+from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader, checksum_text, page_checksum
 from hicachefs.store.ram_tier import RamTier
 from hicachefs.store.statistics import StoreStatistics, TierStatistics, summed
 from hicachefs.typed_stats import part
@@ -731,8 +731,8 @@ class PageStore:
             keep.append(row)
         for row in reversed(keep):
             if self._index.dir[row] >= 0 and not (self._index.loc[row, 1:] >= 0).any():
-                slot = int(self._index.loc[row, RAM])
-                if self._write_below(self._meta(row), self._ram.view(slot, int(self._index.size[row])), RAM, row) is None:
+                view = self._ram.view(int(self._index.loc[row, RAM]), int(self._index.size[row]))
+                if self._intact(row, view) and self._write_below(self._meta(row), view, RAM, row) is None:
                     break  # the device fails: what is left stays unwritten
 
     def _info(self, row: int) -> PageInfo:
@@ -792,13 +792,24 @@ class PageStore:
         out of the store."""
         index = self._index
         slot = int(index.loc[row, RAM])
-        if not (index.loc[row, 1:] >= 0).any():
-            self._write_below(self._meta(row), self._ram.view(slot, int(index.size[row])), RAM, row)
+        view = self._ram.view(slot, int(index.size[row]))
+        if not (index.loc[row, 1:] >= 0).any() and self._intact(row, view):
+            self._write_below(self._meta(row), view, RAM, row)
         self._locate(row, RAM, -1)
         demoted = index.top_tier(row) >= 0
         self._ram.release(row, slot, demoted)
         if not demoted:
             self._forget(row)
+
+    def _intact(self, row: int, view: memoryview) -> bool:
+        """Whether a RAM page's bytes still match its checksum, checked whenever the page moves
+        down: the data plane's clients write RAM pages themselves, and a page scribbled on in
+        RAM must not spread to a tier where it would outlive the daemon. Counted when not."""
+        if page_checksum(view) == int(self._index.checksum[row]):
+            return True
+        self._ram.counters.checksum_failures += 1
+        log.warning("%s: its bytes in RAM fail its checksum; dropped, not moved down", self._index.name(row))
+        return False
 
     def _write_below(self, page: PageMeta, payload, above: int, row: int = -1) -> tuple[int, int] | None:
         """Write the page to the first indexed tier below ``above`` that takes it: (tier,

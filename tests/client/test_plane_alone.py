@@ -13,6 +13,9 @@ import pytest
 
 import hicachefs_client.plane_index as plane_index
 from hicachefs.store import PageStore, StoreConfig
+from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.store.shared.layout import Layout, place
+from hicachefs.testing.faults import Fault, FaultyDevice
 from hicachefs.testing.workload import content
 from hicachefs_client.plane_index import Attachment, key_id
 
@@ -150,3 +153,43 @@ def test_a_page_the_plane_reads_twice_from_the_disk_tier_is_promoted_to_ram(stor
         time.sleep(0.01)
     found, data = read(attachment, store, "9" * 64)
     assert data == content(8, SIZE) and found.ram >= 0 and store.info(name).hits == 2
+
+
+def scribble(attachment: Attachment, store: PageStore, key: str) -> None:
+    """Write over a RAM page's bytes through the arena, as a buggy client of the plane could."""
+    found = attachment.find(store.plane_dir(DIRECTORY), key_id(key))
+    os.pwrite(attachment.arena_fd, b"scribbled", found.ram + 100)
+
+
+def test_a_ram_page_scribbled_on_is_never_moved_down_to_disk(store, tmp_path):
+    name = f"{DIRECTORY}/{'5' * 64}"
+    store.put(name, content(9, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    scribble(attachment, store, "5" * 64)
+    for i in range(40):  # more than RAM holds: the page's turn to move down comes
+        store.put(f"{DIRECTORY}/filler{i}", content(100 + i, SIZE))
+    assert store.info(name) is None  # dropped, not written to the disk tier
+    assert store.statistics().tiers[0].checksum_failures == 1
+
+
+def test_a_ram_page_scribbled_on_is_never_written_to_the_shared_tier(tmp_path):
+    shared = FaultyDevice(DirectoryDevice())
+    store = PageStore(StoreConfig(memory_bytes=32 << 20, shared_dir=tmp_path / "shared"), shared_device=shared)
+    try:
+        shared.inject(Fault("pwritev", delay_s=0.5, count=2))  # both writers busy a while
+        for i in range(2):
+            store.put(f"{DIRECTORY}/slow{i}", content(i, SIZE))
+        name = f"{DIRECTORY}/{'6' * 64}"
+        store.put(name, content(10, SIZE))
+        scribble(attach(store, tmp_path / "root"), store, "6" * 64)  # while it waits in the queue
+        deadline = time.monotonic() + 10
+        while store.statistics().tiers[-1].write_behind.writing or store.statistics().tiers[-1].write_behind.queue_pages:
+            assert time.monotonic() < deadline, "the write-behind did not drain"
+            time.sleep(0.01)
+        behind = store.statistics().tiers[-1].write_behind
+        assert behind.dropped_corrupt == 1 and behind.written_behind == 2
+        on_the_volume = Layout(tmp_path / "shared")
+        assert os.path.exists(on_the_volume.page_path(place(f"{DIRECTORY}/slow0")))
+        assert not os.path.exists(on_the_volume.page_path(place(name)))
+    finally:
+        store.close()

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from hicachefs.testing import attacks
 from hicachefs.testing.workload import content
 from hicachefs_client.fetch import fetch_batch
 from pages import as_nobody, fetch_pages, publish, read_page, requests_of
@@ -109,3 +110,19 @@ def test_any_user_may_read_through_the_fetch_file(public_mount):
     result = as_nobody("/usr/bin/python3.11", "-c", script)
     assert result.returncode == 0, result.stderr
     assert bytes.fromhex(result.stdout.strip()) == data == read_page(mounted.path / path)
+
+
+def test_a_plain_user_cannot_forge_reads(public_mount):
+    """Issue 29, item 7: reads made elsewhere are reported only through the data plane's file,
+    which only the store's writers may open; lines '0 <path>' on the fetch file ask for empty
+    pages and count nothing (they once counted reads of any page for anyone)."""
+    mounted = public_mount
+    (path, data), = stored(mounted, 1, 100)
+    script = (f"import os\nfd = os.open({str(mounted.path / '.hicachefs' / 'fetch')!r}, os.O_RDWR)\n"
+              f"for _ in range(20):\n    os.write(fd, b'0 {path}\\n' * 50)\n    os.pread(fd, 1, 0)\n"
+              f"try:\n    os.open({str(mounted.path / '.hicachefs' / 'plane')!r}, os.O_RDWR)\n"
+              f"except PermissionError:\n    print('refused')\n")
+    result = attacks.run_script(script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "refused"
+    assert os.getxattr(mounted.path / path, "user.hicachefs.hits") == b"0"

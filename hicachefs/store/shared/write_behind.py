@@ -6,7 +6,9 @@ cannot take writes now. The queue is also bounded in time: a page is admitted on
 queue ahead of it would be written within ``max_lag_s`` at the pace writes have been taking
 (a moving average), so a page that is taken reaches the shared tier within about that long of
 its publish even when publishing outruns the filesystem; the rest are dropped, not delayed. Worker threads take pages in order, copy each into a private buffer,
-call ``release`` (the engine keeps the page's RAM slot pinned until then), and only then write
+call ``release`` (the engine keeps the page's RAM slot pinned until then), check the copy
+against the page's checksum (the data plane's clients write RAM pages themselves: a page
+scribbled on in RAM is dropped and counted, never spread to other hosts), and only then write
 the copy. So a write stuck in a hung filesystem holds no engine memory, and the bytes it
 eventually writes can never be those of a slot reused meanwhile. ``release`` is called exactly
 once per offered page, whatever happens.
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hicachefs.store.pages import page_checksum
 from hicachefs.store.tier import PageMeta
 from hicachefs.typed_stats import level, total
 
@@ -58,6 +61,7 @@ class WriteBehindStatistics:
     dropped: int = total()
     dropped_queue_full: int = total()
     dropped_unavailable: int = total()
+    dropped_corrupt: int = total()
     write_seconds_avg: float = level(0.0)
     write_failures: int = total()
     lag_seconds: float = level(0.0)
@@ -85,6 +89,7 @@ class WriteBehind:
         self.written_bytes = 0
         self.dropped_queue_full = 0
         self.dropped_unavailable = 0
+        self.dropped_corrupt = 0
         self.failed = 0
         self.last_lag_s = 0.0
         self._threads = [threading.Thread(target=self._serve, name=f"hicachefs-shared-writer-{n}", daemon=True)
@@ -139,6 +144,9 @@ class WriteBehind:
                 copy = memoryview(buffer)[:size]
                 copy[:] = item.payload
                 _release(item)
+                if page_checksum(copy) != item.page.checksum:
+                    self._dropped_corrupt(item.page)
+                    continue
                 self._write(item.page, copy)
                 ok = True
             except OSError:
@@ -164,6 +172,13 @@ class WriteBehind:
                     self.failed += 1
                 self._lock.notify_all()
 
+    def _dropped_corrupt(self, page: PageMeta) -> None:
+        _log.warning("%s: its bytes in RAM fail its checksum; not written to the shared tier", page.name)
+        with self._lock:
+            self._in_progress -= 1
+            self.dropped_corrupt += 1
+            self._lock.notify_all()
+
     def statistics(self) -> WriteBehindStatistics:
         with self._lock:
             oldest = self._queue[0].offered if self._queue else None
@@ -171,8 +186,9 @@ class WriteBehind:
                 queue_pages=len(self._queue), queue_bytes=self._queued_bytes,
                 queue_max_pages=self.max_pages, queue_max_bytes=self.max_bytes, writing=self._in_progress,
                 written_behind=self.written, written_behind_bytes=self.written_bytes,
-                dropped=self.dropped_queue_full + self.dropped_unavailable,
+                dropped=self.dropped_queue_full + self.dropped_unavailable + self.dropped_corrupt,
                 dropped_queue_full=self.dropped_queue_full, dropped_unavailable=self.dropped_unavailable,
+                dropped_corrupt=self.dropped_corrupt,
                 write_seconds_avg=round(self._write_s, 4), write_failures=self.failed,
                 lag_seconds=round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
                 last_lag_seconds=round(self.last_lag_s, 3))
