@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hicachefs.fs.control import MAX_EXISTS_REQUEST
-from hicachefs.fs.fetch import MAX_FETCH_REQUEST
+from hicachefs.control.exists import MAX_EXISTS_REQUEST
+from hicachefs.control.fetch import MAX_FETCH_REQUEST
 from hicachefs.testing import attacks, mounting
 from hicachefs.testing.workload import content, publish
 

@@ -52,7 +52,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hicachefs.fs.control import MAX_EXISTS_REQUEST
+from hicachefs.control.exists import MAX_EXISTS_REQUEST
 from hicachefs.testing import attacks, mixed_load, mounting, scenarios
 from hicachefs.testing.store_faults import CORRUPTIONS, RoundFigures, corruption_round, device_fault_round
 from hicachefs.testing.workload import exists_raw, serving

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..daemon.config import DaemonConfig
 from ..daemon.metrics_endpoint import check_can_listen, parse_listen_address
-from ..store.device import ArenaRefused
-from ..store.ssd_tier import check_disk_dir
+from ..store.ssd.device import ArenaRefused
+from ..store.ssd.ssd_tier import check_disk_dir
 from .. import mount_table
 from .arguments import UsageError, parse_size
 from ..mount_table import Answer

@@ -138,7 +138,15 @@ def render(mountpoint: Path, before: Sample, after: Sample) -> Group:
     for op in by_rate:
         requests.add_row(op, _number(_delta(old_requests, new_requests, op) / seconds), str(new_requests[op]))
 
-    return Group(summary, levels, traffic, requests, _errors(old, new, seconds))
+    return Group(summary, levels, traffic, requests, _shares(new), _errors(old, new, seconds))
+
+
+def _shares(facts: dict) -> Table:
+    """The RAM budget: what each share of the RAM tier holds, of what it may."""
+    table = _table("RAM share", "held", "of")
+    for name, share in facts.get("ram_budget", {}).get("shares", {}).items():
+        table.add_row(name, _bytes(share["held_bytes"]), _bytes(share["limit_bytes"]))
+    return table
 
 
 def _errors(old: dict, new: dict, seconds: float) -> Table | Text:

@@ -4,7 +4,7 @@ Run in the foreground by ``hicachefs mount --foreground``, or as ``python -m
 hicachefs.daemon CONFIG_JSON [PROGRESS_FD]`` by the background form of the same command, which
 shows on its terminal how rebuilding the disk index goes from what the daemon writes to
 PROGRESS_FD (``recovery_reporter``). SIGTERM, SIGINT and SIGHUP end the loop after the requests
-in flight (``pyfuse3.terminate``); then the mount is removed and the store closed, which writes
+in flight (``fuse.session.stop``); then the mount is removed and the store closed, which writes
 the RAM tier down to disk and the disk tier's index snapshot (further stop signals are ignored
 meanwhile). An unmount from outside (``umount``,
 ``fusermount3 -u``) ends the loop the same way. Under systemd (``Type=notify``) the daemon
@@ -28,14 +28,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import pyfuse3
 import trio
 
-from ..fs.control import ControlFiles
-from ..fs.kernel_notifier import KernelNotifier
-from ..fs.namespace import Namespace
-from ..fs.operations import Operations
-from ..fs.requests import Requests
+from ..control.files import ControlFiles
+from ..fuse.kernel_notifier import KernelNotifier
+from ..posix.namespace import Namespace
+from ..fuse import session
+from ..fuse.operations import Operations
+from ..posix.requests import Requests
 from ..store import PageStore, StoreError
 from . import metrics
 from .config import DaemonConfig
@@ -49,11 +49,6 @@ log = logging.getLogger("hicachefs")
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: The mount's readahead: whole pages of up to this size are read with requests in flight together.
 READ_AHEAD_KB = 8192
-#: New pages queued for the kernel's page cache take at most this share of the RAM tier (they
-#: stay pinned there until pushed; beyond, a push is skipped). A quarter holds a whole batch of
-#: 128 pages of 8 MiB on a 4 GiB tier.
-PUSH_SHARE = 4
-
 
 def setup_logging(config: DaemonConfig) -> None:
     handler = logging.FileHandler(config.log_file) if config.log_file else logging.StreamHandler()
@@ -105,7 +100,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
     requests = endpoint = None
     try:
         effective = {**asdict(config), "pid": os.getpid()}
-        notifier = KernelNotifier(config.memory_bytes // PUSH_SHARE)
+        notifier = KernelNotifier(store.budget.share("kernel_pushes"))
 
         def statistics() -> DaemonStatistics:  # wiring, read at every open of .hicachefs/stats
             refusals = requests.refusals.statistics()
@@ -119,11 +114,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         operations = Operations(requests)
         if config.metrics_listen:  # bound before mounting: a port in use fails the start
             endpoint = MetricsEndpoint(config.metrics_listen, statistics)
-        # No default_permissions (pyfuse3's default): Operations checks who may change what.
-        options = {"fsname=hicachefs", "subtype=hicachefs", *config.fuse_options}
-        if os.getuid() == 0:
-            options.add("allow_other")
-        pyfuse3.init(operations, config.mountpoint, options)
+        session.mount(operations, config.mountpoint, set(config.fuse_options))
         # From here on a stop signal never kills the process: one that comes before the loop
         # listens (the mount is live already) is kept for it, and one after it is swallowed (a
         # second one, as systemd sends a mount's processes after umount, must not cut short
@@ -138,7 +129,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
             trio.run(_serve, namespace, store, endpoint, config.mountpoint, early)
         finally:
             notifier.stop()
-            pyfuse3.close(unmount=True)
+            session.unmount()
         log.info("unmounted %s", config.mountpoint)
     finally:
         if endpoint is not None:
@@ -163,14 +154,14 @@ async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoi
 
     store.on_gone(pages_gone)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, pyfuse3.terminate, early)
+        nursery.start_soon(_stop_on_signal, session.stop, early)
         nursery.start_soon(_reap_abandoned, namespace)
         nursery.start_soon(_end_pin_leases, namespace)
         if os.getuid() == 0:
             # Abandoned on cancel: its stat is served by this very loop, which may be ending.
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, _raise_readahead, mountpoint,
                                                  abandon_on_cancel=True))
-        await pyfuse3.main()
+        await session.serve()
         nursery.cancel_scope.cancel()
 
 

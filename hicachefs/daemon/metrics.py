@@ -49,6 +49,8 @@ _HELP = {
     "user_errors": "Requests refused with an error, by the uid of their sender and kind (errno, or internal).",
     "errors_not_logged": "Refused requests that made no log line (past the first of each kind and user).",
     "fuse_requests": "FUSE requests answered, by operation.",
+    "ram_share_limit_bytes": "What each share of the RAM tier may hold (the RAM budget), by share.",
+    "ram_share_held_bytes": "What each share of the RAM tier holds now, by share.",
 }
 #: The store's fields that are sums over its tiers (see the module docstring).
 _TIER_SUMS = frozenset({"hits", "evictions", "demotions", "promotions", "checksum_failures",
@@ -73,6 +75,10 @@ def metric_families(facts: DaemonStatistics) -> list[Metric]:
             add("tier_" + _NAMES.get(field, field), kind, value, {"tier": tier.name})
     for err, count in facts.errors.items():
         add("errors", "total", count, {"errno": err})
+    budget = getattr(facts.store, "ram_budget", None)  # the engine's statistics have it
+    for share, held in (budget.shares.items() if budget is not None else ()):
+        add("ram_share_limit_bytes", LEVEL, held.limit_bytes, {"share": share})
+        add("ram_share_held_bytes", LEVEL, held.held_bytes, {"share": share})
     for uid, kinds in facts.errors_by_user.items():
         for kind, count in kinds.items():
             add("user_errors", "total", count, {"uid": uid, "kind": kind})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..fs.kernel_notifier import KernelCacheStatistics
+from ..fuse.kernel_notifier import KernelCacheStatistics
 from ..store import StoreStatistics
 from ..typed_stats import as_dict
 

@@ -41,11 +41,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
+from hicachefs.store.budget import BudgetStatistics, RamBudget
 from hicachefs.store.chain import build_chain
 from hicachefs.store.config import StoreConfig
 from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreFull
@@ -53,7 +54,7 @@ from hicachefs.store.fetch_ahead import FetchAhead, FetchAheadStatistics
 from hicachefs.store.index import PageColumns, PageIndex
 from hicachefs.store.index_memory import Described
 from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader, checksum_text, page_checksum
-from hicachefs.store.ram_tier import RamTier
+from hicachefs.store.ram.ram_tier import RamTier
 from hicachefs.store.statistics import StoreStatistics, TierStatistics, summed
 from hicachefs.typed_stats import part
 from hicachefs.store.tier import PageMeta, ReadResult, RecoveryListener, Tier
@@ -84,9 +85,10 @@ class PlaneFiles(NamedTuple):
 
 @dataclass(frozen=True)
 class EngineStatistics(StoreStatistics):
-    """The store's facts, and its pages fetched ahead from named tiers."""
+    """The store's facts, its pages fetched ahead from named tiers, and the RAM tier's shares."""
 
     fetch_ahead: FetchAheadStatistics = part(FetchAheadStatistics)
+    ram_budget: BudgetStatistics = field(default_factory=BudgetStatistics)
 
 
 class PageStore:
@@ -99,7 +101,11 @@ class PageStore:
         ``shared_device`` (tests pass FaultyDevices)."""
         self.config = config
         self._lock = threading.Lock()
-        chain = tiers if tiers is not None else build_chain(config, disk_device=disk_device,
+        #: The shares of the RAM tier that what holds RAM may take (``budget``): the shared
+        #: tier's write-behind here, the namespace's files being written and pins, the kernel's
+        #: pushes and the data plane's reservations in the daemon.
+        self.budget = RamBudget(config.memory_bytes, config.max_page_size)
+        chain = tiers if tiers is not None else build_chain(config, self.budget, disk_device=disk_device,
                                                             shared_device=shared_device)
         if not isinstance(chain[0], RamTier):
             raise ValueError("a tier chain starts with the RAM tier")
@@ -503,7 +509,7 @@ class PageStore:
             capacity_bytes=capacity, used_bytes=used, free_bytes=max(0, capacity - used), pages=pages,
             **{**summed(local), "misses": misses}, published=published,
             tiers=tuple(local + [tier.statistics() for tier in self._named]),
-            fetch_ahead=self._ahead.statistics())
+            fetch_ahead=self._ahead.statistics(), ram_budget=self.budget.statistics())
 
     def sync(self) -> None:
         """Make the persistent tiers' writes durable (fsync)."""

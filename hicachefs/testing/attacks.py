@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hicachefs.fs.control import MAX_EXISTS_REQUEST
+from hicachefs.control.exists import MAX_EXISTS_REQUEST
 from hicachefs.testing import plain_user
 from hicachefs.testing.plain_user import COSTLY_LINE
 

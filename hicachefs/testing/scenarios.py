@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hicachefs.fs.control import MAX_EXISTS_REQUEST
+from hicachefs.control.exists import MAX_EXISTS_REQUEST
 from hicachefs.testing import mounting
 from hicachefs.testing.workload import (
     exists_query,

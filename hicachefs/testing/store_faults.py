@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hicachefs.store import DeviceError, PageCorrupt, PageNotFound, PageStore, StoreConfig, StoreError
-from hicachefs.store.device import FileDevice
+from hicachefs.store.ssd.device import FileDevice
 from hicachefs.testing.faults import Fault, FaultyDevice
-from hicachefs.store.region_log import HEADER
-from hicachefs.store.ssd_tier import ARENA_NAME
+from hicachefs.store.ssd.region_log import HEADER
+from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs.testing.workload import find_all, identify, labelled_content
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from hicachefs.store import PageStore
-from hicachefs.store.ssd_tier import ARENA_NAME
+from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 
 
 def delete_tree(store: PageStore, prefix: str) -> int:

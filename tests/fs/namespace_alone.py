@@ -7,8 +7,8 @@ import os
 
 import trio
 
-from hicachefs.fs.control import ControlFiles
-from hicachefs.fs.namespace import ROOT_INODE, Namespace
+from hicachefs.control.files import ControlFiles
+from hicachefs.posix.namespace import ROOT_INODE, Namespace
 from hicachefs.store import NeedsIO, PageStore, StoreConfig
 
 POOL = ("m", "f", "tp0of1", "kv")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hicachefs.fs.control import MAX_EXISTS_REQUEST
+from hicachefs.control.exists import MAX_EXISTS_REQUEST
 from hicachefs.testing.workload import exists_answer, exists_handle, send_exists
 from pages import publish
 

@@ -10,11 +10,11 @@ import pytest
 import trio
 import trio.testing
 
-from hicachefs.fs.fetch import FetchHandle
-from hicachefs.fs.page_handle import Leases
-from hicachefs.fs.request_limits import STEP_PAUSE_S, RequestLimits
+from hicachefs.control.fetch import FetchHandle
+from hicachefs.posix.page_handle import Leases
+from hicachefs.control.request_limits import STEP_PAUSE_S, RequestLimits
 from hicachefs.store import PageStore, StoreConfig
-from hicachefs.store.device import FileDevice
+from hicachefs.store.ssd.device import FileDevice
 from hicachefs.testing.workload import content
 
 POOL = "m/f/tp0of1/kv"

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hicachefs.fs.listing import ENTRIES_PER_REQUEST
+from hicachefs.posix.listing import ENTRIES_PER_REQUEST
 from hicachefs.testing import attacks
 from hicachefs.testing.workload import content, publish
 from pages import requests_of

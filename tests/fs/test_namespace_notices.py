@@ -8,7 +8,7 @@ import os
 import pytest
 import trio
 
-from hicachefs.fs.errors import FsError
+from hicachefs.posix.errors import FsError
 from namespace_alone import alone
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from hicachefs.fs.errors import FsError
-from hicachefs.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE
+from hicachefs.posix.errors import FsError
+from hicachefs.posix.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE
 from hicachefs.store import NeedsIO
 from namespace_alone import alone, settled
 

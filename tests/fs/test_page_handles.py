@@ -9,8 +9,9 @@ import time
 import pytest
 import trio
 
-from hicachefs.fs.errors import FsError
-from hicachefs.fs.page_handle import Leases, PageHandle
+from hicachefs.posix.errors import FsError
+from hicachefs.posix.page_handle import Leases, PageHandle
+from hicachefs.store.budget import Share
 from hicachefs.store import PageStore, StoreConfig
 
 NAME = "m/f/tp0of1/kv/page"
@@ -65,7 +66,7 @@ def test_reads_renew_the_lease(store):
 def test_bounded_handles_hold_at_most_their_budget_pinned_the_least_recently_read_let_go(store):
     for i in range(3):
         store.put(f"{NAME}{i}", bytes([i]) * (1 << 20))
-    leases = Leases(lease_s=10, bounded_bytes=2 << 20)
+    leases = Leases(lease_s=10, pins_of_others=Share("pins_of_others", 2 << 20))
     first, second = (PageHandle(store, leases, store.open(f"{NAME}{i}"), bounded=True) for i in range(2))
     trusted = PageHandle(store, leases, store.open(f"{NAME}2"))  # not bounded: not counted
     assert leases.bounded_held == 2 << 20 and first.reader is not None
@@ -78,3 +79,18 @@ def test_bounded_handles_hold_at_most_their_budget_pinned_the_least_recently_rea
     for handle in (first, second, third, trusted):
         handle.release()
     assert leases.bounded_held == 0
+
+
+def test_all_handles_together_hold_at_most_the_pins_share_the_least_recently_read_let_go(store):
+    """Readers running as root are bounded too (issue 31: one RAM budget), by the larger share."""
+    for i in range(3):
+        store.put(f"{NAME}{i}", bytes([i]) * (1 << 20))
+    pins = Share("pins", 2 << 20)
+    leases = Leases(lease_s=10, pins=pins, pins_of_others=Share("pins_of_others", 1 << 20))
+    handles = [PageHandle(store, leases, store.open(f"{NAME}{i}")) for i in range(3)]  # root's
+    assert [h.reader is not None for h in handles] == [False, True, True] and pins.held == 2 << 20
+    assert bytes(trio.run(handles[0].read, 0, 1)) == b"\0"  # found again; the oldest other lets go
+    assert [h.reader is not None for h in handles] == [True, False, True] and pins.held == 2 << 20
+    for handle in handles:
+        handle.release()
+    assert pins.held == 0

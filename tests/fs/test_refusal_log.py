@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from hicachefs.fs.refusal_log import RefusalLog
+from hicachefs.posix.refusal_log import RefusalLog
 from pages import as_nobody, publish
 
 REFUSALS = 200

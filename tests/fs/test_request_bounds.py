@@ -9,8 +9,8 @@ import contextlib
 import errno
 import time
 
-from hicachefs.fs.control import MAX_EXISTS_REQUEST
-from hicachefs.fs.fetch import MAX_FETCH_REQUEST
+from hicachefs.control.exists import MAX_EXISTS_REQUEST
+from hicachefs.control.fetch import MAX_FETCH_REQUEST
 from hicachefs.testing import attacks
 from hicachefs.testing.plain_user import COSTLY_LINE, costly_request
 from hicachefs.testing.workload import content, exists_query, publish

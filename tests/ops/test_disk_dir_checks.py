@@ -16,8 +16,8 @@ import pytest
 
 from hicachefs.daemon.config import DaemonConfig
 from hicachefs.store import PageStore, StoreConfig
-from hicachefs.store.device import ArenaRefused, FileDevice
-from hicachefs.store.ssd_tier import ARENA_NAME
+from hicachefs.store.ssd.device import ArenaRefused, FileDevice
+from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs.testing import mounting
 from hicachefs.testing.workload import content
 from pages import publish, read_page

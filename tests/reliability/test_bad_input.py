@@ -10,7 +10,7 @@ import random
 import shutil
 import stat
 
-from hicachefs.fs.control import MAX_EXISTS_REQUEST
+from hicachefs.control.exists import MAX_EXISTS_REQUEST
 from hicachefs.testing import mounting
 from hicachefs.testing.scenarios import fuzz_names
 from hicachefs.testing.workload import (errno_of, exists_handle, exists_query, exists_raw, labelled_content, publish,

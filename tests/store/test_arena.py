@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicachefs.store.arena import Arena, size_class
+from hicachefs.store.ram.arena import Arena, size_class
 
 KiB, MiB = 1 << 10, 1 << 20
 

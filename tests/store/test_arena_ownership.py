@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hicachefs.store import PageStore, StoreConfig
-from hicachefs.store.device import ArenaRefused
-from hicachefs.store.ssd_tier import ARENA_NAME
+from hicachefs.store.ssd.device import ArenaRefused
+from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs.testing.workload import content
 from store_helpers import MiB, read_all
 

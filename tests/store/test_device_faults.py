@@ -15,9 +15,9 @@ from held_calls import HOLD_TIMEOUT_S, HeldCall
 from store_helpers import KiB, MiB, page_name, read_all
 
 from hicachefs.store import DeviceError, PageCorrupt, PageStore, StoreConfig
-from hicachefs.store.device import FileDevice
+from hicachefs.store.ssd.device import FileDevice
 from hicachefs.testing.faults import Fault, FaultyDevice
-from hicachefs.store.ssd_tier import ARENA_NAME
+from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs.testing.workload import content
 
 PAGE = 256 * KiB

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from store_helpers import KiB, MiB
 
-from hicachefs.store.eviction import LruPolicy
-from hicachefs.store.ram_tier import RamTier
+from hicachefs.store.ram.eviction import LruPolicy
+from hicachefs.store.ram.ram_tier import RamTier
 from hicachefs.store.pages import page_checksum
-from hicachefs.store.ssd_tier import SsdTier
+from hicachefs.store.ssd.ssd_tier import SsdTier
 from hicachefs.store.tier import PageMeta, ReadResult
 from hicachefs.testing.workload import content
 

@@ -48,6 +48,7 @@ from hicachefs.store.shared.journal import Journal
 from hicachefs.store.shared.layout import Layout, Place, place
 from hicachefs.store.shared.presence import PresenceIndex
 from hicachefs.store.shared.sweep import Sweeper, SweepStatistics
+from hicachefs.store.budget import Share
 from hicachefs.store.shared.write_behind import WriteBehind, WriteBehindStatistics
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.statistics import TierCounters, TierStatistics
@@ -106,7 +107,7 @@ class SharedTier(Tier):
     indexed = False
 
     def __init__(self, root: Path, capacity_bytes: int | None, *, device=None, deadline_s: float = 0.5,
-                 io_threads: int = 4, writers: int = 2, queue_pages: int = 256, queue_bytes: int = 256 * _MiB,
+                 io_threads: int = 4, writers: int = 2, queue_pages: int = 256, queue_bytes: int | Share = 256 * _MiB,
                  queue_lag_s: float = 0.5, tick_s: float = 0.1, poll_s: float = 0.2, retry_s: float = 1.0,
                  sweep_interval_s: float = 60.0, sweep_budget_s: float = 0.02, journal_keep_s: float = 600.0,
                  oldest_kept: int = 4096, evictions_per_tick: int = 64, min_bandwidth: float = 32 * _MiB,
@@ -116,7 +117,7 @@ class SharedTier(Tier):
         ``device``: the object making the filesystem calls (tests pass a ``FaultyDevice``).
         ``deadline_s``: the longest a metadata call may take (a data call adds its size at
         ``min_bandwidth``). ``queue_pages``/``queue_bytes`` bound write-behind (and the RAM it
-        keeps pinned), ``queue_lag_s`` the time a page may wait in that queue. ``tick_s``: the
+        keeps pinned: a share of the store's RAM budget, or a number of bytes), ``queue_lag_s`` the time a page may wait in that queue. ``tick_s``: the
         maintenance period; ``poll_s``: how often other hosts' journals are read; ``retry_s``:
         how often an unavailable filesystem is probed; ``sweep_interval_s``: the pause between
         two sweeps; ``sweep_budget_s``: the time a tick may spend sweeping (at least one
@@ -155,8 +156,8 @@ class SharedTier(Tier):
         self._sweeper = Sweeper(self._device, self._layout, self._presence, oldest_kept)
         self._sweep_wanted = True
         self._evicting = threading.Lock()
-        self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queue_bytes,
-                                         queue_lag_s)
+        queued = queue_bytes if isinstance(queue_bytes, Share) else Share("write_behind", queue_bytes)
+        self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s)
         try:
             self._guard.call(self._probe, timeout=deadline_s, probe=True)
             self._check_engine()

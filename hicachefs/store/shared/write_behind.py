@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hicachefs.store.budget import Share
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.tier import PageMeta
 from hicachefs.typed_stats import level, total
@@ -70,19 +71,19 @@ class WriteBehindStatistics:
 
 class WriteBehind:
     def __init__(self, write: WriteFn, accepting: Callable[[], bool], workers: int = 2,
-                 max_pages: int = 256, max_bytes: int = 256 << 20, max_lag_s: float = 1.0) -> None:
+                 max_pages: int = 256, queued: Share | None = None, max_lag_s: float = 1.0) -> None:
         """``write(page, payload)`` writes one page (blocking, raising ``OSError``);
-        ``accepting()`` says whether the tier takes writes now."""
+        ``accepting()`` says whether the tier takes writes now; ``queued``: the share of the RAM
+        tier the queued pages may hold pinned (256 MiB by default)."""
         self._write = write
         self._accepting = accepting
         self.max_pages = max_pages
-        self.max_bytes = max_bytes
+        self._bytes = queued or Share("write_behind", 256 << 20)
         self.max_lag_s = max_lag_s
         self._workers = workers
         self._write_s = 0.0  # moving average of one page's write time; 0 until one is written
         self._lock = threading.Condition()
         self._queue: collections.deque[_Queued] = collections.deque()
-        self._queued_bytes = 0
         self._in_progress = 0
         self._closed = False
         self.written = 0
@@ -101,7 +102,7 @@ class WriteBehind:
         item = _Queued(page, payload, release)
         with self._lock:
             ahead = len(self._queue) + self._in_progress
-            fits = (len(self._queue) < self.max_pages and self._queued_bytes + page.size <= self.max_bytes
+            fits = (len(self._queue) < self.max_pages and self._bytes.held + page.size <= self._bytes.limit
                     and ahead * self._write_s <= self.max_lag_s * self._workers)
             if not fits:
                 self.dropped_queue_full += 1
@@ -109,7 +110,7 @@ class WriteBehind:
                 self.dropped_unavailable += 1
             else:
                 self._queue.append(item)
-                self._queued_bytes += page.size
+                self._bytes.add(page.size)
                 self._lock.notify()
                 return True
         _release(item)
@@ -119,7 +120,7 @@ class WriteBehind:
         """Drop every queued page (the tier became unavailable); return how many."""
         with self._lock:
             items, self._queue = list(self._queue), collections.deque()
-            self._queued_bytes = 0
+            self._bytes.give_back(sum(item.page.size for item in items))
             self.dropped_unavailable += len(items)
         for item in items:
             _release(item)
@@ -134,7 +135,7 @@ class WriteBehind:
                 if not self._queue:
                     return
                 item = self._queue.popleft()
-                self._queued_bytes -= item.page.size
+                self._bytes.give_back(item.page.size)
                 self._in_progress += 1
             size = item.page.size
             started = time.monotonic()
@@ -183,8 +184,8 @@ class WriteBehind:
         with self._lock:
             oldest = self._queue[0].offered if self._queue else None
             return WriteBehindStatistics(
-                queue_pages=len(self._queue), queue_bytes=self._queued_bytes,
-                queue_max_pages=self.max_pages, queue_max_bytes=self.max_bytes, writing=self._in_progress,
+                queue_pages=len(self._queue), queue_bytes=self._bytes.held,
+                queue_max_pages=self.max_pages, queue_max_bytes=self._bytes.limit, writing=self._in_progress,
                 written_behind=self.written, written_behind_bytes=self.written_bytes,
                 dropped=self.dropped_queue_full + self.dropped_unavailable + self.dropped_corrupt,
                 dropped_queue_full=self.dropped_queue_full, dropped_unavailable=self.dropped_unavailable,

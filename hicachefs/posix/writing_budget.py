@@ -1,5 +1,5 @@
-"""How much the files being written may hold, together: ``WRITING_SHARE`` of the RAM tier
-(``--memory``), whether their bytes are in a store draft (room in the RAM tier, made by evicting
+"""How much the files being written may hold, together: the RAM budget's ``writing`` share (half
+of ``--memory``), whether their bytes are in a store draft (room in the RAM tier, made by evicting
 published pages) or staged in the daemon's heap (a file whose size was not announced).
 
 Why: before this bound, 1,500 temporary files closed but never renamed evicted all 500
@@ -18,21 +18,28 @@ from __future__ import annotations
 
 import errno
 
+from ..store.budget import Share
 from .errors import FsError
 
-WRITING_SHARE = 0.5
-
-
 class WritingBudget:
-    """Bytes held by files being written, within ``limit``."""
+    """Bytes held by files being written (and the data plane's reservations), within the RAM
+    budget's ``writing`` share (``store.budget``)."""
 
-    def __init__(self, memory_bytes: int) -> None:
-        self.limit = int(memory_bytes * WRITING_SHARE)
-        self.held = 0
+    def __init__(self, share: Share) -> None:
+        self.share = share
+
+    @property
+    def limit(self) -> int:
+        return self.share.limit
+
+    @property
+    def held(self) -> int:
+        return self.share.held
 
     def change(self, delta: int) -> None:
         """Take (``delta`` > 0) or give back; FsError ENOSPC, taking nothing, past the limit."""
-        if delta > 0 and self.held + delta > self.limit:
+        if delta <= 0:
+            self.share.give_back(-delta)
+        elif not self.share.take(delta):
             raise FsError(errno.ENOSPC, f"files being written hold {self.held:,} bytes of the "
                                         f"{self.limit:,} they may (half of --memory)")
-        self.held += delta

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from hicachefs.store.arena import Arena
+from hicachefs.store.ram.arena import Arena
 from hicachefs.store.errors import StoreFull
-from hicachefs.store.eviction import LruPolicy
+from hicachefs.store.ram.eviction import LruPolicy
 from hicachefs.store.statistics import TierCounters
 from hicachefs.store.tier import PageMeta, ReadResult, Tier
 

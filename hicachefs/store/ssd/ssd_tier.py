@@ -29,10 +29,10 @@ import os
 import time
 from pathlib import Path
 
-from hicachefs.store import snapshot
-from hicachefs.store.device import FileDevice
+from hicachefs.store.ssd import snapshot
+from hicachefs.store.ssd.device import FileDevice
 from hicachefs.store.index import PageColumns
-from hicachefs.store.region_log import RegionLog, check_ours, payload_offset, record_length
+from hicachefs.store.ssd.region_log import RegionLog, check_ours, payload_offset, record_length
 from hicachefs.store.statistics import TierCounters
 from hicachefs.store.tier import (PageMeta, ReadResult, RecoveryListener, RecoveryProgress, RecoverySink, Tier,
                                   TierEvents)

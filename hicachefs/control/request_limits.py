@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 import trio
 
-from .errors import FsError
+from ..posix.errors import FsError
 
 
 class Limits(NamedTuple):

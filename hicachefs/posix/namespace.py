@@ -21,13 +21,13 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
+from typing import Protocol
 
 from .. import names
 from ..store import NeedsIO, PageInfo, PageNotFound, PageReader, PageStore
-from .control import CONTROL_INODES, ControlFiles
 from .errors import FsError
 from .handles import DirectoryHandle, Handle, HandleTable
-from .inodes import ROOT_INODE, InodeNumbers, PageNodes
+from .inodes import ROOT_INODE, InodeNumbers, PageNodes, is_control
 from .listing import DirectoryListing, fixed_listing
 from .nodes import Directory, PageNode, PendingFile, Stat
 from .page_handle import Leases, PageHandle
@@ -43,6 +43,27 @@ RENAME_EXCHANGE = 2
 #: daemon, not the mode, decides who may write).
 FILE_MODE = stat.S_IFREG | 0o444
 XATTR_PREFIX = b"user.hicachefs."
+
+
+class ControlFiles(Protocol):
+    """The files under ``.hicachefs`` (``control/``), which own the inodes ``is_control`` says:
+    the namespace routes their requests there."""
+
+    dir_inode: int
+
+    def lookup(self, name: bytes) -> int: ...
+
+    def stat(self, inode: int) -> Stat: ...
+
+    def entries(self) -> list[tuple[bytes, int]]: ...
+
+    def readlink(self, inode: int) -> bytes: ...
+
+    def is_request_file(self, inode: int) -> bool: ...
+
+    def writers_only(self, inode: int) -> bool: ...
+
+    def open(self, inode: int, flags: int, publisher: Publishing, leases: Leases, uid: int = 0) -> Handle: ...
 
 
 @dataclass(frozen=True)
@@ -75,7 +96,7 @@ class Namespace:
         # What pages held open (and fetch handles' pages) of users who may not change the store
         # keep pinned between them: a quarter of the RAM tier, so such a user can never keep new
         # pages out of RAM.
-        self.leases = Leases(bounded_bytes=store.config.memory_bytes // 4)
+        self.leases = Leases(pins=store.budget.share("pins"), pins_of_others=store.budget.share("pins_of_others"))
         self.racing = RacingOpens()
 
     # ---- who may change what -----------------------------------------------------------
@@ -96,7 +117,7 @@ class Namespace:
     def needs_writer(self, inode: int, flags: int) -> bool:
         """Whether opening ``inode`` with ``flags`` changes the store: writing a file, or any
         open of the ingest file."""
-        if inode in CONTROL_INODES:
+        if is_control(inode):
             return not self.control.is_request_file(inode) and (
                 self.control.writers_only(inode) or bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)))
         return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC))
@@ -151,7 +172,7 @@ class Namespace:
             self.publishing.forget(inode, nlookup)
 
     def getattr(self, inode: int) -> Stat:
-        if inode in CONTROL_INODES:
+        if is_control(inode):
             return self.control.stat(inode)
         directory = self.tree.get(inode)
         if directory is not None:
@@ -182,7 +203,7 @@ class Namespace:
         return current
 
     def readlink(self, inode: int) -> bytes:
-        if inode not in CONTROL_INODES:
+        if not is_control(inode):
             raise FsError(errno.EINVAL, "not a symbolic link")
         return self.control.readlink(inode)
 
@@ -284,7 +305,7 @@ class Namespace:
         An inode stands for one version of a page (``inodes``); an open of one whose name has
         since been given another version, or none, raced a replace or a removal after its
         lookup (``racing_opens`` says how it still finds one of the two pages)."""
-        if inode in CONTROL_INODES:
+        if is_control(inode):
             return self.control.open(inode, flags, publisher=self.publishing, leases=self.leases, uid=uid)
         pending = self.publishing.get(inode)
         if pending is not None:
@@ -432,7 +453,7 @@ class Namespace:
         return directory
 
     def _writable_dir(self, inode: int) -> Directory:
-        if inode in CONTROL_INODES:
+        if is_control(inode):
             raise FsError(errno.EPERM, "control files cannot be changed")
         return self._dir(inode)
 

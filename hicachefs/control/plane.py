@@ -23,8 +23,9 @@ taken for a later one.
   the page goes another way).
 - ``COMMIT``: body ``count`` entries ``<qQIH`` (slot offset, xxh3_64 of the page, size, path
   length) each followed by the page's path, then ``<I`` n and n sizes to reserve next (so that a
-  batch costs one request; all handles' slots reserved ahead hold at most ``AheadBudget``'s
-  share of the RAM tier); ``flags`` 1 (``KEEP_EXISTING``) leaves pages already stored as they
+  batch costs one request; all handles' slots reserved ahead hold at most the RAM budget's
+  ``reserved_ahead`` share, a sixteenth of the tier: such a slot made room in RAM one batch
+  early, evicting or demoting as any write does); ``flags`` 1 (``KEEP_EXISTING``) leaves pages already stored as they
   are. Answer per page ``<i``: 0 published, 1 kept as it was, or ``-errno``; then per size to
   reserve ``<q`` as ``RESERVE`` answers.
 - ``REPORT``: body ``count`` reads the client made (``<IQ``: the index row and its ``gen`` as it
@@ -53,9 +54,10 @@ import struct
 from typing import Protocol
 from .. import names
 from ..store import Draft, PageStore, StoreError
-from .errors import FsError, errno_of
+from ..store.budget import Share
+from ..posix.errors import FsError, errno_of
 from . import ingest
-from .writing_budget import WritingBudget
+from ..posix.writing_budget import WritingBudget
 
 REQUEST = struct.Struct("<4sHHIIQ")
 ANSWER = struct.Struct("<4sHHIIQ")
@@ -81,42 +83,19 @@ class Publisher(ingest.Publisher, Protocol):
     writing: WritingBudget
 
 
-class AheadBudget:
-    """The bytes of slots all handles hold reserved ahead of their next batch (a commit's sizes
-    to reserve next), within ``limit``: such a slot was made room for in RAM, evicting or
-    demoting the least recently used page as any write does, one batch early; this bounds how
-    much of the RAM tier idle writers can hold that way. Past it, a batch reserves its slots
-    when it comes (a request more)."""
-
-    #: A sixteenth of the RAM tier: 16 ranks' batches of 8 pages of 1 MiB on a 2 GiB tier.
-    SHARE = 16
-
-    def __init__(self, memory_bytes: int) -> None:
-        self.limit = memory_bytes // self.SHARE
-        self.held = 0
-
-    def take(self, size: int) -> bool:
-        if self.held + size > self.limit:
-            return False
-        self.held += size
-        return True
-
-    def give_back(self, size: int) -> None:
-        self.held -= size
-
-
 class PlaneHandle:
     """One writer's handle on ``.hicachefs/plane``: its reservations and its last answer."""
 
     cacheable = False
 
-    def __init__(self, store: PageStore, publisher: Publisher, ahead: AheadBudget) -> None:
+    def __init__(self, store: PageStore, publisher: Publisher, ahead: Share) -> None:
+        """``ahead``: the RAM budget's share of slots reserved ahead of writers' next batches."""
         self.store = store
         self.publisher = publisher
         self.budget = publisher.writing
         self.ahead = ahead
         self._reserved: dict[int, Draft] = {}  # arena offset -> the draft of a slot of this handle's
-        self._ahead: set[int] = set()  # of those, the ones reserved ahead (``AheadBudget``)
+        self._ahead: set[int] = set()  # of those, the ones reserved ahead (``ahead``)
         self._mailbox: Draft | None = None
         self._request = bytearray()
         self._answer = b""
@@ -200,7 +179,7 @@ class PlaneHandle:
     def _reserve(self, sizes: list[int], ahead: bool = False) -> bytes:
         """A slot for each size, or ``-errno`` where none can be had (past the writing budget,
         too large for RAM, RAM held by readers: the page then goes another way). ``ahead``: for
-        the next batch, within the ``AheadBudget``."""
+        the next batch, within the ``ahead`` share."""
         answers = []
         for size in sizes:
             if ahead and not self.ahead.take(size):

@@ -68,7 +68,7 @@ class Publishing:
         self.kernel_cache = kernel_cache
         self._pending: dict[int, PendingFile] = {}
         self._last_target: tuple[str, Directory, str] | None = None
-        self.writing = WritingBudget(store.config.memory_bytes)
+        self.writing = WritingBudget(store.budget.share("writing"))
 
     # -- files being written ----------------------------------------------------------
 

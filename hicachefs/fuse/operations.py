@@ -22,9 +22,9 @@ import functools
 import pyfuse3
 
 from .. import names
-from .namespace import Room
-from .nodes import Stat
-from .requests import Miss, Opened, Requests
+from ..posix.namespace import Room
+from ..posix.nodes import Stat
+from ..posix.requests import Miss, Opened, Requests
 
 #: Entries and attributes of pages and directories alike: five minutes (see the module docstring).
 CACHE_TIMEOUT_S = 300.0

@@ -35,6 +35,7 @@ import pyfuse3
 import trio
 
 from ..store import PageReader
+from ..store.budget import Share
 from ..typed_stats import level, total
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,13 @@ class KernelCacheStatistics:
 class KernelNotifier:
     """A queue of kernel cache notifications and the thread that sends them."""
 
-    def __init__(self, push_budget_bytes: int) -> None:
-        self.push_budget_bytes = push_budget_bytes
+    def __init__(self, pushes: Share) -> None:
+        """``pushes``: the RAM budget's share the pages queued to be pushed may hold (they stay
+        pinned in the RAM tier until pushed)."""
+        self.pushes = pushes
         self.counters: Counter[str] = Counter()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._queued_bytes = 0
         self._queued = 0  # notifications queued, ever
         self._sent = 0  # of those, sent to the kernel (or given up on)
         self._waiters: list[tuple[int, trio.Event, trio.lowlevel.TrioToken]] = []
@@ -126,12 +128,9 @@ class KernelNotifier:
     def push(self, inode: int, reader: PageReader) -> bool:
         """Queue the page's bytes for ``inode``'s page cache; the reader is closed once sent."""
         with self._lock:
-            if self._queued_bytes + reader.size > self.push_budget_bytes:
+            skip = not self.pushes.take(reader.size)
+            if skip:
                 self.counters["pushes_skipped"] += 1
-                skip = True
-            else:
-                self._queued_bytes += reader.size
-                skip = False
         if skip:
             reader.close()
             return False
@@ -149,7 +148,7 @@ class KernelNotifier:
 
     def statistics(self) -> KernelCacheStatistics:
         with self._lock:
-            return KernelCacheStatistics(**self.counters, push_queue_bytes=self._queued_bytes)
+            return KernelCacheStatistics(**self.counters, push_queue_bytes=self.pushes.held)
 
     def _run(self) -> None:
         sent = 0
@@ -186,7 +185,7 @@ class KernelNotifier:
             self._count("pushes")
         finally:
             with self._lock:
-                self._queued_bytes -= reader.size
+                self.pushes.give_back(reader.size)
             reader.close()
 
     def _count(self, what: str) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 import xxhash
 
 from hicachefs.store.index import PageColumns
-from hicachefs.store.region_log import LogState, RegionLog, record_lengths
+from hicachefs.store.ssd.region_log import LogState, RegionLog, record_lengths
 
 SNAPSHOT_NAME = "hicachefs.snapshot"
 _TEMPORARY_NAME = ".hicachefs.snapshot.tmp"

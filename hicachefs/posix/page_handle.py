@@ -9,9 +9,10 @@ contract allows. So a descriptor kept open for the kernel's page cache (a client
 files open between reads, which then never reach the daemon) pins nothing in the store, and no
 user can hold the RAM tier by holding files open.
 
-Nor by reading them: reads that reach the daemon (``O_DIRECT`` ones do) renew a lease, so the
-handles of users who may not change the store (``bounded``) hold at most ``bounded_bytes``
-pinned between them; past that, the ones read least recently let their pins go at once. Their
+Nor by reading them: reads that reach the daemon (``O_DIRECT`` ones do) renew a lease, so all
+handles hold at most the RAM budget's ``pins`` share pinned between them, and those of users who
+may not change the store (``bounded``) at most its ``pins_of_others``; past that, the ones read
+least recently let their pins go at once. Their
 pages are then demoted or evicted as any (to the disk tier, when there is one, where their next
 reads find them), and new pages find room in RAM.
 
@@ -31,6 +32,7 @@ from typing import Protocol
 import trio
 
 from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
+from ..store.budget import Share
 from .errors import FsError
 
 #: Seconds a handle keeps its page pinned after its last read: far longer than any one reader
@@ -58,41 +60,38 @@ class Leased(Protocol):
 
 class Leases:
     """The handles holding a pin, by when their leases end. A read renews a lease in place; the
-    heap entry is corrected when its time comes, so a renewal costs nothing here. The bounded
-    handles holding a pin are also kept in the order of their last reads, for the byte budget
-    (``bounded_bytes``; None: no budget)."""
+    heap entry is corrected when its time comes, so a renewal costs nothing here. The handles
+    holding a pin are also kept in the order of their last reads, for the RAM budget's shares
+    (``store.budget``): ``pins`` of every reader, ``pins_of_others`` of the bounded ones (users
+    who may not change the store); past either, the handles read least recently let go at once.
+    No shares: no bound (tests)."""
 
-    def __init__(self, lease_s: float = PIN_LEASE_S, bounded_bytes: int | None = None) -> None:
+    def __init__(self, lease_s: float = PIN_LEASE_S, pins: Share | None = None,
+                 pins_of_others: Share | None = None) -> None:
         self.lease_s = lease_s
-        self.bounded_bytes = bounded_bytes
         self._heap: list[tuple[float, int, Leased]] = []
         self._order = itertools.count()
-        self._bounded: OrderedDict[Leased, None] = OrderedDict()
-        self._bounded_held = 0
+        self._all = _Holders(pins)
+        self._bounded = _Holders(pins_of_others)
 
     def hold(self, handle: Leased) -> None:
         """Track a handle that has just pinned its page or renewed its lease."""
         if not handle.queued:
             handle.queued = True
             heapq.heappush(self._heap, (handle.pinned_until, next(self._order), handle))
-        if handle.bounded and self.bounded_bytes is not None:
-            if handle in self._bounded:
-                self._bounded.move_to_end(handle)
-            else:
-                self._bounded[handle] = None
-                self._bounded_held += handle.size
-            while self._bounded_held > self.bounded_bytes and next(iter(self._bounded)) is not handle:
-                next(iter(self._bounded)).unpin()
+        self._all.hold(handle)
+        if handle.bounded:
+            self._bounded.hold(handle)
 
     def released(self, handle: Leased) -> None:
         """The handle let its pin go."""
-        if self._bounded.pop(handle, False) is None:
-            self._bounded_held -= handle.size
+        self._all.released(handle)
+        self._bounded.released(handle)
 
     @property
     def bounded_held(self) -> int:
         """Bytes the bounded handles hold pinned now."""
-        return self._bounded_held
+        return self._bounded.held
 
     def expire(self, now: float | None = None) -> int:
         """Unpin every handle whose lease has ended; how many were unpinned."""
@@ -111,6 +110,33 @@ class Leases:
 
     def __len__(self) -> int:
         return len(self._heap)
+
+
+class _Holders:
+    """Handles holding pins against one share, in the order of their last reads."""
+
+    def __init__(self, share: Share | None) -> None:
+        self.share = share
+        self._order: OrderedDict[Leased, None] = OrderedDict()
+        self.held = 0
+
+    def hold(self, handle: Leased) -> None:
+        if handle in self._order:
+            self._order.move_to_end(handle)
+        else:
+            self._order[handle] = None
+            self._count(handle.size)
+        while self.share is not None and self.share.over and next(iter(self._order)) is not handle:
+            next(iter(self._order)).unpin()
+
+    def released(self, handle: Leased) -> None:
+        if self._order.pop(handle, False) is None:
+            self._count(-handle.size)
+
+    def _count(self, size: int) -> None:
+        self.held += size
+        if self.share is not None:
+            self.share.add(size)
 
 
 class PageHandle:

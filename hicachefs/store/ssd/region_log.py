@@ -45,7 +45,7 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 
-from hicachefs.store.device import ArenaRefused, FileDevice
+from hicachefs.store.ssd.device import ArenaRefused, FileDevice
 from hicachefs.store.errors import StoreError
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.tier import ReadResult

@@ -33,7 +33,8 @@ from typing import NamedTuple, Protocol
 
 from .. import names
 from ..store import Draft, StoreError
-from .errors import FsError, errno_of
+from ..posix.errors import FsError, errno_of
+from .lines import size_and_path
 
 MAGIC = b"HCFSPUT1"
 _PREFIX = struct.Struct("<8sIHH")
@@ -74,10 +75,7 @@ def parse_header(header: bytes, count: int, payload_start: int, max_size: int) -
         raise FsError(errno.EINVAL, f"ingest header has {len(lines)} lines for {count} pages")
     entries, position = [], payload_start
     for line in lines:
-        size_text, _, path = line.partition(b" ")
-        if not size_text.isdigit() or not path:
-            raise FsError(errno.EINVAL, "an ingest header line is not '<size> <path>'")
-        size = int(size_text)
+        size, path = size_and_path(line, "an ingest header")
         if size == 0:
             raise FsError(errno.EINVAL, "an ingest page has at least one byte")
         if size > max_size:
@@ -196,3 +194,27 @@ class IngestStream:
                 self.publisher.publish_page(entry.path, draft)
             self._next += 1
         return take
+
+
+class IngestHandle:
+    """A handle on ``.hicachefs/ingest``: its writes are batches of pages, a read tells how the
+    last one went (``ingest.py``)."""
+
+    cacheable = False
+
+    def __init__(self, publisher: Publisher, max_page_size: int):
+        self.stream = IngestStream(publisher, max_page_size)
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return self.stream.status()[offset : offset + size]
+
+    async def write(self, offset: int, data: bytes) -> int:
+        """Take the write; answer once the kernel knows of every page it replaced, so that a
+        reader told of the replace by the writer never reads the old page from its cache."""
+        try:
+            return self.stream.write(offset, data)
+        finally:
+            await self.stream.publisher.kernel_told()
+
+    def release(self) -> None:
+        self.stream.close()

@@ -45,8 +45,9 @@ import time
 import trio
 
 from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
-from .errors import FsError
-from .page_handle import Leases
+from ..posix.errors import FsError
+from ..posix.page_handle import Leases
+from .lines import size_and_path
 from .request_limits import Account
 
 #: The largest request one handle accepts: 4,096 lines of the longest page path.
@@ -226,12 +227,10 @@ class FetchHandle:
         for line in bytes(memoryview(request)[start:end]).split(b"\n"):
             if not line:
                 continue
-            size_text, _, path = line.partition(b" ")
-            if not size_text.isdigit() or not path:
-                raise FsError(errno.EINVAL, "a fetch request line is not '<size> <path>'")
+            size, path = size_and_path(line, "a fetch request")
             starts.append(position)
-            pages.append((path.decode("utf-8", "surrogateescape"), int(size_text)))
-            position += int(size_text)
+            pages.append((path.decode("utf-8", "surrogateescape"), size))
+            position += size
         self._parsed = end
         return end < len(request)
 

@@ -16,17 +16,25 @@ from __future__ import annotations
 import itertools
 
 from ..store import PageInfo
-from .control import CONTROL_INODES
 from .nodes import Directory, PageNode
 
 ROOT_INODE = 1
+#: The control files' inodes (the directory ``.hicachefs`` and what is in it, ``control/``) are
+#: from CONTROL_DIR_INODE up to FIRST_PAGE_INODE; directories and pages have the numbers above.
+CONTROL_DIR_INODE = 2
+FIRST_PAGE_INODE = 1024
+
+
+def is_control(inode: int) -> bool:
+    """Whether ``inode`` is one of the control files' (or their directory)."""
+    return CONTROL_DIR_INODE <= inode < FIRST_PAGE_INODE
 
 
 class InodeNumbers:
     """Hands out inode numbers after the root's and the control files'."""
 
     def __init__(self) -> None:
-        self._next = itertools.count(max(CONTROL_INODES) + 1)
+        self._next = itertools.count(FIRST_PAGE_INODE)
 
     def new(self) -> int:
         return next(self._next)

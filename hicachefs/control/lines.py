@@ -1,0 +1,20 @@
+"""The ``<size> <path>`` line that the ingest header and the fetch request are made of
+(docs/contract.md): one parser for both.
+
+Pure functions; thread-safe.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from ..posix.errors import FsError
+
+
+def size_and_path(line: bytes, what: str) -> tuple[int, bytes]:
+    """A line's page size and path (its bytes); EINVAL naming ``what`` when it is not a line of
+    decimal digits, one space and a path of at least one byte."""
+    size_text, _, path = line.partition(b" ")
+    if not size_text.isdigit() or not path:
+        raise FsError(errno.EINVAL, f"{what} line is not '<size> <path>'")
+    return int(size_text), path
