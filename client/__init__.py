@@ -1,4 +1,4 @@
-"""hicachefs_client: SGLang's HiCache storage backend over a hicachefs mount (DESIGN.md, "The client").
+"""hicachefs_client: SGLang's HiCache storage backend over a hicachefs mount (docs/contract.md, "The client").
 
 Load it in SGLang with ``--hicache-storage-backend dynamic`` and the extra config
 ``{"backend_name": "hicachefs", "module_path": "hicachefs_client", "class_name": "HiCacheFS",

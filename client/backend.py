@@ -1,6 +1,6 @@
 """``HiCacheFS``: SGLang's HiCache storage backend over a hicachefs mount.
 
-SGLang loads it through its ``dynamic`` backend (DESIGN.md, "The client"). Every KV page is one
+SGLang loads it through its ``dynamic`` backend (docs/contract.md, "The client"). Every KV page is one
 file ``<mount>/<model>/<format>/<shard>/<pool>/<key>`` holding the bytes of
 ``host_pool.get_data_page(index, flat=True)``; reads and writes go straight between the file and
 the host pool's page buffers (see ``layout.py``), publication is atomic (``page_io.py``).

@@ -1,5 +1,5 @@
 """Reading a batch of pages through ``.hicachefs/fetch``: one write names them, one ``preadv``
-fills them (DESIGN.md, "Reading many pages in one read").
+fills them (docs/contract.md, "Reading many pages in one read").
 
 Why: a page read through its own file costs the daemon an OPEN and a RELEASE (and a LOOKUP when
 the kernel has no entry) before any byte moves; here the whole batch costs one WRITE and the
@@ -20,7 +20,7 @@ from typing import List, Sequence
 
 # Buffers one preadv may take (Linux: 1024).
 _MAX_BUFFERS = os.sysconf("SC_IOV_MAX")
-# The largest request the daemon takes (DESIGN.md, the fetch file): a larger one is refused whole.
+# The largest request the daemon takes (docs/contract.md, the fetch file): a larger one is refused whole.
 MAX_REQUEST = 4 << 20
 
 

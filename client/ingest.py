@@ -1,4 +1,4 @@
-"""Publishing a batch of pages through ``.hicachefs/ingest`` (DESIGN.md, "Publishing many pages
+"""Publishing a batch of pages through ``.hicachefs/ingest`` (docs/contract.md, "Publishing many pages
 in one write"): its header in one write, its pages in one ``pwritev`` after it.
 
 A batch is a 16-byte prefix, a header of ``<size> <path>\\n`` lines and the pages' bytes back to

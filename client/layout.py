@@ -1,7 +1,7 @@
 """Where a page's bytes live in an SGLang host pool.
 
 A stored page holds exactly the bytes of ``host_pool.get_data_page(index, flat=True)``, in that
-order (DESIGN.md: byte-compatible with SGLang's file backend). Two ways to reach them:
+order (docs/contract.md: byte-compatible with SGLang's file backend). Two ways to reach them:
 
 - zero copy, for page-first layouts: ``get_page_buffer_meta`` names the page's pieces (K then V
   for MHA, one piece for MLA) as pointers into the pool's tensors; each becomes a memoryview of

@@ -1,6 +1,6 @@
 """Plain file I/O against a hicachefs mount: read pages, publish pages, ask which pages exist.
 
-Everything here follows DESIGN.md ("Page files", the control files, the data plane) and nothing
+Everything here follows docs/contract.md ("Page files", the control files, the data plane) and nothing
 else, so it works against any daemon that keeps the contract, and against a plain directory (no
 ``.hicachefs/``: existence is then answered by ``stat``, pages are files, which the tests use).
 Batches go through the data plane where this user may (``plane.py``: the client moves the bytes

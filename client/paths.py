@@ -1,4 +1,4 @@
-"""Page names in the mount: ``<model>/<format>/<shard>/<pool>/<key>`` (DESIGN.md, "Namespace").
+"""Page names in the mount: ``<model>/<format>/<shard>/<pool>/<key>`` (docs/contract.md, "Namespace").
 
 Pure functions and one small immutable class; no I/O, thread-safe.
 """

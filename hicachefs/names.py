@@ -1,7 +1,7 @@
 """The page namespace ``<model>/<format>/<shard>/<pool>/<key>``: depths and name rules.
 
 Pure functions, no pyfuse3 and no store, so the daemon and its tests share one definition
-of what a valid name is (see DESIGN.md, "Namespace").
+of what a valid name is (see docs/contract.md, "Namespace").
 """
 
 import errno

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from ..daemon.config import DaemonConfig
 from ..daemon.metrics_endpoint import check_can_listen, parse_listen_address
-from ..store.ssd.device import ArenaRefused
-from ..store.ssd.ssd_tier import check_disk_dir
+from ..store import ArenaRefused, check_disk_dir
 from .. import mount_table
 from .arguments import UsageError, parse_size
 from ..mount_table import Answer
@@ -35,7 +34,7 @@ DEFAULT_MAX_PAGE = 64 << 20
 #: file that a client on a loaded host closes and renames a moment later could be discarded in
 #: between.
 MIN_TEMP_TIMEOUT_S = 1.0
-#: DESIGN.md: a temporary file nobody renamed is discarded at the latest 60 s after its last close.
+#: docs/contract.md: a temporary file nobody renamed is discarded at the latest 60 s after its last close.
 MAX_TEMP_TIMEOUT_S = 60.0
 #: How long mount waits for the shared filesystem to answer a test write.
 SHARED_PROBE_TIMEOUT_S = 5.0

@@ -1,4 +1,4 @@
-"""``.hicachefs/fetch``: many pages read through one handle (DESIGN.md, "Reading many pages in
+"""``.hicachefs/fetch``: many pages read through one handle (docs/contract.md, "Reading many pages in
 one read").
 
 Why: reading a page by its own file costs an OPEN and a RELEASE (and a LOOKUP when the kernel

@@ -1,4 +1,4 @@
-"""``.hicachefs/ingest``: many pages published by one stream of writes (DESIGN.md, "Publishing
+"""``.hicachefs/ingest``: many pages published by one stream of writes (docs/contract.md, "Publishing
 many pages in one write").
 
 Why: a publish by temporary file and rename is six FUSE requests per page (LOOKUP, CREATE,
@@ -11,7 +11,7 @@ A batch, written from offset 0, each write continuing where the last one ended:
 each), the header (one ``<size> <path>\\n`` line per page), then the pages' bytes back to back.
 With ``KEEP_EXISTING`` a page whose name is published already is left as it is (its bytes are
 passed over): the writer need not ask first which pages the store has. A page is
-reserved in the store when its first byte arrives and published (``Publisher.publish_page``:
+reserved in the store when its first byte arrives and published (``Publisher.publish_reserved``:
 the namespace's rules, as for a rename) when its last one has. A page cut off by the end of the
 handle or by a new batch publishes nothing.
 
@@ -46,7 +46,8 @@ MAX_HEADER_BYTES = 4096 * (5 * names.MAX_NAME_BYTES + 4 + 24)
 
 class Publisher(Protocol):
     """What the stream needs of the namespace: room for a page whose path it has checked, and
-    its publish rules. ``publish_page`` consumes the draft whatever happens."""
+    its publish rules. A reserved page counts against the files being written until
+    ``publish_reserved`` (which consumes the draft whatever happens) or ``abandon_page``."""
 
     def has_page(self, path: str) -> bool: ...
 
@@ -54,7 +55,7 @@ class Publisher(Protocol):
 
     def abandon_page(self, draft: Draft) -> None: ...
 
-    def publish_page(self, path: str, draft: Draft, keep_existing: bool = False) -> bool: ...
+    def publish_reserved(self, path: str, draft: Draft) -> bool: ...
 
     async def kernel_told(self) -> None:
         """Wait until the kernel knows what the pages published so far replaced."""
@@ -191,7 +192,7 @@ class IngestStream:
         if written + take == entry.size:
             draft, self._draft = self._draft, None
             if not self._skipping:
-                self.publisher.publish_page(entry.path, draft)
+                self.publisher.publish_reserved(entry.path, draft)
             self._next += 1
         return take
 

@@ -76,7 +76,7 @@ class Room:
 
 
 class Namespace:
-    """The requests of the mount, answered by the POSIX rules of DESIGN.md."""
+    """The requests of the mount, answered by the POSIX rules of docs/contract.md."""
 
     def __init__(self, store: PageStore, control: ControlFiles, notices: KernelNotices,
                  temp_timeout_s: float = 60.0, kernel_cache: bool = True):

@@ -1,7 +1,7 @@
 """An open published page, and the leases that bound how long it keeps the page pinned.
 
 A reader keeps the bytes it opened even when the page is evicted, replaced or unlinked
-(DESIGN.md, "An open page stays consistent"), because its handle pins the page's RAM slot. A
+(docs/contract.md, "An open page stays consistent"), because its handle pins the page's RAM slot. A
 pin is a lease, though: ``PIN_LEASE_S`` after its last read the handle lets the slot go and keeps
 only the page's name and version. Its next read finds that version again (on whichever tier it
 now is) and pins it anew, or, when the version is no longer stored, fails with EIO, which the

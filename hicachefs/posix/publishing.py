@@ -1,4 +1,4 @@
-"""Files being written, and the rules that publish them (DESIGN.md, "Page files").
+"""Files being written, and the rules that publish them (docs/contract.md, "Page files").
 
 A file is a ``PendingFile`` until it is published: a temporary (``.``-prefixed) file by the
 rename onto its key, a file created under a key name at its last writer's close, and a page sent
@@ -195,9 +195,16 @@ class Publishing:
         return self.store.holds(directory.page_name(key))
 
     def reserve_page(self, path: str, size: int) -> Draft:
-        """Room for the page ``path`` will name, once the path is known to be publishable."""
+        """Room for the page ``path`` will name, once the path is known to be publishable,
+        counted against the files being written (ENOSPC past them) until it is published
+        (``publish_reserved``) or abandoned (``abandon_page``)."""
         self._target(path)
-        return self.store.reserve(size)
+        self.writing.change(size)
+        try:
+            return self.store.reserve(size)
+        except BaseException:
+            self.writing.change(-size)
+            raise
 
     def _target(self, path: str) -> tuple[Directory, str]:
         """The pool directory and key of ``path``, checked (the last answer is kept: a page's
@@ -209,7 +216,14 @@ class Publishing:
         return directory, key
 
     def abandon_page(self, draft: Draft) -> None:
+        """Drop a draft of ``reserve_page``."""
+        self.writing.change(-draft.size)
         self.store.abandon(draft)
+
+    def publish_reserved(self, path: str, draft: Draft) -> bool:
+        """``publish_page`` for a draft of ``reserve_page``."""
+        self.writing.change(-draft.size)
+        return self.publish_page(path, draft)
 
     def publish_page(self, path: str, draft: Draft, keep_existing: bool = False) -> bool:
         """Publish a filled draft under ``path``, replacing what the name held, as a rename

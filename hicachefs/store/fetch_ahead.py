@@ -76,11 +76,6 @@ class FetchAhead:
             if name in self._fetching:
                 self._cancelled.add(name)
 
-    def cancel_under(self, prefix: str) -> None:
-        """Every page under directory ``prefix`` was removed."""
-        with self._lock:
-            self._cancelled.update(name for name in self._fetching if name.startswith(prefix + "/"))
-
     def cancelled(self, name: str) -> bool:
         with self._lock:
             return name in self._cancelled

@@ -54,10 +54,9 @@ from hicachefs.store.fetch_ahead import FetchAhead, FetchAheadStatistics
 from hicachefs.store.index import PageColumns, PageIndex
 from hicachefs.store.index_memory import Described
 from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader, checksum_text, page_checksum
-from hicachefs.store.ram.ram_tier import RamTier
 from hicachefs.store.statistics import StoreStatistics, TierStatistics, summed
 from hicachefs.typed_stats import part
-from hicachefs.store.tier import PageMeta, ReadResult, RecoveryListener, Tier
+from hicachefs.store.tier import PageMeta, ReadResult, RecoveryListener, Tier, TopTier
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +106,9 @@ class PageStore:
         self.budget = RamBudget(config.memory_bytes, config.max_page_size)
         chain = tiers if tiers is not None else build_chain(config, self.budget, disk_device=disk_device,
                                                             shared_device=shared_device)
-        if not isinstance(chain[0], RamTier):
+        if not isinstance(chain[0], TopTier):
             raise ValueError("a tier chain starts with the RAM tier")
-        self._ram: RamTier = chain[0]
+        self._ram: TopTier = chain[0]
         self._tiers = [t for t in chain if t.indexed]  # the index has a location column for each
         self._named = [t for t in chain if not t.indexed]
         self._index = PageIndex(tiers=len(self._tiers), described=self._described())
@@ -135,7 +134,7 @@ class PageStore:
     def _described(self) -> Described:
         """What the shared index says of the files it points into and of this store."""
         arena = os.fstat(self._ram.shared_fd())
-        disk_fd = self._tiers[1].shared_fd() if len(self._tiers) > 1 else None
+        disk_fd = self._below_fd()
         disk = os.fstat(disk_fd) if disk_fd is not None else None
         return Described(token=os.urandom(16), arena_ino=arena.st_ino, arena_bytes=arena.st_size,
                          disk_dev=disk.st_dev if disk else 0, disk_ino=disk.st_ino if disk else 0,
@@ -148,7 +147,7 @@ class PageStore:
 
     def merged(self, pieces: list) -> list:
         """A read's pieces with those that lie end to end in RAM made one (``Arena.merged``)."""
-        return self._ram.arena.merged(pieces) if len(pieces) > 1 else pieces
+        return self._ram.merged(pieces)
 
     @property
     def open_to_other_hosts(self) -> bool:
@@ -310,7 +309,7 @@ class PageStore:
         if index.loc[row, RAM] >= 0:
             self._ram.touch(row)
         else:
-            self._tiers[index.top_tier(row)].counters.hits += 1
+            self._tiers[index.top_tier(row)].count_hit()
 
     # -- the data plane ----------------------------------------------------------------
 
@@ -320,8 +319,12 @@ class PageStore:
         when the index grows: ask again at each open), the disk tier's file (None without one)."""
         with self._lock:
             index_fd = self._index.memory.fd
-        disk = self._tiers[1].shared_fd() if len(self._tiers) > 1 else None
-        return PlaneFiles(self._ram.shared_fd(), index_fd, disk)
+        return PlaneFiles(self._ram.shared_fd(), index_fd, self._below_fd())
+
+    def _below_fd(self) -> int | None:
+        """The file the data plane reads the indexed tier below RAM from (None: none, or a tier
+        the plane does not read)."""
+        return self._tiers[1].shared_fd() if len(self._tiers) > 1 else None
 
     def plane_dir(self, directory: str) -> int:
         """The number the data plane's clients hash ``directory``'s keys with (``PageIndex.dir_id``)."""

@@ -5,6 +5,10 @@ pages between them through these methods alone; a tier owns its bytes, its space
 its counters and its recovery, so a new kind of tier is one new module and a line where the
 chain is built.
 
+The top of every chain is a ``TopTier`` (RAM): pages are read in place there and written into
+slots the engine hands out, so it adds slots, pins and an eviction order to the interface;
+what a slot is (the arena's slabs) stays inside ``store/ram``.
+
 Two kinds of tier:
 - an *indexed* tier (RAM, SSD) holds pages at locations it chooses (a RAM slot, an SSD record
   offset); the engine's index keeps, per page, its location in each indexed tier;
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from hicachefs.store.statistics import TierCounters, TierStatistics
@@ -166,6 +170,10 @@ class Tier(ABC):
         """A lookup found the name on no tier."""
         self.counters.misses += 1
 
+    def count_hit(self) -> None:
+        """A page of this tier was read without its help (the data plane's clients read it)."""
+        self.counters.hits += 1
+
     def statistics(self) -> TierStatistics:
         return TierStatistics(name=self.name, capacity_bytes=self.capacity_bytes, used_bytes=self.used_bytes,
                               **self.counters.snapshot())
@@ -175,3 +183,65 @@ class Tier(ABC):
 
     def close(self) -> None:
         """Make what the tier holds durable, as far as it promises, and release it."""
+
+
+class TopTier(Tier):
+    """The tier at the top of every chain, whose pages are read in place: the engine takes
+    slots from it for pages being written or promoted, pins them while they are read, and asks
+    it which pages should leave first. A location is a slot, and a slot's offset is its first
+    byte in ``shared_fd``'s file. ``write``/``read_into``/``drop`` keep the Tier contract for
+    pages the engine has not admitted (the contract tests); the engine uses the slots."""
+
+    @abstractmethod
+    def allocate(self, size: int) -> int | None:
+        """A free slot for ``size`` bytes, or None until the engine evicts something."""
+
+    @abstractmethod
+    def view(self, slot: int, size: int) -> memoryview:
+        """The slot's first ``size`` bytes, to write or read in place."""
+
+    @abstractmethod
+    def merged(self, pieces: list) -> list:
+        """A read's ``(slot, start, length)`` pieces, those that lie end to end made one."""
+
+    @abstractmethod
+    def admit(self, row: int, size: int, promoted: bool = False) -> None:
+        """A page (index ``row``) now lives here: published into its slot, or promoted up."""
+
+    @abstractmethod
+    def hit(self, row: int, size: int) -> None:
+        """The page was read from here: it is the most recently used."""
+
+    @abstractmethod
+    def touch(self, row: int) -> None:
+        """The page was read without this tier's help (the kernel's cache, the data plane)."""
+
+    @abstractmethod
+    def release(self, row: int, slot: int, demoted: bool) -> None:
+        """The page leaves: moved down (``demoted``), or out of the store (evicted)."""
+
+    @abstractmethod
+    def forget(self, row: int, slot: int) -> None:
+        """The page was removed or replaced at a caller's request."""
+
+    @abstractmethod
+    def victims(self) -> Iterator[int]:
+        """The rows of its pages, the next to leave first (stop before changing the tier)."""
+
+    @abstractmethod
+    def oldest_first(self) -> list[int]:
+        """The rows of its pages, least recently used first."""
+
+    @abstractmethod
+    def pin(self, slot: int) -> None:
+        """A reader holds the slot: it is not freed until the last ``unpin``."""
+
+    @abstractmethod
+    def unpin(self, slot: int) -> None: ...
+
+    @abstractmethod
+    def is_pinned(self, slot: int) -> bool: ...
+
+    @abstractmethod
+    def retire(self, slot: int) -> None:
+        """The slot's page (or draft) is gone: free it now, or at its last reader's ``unpin``."""

@@ -18,7 +18,7 @@ write has bytes (``zeros``), nor a write superseded before the open began (``sta
 supersedes what comes from the log the renamers and direct writers keep (``changes.log``,
 appended once a rename or a removal has returned): such a change of a key that returned before
 an open began supersedes every write of that key that began before the change did (a file being
-written under a key is discarded by a rename onto it or its removal, DESIGN.md), and every
+written under a key is discarded by a rename onto it or its removal, docs/contract.md), and every
 rename of it that returned before the change began. EIO is the contract's other answer to a
 read; it is counted on its own.
 

@@ -1,6 +1,6 @@
 """The page files of a store as SGLang's backends lay them out, found and removed by name.
 
-HiCacheFS: ``<mount>/<model>/<format>/<shard>/<pool>/<key>`` (DESIGN.md, "Namespace").
+HiCacheFS: ``<mount>/<model>/<format>/<shard>/<pool>/<key>`` (docs/contract.md, "Namespace").
 HiCacheFile: ``<dir>/<key>[.<pool>]_<model>_<tp rank>_<tp size>.bin`` (no pool for KV).
 Removing a page on a mount is ``rm``, which evicts it. Not thread-safe against a writer of the
 same store; callers use it between phases, when SGLang's threads are quiet.

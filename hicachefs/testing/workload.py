@@ -10,7 +10,7 @@ all four. So any page read back can be checked on its own (``identify``): the la
 write it claims to be, the rest must be exactly that write's bytes. A torn page, a page of
 another key or another writer, or a flipped byte cannot pass.
 
-The exists query (DESIGN.md, ``.hicachefs/exists``): ``exists_query`` asks about paths on a
+The exists query (docs/contract.md, ``.hicachefs/exists``): ``exists_query`` asks about paths on a
 handle of its own, ``ask_exists`` on an open one (``exists_handle``); ``exists_raw`` sends any
 bytes and reads the whole answer, ``send_exists`` and ``exists_answer`` are its two halves
 (from ``plain_user``, whose programs use them with the standard library alone).
@@ -116,6 +116,26 @@ def publish(pool: Path, key: str, data: bytes, tmp_name: str | None = None) -> N
     finally:
         os.close(fd)
     os.rename(tmp, pool / key)
+
+
+def fill_writing_share(directory: Path, size: int) -> list[Path]:
+    """Unrenamed temporary files of ``size`` bytes in ``directory``, closed (the store keeps
+    them until ``--temp-timeout``), written until one is refused with ENOSPC: then the files
+    being written hold all the RAM they may. Their paths, the refused one's too."""
+    paths = []
+    for i in range(4096):
+        paths.append(directory / f".held-{i}")
+        fd = os.open(paths[-1], os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            os.write(fd, os.urandom(size))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return paths
+        finally:
+            os.close(fd)
+    raise AssertionError(f"{len(paths)} temporary files were all accepted")
 
 
 def ask_exists(fd: int, paths: list[str]) -> str:

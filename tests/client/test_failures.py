@@ -13,6 +13,7 @@ from hicachefs.testing import mounting
 
 from hicachefs_client.sglang_types import PoolName, PoolTransfer
 from hicachefs.testing.host_pools import MHAHostPool, page_bytes
+from hicachefs.testing.workload import fill_writing_share
 from test_backend import files_under, indices, key, make_fs
 
 
@@ -81,33 +82,32 @@ def test_page_too_large_is_refused_once(mount_factory, caplog):
 
 
 def test_full_store_gives_false_not_exceptions(mount_factory, caplog):
+    """Files being written hold all the RAM they may (half of ``--memory``): a backup then
+    fails page by page with ENOSPC, answered False, the pages stored still read whole, and
+    room comes back once those files are gone."""
     mount = mount_factory("--memory", "16M")
     pool = MHAHostPool(pages=96, layer_num=16, head_num=4, head_dim=64)  # 256 KiB pages
-    # Filled by a writer through the ingest file, which holds no slots between its batches.
-    writer = make_fs(mount.path, pool, extra={"data_plane": False})
-    first = [key("full", "first", 0)]
-    assert writer.batch_set_v1(first, indices(pool, [0])) == [True]
-    fill = (16 << 20) // os.stat(mount.path / files_under(mount.path)[0]).st_size  # pages the RAM tier holds
-    held_keys = first + [key("full", "held", i) for i in range(1, fill)]
-    assert writer.batch_set_v1(held_keys[1:], indices(pool, range(1, fill))) == [True] * (fill - 1)
+    # Stored by another writer: a client's plane holds slots reserved for its next batch.
+    writer = make_fs(mount.path, pool)
+    stored = [key("full", "stored", i) for i in range(12)]
+    assert writer.batch_set_v1(stored, indices(pool, range(12))) == [True] * 12
+    writer.close()
+    page_size = os.stat(mount.path / files_under(mount.path)[0]).st_size
+    held = fill_writing_share((mount.path / files_under(mount.path)[0]).parent, page_size)
     fs = make_fs(mount.path, pool)
-    # Readers hold every page open: nothing can be evicted, so the RAM tier is really full.
-    held = [os.open(mount.path / rel, os.O_RDONLY) for rel in files_under(mount.path)]
-    assert len(held) == fill
+    assert (len(held) - 1) * page_size <= 8 << 20
     new_keys = [key("full", "new", i) for i in range(12)]
-    new_pages, spare = range(fill, fill + 12), range(fill + 12, fill + 24)
-    try:
-        with caplog.at_level(logging.WARNING, logger="hicachefs_client"):
-            assert fs.batch_set_v1(new_keys, indices(pool, new_pages)) == [False] * 12
-        assert fs.statistics()["errors"] == {"ENOSPC": 12}
-        assert len(_messages(caplog, "ENOSPC")) == 1
-        assert fs.batch_exists(new_keys) == 0
-        assert fs.batch_get_v1(held_keys[:12], indices(pool, spare)) == [True] * 12
-        assert [page_bytes(pool, p) for p in spare] == [page_bytes(pool, p) for p in range(12)]
-    finally:
-        for fd in held:
-            os.close(fd)
-    # Readers gone: old pages make room for new ones again.
+    new_pages, spare = range(12, 24), range(24, 36)
+    with caplog.at_level(logging.WARNING, logger="hicachefs_client"):
+        assert fs.batch_set_v1(new_keys, indices(pool, new_pages)) == [False] * 12
+    assert fs.statistics()["errors"] == {"ENOSPC": 12}
+    assert len(_messages(caplog, "ENOSPC")) == 1
+    assert fs.batch_exists(new_keys) == 0
+    assert fs.batch_get_v1(stored, indices(pool, spare)) == [True] * 12
+    assert [page_bytes(pool, p) for p in spare] == [page_bytes(pool, p) for p in range(12)]
+    for path in held:
+        os.unlink(path)
+    # The files being written gone: there is room for new pages again.
     assert fs.batch_set_v1(new_keys, indices(pool, new_pages)) == [True] * 12
     assert fs.batch_get_v1(new_keys, indices(pool, spare)) == [True] * 12
     assert [page_bytes(pool, p) for p in spare] == [page_bytes(pool, p) for p in new_pages]

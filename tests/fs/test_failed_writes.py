@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from hicachefs.testing.workload import content, exists_query
+from hicachefs.testing.workload import content, exists_query, fill_writing_share
 from pages import publish, read_page, write_all
 
 MiB = 1 << 20
@@ -79,25 +79,19 @@ def test_a_temporary_file_with_a_write_over_the_maximum_cannot_be_renamed_into_a
 def test_a_temporary_file_whose_write_found_no_room_cannot_be_renamed_into_a_page(mount_factory):
     mount = mount_factory("--memory", "16M")  # pages up to 2 MiB, 1/8 of the RAM tier
     pool = mount.page_dir(*POOL)
-    held = []
     tmp = pool / ".tmp-failed"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        for i in range(8):  # readers hold every RAM slot: nothing can be evicted
-            publish(pool, f"held{i}", content(i, 2 * MiB))
-            held.append(os.open(pool / f"held{i}", os.O_RDONLY))
+        held = fill_writing_share(pool, 2 * MiB)  # files being written hold all they may
         with pytest.raises(OSError) as info:
             os.pwrite(fd, content(3, 2 * MiB), 0)
         assert info.value.errno == errno.ENOSPC
-        for reader in held:
-            os.close(reader)
-        held.clear()
+        for path in held:
+            os.unlink(path)
         with pytest.raises(OSError) as info:  # there is room again, but the file lost a write
             os.pwrite(fd, content(3, 2 * MiB), 0)
         assert info.value.errno == errno.ENOSPC
     finally:
-        for reader in held:
-            os.close(reader)
         os.close(fd)
     _rename_fails_and_the_key_stays_free(mount, pool, tmp)
 

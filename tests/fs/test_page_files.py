@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hicachefs.testing.workload import content, errno_of, exists_query
+from hicachefs.testing.workload import content, errno_of, exists_query, fill_writing_share
 from pages import publish, read_page, wait_until, write_all
 
 SIZES = [0, 1, 4095, 4096, 1 << 20, (1 << 20) + 1, 8 << 20, 64 << 20]
@@ -131,20 +131,16 @@ def test_page_over_max_page_size_is_refused_with_efbig(mount_factory):
 def test_full_store_gives_enospc_and_loses_nothing(mount_factory):
     mount = mount_factory("--memory", "16M")  # pages up to 2 MiB, 1/8 of the RAM tier
     pool = mount.page_dir()
-    pages = {f"p{i}": content(i, 2 << 20) for i in range(8)}
-    held = []
-    try:
-        for key, data in pages.items():  # hold every page open: none may be evicted
-            publish(pool, key, data)
-            held.append(os.open(pool / key, os.O_RDONLY))
-        with pytest.raises(OSError) as info:
-            publish(pool, "one-too-many", content(99, 2 << 20))
-        assert info.value.errno == errno.ENOSPC
-        for fd, data in zip(held, pages.values()):
-            assert os.pread(fd, len(data) + 1, 0) == data
-    finally:
-        for fd in held:
-            os.close(fd)
+    pages = {f"p{i}": content(i, 2 << 20) for i in range(2)}
+    for key, data in pages.items():
+        publish(pool, key, data)
+    held = fill_writing_share(pool, 2 << 20)  # files being written hold all they may
+    with pytest.raises(OSError) as info:
+        publish(pool, "one-too-many", content(99, 2 << 20))
+    assert info.value.errno == errno.ENOSPC
+    assert all(read_page(pool / key) == data for key, data in pages.items())
+    for path in held:
+        os.unlink(path)
     publish(pool, "after", b"z" * 1000)
     assert read_page(pool / "after") == b"z" * 1000
     assert mount.stats()["errors"].get("ENOSPC", 0) >= 1

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from hicachefs.testing import attacks
-from hicachefs.testing.workload import content, exists_query, publish
+from hicachefs.testing.workload import content, exists_query, fill_writing_share, publish
 
 PAGE = 64 << 10
 #: Before item 3, 1,500 such files on a 64 MiB mount evicted all 500 published pages.
@@ -66,3 +66,19 @@ def test_files_of_unannounced_size_count_against_the_same_bound(mounted_64m):
           f"the daemon grew by {growth >> 20} MiB")
     assert failure == errno.ENOSPC, f"{written} files were all accepted"
     assert growth < 64 << 20, f"files being written took {growth >> 20} MiB of the daemon's heap"
+
+
+def test_the_ram_budget_shares_add_up_to_at_most_the_tier_and_show_what_they_hold(mounted_64m):
+    """Issue 31, item 2: one owner gives out the shares of ``--memory``; ``.hicachefs/stats``
+    shows each one's limit and what it holds, and files being written are held by theirs."""
+    pool = mounted_64m.page_dir()
+    held = fill_writing_share(pool, 1 << 20)
+    shares = mounted_64m.stats()["ram_budget"]["shares"]
+    print({name: (share["held_bytes"] >> 20, share["limit_bytes"] >> 20) for name, share in shares.items()})
+    inside = {"reserved_ahead", "pins_of_others"}  # parts of ``writing`` and ``pins``
+    assert sum(s["limit_bytes"] for name, s in shares.items() if name not in inside) <= 64 << 20
+    assert shares["writing"]["limit_bytes"] == 32 << 20
+    assert shares["writing"]["held_bytes"] == (len(held) - 1) << 20 == 32 << 20
+    for path in held:
+        os.unlink(path)
+    assert mounted_64m.stats()["ram_budget"]["shares"]["writing"]["held_bytes"] == 0

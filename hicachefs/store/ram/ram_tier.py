@@ -22,10 +22,10 @@ from hicachefs.store.ram.arena import Arena
 from hicachefs.store.errors import StoreFull
 from hicachefs.store.ram.eviction import LruPolicy
 from hicachefs.store.statistics import TierCounters
-from hicachefs.store.tier import PageMeta, ReadResult, Tier
+from hicachefs.store.tier import PageMeta, ReadResult, TopTier
 
 
-class RamTier(Tier):
+class RamTier(TopTier):
     name = "memory"
 
     def __init__(self, capacity: int, slab_bytes: int, policy: LruPolicy | None = None) -> None:
@@ -53,11 +53,13 @@ class RamTier(Tier):
         return location  # a slot's offset is its page's first byte
 
     def allocate(self, size: int) -> int | None:
-        """A free slot for ``size`` bytes, or None until the store evicts something."""
         return self.arena.allocate(size)
 
     def view(self, offset: int, size: int) -> memoryview:
         return self.arena.view[offset : offset + size]
+
+    def merged(self, pieces: list) -> list:
+        return self.arena.merged(pieces) if len(pieces) > 1 else pieces
 
     def write(self, page: PageMeta, payload) -> int:
         slot = self.arena.allocate(page.size)
@@ -78,25 +80,21 @@ class RamTier(Tier):
     # -- what happens to its pages (the engine tells; the tier counts) -----------------------
 
     def admit(self, row: int, size: int, promoted: bool = False) -> None:
-        """A page (index ``row``) now lives here: published into its slot, or promoted up."""
         self.policy.admit(row)
         self.counters.bytes_in += size
         if promoted:
             self.counters.promotions += 1
 
     def hit(self, row: int, size: int) -> None:
-        """The page was read from here: it is the most recently used."""
         self.policy.touch(row)
         self.counters.hits += 1
         self.counters.bytes_out += size
 
     def touch(self, row: int) -> None:
-        """The page was read without this tier's help (the kernel's cache): most recently used."""
         self.policy.touch(row)
         self.counters.hits += 1
 
     def release(self, row: int, slot: int, demoted: bool) -> None:
-        """The page leaves RAM: moved down (``demoted``), or out of the store (evicted)."""
         self.policy.forget(row)
         self.retire(slot)
         if demoted:
@@ -105,12 +103,10 @@ class RamTier(Tier):
             self.counters.evictions += 1
 
     def forget(self, row: int, slot: int) -> None:
-        """The page was removed or replaced at the caller's request."""
         self.policy.forget(row)
         self.retire(slot)
 
     def victims(self) -> Iterator[int]:
-        """The rows of its pages, the next to leave first (stop before changing the tier)."""
         return self.policy.in_order()
 
     def oldest_first(self) -> list[int]:
@@ -135,7 +131,6 @@ class RamTier(Tier):
         return offset in self._pins
 
     def retire(self, offset: int) -> None:
-        """The slot's page (or draft) is gone: free it now, or when its last reader closes."""
         if offset in self._pins:
             self._retired.add(offset)
         else:

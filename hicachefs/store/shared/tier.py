@@ -170,10 +170,6 @@ class SharedTier(Tier):
 
     # -- the engine's questions ------------------------------------------------------------
 
-    @property
-    def available(self) -> bool:
-        return self._guard.available
-
     def contains_many(self, names: list[str]) -> list[bool]:
         """Whether each page is on the shared tier, from memory: never blocks, never raises."""
         if not self._guard.available:
