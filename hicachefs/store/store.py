@@ -245,13 +245,18 @@ class PageStore:
 
     # -- reading -----------------------------------------------------------------------
 
-    def try_open(self, name: str, counted: bool = True) -> PageReader | NeedsIO:
+    def try_open(self, name: str, counted: bool = True, size: int | None = None) -> PageReader | NeedsIO:
         """The page pinned for reading if it is in RAM; else ``NeedsIO`` whose work (``open``)
-        reads it from where it is. Raises PageNotFound when no tier can hold it.
+        reads it from where it is. Raises PageNotFound when no tier can hold it, or when ``size``
+        is given and the page has another size (a miss: a reader that names a wrong size must not
+        count hits, nor change the eviction order).
         ``counted=False``: for the store's own purposes (no hit, no access time, no change to
         the eviction order), and never I/O: a page not in RAM is then PageNotFound."""
         with self._lock:
             row = self._index.find(name)
+            if row >= 0 and size is not None and int(self._index.size[row]) != size:
+                self._count_miss()
+                raise PageNotFound(name)
             if row >= 0:
                 slot = int(self._index.loc[row, RAM])
                 if slot >= 0:
@@ -263,13 +268,13 @@ class PageStore:
                 raise PageNotFound(name)
         if not counted:
             raise PageNotFound(name)
-        return NeedsIO(lambda: self.open(name))
+        return NeedsIO(lambda: self.open(name, size))
 
-    def open(self, name: str) -> PageReader:
+    def open(self, name: str, size: int | None = None) -> PageReader:
         """Pin the page for reading. A lower tier's page is read and verified here (blocking
         I/O) and promoted to RAM on its second read when room can be made; a page only a named
-        tier holds is read, checked and promoted into RAM. Raises PageNotFound, PageCorrupt or
-        DeviceError."""
+        tier holds is read, checked and promoted into RAM. Raises PageNotFound (also when
+        ``size`` is given and the page has another), PageCorrupt or DeviceError."""
         for _ in range(3):  # a read can race with a replace or reclaim; then look again
             with self._lock:
                 row = self._index.find(name)
@@ -277,6 +282,9 @@ class PageStore:
                     if not self._named_may_hold(name):
                         self._count_miss()
                         raise PageNotFound(name)
+                elif size is not None and int(self._index.size[row]) != size:
+                    self._count_miss()
+                    raise PageNotFound(name)
                 else:
                     index = self._index
                     slot = int(index.loc[row, RAM])
@@ -293,7 +301,7 @@ class PageStore:
             if row < 0:
                 if self._ahead.wait(name):  # was being fetched ahead: read it here now
                     continue
-                reader = self._open_named(name)
+                reader = self._open_named(name, size=size)
                 if reader is not None:
                     return reader
                 continue  # published or promoted here meanwhile: read the local copy
@@ -590,13 +598,13 @@ class PageStore:
                     raise PageCorrupt(f"{name}: checksum mismatch on the {tier.name} tier; page dropped")
         return None
 
-    def _open_named(self, name: str, ahead: bool = False) -> PageReader | None:
+    def _open_named(self, name: str, ahead: bool = False, size: int | None = None) -> PageReader | None:
         """Find the page on a named tier, read and check it into a RAM slot and index it there
         (a promotion); None if it appeared locally meanwhile. Blocking. ``ahead``: for a read to
-        come, so nothing is read when RAM has no room for it."""
+        come, so nothing is read when RAM has no room for it. ``size``: only a page of that size."""
         for tier in self._named:
             page = tier.find(name, reading=True) if tier.contains_many([name])[0] else None
-            if page is None:
+            if page is None or (size is not None and page.size != size):
                 continue
             with self._lock, self._reporting():
                 slot = self._slot_for_promotion(page.size)
