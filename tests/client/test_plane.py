@@ -16,7 +16,7 @@ import pytest
 
 from hicachefs.testing import mounting
 from hicachefs.testing.host_pools import MHAHostPool, page_bytes
-from pages import as_nobody, requests_of
+from pages import as_nobody, requests_of, wait_until
 from test_backend import indices, key, make_fs
 
 PAGES = 8
@@ -131,10 +131,8 @@ def test_a_writer_killed_between_reserving_and_committing_publishes_nothing(moun
     finally:
         writer.send_signal(signal.SIGKILL)
         writer.wait()
-    deadline = time.monotonic() + 5
-    while mounted.stats()["tiers"]["memory"]["used_bytes"] != before["tiers"]["memory"]["used_bytes"]:
-        assert time.monotonic() < deadline, "the dead writer's slots did not come back"
-        time.sleep(0.02)
+    wait_until(lambda: mounted.stats()["tiers"]["memory"]["used_bytes"] == before["tiers"]["memory"]["used_bytes"],
+               timeout=5)  # the dead writer's slots come back
     assert mounted.stats()["published"] == before["published"]
 
 
@@ -149,6 +147,7 @@ def test_a_daemon_killed_under_four_threads_is_never_trusted_and_the_client_come
     wrong, served_after = [], []
     stop = threading.Event()
     remounted_at = []
+    rounds = [0] * 4  # calls each thread has made
 
     def rank(thread: int) -> None:
         source = range(2 * PAGES * thread, 2 * PAGES * thread + PAGES)
@@ -163,19 +162,19 @@ def test_a_daemon_killed_under_four_threads_is_never_trusted_and_the_client_come
             wrong.extend(i for i, ok in enumerate(got) if ok and page_bytes(pool, target[i]) != expected[i])
             if remounted_at and all(got):
                 served_after.append(time.monotonic() - remounted_at[0])
+            rounds[thread] += 1
 
     threads = [threading.Thread(target=rank, args=(t,)) for t in range(4)]
     for thread in threads:
         thread.start()
     try:
-        time.sleep(1.0)
+        wait_until(lambda: min(rounds) >= 2)  # every thread served by the first daemon
         mounting.kill(mount)
-        time.sleep(0.5)  # the threads meet a dead daemon
+        killed_at = list(rounds)
+        wait_until(lambda: all(now > then for now, then in zip(rounds, killed_at)))  # and met it dead
         mount_factory("--memory", "256M", path=mount.path)
         remounted_at.append(time.monotonic())
-        deadline = time.monotonic() + 10
-        while not served_after and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: served_after, timeout=10)
     finally:
         stop.set()
         for thread in threads:

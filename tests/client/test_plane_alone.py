@@ -17,6 +17,7 @@ from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import Layout, place
 from hicachefs.testing.faults import Fault, FaultyDevice
 from hicachefs.testing.workload import content
+from pages import wait_until
 from hicachefs_client.plane_index import Attachment, key_id
 
 DIRECTORY = "m/f/tp0of1/kv"
@@ -147,10 +148,7 @@ def test_a_page_the_plane_reads_twice_from_the_disk_tier_is_promoted_to_ram(stor
         found, data = read(attachment, store, "9" * 64)
         assert data == content(8, SIZE) and found.ram < 0
         assert store.count_plane_reads([(found.row, found.gen)]) == 1  # the client's report
-    deadline = time.monotonic() + 5
-    while store.info(name).tier != "memory":
-        assert time.monotonic() < deadline, "the page read twice from disk was not promoted"
-        time.sleep(0.01)
+    wait_until(lambda: store.info(name).tier == "memory", timeout=5)  # promoted by its second read
     found, data = read(attachment, store, "9" * 64)
     assert data == content(8, SIZE) and found.ram >= 0 and store.info(name).hits == 2
 
@@ -182,10 +180,8 @@ def test_a_ram_page_scribbled_on_is_never_written_to_the_shared_tier(tmp_path):
         name = f"{DIRECTORY}/{'6' * 64}"
         store.put(name, content(10, SIZE))
         scribble(attach(store, tmp_path / "root"), store, "6" * 64)  # while it waits in the queue
-        deadline = time.monotonic() + 10
-        while store.statistics().tiers[-1].write_behind.writing or store.statistics().tiers[-1].write_behind.queue_pages:
-            assert time.monotonic() < deadline, "the write-behind did not drain"
-            time.sleep(0.01)
+        wait_until(lambda: not (store.statistics().tiers[-1].write_behind.writing
+                                or store.statistics().tiers[-1].write_behind.queue_pages))  # drained
         behind = store.statistics().tiers[-1].write_behind
         assert behind.dropped_corrupt == 1 and behind.written_behind == 2
         on_the_volume = Layout(tmp_path / "shared")

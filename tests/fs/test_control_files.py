@@ -58,11 +58,18 @@ def test_exists_treats_malformed_lines_as_absent(mounted):
 def test_stats_counts_pages_hits_and_misses(mounted):
     pool = mounted.page_dir()
     publish(pool, "a", b"x" * 5000)
+    before = mounted.stats()["tiers"]["memory"]
     read_page(pool / "a")
+    fd = os.open(mounted.path / ".hicachefs" / "fetch", os.O_RDWR)
+    try:  # a page asked for and never stored: a miss
+        fetch_pages(fd, [(f"{pool.relative_to(mounted.path)}/never-stored", 5000)])
+    finally:
+        os.close(fd)
     stats = mounted.stats()
     assert stats["pages"] == 1
     memory = stats["tiers"]["memory"]
-    assert memory["used_bytes"] >= 5000 and memory["hits"] >= 1
+    assert memory["used_bytes"] >= 5000
+    assert (memory["hits"] - before["hits"], memory["misses"] - before["misses"]) == (1, 1)
     assert stats["capacity_bytes"] == 512 << 20
 
 

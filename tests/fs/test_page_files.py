@@ -152,10 +152,7 @@ def test_abandoned_temporary_file_is_discarded(mount_factory):
     with open(pool / ".abandoned", "wb") as f:
         f.write(b"partial")
     assert ".abandoned" in os.listdir(pool)
-    deadline = time.monotonic() + 15
-    while ".abandoned" in os.listdir(pool) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ".abandoned" not in os.listdir(pool)
+    wait_until(lambda: ".abandoned" not in os.listdir(pool), timeout=15)
     assert mount.stats()["pending_files"] == 0
 
 
