@@ -120,8 +120,8 @@ from lib.bench_sglang import (
     warm_up,
     writer,
 )
-from hicachefs.testing import mounting
-from hicachefs.testing.glusterfs import GlusterVolume
+from hicachefs_testing import mounting
+from hicachefs_testing.glusterfs import GlusterVolume
 from hicachefs_client import HiCacheFS
 from hicachefs_client.backend import DEFAULT_THREADS as CLIENT_THREADS
 

@@ -31,7 +31,7 @@ from lib.bench_daemon import Daemon, config_line, print_log_tail
 from lib.bench_rank import RankWorker
 from lib.bench_report import LATER, Result
 from lib.bench_sglang import PAGES, Pool, as_sglang_runs, keys_for, make_hicachefs, reader, writer
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 
 FULL = {"batches": {1: 8, 8: 2}, "later": 2, "ranks_batches": {1: 8, 8: 1}}
 QUICK = {"batches": {1: 4, 8: 1}, "later": 1, "ranks_batches": {1: 4}}

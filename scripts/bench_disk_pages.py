@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hicachefs.cli.arguments import parse_size
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 
 TOTAL = 512 << 20
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 
 POOL = ("bench", "bfloat16-page_first-64", "tp0of1", "kv")
 

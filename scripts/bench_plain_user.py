@@ -4,9 +4,9 @@
     .venv/bin/python scripts/bench_plain_user.py [--seconds 8] [--pages 20000]
 
 Mounts its own daemon (256 MiB RAM tier) in a directory uid 65534 can reach, fills one pool
-with ``--pages`` pages, and runs the latency probe (``hicachefs/testing/latency_probe.py``: a
+with ``--pages`` pages, and runs the latency probe (``tests/support/hicachefs_testing/latency_probe.py``: a
 missing stat, an open and read of a page, a read of the stats, a one-page exists query, in a
-loop) as root, first alone, then during each attack of ``hicachefs/testing/plain_user.py`` as
+loop) as root, first alone, then during each attack of ``tests/support/hicachefs_testing/plain_user.py`` as
 uid 65534 for ``--seconds``: a loop of opendir and a first readdir of the big pool, a loop of
 whole listings of it, 4 processes of 8 MiB exists queries, 4 of 4 MiB fetch requests of stored
 pages (whose answers they read), 4 of 1 MiB fetch requests of missing pages (parsed, then a
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from hicachefs.control.exists import MAX_EXISTS_REQUEST
 from hicachefs.control.fetch import MAX_FETCH_REQUEST
-from hicachefs.testing import attacks, mounting
-from hicachefs.testing.workload import content, publish
+from hicachefs_testing import attacks, mounting
+from hicachefs_testing.workload import content, publish
 
 POOL = ("bench", "bfloat16-page_first-64", "tp0of1")
 PROBE_PAGES = 64

@@ -57,9 +57,9 @@ from lib.bench_sglang import reader, timed_call, warm_up, writer  # noqa: E402
 from hicachefs.store.shared import SharedTier  # noqa: E402
 from hicachefs.store.shared.layout import Layout, place  # noqa: E402
 from hicachefs.store.tier import PageMeta, ReadResult  # noqa: E402
-from hicachefs.testing import mounting  # noqa: E402
-from hicachefs.testing.engine import Engine, EngineDidNotStart  # noqa: E402
-from hicachefs.testing.engines import ENGINES  # noqa: E402
+from hicachefs_testing import mounting  # noqa: E402
+from hicachefs_testing.engine import Engine, EngineDidNotStart  # noqa: E402
+from hicachefs_testing.engines import ENGINES  # noqa: E402
 
 POOL = "bench/bf16-page_first-64/tp0of1/kv"
 KiB, MiB = 1 << 10, 1 << 20

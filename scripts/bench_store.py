@@ -31,7 +31,7 @@ import numpy as np
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.ssd.snapshot import SNAPSHOT_NAME
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
-from hicachefs.testing.store_tools import delete_tree, drop_disk_cache
+from hicachefs_testing.store_tools import delete_tree, drop_disk_cache
 
 MiB, GiB = 1 << 20, 1 << 30
 

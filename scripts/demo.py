@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from lib.demo_workload import (
     MODEL_SHAPES, Server, Tally, Workload, human, mount_stats, tier_activity, tiers_top_down)
-from hicachefs.testing.sglang_workload import Conversation
+from hicachefs_testing.sglang_workload import Conversation
 
 #: How long host A's write-behind, then host B's view of its pages, may take before the demo goes on.
 SHARED_WAIT_S = 30.0
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    # On the CPU, torch.cpu.Event cannot time, and SGLang says so once (hicachefs.testing.sglang_cpu).
+    # On the CPU, torch.cpu.Event cannot time, and SGLang says so once (hicachefs_testing.sglang_cpu).
     logging.getLogger("sglang.srt.mem_cache.l2_transfer").setLevel(logging.ERROR)
     parser = build_parser()
     args = parser.parse_args(argv)

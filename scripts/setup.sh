@@ -78,6 +78,10 @@ echo "setup: installing torch 2.13 (CPU build) into .venv"
 quietly "installing torch" "${pip[@]}" torch==2.13.0
 echo "setup: installing hicachefs (editable) and its test tools"
 quietly "installing hicachefs" "${pip[@]}" -e ".[test]"
+# What only the tests, the bench and the demo use is not in the wheel: it is put on the venv's
+# path from the checkout (tests/support/hicachefs_testing).
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$root/tests/support" > "$site/hicachefs-test-support.pth"
 echo "setup: installing SGLang 0.5.23's storage modules (for the comparison tests and benchmarks)"
 # What those modules import, then SGLang itself without its serving stack.
 quietly "installing SGLang's requirements" "${pip[@]}" -r scripts/sglang-requirements.txt

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The README's table of SGLang's storage calls: HiCacheFS on a mount vs SGLang's HiCacheFile.
 
-SGLang 0.5.23's own radix cache and cache controller (``hicachefs.testing.sglang_cache``) serve
+SGLang 0.5.23's own radix cache and cache controller (``hicachefs_testing.sglang_cache``) serve
 the same chat workload over each backend (``run_phases``: cold, warm after evicting device and
 host, a burst); every call the controller makes is recorded with its batch size, hits and time.
 Prints a Markdown table: per method, the calls, the batch sizes SGLang used, pages asked and
@@ -20,9 +20,9 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore", message="Only CUDA", category=UserWarning)
 
-from hicachefs.testing import mounting  # noqa: E402
-from hicachefs.testing.sglang_cache import Backend, CacheSetup, ModelShape, SGLangCache, WarningLog  # noqa: E402
-from hicachefs.testing.sglang_workload import ChatWorkload, run_phases  # noqa: E402
+from hicachefs_testing import mounting  # noqa: E402
+from hicachefs_testing.sglang_cache import Backend, CacheSetup, ModelShape, SGLangCache, WarningLog  # noqa: E402
+from hicachefs_testing.sglang_workload import ChatWorkload, run_phases  # noqa: E402
 
 PAIRS = (("batch_exists", "batch_exists"), ("batch_get_v1", "batch_get"), ("batch_set_v1", "batch_set"))
 

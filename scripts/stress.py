@@ -12,7 +12,7 @@ Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick lo
   corruption     1,000 damages to the disk arena: bits flipped in payloads and record headers,
                  torn last records, the arena cut short (store rounds), and bytes flipped in the
                  arena of a stopped and of a running daemon: every damaged page is caught
-  model          10,000 steps of the Hypothesis state machine (hicachefs.testing.model) against
+  model          10,000 steps of the Hypothesis state machine (hicachefs_testing.model) against
                  a real mount, from a new seed every 100 steps: no divergence
   bad-input      10,000 bad names through create, mkdir, lookup and rename, and malformed exists
                  requests at and over the maximum size: the daemon keeps serving
@@ -23,7 +23,7 @@ Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick lo
   mixed          5,000 reads of 6 keys that 2 processes write directly under their names (as cp),
                  removing them first, and 2 replace by renames (as the client), by 3 readers that
                  also read the temporary files: no torn, stale or all-zero read
-                 (hicachefs.testing.mixed_load)
+                 (hicachefs_testing.mixed_load)
   plain-user     20,000 small requests of another client timed while uid 65534 lists a pool of
                  40,000 pages in a loop, sends 8 MiB exists queries from 4 processes and holds
                  100 of them, and temporary files nobody renames fill what files being written
@@ -31,7 +31,7 @@ Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick lo
 
 Modes take turns, one chunk each, until every target is reached or the time is up; the model
 mode runs alongside them in a second process (``--jobs 1``: in turn with them). Every mount
-is made and removed with hicachefs.testing.mounting (daemons are stopped by PID). The exit status
+is made and removed with hicachefs_testing.mounting (daemons are stopped by PID). The exit status
 is 1 if a target was not reached, a figure that must be zero is not, or a daemon logged an
 unexpected error. Needs root (FUSE, and loop devices for the dying disk).
 """
@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hicachefs.control.exists import MAX_EXISTS_REQUEST
-from hicachefs.testing import attacks, mixed_load, mounting, scenarios
-from hicachefs.testing.store_faults import CORRUPTIONS, RoundFigures, corruption_round, device_fault_round
-from hicachefs.testing.workload import exists_raw, serving
+from hicachefs_testing import attacks, mixed_load, mounting, scenarios
+from hicachefs_testing.store_faults import CORRUPTIONS, RoundFigures, corruption_round, device_fault_round
+from hicachefs_testing.workload import exists_raw, serving
 
 
 @dataclass
@@ -185,7 +185,7 @@ class Stress:
         self._note("corruption", daemon.examples)
 
     def _model(self, row, mounts, workdir, seed) -> None:
-        from hicachefs.testing.model import MountModel, run_seeded
+        from hicachefs_testing.model import MountModel, run_seeded
 
         MountModel.record_to = self.record
         MountModel.remount_every, MountModel.pressure_every = 40, 15

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from hicachefs.testing import mounting  # noqa: E402
+from hicachefs_testing import mounting  # noqa: E402
 
 
 @pytest.fixture

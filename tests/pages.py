@@ -1,6 +1,6 @@
 """Writing and reading pages the way the contract says a client does (for the FUSE tests).
 
-Page bytes and the exists query: ``hicachefs.testing.workload`` (the scripts use them too).
+Page bytes and the exists query: ``hicachefs_testing.workload`` (the scripts use them too).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import subprocess
 
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import serving
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import serving
 
 
 def _number_reused(mount: mounting.Mount, pid: int) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Tuple
 
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 
 # Reads of the stats file whose cost (requests, CPU time) is measured at the start.
 OWN_READS = 16

@@ -31,7 +31,7 @@ import torch
 
 os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)  # the path given here wins
 
-from hicachefs.testing.host_pools import MHAHostPool  # noqa: E402
+from hicachefs_testing.host_pools import MHAHostPool  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     STORAGE_BATCH_SIZE,
     HiCacheFile,

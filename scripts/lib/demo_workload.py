@@ -1,5 +1,5 @@
 """The demo's serving workload: chat conversations served by SGLang's own radix cache and cache
-controller over HiCacheFS (``hicachefs.testing.sglang_cache``).
+controller over HiCacheFS (``hicachefs_testing.sglang_cache``).
 
 Conversations share a few system prompts and grow turn by turn, as chat traffic does. Each turn
 is one request to SGLang 0.5.23's ``UnifiedRadixCache`` with its ``HybridCacheController``
@@ -26,10 +26,10 @@ from typing import Dict, List
 # SGLang warns at import that some quantization kernels are CUDA-only: true, and beside the point.
 warnings.filterwarnings("ignore", message="Only CUDA", category=UserWarning)
 
-from hicachefs.testing.sglang_cache import (  # noqa: E402
+from hicachefs_testing.sglang_cache import (  # noqa: E402
     Backend, CacheSetup, ModelShape, RequestResult, SGLangCache)
-from hicachefs.testing.sglang_metrics import storage_metrics  # noqa: E402
-from hicachefs.testing.sglang_workload import VOCAB, Conversation  # noqa: E402
+from hicachefs_testing.sglang_metrics import storage_metrics  # noqa: E402
+from hicachefs_testing.sglang_workload import VOCAB, Conversation  # noqa: E402
 
 MODEL_SHAPES = {
     # name: (layers, KV heads, head dim)

@@ -12,7 +12,7 @@ import torch
 from conftest import storage_config
 from hicachefs_client import HiCacheFS
 from hicachefs_client.sglang_types import PoolHitPolicy, PoolName, PoolTransfer
-from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
+from hicachefs_testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
 
 MODEL = "Qwen--Qwen2.5-0.5B-Instruct"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 
 #: 31 pages of 768 KiB (23 MiB): more than a 16 MiB RAM tier holds.
 SMALL = dict(conversations=3, turns=3, system_prompts=2, system_tokens=512, user_tokens=64, reply_tokens=64)

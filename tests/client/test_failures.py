@@ -9,11 +9,11 @@ import signal
 
 import pytest
 
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 
 from hicachefs_client.sglang_types import PoolName, PoolTransfer
-from hicachefs.testing.host_pools import MHAHostPool, page_bytes
-from hicachefs.testing.workload import fill_writing_share
+from hicachefs_testing.host_pools import MHAHostPool, page_bytes
+from hicachefs_testing.workload import fill_writing_share
 from test_backend import files_under, indices, key, make_fs
 
 

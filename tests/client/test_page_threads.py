@@ -12,7 +12,7 @@ import pytest
 
 from hicachefs_client import HiCacheFS, backend
 from hicachefs_client.page_threads import PageThreads
-from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
+from hicachefs_testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
 from conftest import storage_config
 from test_backend import indices, key, make_fs
 

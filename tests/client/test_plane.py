@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from hicachefs.testing import mounting
-from hicachefs.testing.host_pools import MHAHostPool, page_bytes
+from hicachefs_testing import mounting
+from hicachefs_testing.host_pools import MHAHostPool, page_bytes
 from pages import as_nobody, requests_of, wait_until
 from test_backend import indices, key, make_fs
 

@@ -15,8 +15,8 @@ import hicachefs_client.plane_index as plane_index
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import Layout, place
-from hicachefs.testing.faults import Fault, FaultyDevice
-from hicachefs.testing.workload import content
+from hicachefs_testing.faults import Fault, FaultyDevice
+from hicachefs_testing.workload import content
 from pages import wait_until
 from hicachefs_client.plane_index import Attachment, key_id
 

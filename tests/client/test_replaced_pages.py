@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from hicachefs.testing.host_pools import MHAHostPool, page_bytes
-from hicachefs.testing.workload import content
+from hicachefs_testing.host_pools import MHAHostPool, page_bytes
+from hicachefs_testing.workload import content
 from test_backend import indices, key, make_fs
 
 PAGES = 8
@@ -28,7 +28,7 @@ def test_pages_another_process_replaced_are_never_read_old_once_it_stopped(mount
     size = reader._layout("kv").page_bytes
     directory = reader._dir_of("kv")
     (mounted.path / directory).mkdir(parents=True, exist_ok=True)
-    writer = subprocess.Popen([sys.executable, "-m", "hicachefs.testing.replacer", str(mounted.path), directory,
+    writer = subprocess.Popen([sys.executable, "-m", "hicachefs_testing.replacer", str(mounted.path), directory,
                                ",".join(keys), str(size), "2", how], stdout=subprocess.PIPE, text=True)
     try:
         while writer.poll() is None:  # reads (and keeps) while the pages change under them

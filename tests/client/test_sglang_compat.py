@@ -17,7 +17,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 from conftest import storage_config
 from hicachefs_client import HiCacheFS
-from hicachefs.testing.host_pools import MHAHostPool, MLAHostPool
+from hicachefs_testing.host_pools import MHAHostPool, MLAHostPool
 from test_backend import MODEL, indices, key
 
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hicachefs.testing.host_pools import MHAHostPool, page_bytes
+from hicachefs_testing.host_pools import MHAHostPool, page_bytes
 from test_backend import indices, key, make_fs
 
 THREADS = 8

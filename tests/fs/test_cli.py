@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 from pages import publish
 
 

@@ -9,7 +9,7 @@ import os
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hicachefs.testing.workload import ask_exists, exists_handle
+from hicachefs_testing.workload import ask_exists, exists_handle
 from pages import as_nobody, fetch_pages, ingest_batch, ingest_status, publish, read_page
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"

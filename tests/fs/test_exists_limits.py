@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hicachefs.control.exists import MAX_EXISTS_REQUEST
-from hicachefs.testing.workload import exists_answer, exists_handle, send_exists
+from hicachefs_testing.workload import exists_answer, exists_handle, send_exists
 from pages import publish
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -44,7 +44,7 @@ def test_a_request_at_the_maximum_delays_no_other_client(mounted, tmp_path):
     request = line * (MAX_EXISTS_REQUEST // len(line)) + b"\n" * (MAX_EXISTS_REQUEST % len(line))
     assert len(request) == MAX_EXISTS_REQUEST
     stop = tmp_path / "stop"
-    probe = subprocess.Popen([sys.executable, "-m", "hicachefs.testing.latency_probe", str(mounted.path), POOL,
+    probe = subprocess.Popen([sys.executable, "-m", "hicachefs_testing.latency_probe", str(mounted.path), POOL,
                               ",".join(keys), str(stop)], stdout=subprocess.PIPE, text=True)
     try:
         assert probe.stdout.readline().strip() == "started"  # the daemon has served each kind once

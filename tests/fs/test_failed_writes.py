@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from hicachefs.testing.workload import content, exists_query, fill_writing_share
+from hicachefs_testing.workload import content, exists_query, fill_writing_share
 from pages import publish, read_page, write_all
 
 MiB = 1 << 20

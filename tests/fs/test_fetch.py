@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from hicachefs.testing import attacks
-from hicachefs.testing.workload import content
+from hicachefs_testing import attacks
+from hicachefs_testing.workload import content
 from hicachefs_client.fetch import fetch_batch
 from pages import as_nobody, fetch_pages, publish, read_page, requests_of
 

@@ -15,7 +15,7 @@ from hicachefs.posix.page_handle import Leases
 from hicachefs.control.request_limits import STEP_PAUSE_S, RequestLimits
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.ssd.device import FileDevice
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 
 POOL = "m/f/tp0of1/kv"
 SIZE = 64 << 10

@@ -10,8 +10,8 @@ import json
 import os
 import subprocess
 
-from hicachefs.testing import attacks
-from hicachefs.testing.workload import content
+from hicachefs_testing import attacks
+from hicachefs_testing.workload import content
 from pages import publish
 
 MiB = 1 << 20

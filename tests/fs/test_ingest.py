@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from hicachefs.testing.workload import content, fill_writing_share
+from hicachefs_testing.workload import content, fill_writing_share
 from pages import as_nobody, ingest_batch, ingest_status, publish, read_page, requests_of, wait_until
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from hicachefs.testing.workload import content, exists_query
+from hicachefs_testing.workload import content, exists_query
 from pages import ingest_batch, publish, read_page
 
 PAGE = 1 << 20

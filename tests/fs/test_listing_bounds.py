@@ -12,8 +12,8 @@ import time
 import pytest
 
 from hicachefs.posix.listing import ENTRIES_PER_REQUEST
-from hicachefs.testing import attacks
-from hicachefs.testing.workload import content, publish
+from hicachefs_testing import attacks
+from hicachefs_testing.workload import content, publish
 from pages import requests_of
 
 POOL_PAGES = 40_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 from pages import publish, read_page
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 from pages import as_nobody, publish, read_page
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from hicachefs.testing.workload import content, exists_query, labelled_content
+from hicachefs_testing.workload import content, exists_query, labelled_content
 from pages import publish, read_page, write_all
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -135,7 +135,7 @@ def test_a_direct_reader_of_a_replaced_page_reads_the_whole_old_page_from_the_da
 
 READER = r"""
 import errno, json, os, sys, time
-from hicachefs.testing.workload import identify
+from hicachefs_testing.workload import identify
 path, seconds = sys.argv[1], float(sys.argv[2])
 counts = {"opens": 0, "whole": 0, "torn": 0, "errors": 0}
 deadline = time.monotonic() + seconds

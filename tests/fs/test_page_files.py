@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hicachefs.testing.workload import content, errno_of, exists_query, fill_writing_share
+from hicachefs_testing.workload import content, errno_of, exists_query, fill_writing_share
 from pages import publish, read_page, wait_until, write_all
 
 SIZES = [0, 1, 4095, 4096, 1 << 20, (1 << 20) + 1, 8 << 20, 64 << 20]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hicachefs.testing import attacks
+from hicachefs_testing import attacks
 
 
 @pytest.fixture

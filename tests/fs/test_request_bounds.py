@@ -11,9 +11,9 @@ import time
 
 from hicachefs.control.exists import MAX_EXISTS_REQUEST
 from hicachefs.control.fetch import MAX_FETCH_REQUEST
-from hicachefs.testing import attacks
-from hicachefs.testing.plain_user import COSTLY_LINE, costly_request
-from hicachefs.testing.workload import content, exists_query, publish
+from hicachefs_testing import attacks
+from hicachefs_testing.plain_user import COSTLY_LINE, costly_request
+from hicachefs_testing.workload import content, exists_query, publish
 
 #: Before item 2, 250 held requests took the daemon from 317 MiB to 2.37 GiB.
 HELD_REQUESTS = 100

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 from pages import publish, read_page
 
 

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from hicachefs.testing import attacks
-from hicachefs.testing.workload import content, exists_query, fill_writing_share, publish
+from hicachefs_testing import attacks
+from hicachefs_testing.workload import content, exists_query, fill_writing_share, publish
 
 PAGE = 64 << 10
 #: Before item 3, 1,500 such files on a 64 MiB mount evicted all 500 published pages.

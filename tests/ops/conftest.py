@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 
 VENV_BIN = Path(sys.executable).parent
 

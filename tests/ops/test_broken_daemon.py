@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from hicachefs import mount_table
-from hicachefs.testing import mounting
+from hicachefs_testing import mounting
 
 EIO_DAEMON = Path(__file__).with_name("eio_daemon.py")
 

@@ -18,8 +18,8 @@ from hicachefs.daemon.config import DaemonConfig
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.ssd.device import ArenaRefused, FileDevice
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import content
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import content
 from pages import publish, read_page
 
 DISK = ["--disk-size", "64M"]

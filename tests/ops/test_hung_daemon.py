@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import content
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import content
 from pages import publish, read_page
 
 #: The deadline the tools promise, and how long a command may take on top of it (start-up of

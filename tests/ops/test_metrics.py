@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import content
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import content
 from pages import publish, read_page
 
 LEVELS = ["hicachefs_capacity_bytes", "hicachefs_used_bytes", "hicachefs_free_bytes", "hicachefs_pages",

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import content
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import content
 from pages import publish, read_page
 
 

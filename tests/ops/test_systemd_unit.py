@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import content
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import content
 from pages import publish, read_page
 
 UNIT = Path(__file__).resolve().parents[2] / "contrib" / "systemd" / "hicachefs@.service"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import content
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import content
 from pages import publish
 
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}

@@ -16,8 +16,8 @@ import time
 from hicachefs.cli import recovery_display
 from hicachefs.daemon import recovery_reporter
 from hicachefs.store.tier import RecoveryProgress
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import content
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import content
 from pages import publish, read_page
 
 PAGES = 120

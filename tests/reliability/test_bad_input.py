@@ -11,9 +11,9 @@ import shutil
 import stat
 
 from hicachefs.control.exists import MAX_EXISTS_REQUEST
-from hicachefs.testing import mounting
-from hicachefs.testing.scenarios import fuzz_names
-from hicachefs.testing.workload import (errno_of, exists_handle, exists_query, exists_raw, labelled_content, publish,
+from hicachefs_testing import mounting
+from hicachefs_testing.scenarios import fuzz_names
+from hicachefs_testing.workload import (errno_of, exists_handle, exists_query, exists_raw, labelled_content, publish,
                                         read_whole, serving)
 
 ANY_ERROR = "any error"  # the contract names no errno; any refusal but EIO (the daemon's "internal error")

@@ -8,8 +8,8 @@ never a write replaced or removed before the open began."""
 
 from __future__ import annotations
 
-from hicachefs.testing import mixed_load
-from hicachefs.testing.scenarios import contention
+from hicachefs_testing import mixed_load
+from hicachefs_testing.scenarios import contention
 
 
 def test_eight_ranks_never_read_a_torn_or_foreign_page(mounted):

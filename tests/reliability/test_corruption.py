@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicachefs.testing.scenarios import corruption_mounted, corruption_unmounted
+from hicachefs_testing.scenarios import corruption_mounted, corruption_unmounted
 
 
 def _report(figures) -> str:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hicachefs.testing.scenarios import crash_rounds
+from hicachefs_testing.scenarios import crash_rounds
 
 SEED = int(os.environ.get("HICACHEFS_TEST_SEED", "7"))
 

@@ -6,7 +6,7 @@ EIO or are gone, never wrong bytes, and the failures are counted."""
 
 from __future__ import annotations
 
-from hicachefs.testing.scenarios import dying_disk
+from hicachefs_testing.scenarios import dying_disk
 
 
 def _report(figures) -> str:

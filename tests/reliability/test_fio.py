@@ -16,8 +16,8 @@ import os
 import shutil
 import subprocess
 
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import labelled_content, publish
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import labelled_content, publish
 
 FIO = shutil.which("fio") or "/usr/bin/fio"
 

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from hicachefs.testing.workload import exists_query, labelled_content, publish, read_or_errno, read_whole, serving, tier_counter
+from hicachefs_testing.workload import exists_query, labelled_content, publish, read_or_errno, read_whole, serving, tier_counter
 
 MiB = 1 << 20
 

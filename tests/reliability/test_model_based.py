@@ -1,4 +1,4 @@
-"""The Hypothesis state machine of ``hicachefs.testing.model`` against a real mount: random
+"""The Hypothesis state machine of ``hicachefs_testing.model`` against a real mount: random
 namespace and page operations, eviction pressure and remounts agree with a small model.
 ``scripts/stress.py`` runs the same machine for tens of thousands of steps."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from hicachefs.testing.model import MountModel, model_settings
+from hicachefs_testing.model import MountModel, model_settings
 
 MountModel.TestCase.settings = model_settings(
     examples=int(os.environ.get("HICACHEFS_MODEL_EXAMPLES", "5")),

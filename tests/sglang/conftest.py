@@ -10,8 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from hicachefs.testing.sglang_cache import Backend, CacheSetup  # noqa: E402
-from hicachefs.testing.sglang_workload import ChatWorkload  # noqa: E402
+from hicachefs_testing.sglang_cache import Backend, CacheSetup  # noqa: E402
+from hicachefs_testing.sglang_workload import ChatWorkload  # noqa: E402
 from sglang_runs import BackendRun, run_backend  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Shared by tests/sglang: SGLang's own radix cache and cache controller run one workload over HiCacheFS on a real mount
-and over SGLang's HiCacheFile, each on a fresh store (hicachefs.testing.sglang_cache), and what a run must show."""
+and over SGLang's HiCacheFile, each on a fresh store (hicachefs_testing.sglang_cache), and what a run must show."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from hicachefs.testing.sglang_cache import (Backend, CacheSetup, MambaShape, ModelShape, SGLangCache, SlidingWindow,
+from hicachefs_testing.sglang_cache import (Backend, CacheSetup, MambaShape, ModelShape, SGLangCache, SlidingWindow,
                                             WarningLog)
-from hicachefs.testing.sglang_recorder import RecordingBackend
-from hicachefs.testing.sglang_store import StoredPage, stored_pages
-from hicachefs.testing.sglang_workload import ChatWorkload, PhaseResults, run_phases
+from hicachefs_testing.sglang_recorder import RecordingBackend
+from hicachefs_testing.sglang_store import StoredPage, stored_pages
+from hicachefs_testing.sglang_workload import ChatWorkload, PhaseResults, run_phases
 
 MHA = ModelShape("Qwen/Qwen2.5-0.5B-Instruct", layers=4, kv_heads=2, head_dim=16)
 MLA = ModelShape("deepseek-ai/DeepSeek-V2-Lite", layers=3, latent=128)
@@ -24,7 +24,7 @@ MAMBA_HYBRID = ModelShape("Qwen/Qwen3-Next-80B-A3B-Instruct", layers=4, kv_heads
 #: Sliding-window layers (16 tokens) beside full attention, as gpt-oss has them.
 SWA_HYBRID = ModelShape("openai/gpt-oss-20b", layers=4, kv_heads=2, head_dim=16,
                         swa=SlidingWindow(layers=(0, 1, 2), window=16))
-#: Pages of one token (see hicachefs.testing.sglang_pools); device pool 400 tokens, host pool
+#: Pages of one token (see hicachefs_testing.sglang_pools); device pool 400 tokens, host pool
 #: 500: the burst still outgrows the controller's prefetch capacity.
 HYBRID_POOLS = dict(page_size=1, device_pages=400, host_ratio=1.25)
 HYBRID_WORKLOAD = ChatWorkload(conversations=4, system_tokens=48, user_tokens=12, reply_tokens=12)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hicachefs.testing.sglang_cache import Backend, CacheSetup, page_keys
-from hicachefs.testing.sglang_store import remove_pages
+from hicachefs_testing.sglang_cache import Backend, CacheSetup, page_keys
+from hicachefs_testing.sglang_store import remove_pages
 from sglang_runs import HYBRID_POOLS, HYBRID_WORKLOAD as WORKLOAD, MAMBA_HYBRID, SWA_HYBRID
 from sglang_runs import assert_clean, assert_same_decisions, storage_hits
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_runs import MHA, MLA, SMALL_POOLS, assert_clean, assert_same_decisions, storage_hits
-from hicachefs.testing.sglang_cache import CacheSetup
+from hicachefs_testing.sglang_cache import CacheSetup
 
 CASES = {
     "page_first_direct": CacheSetup(MHA, **SMALL_POOLS),

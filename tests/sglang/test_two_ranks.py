@@ -1,5 +1,5 @@
 """Two TP ranks of one server, each in its own process with its own device pool, in one gloo
-group, over one mount (``hicachefs.testing.sglang_ranks``). Before the warm turns rank 1 loses
+group, over one mount (``hicachefs_testing.sglang_ranks``). Before the warm turns rank 1 loses
 pages of its own shard that rank 0 keeps; SGLang reduces the ranks' storage hit queries (MIN,
 ``_sync_prefetch_hit_query``: a count for KV alone, one flag per prefix length when a pool has
 ``TRAILING_PAGES``), so both ranks load only what rank 1 still has, and agree on every hit.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from hicachefs.testing.sglang_cache import Backend, CacheSetup, page_keys
-from hicachefs.testing.sglang_ranks import PageDrop, run_ranks
-from hicachefs.testing.sglang_workload import ChatWorkload
+from hicachefs_testing.sglang_cache import Backend, CacheSetup, page_keys
+from hicachefs_testing.sglang_ranks import PageDrop, run_ranks
+from hicachefs_testing.sglang_workload import ChatWorkload
 from sglang_runs import HYBRID_POOLS, HYBRID_WORKLOAD, MAMBA_HYBRID, MHA, SMALL_POOLS
 
 

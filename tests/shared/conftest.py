@@ -14,8 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from hicachefs.store.shared import SharedTier  # noqa: E402
-from hicachefs.testing.engine import Engine, EngineDidNotStart  # noqa: E402
-from hicachefs.testing.engines import ENGINES  # noqa: E402
+from hicachefs_testing.engine import Engine, EngineDidNotStart  # noqa: E402
+from hicachefs_testing.engines import ENGINES  # noqa: E402
 from shared_helpers import FAST  # noqa: E402
 
 

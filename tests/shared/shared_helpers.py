@@ -9,7 +9,7 @@ from collections.abc import Callable
 import xxhash
 
 from hicachefs.store.tier import PageMeta
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 from pages import wait_until
 
 KiB, MiB = 1 << 10, 1 << 20

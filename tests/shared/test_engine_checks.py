@@ -7,8 +7,8 @@ import pytest
 from shared_helpers import FAST
 
 from hicachefs.store.shared import SharedTier, engine_checks
-from hicachefs.testing.engine import EngineDidNotStart
-from hicachefs.testing.juicefs import JuiceVolume
+from hicachefs_testing.engine import EngineDidNotStart
+from hicachefs_testing.juicefs import JuiceVolume
 
 NEEDED = {"attribute cache": 1.0, "entry cache": 1.0, "negative entry cache": 0.0}
 

@@ -8,7 +8,7 @@ from shared_helpers import KiB, page_name
 
 from hicachefs.store import NeedsIO, PageNotFound, PageStore, StoreConfig
 from hicachefs.store.shared.device import DirectoryDevice
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 
 MiB = 1024 * KiB
 

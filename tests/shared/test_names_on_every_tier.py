@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 from pages import publish, read_page, wait_until
 
 POOL = ("m", "bfloat16-page_first-64", "tp0of1", "kv")

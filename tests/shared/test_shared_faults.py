@@ -11,7 +11,7 @@ from pages import wait_until
 from shared_helpers import FAST
 from shared_helpers import KiB, Releases, make_page, read_page
 
-from hicachefs.testing.faults import Fault, FaultyDevice
+from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import Layout, place
 from hicachefs.store.tier import ReadResult

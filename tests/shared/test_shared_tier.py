@@ -11,7 +11,7 @@ from held_calls import HOLD_TIMEOUT_S, HeldCall
 from pages import wait_until
 from shared_helpers import KiB, Releases, make_page, page_name, read_page, wait_for_sweeps
 
-from hicachefs.testing.faults import Fault, FaultyDevice
+from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.device import DirectoryDevice

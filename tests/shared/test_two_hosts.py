@@ -21,8 +21,8 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
 from hicachefs.store.shared import SharedTier
-from hicachefs.testing import mounting
-from hicachefs.testing.host_pools import MHAHostPool, page_bytes
+from hicachefs_testing import mounting
+from hicachefs_testing.host_pools import MHAHostPool, page_bytes
 from hicachefs_client import HiCacheFS
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"

@@ -11,7 +11,7 @@ from pathlib import Path
 from store_helpers import KiB, MiB, page_name
 
 from hicachefs.store import PageStore, StoreConfig
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Names, reads and crashes for the store's tests (page bytes: ``hicachefs.testing.workload.content``)."""
+"""Names, reads and crashes for the store's tests (page bytes: ``hicachefs_testing.workload.content``)."""
 
 from __future__ import annotations
 

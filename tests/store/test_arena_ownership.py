@@ -13,7 +13,7 @@ import pytest
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.ssd.device import ArenaRefused
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 from store_helpers import MiB, read_all
 
 DISK_BYTES = 32 * MiB

@@ -6,7 +6,7 @@ import threading
 from store_helpers import KiB, MiB, page_name
 
 from hicachefs.store import PageNotFound
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 
 
 def _page(version: int, size: int) -> bytes:

@@ -16,9 +16,9 @@ from store_helpers import KiB, MiB, page_name, read_all
 
 from hicachefs.store import DeviceError, PageCorrupt, PageStore, StoreConfig
 from hicachefs.store.ssd.device import FileDevice
-from hicachefs.testing.faults import Fault, FaultyDevice
+from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 
 PAGE = 256 * KiB
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicachefs.testing.store_faults import CORRUPTIONS, corruption_round, device_fault_round
+from hicachefs_testing.store_faults import CORRUPTIONS, corruption_round, device_fault_round
 
 
 def _report(figures) -> str:

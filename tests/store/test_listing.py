@@ -8,7 +8,7 @@ import random
 import time
 
 from hicachefs.store import PageStore, StoreConfig
-from hicachefs.testing.store_tools import list_all
+from hicachefs_testing.store_tools import list_all
 
 from store_helpers import KiB, MiB, page_name, reopen
 

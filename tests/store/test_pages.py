@@ -3,8 +3,8 @@
 import pytest
 
 from hicachefs.store import PageNotFound, PageTooLarge, StoreFull
-from hicachefs.testing.workload import content
-from hicachefs.testing.store_tools import delete_tree, list_all
+from hicachefs_testing.workload import content
+from hicachefs_testing.store_tools import delete_tree, list_all
 
 from store_helpers import KiB, MiB, page_name, read_all
 

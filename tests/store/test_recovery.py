@@ -14,7 +14,7 @@ from store_helpers import KiB, MiB, crash_after, page_name, read_all, reopen
 
 from hicachefs.store import PageCorrupt, PageStore, StoreConfig, StoreError
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent

@@ -18,7 +18,7 @@ from hicachefs.store import PageStore, StoreConfig
 from hicachefs.store.index import PageIndex, _hash_one
 from hicachefs.store.ssd.snapshot import SNAPSHOT_NAME
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 
 ODD = "other/fmt/tp0of1/kv/not a hex key é"  # a key the index keeps as text
 

@@ -10,7 +10,7 @@ from hicachefs.store.ram.ram_tier import RamTier
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.ssd.ssd_tier import SsdTier
 from hicachefs.store.tier import PageMeta, ReadResult
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 
 
 def _ram(tmp_path, reclaimed):

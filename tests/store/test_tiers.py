@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from store_helpers import KiB, MiB, page_name, read_all
 
 from hicachefs.store import PageStore, StoreConfig
-from hicachefs.testing.workload import content
+from hicachefs_testing.workload import content
 
 
 def test_lru_evicts_the_least_recently_used(make_store):

@@ -1,6 +1,6 @@
 """Another client of the mount, timing each of its requests (run as a separate process).
 
-``python -m hicachefs.testing.latency_probe ROOT POOL_REL KEYS_CSV STOP_FILE``: until STOP_FILE exists, repeat:
+``python -m hicachefs_testing.latency_probe ROOT POOL_REL KEYS_CSV STOP_FILE``: until STOP_FILE exists, repeat:
 stat a name never asked before (a lookup the daemon must answer), open and read a page (open
 and release reach the daemon even when the kernel holds the data), read ``.hicachefs/stats``
 and ask ``.hicachefs/exists`` about one page. Prints ``started`` once it has made each kind of
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from hicachefs.testing.workload import exists_query
+from hicachefs_testing.workload import exists_query
 
 
 def main() -> int:

@@ -26,8 +26,8 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import exists_query, labelled_content, page_files, publish, read_or_errno
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import exists_query, labelled_content, page_files, publish, read_or_errno
 
 MODELS = ["m1", "m2"]
 POOLS = [("f", "tp0of1", "kv"), ("f", "all", "kv"), ("g", "tp0of2", "mamba")]

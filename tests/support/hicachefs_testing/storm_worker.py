@@ -1,6 +1,6 @@
 """One writer process of a reliability storm (as one TP rank would be). Plain file I/O only.
 
-``python -m hicachefs.testing.storm_worker JSON``; JSON holds ``mode`` and its settings:
+``python -m hicachefs_testing.storm_worker JSON``; JSON holds ``mode`` and its settings:
 
 - ``publish``: publish pages until the mount goes away or ``seconds`` pass, replacing some
   of its own pages with a newer generation (after the file ``go`` exists, if one is named). It appends to ``log`` (unbuffered writes, so a
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from hicachefs.testing.workload import identify, labelled_content, publish
+from hicachefs_testing.workload import identify, labelled_content, publish
 
 
 def _wait_for_go(cfg: dict) -> bool:

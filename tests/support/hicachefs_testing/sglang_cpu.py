@@ -128,7 +128,7 @@ class _Unavailable:
         self._name = name
 
     def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{self._name}: torchvision is not installed here (hicachefs.testing.sglang_cpu)")
+        raise RuntimeError(f"{self._name}: torchvision is not installed here (hicachefs_testing.sglang_cpu)")
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hicachefs.testing.plain_user import exists_answer, send_exists
+from hicachefs_testing.plain_user import exists_answer, send_exists
 
 HEADER_BYTES = 64
 _MAGIC = b"HCRT"

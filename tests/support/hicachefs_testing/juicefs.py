@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from hicachefs.testing.engine import Engine, alive
+from hicachefs_testing.engine import Engine, alive
 
 
 class JuiceVolume(Engine):

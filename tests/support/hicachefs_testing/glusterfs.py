@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 
-from hicachefs.testing.engine import Engine
+from hicachefs_testing.engine import Engine
 
 VOLUME = "hicachefs"
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hicachefs.control.exists import MAX_EXISTS_REQUEST
-from hicachefs.testing import plain_user
-from hicachefs.testing.plain_user import COSTLY_LINE
+from hicachefs_testing import plain_user
+from hicachefs_testing.plain_user import COSTLY_LINE
 
 NOBODY = 65534
 #: The Python the plain user runs: the system's (standard library only, as ``plain_user`` needs).
@@ -146,7 +146,7 @@ def _last_line_json(process: subprocess.Popen, what: str):
 
 def start_probe(root: Path, pool: str, keys: list[str], stop: Path) -> Probe:
     """The probe asks about pages ``pool/key`` (they must exist) and waits until it is under way."""
-    process = subprocess.Popen([sys.executable, "-m", "hicachefs.testing.latency_probe", str(root), pool,
+    process = subprocess.Popen([sys.executable, "-m", "hicachefs_testing.latency_probe", str(root), pool,
                                 ",".join(keys), str(stop)], stdout=subprocess.PIPE, text=True)
     if process.stdout.readline().strip() != "started":
         process.kill()
@@ -201,7 +201,7 @@ def plain_user_round(mount, memory_bytes: int, big_pages: int = 40_000) -> Count
     pages) temporary files never renamed until ENOSPC. Figures: the probe's ``requests`` during
     the attacks and those ``slow`` (over ``SLOW_S``), its ``p99_us``; the attacks' ``rounds`` and
     ``refused``; ``files before ENOSPC``, and published pages the files ``evicted``."""
-    from hicachefs.testing.workload import content, exists_query, publish
+    from hicachefs_testing.workload import content, exists_query, publish
 
     figures: Counter = Counter()
     small = mount.page_dir()

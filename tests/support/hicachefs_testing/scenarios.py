@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hicachefs.control.exists import MAX_EXISTS_REQUEST
-from hicachefs.testing import mounting
-from hicachefs.testing.workload import (
+from hicachefs_testing import mounting
+from hicachefs_testing.workload import (
     exists_query,
     exists_raw,
     find_all,
@@ -39,7 +39,7 @@ MODEL = "crash-model"
 FORMAT = "bfloat16-page_first-64"
 
 
-def start_worker(cfg: dict, module: str = "hicachefs.testing.storm_worker") -> subprocess.Popen:
+def start_worker(cfg: dict, module: str = "hicachefs_testing.storm_worker") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", module, json.dumps(cfg)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -429,7 +429,7 @@ class DyingDiskFigures:
 def dying_disk(mount_fn, workdir: Path, write_through: bool, seed: int = 0) -> DyingDiskFigures:
     """Fill a mount whose disk tier is ext4 on a loop device, kill the device (every read and
     write fails, ext4 turns read-only), then check what the daemon serves. Needs root."""
-    from hicachefs.testing.failing_disk import FailingDisk
+    from hicachefs_testing.failing_disk import FailingDisk
 
     figures = DyingDiskFigures()
     with FailingDisk(Path(workdir) / "failing-disk") as disk:

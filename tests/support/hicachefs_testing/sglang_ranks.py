@@ -6,7 +6,7 @@ takes the MIN of every rank's storage hit count (``_sync_prefetch_hit_query``, o
 groups it makes from the TP group), its sync thread the MIN of the pages each rank read, and the
 cache the MIN of its queue lengths at every event drain, so that all ranks load the same prefix
 even when their shards of the store differ. ``run_ranks`` starts the processes (a fresh
-interpreter each, ``python -m hicachefs.testing.sglang_ranks``, as SGLang's scheduler
+interpreter each, ``python -m hicachefs_testing.sglang_ranks``, as SGLang's scheduler
 processes are), which meet through a rendezvous file, and collects one ``RankRun`` from each
 (pickled files in a work directory; it waits on the processes' pidfds). It stops every process
 it started by its PID, whatever happens; a rank that fails reports its traceback.
@@ -186,6 +186,6 @@ def _write_result(spec: Path, run: RankRun) -> None:
 
 if __name__ == "__main__":
     # Through the module's own name, so that the RankRun it pickles is the one callers know.
-    from hicachefs.testing import sglang_ranks
+    from hicachefs_testing import sglang_ranks
 
     sys.exit(sglang_ranks._rank_main(Path(sys.argv[1]), int(sys.argv[2])))

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from hicachefs.store import DeviceError, PageCorrupt, PageNotFound, PageStore, StoreConfig, StoreError
 from hicachefs.store.ssd.device import FileDevice
-from hicachefs.testing.faults import Fault, FaultyDevice
+from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs.store.ssd.region_log import HEADER
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
-from hicachefs.testing.workload import find_all, identify, labelled_content
+from hicachefs_testing.workload import find_all, identify, labelled_content
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = (4 * KiB, 16 * KiB, 64 * KiB, 150_000)

@@ -1,7 +1,7 @@
 """Replaces the same pages over and over, as another rank republishing them would: the writer of
 the tests that check readers never get a replaced page once its replace was acknowledged.
 
-``python -m hicachefs.testing.replacer MOUNT POOL_DIR KEYS PAGE_BYTES SECONDS HOW``: for
+``python -m hicachefs_testing.replacer MOUNT POOL_DIR KEYS PAGE_BYTES SECONDS HOW``: for
 ``SECONDS``, publish a new version of every page ``POOL_DIR/<key>`` (``KEYS``: comma-separated),
 version after version, page ``i`` of version ``v`` holding ``content(v * len(keys) + i)``; ``HOW``
 is ``ingest`` (one batch through ``.hicachefs/ingest``, replacing) or ``rename`` (a temporary
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from hicachefs.testing.workload import content, publish
+from hicachefs_testing.workload import content, publish
 from hicachefs_client.ingest import encode_header
 
 

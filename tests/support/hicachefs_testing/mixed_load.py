@@ -1,7 +1,7 @@
 """Readers, direct writers and renames on a few shared keys (issue 20, items 6 and 7).
 
 ``run(root, workdir, seconds, seed)`` starts the worker processes (``python -m
-hicachefs.testing.mixed_load CFG``) on the pool ``POOL`` of the mount at ``root`` and sums their
+hicachefs_testing.mixed_load CFG``) on the pool ``POOL`` of the mount at ``root`` and sums their
 counts. Roles, by rank:
 
 - direct writers, as ``cp`` writes a page: remove the key (when there is a page or a file under
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from hicachefs.testing.workload import HEADER_BYTES, claimed, labelled_content
+from hicachefs_testing.workload import HEADER_BYTES, claimed, labelled_content
 
 POOL = "mixed-model/bfloat16-page_first-64/tp0of1/kv"
 KEYS = 6
@@ -46,7 +46,7 @@ ROLES = ("direct", "direct", "rename", "rename", "read", "read", "read")
 
 def run(root: Path, workdir: Path, seconds: float, seed: int) -> dict:
     """Run the load for ``seconds``; the summed counts, with up to 5 ``examples`` of bad reads."""
-    from hicachefs.testing.scenarios import start_worker, summed_counts
+    from hicachefs_testing.scenarios import start_worker, summed_counts
 
     (root / POOL).mkdir(parents=True, exist_ok=True)
     log = workdir / "changes.log"
