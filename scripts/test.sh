@@ -1,45 +1,60 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the whole test suite. CI runs exactly this.
-# Without arguments, the suite in two runs: everything but the shared tier's engines, then the
-# shared tier's tests (on GlusterFS and JuiceFS volumes); with arguments, one run of pytest with
-# them. Every run runs whatever the ones before it did; a line for each at the end says how it
-# went, and the exit status is non-zero if any failed.
+# Without arguments, the suite in three pytest runs on two lanes at once: the namespace, the
+# client and the store, then the shared tier's tests (on GlusterFS and JuiceFS volumes), on one
+# lane; operations, reliability and SGLang's own cache on the other. Most of the suite waits
+# (mounts, daemons, timeouts) and uses about half a core, so two lanes on two cores take the time
+# of the longer one. Each run's output is printed whole once its lane is done. With arguments,
+# one run of pytest with them. Every run runs whatever the others did; a line for each at the
+# end says how it went, and the exit status is non-zero if any failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 cd "$root"
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 
-run_names=()
-run_statuses=()
+# The runs, by lane: "name|pytest arguments" (arguments split at spaces).
+lane_a=("the namespace, the client and the store|tests/client tests/fs tests/store tests/test_mounting.py tests/test_name_rules.py"
+        "the shared tier|tests/shared")
+lane_b=("operations, reliability and SGLang|tests/ops tests/reliability tests/sglang")
 
-# run NAME COMMAND...: run one, and keep its exit status for the summary.
-run() {
-    local name=$1 status=0
+# lane N RUN...: run a lane's runs one after the other, each into its log, its exit status beside.
+lane() {
+    local n=$1 i=0 run
     shift
-    "$@" || status=$?
-    run_names+=("$name")
-    run_statuses+=("$status")
+    for run in "$@"; do
+        # shellcheck disable=SC2086  # the arguments are split at spaces on purpose
+        "${pytest[@]}" ${run#*|} > "$logs/$n.$i.log" 2>&1 && echo 0 > "$logs/$n.$i.status" \
+            || echo $? > "$logs/$n.$i.status"
+        echo "${run%%|*}" > "$logs/$n.$i.name"
+        i=$((i + 1))
+    done
 }
 
-# The runs, in one place.
-runs() {
-    if [ $# -gt 0 ]; then
-        run "pytest $*" "${pytest[@]}" "$@"
-        return
-    fi
-    run "all but the shared tier" "${pytest[@]}" --ignore=tests/shared
-    run "the shared tier" "${pytest[@]}" tests/shared
-}
+if [ $# -gt 0 ]; then
+    "${pytest[@]}" "$@" && echo 0 > "$logs/a.0.status" || echo $? > "$logs/a.0.status"
+    echo "pytest $*" > "$logs/a.0.name"
+else
+    lane a "${lane_a[@]}" &
+    lane b "${lane_b[@]}" &
+    wait
+    for log in "$logs"/*.log; do
+        echo "=== $(cat "${log%.log}.name")"
+        cat "$log"
+    done
+fi
 
-runs "$@"
 failed=0
-echo "test.sh: ${#run_names[@]} pytest run(s)"
-for i in "${!run_names[@]}"; do
-    if [ "${run_statuses[$i]}" -eq 0 ]; then
-        echo "  passed: ${run_names[$i]}"
+names=("$logs"/*.name)
+echo "test.sh: ${#names[@]} pytest run(s)"
+for name in "${names[@]}"; do
+    status=$(cat "${name%.name}.status")
+    if [ "$status" -eq 0 ]; then
+        echo "  passed: $(cat "$name")"
     else
-        echo "  FAILED (exit ${run_statuses[$i]}): ${run_names[$i]}"
+        echo "  FAILED (exit $status): $(cat "$name")"
         failed=1
     fi
 done
