@@ -2,7 +2,7 @@
 """Reliability figures in one run: each kind of trouble until its target is reached, then a table.
 
     .venv/bin/python scripts/stress.py [--minutes 30] [--modes crash-wt,model,...] [--seed N]
-                                       [--scale 1.0] [--record FILE]
+                                       [--scale 1.0] [--record FILE] [--json FILE]
 
 Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick look):
 
@@ -24,6 +24,10 @@ Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick lo
                  removing them first, and 2 replace by renames (as the client), by 3 readers that
                  also read the temporary files: no torn, stale or all-zero read
                  (hicachefs.testing.mixed_load)
+  plane          100,000 pages read by 4 readers through the data plane while their pages are
+                 replaced, written and removed with rm -r, and demoted and evicted by a filler
+                 (a 16 MiB RAM tier over a disk tier): no torn, stale or foreign page taken for
+                 read; prints the copies the plane made again (hicachefs.testing.plane_load)
   plain-user     20,000 small requests of another client timed while uid 65534 lists a pool of
                  40,000 pages in a loop, sends 8 MiB exists queries from 4 processes and holds
                  100 of them, and temporary files nobody renames fill what files being written
@@ -113,10 +117,13 @@ class Stress:
             "device-faults": Row("device faults injected", max(1, round(1000 * scale))),
             "contention": Row("reads checked under 8-rank contention", max(1, round(1000 * scale))),
             "mixed": Row("reads checked among direct writers and renames", max(1, round(5000 * scale))),
+            "plane": Row("pages read through the data plane under replaces, rm -r and eviction",
+                          max(1, round(100_000 * scale))),
             "plain-user": Row("other clients' requests under a plain user's attacks",
                               max(1, round(20_000 * scale))),
         }
         self._chunk = Counter()
+        self.chunk_s = min(20.0, max(2.0, 20.0 * scale))  # how long the timed modes' chunks run
 
     def run_chunk(self, mode: str) -> None:
         row = self.rows[mode]
@@ -273,6 +280,19 @@ class Stress:
             row.bad[figure] += totals.get(figure, 0)
         self._note("mixed", totals["examples"])
 
+    def _plane(self, row, mounts, workdir, seed) -> None:
+        from hicachefs.testing import plane_load  # imports torch and the client
+
+        mount = mounts(*plane_load.FLAGS, "--disk", str(workdir / "disk"))
+        counts, examples = plane_load.run(mount, self.chunk_s, seed)
+        row.done += counts["reads"]
+        for figure in ("hits", "plane reads", "plane retries", "replaces", "pool directories removed",
+                       "demotions", "evictions", "exists_calls"):
+            row.facts[figure.replace("_", " ")] += counts[figure]
+        for figure in ("torn", "stale", "foreign", "threads failed", "rm -r failed"):
+            row.bad[figure] += counts[figure]
+        self._note("plane", examples)
+
 
 def table(rows: dict[str, Row], elapsed: float) -> str:
     lines = [["mode", "what is counted", "done", "target", "must be 0", "min"]]
@@ -345,6 +365,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, choices=(1, 2), default=2,
                         help="2 (default): the model mode runs in a second process alongside the others")
     parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)  # a model job's figures, as JSON
+    parser.add_argument("--json", type=Path, help="also write every row's figures here, as JSON")
     args = parser.parse_args()
     # The store warns about each fault the rounds inject; a count of errors is what matters here.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
@@ -369,6 +390,9 @@ def main() -> int:
         row = stress.rows["model"]
         args.summary.write_text(json.dumps({"row": {**vars(row), "bad": dict(row.bad), "facts": dict(row.facts)},
                                             "notes": stress.notes}))
+    if args.json:
+        args.json.write_text(json.dumps({mode: {**vars(row), "bad": dict(row.bad), "facts": dict(row.facts)}
+                                         for mode, row in stress.rows.items()} | {"notes": stress.notes}))
     print(f"\nload at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     print(table(stress.rows, time.monotonic() - started))
     short = [mode for mode, row in stress.rows.items() if not row.finished]
