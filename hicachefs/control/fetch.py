@@ -238,7 +238,7 @@ class FetchHandle:
         """The page pinned for reading from RAM; None if it cannot be served as asked;
         ``NeedsIO`` when it is on a lower tier (``_open_slowly``)."""
         try:
-            reader = self.store.try_open(name)
+            reader = self.store.try_open(name, size=size)
         except PageNotFound:
             return None
         return reader if isinstance(reader, NeedsIO) else self._checked(reader, size)

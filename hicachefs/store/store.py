@@ -246,13 +246,17 @@ class PageStore:
 
     # -- reading -----------------------------------------------------------------------
 
-    def try_open(self, name: str, counted: bool = True) -> PageReader | NeedsIO:
+    def try_open(self, name: str, counted: bool = True, size: int | None = None) -> PageReader | NeedsIO:
         """The page pinned for reading if it is in RAM; else ``NeedsIO`` whose work (``open``)
         reads it from where it is. Raises PageNotFound when no tier can hold it.
         ``counted=False``: for the store's own purposes (no hit, no access time, no change to
-        the eviction order), and never I/O: a page not in RAM is then PageNotFound."""
+        the eviction order), and never I/O: a page not in RAM is then PageNotFound.
+        ``size``: the size the reader asked for; a page of another size is PageNotFound, and
+        counts no read (a fetch line of the wrong size must not forge a hit)."""
         with self._lock:
             row = self._index.find(name)
+            if row >= 0 and size is not None and int(self._index.size[row]) != size:
+                raise PageNotFound(name)
             if row >= 0:
                 slot = int(self._index.loc[row, RAM])
                 if slot >= 0:

@@ -1,4 +1,5 @@
-"""The stress modes of issues 28 and 29, each run at a small scale through ``scripts/stress.py``'s
+"""The stress modes of issues 28 and 29 (``plane``; ``replaces``, ``fetch-limits`` and the first
+chunk of ``plain-user``, which is issue 29's attacks), each run at a small scale through ``scripts/stress.py``'s
 own entry point (one run for all of them: the client's imports cost seconds once, not per
 mode): every figure that must be 0 is, and each mode did the work it counts.
 
@@ -22,6 +23,10 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "stress.py"
 #: Per mode, the work figures (facts, or ``done``) that must be above 0.
 WORK = {
     "plane": ["done", "hits", "plane reads", "replaces", "pool directories removed", "demotions"],
+    "replaces": ["done", "ingest replaces", "rename replaces", "plane reads", "fetch reads", "file reads"],
+    "fetch-limits": ["done", "at the limit: answered right", "over the limit: refused (EFBIG)",
+                     "batch_get_v1 pages read right"],
+    "plain-user": ["done", "attack rounds", "fetch handles held", "dead writer's temporary files"],
 }
 
 
