@@ -2,7 +2,7 @@
 """Reliability figures in one run: each kind of trouble until its target is reached, then a table.
 
     .venv/bin/python scripts/stress.py [--minutes 30] [--modes crash-wt,model,...] [--seed N]
-                                       [--scale 1.0] [--record FILE]
+                                       [--scale 1.0] [--record FILE] [--json FILE]
 
 Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick look):
 
@@ -24,10 +24,26 @@ Modes and their targets (``--scale`` multiplies every target; 0.05 is a quick lo
                  removing them first, and 2 replace by renames (as the client), by 3 readers that
                  also read the temporary files: no torn, stale or all-zero read
                  (hicachefs_testing.mixed_load)
-  plain-user     20,000 small requests of another client timed while uid 65534 lists a pool of
-                 40,000 pages in a loop, sends 8 MiB exists queries from 4 processes and holds
-                 100 of them, and temporary files nobody renames fill what files being written
-                 may hold: none slower than 100 ms, no published page evicted
+  plane          100,000 pages read by 4 readers through the data plane while their pages are
+                 replaced, written and removed with rm -r, and demoted and evicted by a filler
+                 (a 16 MiB RAM tier over a disk tier): no torn, stale or foreign page taken for
+                 read; prints the copies the plane made again (hicachefs_testing.plane_load)
+  replaces       20,000 pages read through page files, the data plane and the fetch file while
+                 one process replaces them by ingest and by rename in turn: none older than the
+                 last replace acknowledged before its read began (hicachefs_testing.replace_load)
+  fetch-limits   200 fetch requests at and over the 4 MiB limit, and batch_get_v1 of more pages
+                 than fit in one: refused whole (EFBIG, ENOBUFS) or answered with the right
+                 bytes, never another page's (hicachefs_testing.fetch_limits)
+  plain-user     20,000 small requests of another client timed while uid 65534 attacks, in turn a
+                 chunk each: (issue 29, hicachefs_testing.pin_attacks) floods the fetch file with
+                 '0 <path>' and wrong-size lines of a page nobody reads, holds 256 fetch handles
+                 with a page pinned each while root writes twice the RAM tier, and holds a dead
+                 writer's temporary files open: no forged hit, none of root's writes refused
+                 ENOSPC, the files discarded at --temp-timeout, root's page readable; (issue 20)
+                 lists a pool of 40,000 pages in a loop, sends 8 MiB exists queries from 4
+                 processes and holds 100 of them, and temporary files nobody renames fill what
+                 files being written may hold: no published page evicted; in both, none of the
+                 other client's requests slower than 100 ms
 
 Modes take turns, one chunk each, until every target is reached or the time is up; the model
 mode runs alongside them in a second process (``--jobs 1``: in turn with them). Every mount
@@ -53,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hicachefs.control.exists import MAX_EXISTS_REQUEST
-from hicachefs_testing import attacks, mixed_load, mounting, scenarios
+from hicachefs_testing import attacks, mixed_load, mounting, pin_attacks, scenarios
 from hicachefs_testing.store_faults import CORRUPTIONS, RoundFigures, corruption_round, device_fault_round
 from hicachefs_testing.workload import exists_raw, serving
 
@@ -102,6 +118,7 @@ class Stress:
     def __init__(self, workdir: Path, seed: int, scale: float, record: Path):
         self.workdir = workdir
         self.rng = random.Random(seed)
+        self.scale = scale
         self.record = record
         self.notes: list[str] = []
         self.rows = {
@@ -113,10 +130,15 @@ class Stress:
             "device-faults": Row("device faults injected", max(1, round(1000 * scale))),
             "contention": Row("reads checked under 8-rank contention", max(1, round(1000 * scale))),
             "mixed": Row("reads checked among direct writers and renames", max(1, round(5000 * scale))),
+            "plane": Row("pages read through the data plane under replaces, rm -r and eviction",
+                          max(1, round(100_000 * scale))),
+            "replaces": Row("pages read while another process replaces them", max(1, round(20_000 * scale))),
+            "fetch-limits": Row("fetch requests at and over the limit", max(1, round(200 * scale))),
             "plain-user": Row("other clients' requests under a plain user's attacks",
                               max(1, round(20_000 * scale))),
         }
         self._chunk = Counter()
+        self.chunk_s = min(20.0, max(2.0, 20.0 * scale))  # how long the timed modes' chunks run
 
     def run_chunk(self, mode: str) -> None:
         row = self.rows[mode]
@@ -235,11 +257,19 @@ class Stress:
         self._note("dying disk", dying.examples)
 
     def _plain_user(self, row, mounts, workdir, seed) -> None:
+        """Issue 29's attacks (``pin_attacks``) and issue 20's (``attacks``), a chunk each in turn."""
         reachable = Path(tempfile.mkdtemp(prefix="hicachefs-plain-user-"))  # workdir is 0700
         try:
             reachable.chmod(0o755)
-            mount = mounts("--memory", "256M", path=reachable / "mnt")
+            if row.chunks % 2 == 0:
+                (reachable / "disk").mkdir()
+                mount = mounts(*pin_attacks.FLAGS, "--disk", str(reachable / "disk"), path=reachable / "mnt")
+            else:
+                mount = mounts("--memory", "256M", path=reachable / "mnt")
             try:
+                if row.chunks % 2 == 0:
+                    self._pins(row, mount, seed)
+                    return
                 figures = attacks.plain_user_round(mount, 256 << 20)
             finally:
                 mounting.stop(mount)  # before its directory goes; Mounts.close is then a no-op
@@ -253,6 +283,23 @@ class Stress:
         row.facts["attack requests refused (ENOBUFS)"] += figures["refused"]
         row.facts["temporary files before ENOSPC"] += figures["files before ENOSPC"]
         row.facts["worst chunk's p99 (us)"] = max(row.facts["worst chunk's p99 (us)"], figures["p99_us"])
+
+    def _pins(self, row, mount, seed) -> None:
+        figures, examples = pin_attacks.pins_round(mount, seed, flood_rounds=max(5, min(50, round(50 * self.scale))))
+        row.done += figures["requests"]
+        row.bad[f"requests slower than {attacks.SLOW_S * 1000:.0f} ms"] += figures["slow"]
+        for figure in ("forged hits", "root's writes refused ENOSPC", "root's writes failed otherwise",
+                       "dead writer's files pending past the timeout", "dead writer's files failed otherwise",
+                       "root's pages unreadable"):
+            row.bad[figure] += figures[figure]
+        for figure, value in figures.items():
+            if figure.startswith("attack requests refused"):
+                row.facts[figure] += value
+        for figure in ("attack rounds", "fetch handles held", "dead writer's temporary files",
+                       "held files read after their discard (EIO)", "root's pages written"):
+            row.facts[figure] += figures[figure]
+        row.facts["worst chunk's p99 (us)"] = max(row.facts["worst chunk's p99 (us)"], figures["p99_us"])
+        self._note("plain-user", examples)
 
     def _contention(self, row, mounts, workdir, seed) -> None:
         mount = mounts("--memory", "64M")
@@ -272,6 +319,53 @@ class Stress:
         for figure in ("torn", "stale", "zeros", "unexpected errors", "workers failed"):
             row.bad[figure] += totals.get(figure, 0)
         self._note("mixed", totals["examples"])
+
+    def _plane(self, row, mounts, workdir, seed) -> None:
+        from hicachefs_testing import plane_load  # imports torch and the client
+
+        mount = mounts(*plane_load.FLAGS, "--disk", str(workdir / "disk"))
+        counts, examples = plane_load.run(mount, self.chunk_s, seed)
+        row.done += counts["reads"]
+        for figure in ("hits", "plane reads", "plane retries", "replaces", "pool directories removed",
+                       "demotions", "evictions", "exists_calls"):
+            row.facts[figure.replace("_", " ")] += counts[figure]
+        for figure in ("torn", "stale", "foreign", "threads failed", "rm -r failed"):
+            row.bad[figure] += counts[figure]
+        self._note("plane", examples)
+
+    def _replaces(self, row, mounts, workdir, seed) -> None:
+        from hicachefs_testing import replace_load  # imports torch and the client
+
+        mount = mounts("--memory", "64M")
+        counts, examples = replace_load.run(mount, workdir, self.chunk_s, seed)
+        row.done += counts["plane reads"] + counts["fetch reads"] + counts["file reads"]
+        for figure in ("ingest replaces", "rename replaces", "plane reads", "fetch reads", "file reads",
+                       "plane retries"):
+            row.facts[figure] += counts[figure]
+        for figure, value in counts.items():
+            if figure in ("torn", "foreign", "readers failed") or figure.startswith("stale through"):
+                row.bad[figure] += value
+        self._note("replaces", examples)
+
+    def _fetch_limits(self, row, mounts, workdir, seed) -> None:
+        from hicachefs_testing import fetch_limits
+
+        mount = mounts("--memory", "256M")
+        rounds = max(1, min(20, round(100 * self.chunk_s / 20)))
+        counts, examples = fetch_limits.run(mount, rounds, seed, client=row.chunks % 4 == 0)
+        row.done += counts["requests"]
+        for figure, value in counts.items():
+            if "pages answered" in figure or figure in (
+                    "at the limit: answered short", "over the limit: taken", "over the limit: answered",
+                    "over the limit: writes taken after the refusal", "handles not serving again",
+                    "held at the limit: taken, then not answered", "held at the limit: refused, then answered",
+                    "stored pages not read by batch_get_v1"):
+                row.bad[figure] += value
+            elif figure != "requests":
+                row.facts[figure] += value
+        if not (mounting.alive(mount.pid) and serving(mount.path)):
+            row.bad["daemon stopped serving"] += 1
+        self._note("fetch-limits", examples)
 
 
 def table(rows: dict[str, Row], elapsed: float) -> str:
@@ -345,6 +439,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, choices=(1, 2), default=2,
                         help="2 (default): the model mode runs in a second process alongside the others")
     parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)  # a model job's figures, as JSON
+    parser.add_argument("--json", type=Path, help="also write every row's figures here, as JSON")
     args = parser.parse_args()
     # The store warns about each fault the rounds inject; a count of errors is what matters here.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
@@ -369,6 +464,9 @@ def main() -> int:
         row = stress.rows["model"]
         args.summary.write_text(json.dumps({"row": {**vars(row), "bad": dict(row.bad), "facts": dict(row.facts)},
                                             "notes": stress.notes}))
+    if args.json:
+        args.json.write_text(json.dumps({mode: {**vars(row), "bad": dict(row.bad), "facts": dict(row.facts)}
+                                         for mode, row in stress.rows.items()} | {"notes": stress.notes}))
     print(f"\nload at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     print(table(stress.rows, time.monotonic() - started))
     short = [mode for mode, row in stress.rows.items() if not row.finished]

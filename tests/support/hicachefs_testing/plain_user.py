@@ -16,6 +16,13 @@ file with the system's Python, from a copy in a directory of its own (``attacks`
         COUNT directory handles on DIR, each with its first entries read, held open
     /usr/bin/python3 -I plain_user.py held-requests ROOT COUNT SIZE
         COUNT exists handles, each holding an unread request of SIZE bytes
+    /usr/bin/python3 -I plain_user.py held-fetches ROOT POOL SIZE KEYS
+        a fetch handle per key of KEYS (comma-separated, repeats allowed), each asked for page
+        POOL/key of SIZE bytes and read a byte of, held open
+    /usr/bin/python3 -I plain_user.py held-files DIR PREFIX
+        every file of DIR whose name starts with PREFIX (another writer's temporary files, found
+        as ``ls`` finds them) opened and read a byte of, held open; at the end each is read
+        again, and what that fails with is counted among the errors
 
 Each prints ``started`` once its first round is done (``held-*``: once all its handles are) and
 a line for each of its next ``REPORTED_ROUNDS`` rounds, and when its standard input closes, one
@@ -200,6 +207,33 @@ def held_fetches(root: Path, pool: str, size: int, keys: str, stop: threading.Ev
     _hold(len(keys.split(",")), take, stop, figures)
 
 
+def held_files(directory: Path, prefix: str, stop: threading.Event, figures: Figures) -> None:
+    held: list[int] = []
+    try:
+        for entry in os.scandir(directory):
+            if entry.name.startswith(prefix):
+                try:
+                    fd = os.open(entry.path, os.O_RDONLY)
+                except OSError as exc:
+                    figures.failed(exc)
+                    continue
+                held.append(fd)
+                try:
+                    os.pread(fd, 1, 0)
+                except OSError as exc:
+                    figures.failed(exc)
+        figures.round_done()
+        stop.wait(LONGEST_S)
+        for fd in held:  # the files' writer is long gone: each was discarded, or is still there
+            try:
+                os.pread(fd, 1, 0)
+            except OSError as exc:
+                figures.failed(exc)
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def main() -> int:
     kind, args = sys.argv[1], sys.argv[2:]
     figures = Figures()
@@ -216,6 +250,8 @@ def main() -> int:
         held_requests(Path(args[0]), int(args[1]), int(args[2]), stop, figures)
     elif kind == "held-fetches":
         held_fetches(Path(args[0]), args[1], int(args[2]), args[3], stop, figures)
+    elif kind == "held-files":
+        held_files(Path(args[0]), args[1], stop, figures)
     else:
         print(f"unknown attack {kind!r}", file=sys.stderr)
         return 2
