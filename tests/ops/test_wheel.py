@@ -6,6 +6,7 @@ client stores and reads pages for a host pool."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -54,8 +55,15 @@ print("served", len(keys))
 
 
 def _build_wheel(out: Path) -> Path:
+    """Built from a copy of what the wheel is made of, so that the checkout gets no build files."""
+    source = out.parent / "source"
+    for part in ("pyproject.toml", "README.md"):
+        source.mkdir(exist_ok=True)
+        shutil.copy(ROOT / part, source / part)
+    for package in ("hicachefs", "client"):
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    "-w", str(out), str(source)], check=True, capture_output=True, timeout=300)
     wheel, = out.glob("hicachefs-*.whl")
     return wheel
 
