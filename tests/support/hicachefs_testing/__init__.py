@@ -14,6 +14,9 @@ Mounts and processes:
 Pages and scenarios:
 - ``workload``: page content that identifies itself, and the probes tests make with it;
 - ``scenarios``, ``mixed_load``: crash storms, corruption, contention, bad input, a disk dying;
+- ``versions``, ``stress_clients``, ``plane_load``, ``replace_load``, ``fetch_limits``,
+  ``pin_attacks``: the stress modes of the data plane and the hardening rounds (reads judged
+  against the versions acknowledged before they began);
 - ``model``: the Hypothesis state machine run against a real mount (imports hypothesis);
 - ``store_faults``, ``faults``, ``store_tools``, ``failing_disk``: the store alone under device
   faults and corruption, and ext4 on a loop device that fails on demand (root only).
