@@ -12,59 +12,54 @@ filled with random bytes and stamped so that every written page is unique
     staging page per key, ``batch_get`` into them, then ``set_from_flat_data_page``.
   - hicachefs (``HiCacheFS`` on a mount this script makes and removes): the zero-copy v1 path
     the controller takes for a dynamic backend with ``interface_v1``: ``batch_set_v1`` /
-    ``batch_get_v1`` with host indices, the client's default threads.
-  - in the RAM cases also the core of SGLang's ``fast_file`` backend (open PR #39880, not in
-    0.5.23), our own few lines (``bench_fast_file.py``): pwritev/preadv between the pool's page
-    buffers and tmpfs files, temporary file + rename, reads on 4 threads.
+    ``batch_get_v1`` with host indices, the client's defaults, so through its data plane: a
+    read finds each page in the daemon's shared index and copies it from the RAM arena (or the
+    disk tier's file) itself, asking the daemon nothing (the pages read are reported in one
+    request every 0.5 s); a write batch reserves slots, pwritev-s into them and commits in one
+    request.
+  - in the RAM cases also ``memcpy`` (``lib/bench_memcpy.py``): one thread's numpy copy between
+    the pool's page buffers and an array holding every page, the floor under any store, and the
+    core of SGLang's ``fast_file`` backend (open PR #39880, not in 0.5.23), our own few lines
+    (``lib/bench_fast_file.py``): pwritev/preadv between the pool's page buffers and tmpfs
+    files, temporary file + rename, reads on 4 threads.
 
 Pages (``bench_sglang.PAGES``): 128 and 256 KiB (Llama-3.2-1B at TP8, 32 and 64 tokens a
-page: a small model or a high TP degree), 1 MiB (Llama-3.1-8B at TP8) and 8 MiB (at TP1).
-Reads are split in three, since hicachefs reads a page differently each time: the first read
-after the write (the fetch file: one WRITE and a READ per MiB), the second read (the fetch file
-again, then a thread of the client opens, reads and keeps each page's file: waited for after
-each call, or after each phase of the ranks, outside the calls' time, its CPU time and requests
-counted in the row), later reads (through the kept files, from the kernel's page cache, no
-request to the daemon).
+page: a small model or a high TP degree), 768 KiB (Qwen2.5-0.5B, 64 tokens of 24 layers, as
+``sglang_calls.py``), 1 MiB (Llama-3.1-8B at TP8) and 8 MiB (at TP1). Reads are the first read
+after the write and every read after that ("read again"): both through the plane.
 
 Cases (the backends take turns call by call, the first one rotating, so that load from
 elsewhere hits them alike):
-  - RAM: hicachefs's RAM tier vs ``HiCacheFile`` and the fast_file core on tmpfs: 8 pages a
-    call (what SGLang's controller gave each call in issue 17's runs) of 128 KiB, 256 KiB and 1 MiB,
-    and 128 pages a call (``STORAGE_BATCH_SIZE``, its largest) of 1 MiB and 8 MiB: write,
-    first read, second read, later reads.
-  - ranks: 1, 2 and 4 client processes at once (``--ranks``; TP ranks of Llama-3.1-8B at TP8,
-    each its own process, host pool and pages; ``bench_rank.py``), each phase at the same
-    moment; 1 MiB pages, 128 a call; aggregate GB/s and the scaling from 1 rank of each
-    backend, once per daemon worker count (``--workers``: the mount's worker processes).
+  - RAM: hicachefs's RAM tier vs ``HiCacheFile``, the fast_file core and memcpy: 8 pages a call
+    (what SGLang's controller gives a call) of 128 and 256 KiB, 32 of 768 KiB, and 128 pages a
+    call (``STORAGE_BATCH_SIZE``, its largest) of 1 and 8 MiB: write, first read, read again.
+    Per row the daemon's requests per page read (its reports of the reads shown apart), per
+    write batch, and its CPU time per page.
+  - ranks: 1 and 2 client processes at once (``--ranks``, e.g. 1,2,4,8 on a larger host; TP
+    ranks of one server, each its own process, host pool and pages; ``bench_rank.py``), each
+    phase at the same moment; 128 pages of 1 MiB a call, and 8 of 128 KiB; aggregate GB/s, the
+    scaling from 1 rank of each backend, and memcpy in as many processes at once, same run.
   - existence: ``batch_exists`` of 128 stored keys with 100,000 pages stored (10,000 --quick).
   - SSD cold, 1 and 8 MiB (1 MiB with --quick): hicachefs with a 128 MiB RAM tier, so pages
     are demoted to ``--disk`` on the disk filesystem, vs ``HiCacheFile`` on the same
     filesystem; only batches wholly on the disk tier are read, after
-    ``sync; echo 3 > /proc/sys/vm/drop_caches`` (which also drops the kernel's cache of the
-    mount's files: the daemon's READ count shows it).
-  - cross-host, 1 MiB: a throw-away GlusterFS volume (``scripts/glusterfs.sh``) mounted twice,
-    as two hosts would. Host A writes, host B reads what A wrote: hicachefs with ``--shared``
-    on each host's view of the volume (B finds A's pages on the shared tier), vs
-    ``HiCacheFile`` pointed at the same volume (A writes through its view, B reads through
-    its own), which is how users share pages across hosts with SGLang today. A's calls are
-    paced as prefill paces backups (each starts once A's write-behind has the last one on the
-    volume), so no page is dropped; B's hits out of what it asked show whether B found every
-    page A has. Then ``batch_exists`` on B of 128 keys no host wrote (most of SGLang's queries
-    miss). Skipped, with a line saying why, where GlusterFS cannot start. Run it under
-    ``flock /tmp/hicachefs-gluster.lock`` on a shared machine (one GlusterFS at a time).
+    ``sync; echo 3 > /proc/sys/vm/drop_caches`` (the plane reads them from the disk tier's
+    file, which the drop leaves cold: its residency is shown).
+  - cross-host (only with ``--only cross-host``), 1 MiB: a throw-away GlusterFS volume
+    (``scripts/glusterfs.sh``) mounted twice, as two hosts would: host A writes, host B reads,
+    hicachefs with ``--shared`` on each view vs ``HiCacheFile`` on the same volume. Skipped,
+    with a line saying why, where GlusterFS cannot start. Run it under
+    ``flock /tmp/hicachefs-gluster.lock`` on a shared machine.
 Every pass of writes starts with one untimed page per backend, left in place: a new pool's
-directories are made by its first write (hicachefs's first batch into a new pool tries each page
-once, gets ENOENT, makes them and writes again). Sampled pages of every read call are checked
-byte for byte.
+directories are made by its first write. Sampled pages of every read call are checked byte for
+byte.
 
-Prints a table (GB/s, pages/s, p50/p99 per call, each backend over HiCacheFile, fraction of the
-memcpy rate measured in the same run, CPU seconds per GB), the ranks table, a table per
-operation and page size of the daemon's FUSE requests and CPU time per page, the pages per
-second one daemon core could therefore serve and 8 ranks of HiCacheFile at the per-rank rate
-of the same run, and the issues' targets with ok/MISS; writes a PNG chart (a panel per case).
-Needs root (FUSE, drop_caches). --quick took 1.3 minutes on the 2-core development VM (load
-average 0.5-1.9); a full run (each case 1.5 to 10 times the volume) about 4-5, estimated from
-the quick run's case times.
+Prints a table (GB/s, pages/s, p50/mean/p99 per call, each backend over HiCacheFile and over
+memcpy of the same case, CPU seconds per GB), the ranks table, a table per operation and case
+of the daemon's requests and CPU time per page, the pages per second one daemon core could
+therefore publish beside 8 ranks of HiCacheFile ("host scale, on paper"), and issue 28's
+targets with ok/MISS; writes a PNG chart (a panel per case). Needs root (FUSE, drop_caches).
+See ``--quick`` for a run of under two minutes.
 """
 
 from __future__ import annotations
@@ -88,16 +83,17 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 from tqdm import tqdm
 
-from lib.bench_daemon import Daemon, config_line, has_flag, print_log_tail
+from lib.bench_daemon import Daemon, config_line, print_log_tail
 from lib.bench_fast_file import FastFileCore
+from lib.bench_memcpy import MemcpyPeer
 from lib.bench_rank import RankWorker
 from lib.bench_report import (
+    AGAIN,
     FAST_FILE,
     FILE,
     FIRST,
     HICACHEFS,
-    LATER,
-    SECOND,
+    MEMCPY,
     WRITE,
     Result,
     chart,
@@ -111,7 +107,6 @@ from lib.bench_sglang import (
     Pool,
     as_sglang_runs,
     found_then_read,
-    keep_wait,
     keys_for,
     make_file,
     make_hicachefs,
@@ -124,9 +119,12 @@ from hicachefs_testing import mounting
 from hicachefs_testing.glusterfs import GlusterVolume
 from hicachefs_client import HiCacheFS
 from hicachefs_client.backend import DEFAULT_THREADS as CLIENT_THREADS
+from hicachefs_client.plane import REPORT_INTERVAL_S
 
 # The RAM cases: (page size, pages a call).
-RAM_CASES = (("128 KiB", 8), ("256 KiB", 8), ("1 MiB", 8), ("1 MiB", 128), ("8 MiB", 128))
+RAM_CASES = (("128 KiB", 8), ("256 KiB", 8), ("768 KiB", 32), ("1 MiB", 128), ("8 MiB", 128))
+CASES = ("ram", "ranks", "exists", "ssd", "cross-host")
+DEFAULT_CASES = ("ram", "ranks", "exists", "ssd")  # cross-host only when asked for
 
 
 @dataclass
@@ -136,7 +134,7 @@ class Plan:
     ram_memory: str                  # --memory of the RAM-tier mount
     ram_calls: Dict[tuple, int]      # RAM case -> calls written per round (kept for the reads)
     ram_write_rounds: int            # rounds of writes (all but the last are removed again)
-    later_passes: int                # passes of later reads (after the first and second)
+    again_passes: int                # passes of reads again (after the first)
     ranks_calls: int                 # calls of 128 pages of 1 MiB per rank and phase (x128 of 8 small)
     ssd_calls: Dict[str, int]        # page size -> calls of 128 pages
     exists_pages: int
@@ -145,13 +143,11 @@ class Plan:
     cross_host_calls: int            # calls of 128 pages of 1 MiB host A writes and host B reads
 
 
-# Memory on a 24 GiB machine: each RAM case keeps at most 3 GiB per backend (three backends, and
-# the kernel's cache of the mount as a mirror of hicachefs's), ranks 512 MiB per rank and
-# backend plus a 128 MiB host pool per rank process; more would push pages out of the kernel's
-# cache and turn later reads into first reads.
-FULL = Plan("5G", dict(zip(RAM_CASES, (400, 400, 128, 16, 3))), 2, 2, 4, {"1 MiB": 16, "8 MiB": 4},
+# Memory on a 24 GiB machine: each RAM case keeps at most 3 GiB per backend (hicachefs, two on
+# tmpfs, memcpy's array); ranks 512 MiB per rank and backend plus a 128 MiB host pool per rank.
+FULL = Plan("5G", dict(zip(RAM_CASES, (400, 400, 64, 16, 3))), 2, 2, 4, {"1 MiB": 16, "8 MiB": 4},
             100_000, 400, 1 << 30, 8)
-QUICK = Plan("2560M", dict(zip(RAM_CASES, (100, 100, 32, 8, 2))), 1, 1, 2, {"1 MiB": 4},
+QUICK = Plan("2560M", dict(zip(RAM_CASES, (100, 100, 16, 4, 2))), 1, 1, 2, {"1 MiB": 4},
              10_000, 100, 256 << 20, 3)
 RANKS_PAGE = "1 MiB"
 #: The ranks cases: page size, pages a call, calls per rank and phase as a multiple of
@@ -160,6 +156,8 @@ RANKS_PAGE = "1 MiB"
 #: few hundredths, in which the ranks' start and the scheduler's noise bent its figure 30-50 %).
 RANKS_SHAPES = ((RANKS_PAGE, STORAGE_BATCH_SIZE, 1), ("128 KiB", 8, 128))
 RANKS_MEMORY_SLACK = 512 * MIB  # the ranks mount's RAM tier beyond the pages of the most ranks
+#: Each process's buffers for memcpy in N processes at once (twice this: source and target).
+TOGETHER_BYTES = 256 << 20
 SSD_MEMORY, SSD_MAX_PAGE, SSD_DISK_SIZE = "128M", "16M", "8G"
 HOST_MEMORY = "1G"  # each cross-host daemon's RAM tier
 WRITE_BEHIND_WAIT_S = 60.0
@@ -209,8 +207,8 @@ def memcpy_rate(size: int, repeats: int = 5, ready: Callable[[], None] = lambda:
 
 def memcpy_rate_together(size: int, processes: int = 2) -> float:
     """GB/s in all of ``memcpy_rate`` in ``processes`` forked processes at once: how far this
-    host's memory lets copies scale past one core (what a daemon worker per rank can gain at
-    best on pages that cost it a few copies each)."""
+    host's memory lets copies scale past one core (what ranks that each copy their own pages
+    through the data plane can reach at best)."""
     context = multiprocessing.get_context("fork")
     start, rates = context.Barrier(processes), context.Queue()
 
@@ -278,8 +276,8 @@ class Bench:
     """The RAM, SSD, existence and cross-host cases, in this process; the ranks case in rank
     workers (``ranks_case``)."""
 
-    def __init__(self, plan: Plan, client: dict) -> None:
-        self.plan, self.client = plan, client
+    def __init__(self, plan: Plan, client: dict, fast_file: bool = True) -> None:
+        self.plan, self.client, self.fast_file = plan, client, fast_file
         self.results: List[Result] = []
 
     def _recorded(self, case: str, op: str, backends, pool: Optional[Pool] = None,
@@ -293,58 +291,58 @@ class Bench:
 
     def _pass(self, results: Dict[str, Result], pool: Pool, batches: Dict[str, List[str]],
               ops: Dict[str, Callable], write: bool, daemon: Daemon, fs: HiCacheFS, label: str,
-              keep: bool = False, after_call: Callable[[], None] = lambda: None) -> None:
+              after_call: Callable[[], None] = lambda: None) -> None:
         """Each batch through every backend, the first one rotating call by call. The daemon's
         requests and CPU time over the pass are hicachefs's (the other backends cost it
-        nothing); a read pass ends once the daemon has counted every page it read (reads
-        through kept files are reported up to half a second later). ``keep``: after each
-        hicachefs call, wait for the background keep it started (a second read)."""
+        nothing); so are the client's plane requests in a read pass (its reports of the pages
+        it read). A read pass ends with the client's report of its last reads and once the
+        daemon has counted every page read."""
         ours = results[HICACHEFS]
         mark, pages = daemon.mark(), ours.pages
-        kept_reads = fs.statistics()["kept_reads"]
+        before = fs.statistics()
         names = list(ops)
+        steady = None
         for n, (tag, keys) in enumerate(progress(batches.items(), label)):
             for name in names[n % len(names):] + names[:n % len(names)]:
-                self._call(results[name], pool, tag, keys, ops[name], write,
-                           fs if keep and name == HICACHEFS else None)
+                results[name].add(timed_call(pool, tag, keys, ops[name], write))
                 after_call()
-        if not write and not daemon.wait_for_hits(mark, ours.pages - pages):
-            ours.note += "; the daemon did not count every read within 5 s"
+            if n == 0 and write and len(batches) > 1:
+                steady, steady_calls, steady_pages = daemon.mark(), ours.calls, ours.pages
+        if steady is not None:  # a write pass's daemon cost from its second batch on
+            requests, cpu = daemon.since(steady)
+            ours.steady_requests += sum(requests.values())
+            ours.steady_cpu += cpu
+            ours.steady_calls += ours.calls - steady_calls
+            ours.steady_pages += ours.pages - steady_pages
+        if not write:
+            fs.report_reads()
+            if not daemon.wait_for_hits(mark, ours.pages - pages):
+                ours.note += "; the daemon did not count every read within 5 s"
         requests, cpu = daemon.since(mark)
         for op, count in requests.items():
             ours.requests[op] = ours.requests.get(op, 0) + count
         ours.daemon_cpu += cpu
-        ours.kept_reads += fs.statistics()["kept_reads"] - kept_reads
-
-    @staticmethod
-    def _call(result: Result, pool: Pool, tag: str, keys: List[str], op: Callable,
-              write: bool, keeper: Optional[HiCacheFS]) -> None:
-        """One call of ``op``, timed; ``keeper``: the client whose background keep of the
-        pages this call read is waited for after it (its CPU time counts, not its time)."""
-        call = timed_call(pool, tag, keys, op, write)
-        result.add(call)
-        if keeper is not None:
-            done = keep_wait(keeper)
-            result.cpu += done.cpu
-            result.keep_seconds += done.seconds
-            if not done.done:
-                result.invalid = "(the background keep did not finish: later reads are not all kept)"
+        after = fs.statistics()
+        if not write:
+            ours.reports += after["plane_requests"] - before["plane_requests"]
+        moved = "plane_writes" if write else "plane_reads"
+        ours.plane_pages += after[moved] - before[moved]
 
     def ram_case(self, size: str, batch: int, daemon: Daemon, shm: Path) -> None:
-        """Write, first read, second read, later reads: hicachefs's RAM tier vs HiCacheFile
-        and the fast_file core on tmpfs."""
+        """Write, first read, reads again: hicachefs's RAM tier vs HiCacheFile, the fast_file
+        core (on tmpfs) and memcpy."""
         pool = Pool(PAGES[size], batch)
         case = f"RAM {size} x{batch}"
+        calls, rounds = self.plan.ram_calls[size, batch], self.plan.ram_write_rounds
         fs = make_hicachefs(daemon.mount.path, pool, client=self.client)
-        hf = make_file(shm / "file", pool)
-        ff = FastFileCore(shm / "fast_file", pool)
-        backends = {HICACHEFS: fs, FILE: hf, FAST_FILE: ff}
+        backends = {HICACHEFS: fs, FILE: make_file(shm / "file", pool)}
+        if self.fast_file:
+            backends[FAST_FILE] = FastFileCore(shm / "fast_file", pool)
+        backends[MEMCPY] = MemcpyPeer(pool, calls * batch + rounds)  # + each round's warm-up page
         writes = self._recorded(case, WRITE, backends, pool)
-        rounds = self.plan.ram_write_rounds
         batches: Dict[str, List[str]] = {}
         for r in range(rounds):
-            batches = {f"{case}/r{r}/b{i}": keys_for(f"{case}/r{r}/b{i}", batch)
-                       for i in range(self.plan.ram_calls[size, batch])}
+            batches = {f"{case}/r{r}/b{i}": keys_for(f"{case}/r{r}/b{i}", batch) for i in range(calls)}
             for backend in backends.values():
                 warm_up(backend, pool, f"{case}/r{r}")
             self._pass(writes, pool, batches, {n: writer(b, pool) for n, b in backends.items()},
@@ -353,22 +351,27 @@ class Bench:
                 for backend in backends.values():
                     backend.clear()
         reads = {n: reader(b, pool) for n, b in backends.items()}
+        # An untimed read of the last warm-up page, reported by the client's reporting thread:
+        # that thread opens its handle on the plane file now, not in the first pass.
+        reads[HICACHEFS](keys_for(f"{case}/r{rounds - 1}/warm-up", 1))
+        time.sleep(REPORT_INTERVAL_S + 0.2)
         self._pass(self._recorded(case, FIRST, backends, pool), pool, batches, reads, False,
                    daemon, fs, f"{case} first read")
-        second = self._recorded(case, SECOND, backends, pool)
-        self._pass(second, pool, batches, reads, False, daemon, fs, f"{case} second read", keep=True)
-        second[HICACHEFS].note = (f"background keep: {second[HICACHEFS].keep_seconds * 1e3 / len(batches):.2f} "
-                                  "ms a call after the call's own time")
-        later = self._recorded(case, LATER, backends, pool)
-        for p in range(self.plan.later_passes):
-            self._pass(later, pool, batches, reads, False, daemon, fs,
-                       f"{case} later reads {p + 1}/{self.plan.later_passes}")
-        ours = later[HICACHEFS]
-        ours.note = f"{ours.kept_reads:,} of {ours.pages:,} pages read through kept files"
+        again = self._recorded(case, AGAIN, backends, pool)
+        for p in range(self.plan.again_passes):
+            self._pass(again, pool, batches, reads, False, daemon, fs,
+                       f"{case} read again {p + 1}/{self.plan.again_passes}")
+        ours = [writes[HICACHEFS], *(r for r in self.results if r.case == case and r.backend == HICACHEFS
+                                      and r.op in (FIRST, AGAIN))]
+        for result in ours:
+            if result.plane_pages < result.pages:
+                result.note += (f"; only {result.plane_pages:,} of {result.pages:,} pages went "
+                                "through the data plane")
         for backend in backends.values():
             backend.clear()
-        fs.close()
-        ff.close()
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
         shutil.rmtree(shm / "file", ignore_errors=True)
         shutil.rmtree(shm / "fast_file", ignore_errors=True)
 
@@ -402,17 +405,21 @@ class Bench:
             if name == HICACHEFS:
                 result.note += "; " + self._arena_residency(mount)
             read = reader(backend, pool)
+            plane_before = fs.statistics()["plane_reads"]
             for tag, keys in progress(on_disk.items(), f"{case} cold read {name}"):
-                self._call(result, pool, tag, keys, read, False, None)
+                result.add(timed_call(pool, tag, keys, read, False))
             if name == HICACHEFS:
+                fs.report_reads()
                 after = daemon.stats()
                 moved = {k: after[k] - mark.stats[k] for k in ("promotions", "demotions")}
                 result.requests, result.daemon_cpu = daemon.since(mark)
+                result.plane_pages = fs.statistics()["plane_reads"] - plane_before
                 per_mib = result.requests.get("read", 0) / max(1, result.pages) * MIB / pool.page_bytes
-                result.note += (f"; daemon READ requests per MiB read: {per_mib:.2f} (>= 1: none "
-                                f"served from the kernel's cache); promotions "
-                                f"{moved['promotions']}, demotions {moved['demotions']}")
-                if result.pages and per_mib < 1:
+                result.note += (f"; {result.plane_pages:,} of {result.pages:,} pages read through the "
+                                "data plane from the disk tier's file (cold after the drop: see its "
+                                f"residency); daemon READ requests per MiB read: {per_mib:.2f}; "
+                                f"promotions {moved['promotions']}, demotions {moved['demotions']}")
+                if result.pages and result.plane_pages < result.pages and per_mib < 1:
                     result.invalid = "(not cold: the kernel's cache served some pages)"
         fs.clear()
         fs.close()
@@ -572,21 +579,21 @@ def cross_host(bench: Bench, work: Path, mount_options: List[str]) -> Optional[s
 # ---------------------------------------------------------------------------- ranks
 
 
-RANK_PHASES = (("write", WRITE), ("read", FIRST), ("second", SECOND))
+RANK_PHASES = (("write", WRITE), ("read", FIRST))
 
 
 def ranks_case(bench: Bench, counts: List[int], daemon: Daemon, file_dir: Path,
-               label: str, size: str, batch: int, calls: int) -> None:
+               size: str, batch: int, calls: int) -> None:
     """1, then each larger count of ranks of each backend: all ranks of a backend run each
     phase at the same moment, ``calls`` calls of ``batch`` pages of ``size`` each; the backends
     take turns phase by phase."""
     plan = bench.plan
     shape = replace(PAGES[size], tp_size=max(8, counts[-1]))  # ranks of one TP8 server
-    case = f"ranks {size} x{batch}{label}"
+    case = f"ranks {size} x{batch}"
     file_dir.mkdir(parents=True, exist_ok=True)
     roots = {HICACHEFS: daemon.mount.path, FILE: file_dir}
     workers: Dict[str, List[RankWorker]] = {name: [] for name in roots}
-    phases = list(RANK_PHASES) + [("read", LATER)] * plan.later_passes
+    phases = list(RANK_PHASES) + [("read", AGAIN)] * plan.again_passes
     try:
         for name, root in roots.items():
             for rank in range(counts[-1]):
@@ -603,8 +610,11 @@ def ranks_case(bench: Bench, counts: List[int], daemon: Daemon, file_dir: Path,
                         bench.results.append(made[name, op])
                     rank_phase(made[name, op], workers[name][:ranks], command,
                                f"ranks{ranks}", daemon if name == HICACHEFS else None)
-            ours = made[HICACHEFS, LATER]
-            ours.note = f"{ours.kept_reads:,} of {ours.pages:,} pages read through kept files"
+            for op in (WRITE, FIRST, AGAIN):
+                ours = made.get((HICACHEFS, op))
+                if ours is not None and ours.plane_pages < ours.pages:
+                    ours.note += (f"; only {ours.plane_pages:,} of {ours.pages:,} pages went "
+                                  "through the data plane")
             clear(w for group in workers.values() for w in group[:ranks])
     finally:
         for worker in (w for group in workers.values() for w in group):
@@ -628,15 +638,13 @@ def rank_phase(result: Result, workers: List[RankWorker], phase: str, tag: str,
         worker.send(phase, tag)
     answers = [worker.receive() for worker in workers]
     result.wall += max(a["end"] for a in answers) - min(a["start"] for a in answers)
-    result.keep_seconds += max(a["keep_seconds"] for a in answers)  # the ranks keep at once
     for a in answers:
         for call in a["calls"]:
             result.add(call)
-        result.cpu += a["keep_cpu"]
-        result.kept_reads += a["kept_reads"]
         result.page_bytes = a["page_bytes"]
-        if not a["keep_done"]:
-            result.invalid = "(the background keep did not finish: later reads are not all kept)"
+        result.plane_pages += a["plane_writes" if phase == "write" else "plane_reads"]
+        if phase != "write":
+            result.reports += a["plane_requests"]
     if daemon is not None:
         pages = sum(call.pages for a in answers for call in a["calls"])
         if phase != "write" and not daemon.wait_for_hits(mark, pages):
@@ -645,31 +653,25 @@ def rank_phase(result: Result, workers: List[RankWorker], phase: str, tag: str,
         for op, n in requests.items():
             result.requests[op] = result.requests.get(op, 0) + n
         result.daemon_cpu += cpu
-        result.owner_cpu += daemon.owner_cpu_since(mark)
 
 
-def ranks_cases(bench: Bench, counts: List[int], worker_counts: List[int], workers_flag: bool,
-                work: Path, shm: Path, mount_options: List[str], configs: List[str]) -> None:
-    """The ranks case on a mount of its own, once per daemon worker count."""
+def ranks_cases(bench: Bench, counts: List[int], work: Path, shm: Path,
+                mount_options: List[str], configs: List[str]) -> None:
+    """The ranks cases on a mount of their own."""
     memory = counts[-1] * bench.plan.ranks_calls * STORAGE_BATCH_SIZE * PAGES[RANKS_PAGE].page_bytes \
         + RANKS_MEMORY_SLACK
-    for workers in worker_counts:
-        flags = ["--memory", f"{memory // MIB}M", *mount_options]
-        label = ""
-        if workers_flag:
-            flags += ["--workers", str(workers)]
-            label = f", --workers {workers}"
-        mount = mounting.start(work / f"ranks-{workers}", work / f"ranks-{workers}.log", flags)
-        configs.append(f"ranks mount{label}: {config_line(mount)}")
-        try:
-            for size, batch, times in RANKS_SHAPES:
-                timed(f"ranks {size}{label}", ranks_case, bench, counts, Daemon(mount),
-                      shm / f"ranks-{workers}", label, size, batch, times * bench.plan.ranks_calls)
-        except BaseException:
-            print_log_tail(mount)
-            raise
-        finally:
-            mounting.stop(mount)
+    mount = mounting.start(work / "ranks", work / "ranks.log",
+                           ["--memory", f"{memory // MIB}M", *mount_options])
+    configs.append(f"ranks mount: {config_line(mount)}")
+    try:
+        for size, batch, times in RANKS_SHAPES:
+            timed(f"ranks {size}", ranks_case, bench, counts, Daemon(mount), shm / "ranks",
+                  size, batch, times * bench.plan.ranks_calls)
+    except BaseException:
+        print_log_tail(mount)
+        raise
+    finally:
+        mounting.stop(mount)
 
 
 # ---------------------------------------------------------------------------- main
@@ -678,7 +680,8 @@ def ranks_cases(bench: Bench, counts: List[int], worker_counts: List[int], worke
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller volumes: about 1.5 min")
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller volumes: under 2 minutes on a 2-core VM")
     parser.add_argument("--chart", type=Path, default=Path("bench.png"),
                         help="where the PNG chart goes (default: bench.png here)")
     parser.add_argument("--disk-dir", type=Path, default=Path("/var/tmp"),
@@ -686,18 +689,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--exists-pages", type=int, help="pages stored for the existence case")
     parser.add_argument("--client", type=json.loads, default={},
                         help="more extra_config keys for HiCacheFS, JSON (e.g. "
-                             "'{\"read_threads\": 1}'); default: the client's defaults")
+                             "'{\"read_threads\": 1}' or '{\"data_plane\": false}'); default: the "
+                             "client's defaults")
     parser.add_argument("--mount-option", action="append", default=[], metavar="FLAG",
                         help="one more flag for every hicachefs mount, e.g. "
                              "--mount-option=--no-kernel-cache (repeatable)")
-    parser.add_argument("--ranks", type=counts_list, default=[1, 2, 4], metavar="N,N,...",
-                        help="rank processes at once in the ranks case (default 1,2,4; 1 is "
-                             "always run: the scaling is from one rank)")
-    parser.add_argument("--workers", type=counts_list, default=[1], metavar="N,N,...",
-                        help="daemon worker processes: the ranks case runs once per count, "
-                             "each on a mount with --workers N (default 1)")
-    parser.add_argument("--only", choices=("ram", "ranks", "exists", "ssd", "cross-host"), action="append",
-                        help="run only these cases (repeatable; default all)")
+    parser.add_argument("--ranks", type=counts_list, default=[1, 2], metavar="N,N,...",
+                        help="rank processes at once in the ranks case (default 1,2; e.g. 1,2,4,8 "
+                             "on a 16-core host; 1 is always run: the scaling is from one rank)")
+    parser.add_argument("--no-fast-file", dest="fast_file", action="store_false",
+                        help="leave the fast_file core out of the RAM cases")
+    parser.add_argument("--only", choices=CASES, action="append",
+                        help="run only these cases (repeatable; default all but cross-host)")
     args = parser.parse_args()
     args.ranks = sorted({1, *args.ranks})
     return args
@@ -708,13 +711,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench.py needs root (FUSE mounts and drop_caches)", file=sys.stderr)
         return 2
-    cases = set(args.only or ("ram", "ranks", "exists", "ssd", "cross-host"))
-    workers_flag = has_flag("--workers")
-    if "ranks" in cases and args.workers != [1] and not workers_flag:
-        print(f"bench.py: --workers {','.join(map(str, args.workers))}: the daemon has no "
-              "--workers flag (hicachefs mount --help), so it runs one worker; use --workers 1",
-              file=sys.stderr)
-        return 2
+    cases = set(args.only or DEFAULT_CASES)
     plan = QUICK if args.quick else FULL
     if args.exists_pages:
         plan.exists_pages = args.exists_pages
@@ -734,9 +731,12 @@ def main() -> int:
     load_start = load()
     print(f"hicachefs vs SGLang HiCacheFile, {os.cpu_count()} CPUs, {load_start}; "
           f"tmpfs {shm}, disk {disk} ({disk_fs})", file=sys.stderr)
-    bench = Bench(plan, args.client)
+    bench = Bench(plan, args.client, args.fast_file)
     memcpy = memcpy_rate(plan.memcpy_bytes)
-    memcpy_two = memcpy_rate_together(plan.memcpy_bytes)
+    together: Dict[int, float] = {}
+    if "ranks" in cases:
+        together = {n: memcpy_rate_together(min(plan.memcpy_bytes, TOGETHER_BYTES), n)
+                    for n in args.ranks}
     kernel_copy = kernel_copy_rate(shm)
     configs: List[str] = []
     try:
@@ -757,8 +757,7 @@ def main() -> int:
             finally:
                 mounting.stop(mount)
         if "ranks" in cases:
-            ranks_cases(bench, args.ranks, args.workers, workers_flag, work, shm,
-                        args.mount_option, configs)
+            ranks_cases(bench, args.ranks, work, shm, args.mount_option, configs)
         if "ssd" in cases:
             (disk / "arena").mkdir()
             mount = mounting.start(work / "ssd", work / "ssd.log",
@@ -794,39 +793,46 @@ def main() -> int:
     print(f"As SGLang runs them: torch threads {TORCH_THREADS} in every process, glibc keeping freed "
           "memory (as CUDA's caching host allocator does for SGLang's staging pages); HiCacheFile "
           "through the cache controller's generic path (the one it takes for the file backend), "
-          "defaults (no size cap, metadata cache off); hicachefs through the zero-copy v1 path "
-          f"(interface_v1), client extra_config {json.dumps(args.client)} over its default "
-          f"threads {CLIENT_THREADS}; "
-          f"'{FAST_FILE}': {FastFileCore.label}, our own lines: pwritev/preadv between the pool's "
-          "page buffers (get_page_buffer_meta) and tmpfs files, temporary file + rename, reads in "
-          "runs of at least 1 MiB on 4 threads, writes one by one")
+          "defaults (no size cap, metadata cache off), on tmpfs; hicachefs through the zero-copy v1 "
+          f"path (interface_v1), client extra_config {json.dumps(args.client)} over its default "
+          f"threads {CLIENT_THREADS} (data plane on unless that says data_plane false)"
+          + (f"; '{FAST_FILE}': {FastFileCore.label}, our own lines: pwritev/preadv between the "
+             "pool's page buffers (get_page_buffer_meta) and tmpfs files, temporary file + rename, "
+             "reads in runs of at least 1 MiB on 4 threads, writes one by one" if args.fast_file
+             else f"; '{FAST_FILE}' left out (--no-fast-file)")
+          + f"; '{MEMCPY}': {MemcpyPeer.label}")
     print("pages: " + "; ".join(f"{label} {shape.describe()}" for label, shape in PAGES.items()))
-    print(f"RAM and ranks: hicachefs --memory {plan.ram_memory} vs HiCacheFile on tmpfs; SSD cold: "
-          f"hicachefs --memory {SSD_MEMORY} --disk on {disk_fs} vs HiCacheFile on {disk_fs}, "
-          "page cache dropped before each backend's read pass")
-    print("cross-host: hicachefs --memory {0} --shared on each of a GlusterFS volume's two mounts vs "
-          "HiCacheFile on the same mounts; host A writes, host B reads".format(HOST_MEMORY))
-    if "ranks" in cases and not workers_flag:
-        print("daemon workers: 1 (the daemon has no --workers flag yet; the ranks case ran once)")
+    print(f"RAM and ranks: hicachefs --memory {plan.ram_memory} (ranks: its own mount) vs "
+          f"HiCacheFile on tmpfs; SSD cold: hicachefs --memory {SSD_MEMORY} --disk on {disk_fs} vs "
+          f"HiCacheFile on {disk_fs}, page cache dropped before each backend's read pass")
+    if "cross-host" in cases:
+        print(f"cross-host: hicachefs --memory {HOST_MEMORY} --shared on each of a GlusterFS "
+              "volume's two mounts vs HiCacheFile on the same mounts; host A writes, host B reads")
     for line in configs:
         print(line)
     if skipped:
         print(skipped)
     print(f"memcpy (numpy copy of {plan.memcpy_bytes >> 20} MiB): {memcpy:.2f} GB/s at the start, "
-          f"{memcpy_end:.2f} GB/s at the end, {memcpy_two:.2f} GB/s in all in two processes at once "
-          f"({memcpy_two / memcpy:.2f}x one, at the start); one kernel copy (preadv of a hot 8 MiB "
-          f"tmpfs file): {kernel_copy:.2f} GB/s")
+          f"{memcpy_end:.2f} GB/s at the end"
+          + "".join(f", {rate:.2f} GB/s in all in {n} processes at once ({rate / together[1]:.2f}x "
+                    f"one, {min(plan.memcpy_bytes, TOGETHER_BYTES) >> 20} MiB each)"
+                    for n, rate in together.items() if n > 1)
+          + f"; one kernel copy (preadv of a hot 8 MiB tmpfs file): {kernel_copy:.2f} GB/s")
     print()
     most = args.ranks[-1]
     print(table(bench.results, memcpy,
                 f"ranks: each rank its own process, host pool and pages (TP ranks tp0..tp{most - 1} "
                 f"of a model at TP{max(8, most)}), all at once, per rank and phase {plan.ranks_calls} "
                 f"calls of {STORAGE_BATCH_SIZE} pages of 1 MiB (Llama-3.1-8B) and "
-                f"{RANKS_SHAPES[1][2] * plan.ranks_calls} calls of 8 pages of 128 KiB (Llama-3.2-1B):"))
+                f"{RANKS_SHAPES[1][2] * plan.ranks_calls} calls of 8 pages of 128 KiB (Llama-3.2-1B); "
+                f"each rank's client copies a batch on up to {CLIENT_THREADS['read_threads']} threads "
+                f"(reads) and {CLIENT_THREADS['write_threads']} (writes) in runs of at least 8 MiB, so "
+                f"one rank of 1 MiB pages may already keep {os.cpu_count()} cores busy:",
+                together))
     args.chart.parent.mkdir(parents=True, exist_ok=True)
     chart(bench.results, memcpy, args.chart,
-          f"hicachefs (zero-copy v1) vs SGLang HiCacheFile (generic path) and the fast_file core, "
-          f"torch threads {TORCH_THREADS}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+          f"hicachefs (zero-copy v1, data plane) vs SGLang HiCacheFile (generic path), the fast_file "
+          f"core and memcpy, torch threads {TORCH_THREADS}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     print(f"\nchart: {args.chart.resolve()}")
     return 1 if any(r.failed or r.bad_pages or r.invalid for r in bench.results) else 0
 

@@ -5,8 +5,8 @@
 Clients with different thread counts (the same for reads and writes) take turns call by call on one mount (each on its own
 pages), so that load from elsewhere on the machine hits them alike; the same SGLang calls as
 ``bench.py`` (``batch_set_v1``/``batch_get_v1`` of 128 pages, torch threads 1):
-  - one process: write, first read, second read (and its background keep, waited for after
-    each call), later reads (through kept files) at 1 and 8 MiB pages;
+  - one process: write, first read, reads again (all through the data plane) at 1 and 8 MiB
+    pages;
   - ranks: 1 and 2 processes per client (TP ranks 0 and 1 of 8) running each phase at once.
 Prints GB/s and CPU seconds per GB for each count and the ratio to the first one.
 Needs root (FUSE). About 4 minutes; --quick about 2. Extra flags for the daemon (for example
@@ -26,11 +26,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List
 
-from bench import RANK_PHASES, Bench, clear, load, progress, rank_phase
+from bench import RANK_PHASES, clear, load, progress, rank_phase
 from lib.bench_daemon import Daemon, config_line, print_log_tail
 from lib.bench_rank import RankWorker
-from lib.bench_report import LATER, Result
-from lib.bench_sglang import PAGES, Pool, as_sglang_runs, keys_for, make_hicachefs, reader, writer
+from lib.bench_report import AGAIN, Result
+from lib.bench_sglang import PAGES, Pool, as_sglang_runs, keys_for, make_hicachefs, reader, timed_call, writer
 from hicachefs_testing import mounting
 
 FULL = {"batches": {1: 8, 8: 2}, "later": 2, "ranks_batches": {1: 8, 8: 1}}
@@ -58,7 +58,7 @@ def one_process(threads: List[int], plan: dict, page_mib: int, daemon: Daemon,
                                         model=f"threads/{t}") for t in threads}
     names = list(clients)
     batches = range(plan["batches"][page_mib])
-    phases = list(RANK_PHASES) + [("read", LATER)] * plan["later"]
+    phases = list(RANK_PHASES) + [("read", AGAIN)] * plan["later"]
     made: Dict[tuple, Result] = {}
     for p, (command, op) in enumerate(phases):
         for b in progress(batches, f"{case} {op}"):
@@ -70,8 +70,7 @@ def one_process(threads: List[int], plan: dict, page_mib: int, daemon: Daemon,
                 write = command == "write"
                 call = (writer if write else reader)(clients[name], pool)
                 before = daemon.cpu()
-                Bench._call(made[name, op], pool, tag, keys_for(tag), call, write,
-                            clients[name] if command == "second" else None)
+                made[name, op].add(timed_call(pool, tag, keys_for(tag), call, write))
                 made[name, op].daemon_cpu += daemon.cpu() - before
     for backend in clients.values():
         backend.clear()
@@ -83,7 +82,7 @@ def ranks(threads: List[int], plan: dict, page_mib: int, daemon: Daemon,
     case = f"ranks {page_mib} MiB"
     names = [label(t) for t in threads]
     workers: Dict[str, List[RankWorker]] = {name: [] for name in names}
-    phases = list(RANK_PHASES) + [("read", LATER)] * plan["later"]
+    phases = list(RANK_PHASES) + [("read", AGAIN)] * plan["later"]
     shape = PAGES[f"{page_mib} MiB"]
     shape = replace(shape, tp_size=max(RANKS, shape.tp_size))
     try:

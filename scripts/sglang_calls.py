@@ -4,14 +4,27 @@
 SGLang 0.5.23's own radix cache and cache controller (``hicachefs_testing.sglang_cache``) serve
 the same chat workload over each backend (``run_phases``: cold, warm after evicting device and
 host, a burst); every call the controller makes is recorded with its batch size, hits and time.
-Prints a Markdown table: per method, the calls, the batch sizes SGLang used, pages asked and
-hit, and the time per call. Run as root: it mounts hicachefs in a temporary directory
-(``--memory``, default 512M) and removes it.
+HiCacheFS is loaded as a user loads it (``dynamic``, ``interface_v1``), with the client's
+defaults, so through its data plane (the script says how many pages went through it);
+HiCacheFile with its defaults on tmpfs (``/dev/shm``), its fastest home. One torch thread, as
+SGLang's ``ModelRunner`` sets on a GPU server.
+
+Shapes (``--shape``, default both):
+  - ``128k``: Llama-3.2-1B at TP8 (16 layers, 1 KV head of 64), 32 tokens = 128 KiB a page, and
+    turns of 96 + 192 tokens: SGLang's controller then asks about 9 pages a call, the shape
+    issue 28 measured;
+  - ``768k``: Qwen2.5-0.5B (24 layers, 2 KV heads of 64), 64 tokens = 768 KiB a page, turns of
+    128 + 256 tokens, as in the demo.
+Prints a Markdown table per shape: per method, the calls, the batch sizes SGLang used, pages
+asked and hit, p50 and mean time per call of each backend, and HiCacheFile's time over
+HiCacheFS's (above 1: HiCacheFS is faster). Run as root: it mounts hicachefs in a temporary
+directory (``--memory``, default 512M) and removes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -20,23 +33,43 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore", message="Only CUDA", category=UserWarning)
 
+import torch  # noqa: E402
+
 from hicachefs_testing import mounting  # noqa: E402
 from hicachefs_testing.sglang_cache import Backend, CacheSetup, ModelShape, SGLangCache, WarningLog  # noqa: E402
 from hicachefs_testing.sglang_workload import ChatWorkload, run_phases  # noqa: E402
 
 PAIRS = (("batch_exists", "batch_exists"), ("batch_get_v1", "batch_get"), ("batch_set_v1", "batch_set"))
+WHAT = {"batch_exists": "batch_exists", "batch_get_v1": "batch_get_v1 (prefetch)",
+        "batch_set_v1": "batch_set_v1 (backup)"}
+TORCH_THREADS = 1
+
+# name -> (what, cache setup, workload)
+SHAPES = {
+    "128k": ("Llama-3.2-1B at TP8, 32 tokens = 128 KiB a page",
+             CacheSetup(ModelShape("meta-llama/Llama-3.2-1B-Instruct", 16, 1, 64), page_size=32,
+                        device_pages=400, host_ratio=1.25),
+             ChatWorkload(conversations=8, system_tokens=2048, user_tokens=96, reply_tokens=192)),
+    "768k": ("Qwen2.5-0.5B, 64 tokens = 768 KiB a page",
+             CacheSetup(ModelShape("Qwen/Qwen2.5-0.5B-Instruct", 24, 2, 64), page_size=64,
+                        device_pages=200, host_ratio=1.25),
+             ChatWorkload(conversations=8, system_tokens=2048, user_tokens=128, reply_tokens=256)),
+}
 
 
 def run(backend: Backend, setup: CacheSetup, workload: ChatWorkload):
+    """The calls' statistics, and the client's own counters (HiCacheFS; else {})."""
     with WarningLog() as log:
         server = SGLangCache(setup, backend)
         try:
             run_phases(server, workload, cold_turns=3)
+            statistics_of = getattr(server.backend, "statistics", None)
+            counters = statistics_of() if backend.kind == "hicachefs" and statistics_of else {}
         finally:
             server.close()
     if server.recorder.failures or log.records or server.recorder.wrong_read or server.recorder.wrong_handed_over:
         sys.exit(f"{backend.kind}: {server.recorder.failures or log.records or 'wrong bytes'}")
-    return server.recorder.stats
+    return server.recorder.stats, counters
 
 
 def sizes(batch_sizes) -> str:
@@ -44,31 +77,55 @@ def sizes(batch_sizes) -> str:
     return f"{ordered[0]}-{ordered[-1]}" if len(ordered) > 1 else str(ordered[0])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--memory", default="512M")
-    args = parser.parse_args()
-    # Qwen2.5-0.5B's KV (24 layers, 2 heads of 64): 64 tokens = 768 KiB a page, as in the demo.
-    setup = CacheSetup(ModelShape("Qwen/Qwen2.5-0.5B-Instruct", 24, 2, 64), page_size=64, device_pages=200,
-                       host_ratio=1.25)
-    workload = ChatWorkload(conversations=8, system_tokens=2048, user_tokens=128, reply_tokens=256)
-    with tempfile.TemporaryDirectory() as tmp:
-        mount = mounting.start(Path(tmp) / "mnt", Path(tmp) / "daemon.log", ["--memory", args.memory])
+def mean_size(stats) -> float:
+    return sum(n * c for n, c in stats.batch_sizes.items()) / max(1, sum(stats.batch_sizes.values()))
+
+
+def one_shape(name: str, memory: str, extra: dict) -> None:
+    what, setup, workload = SHAPES[name]
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        mount = mounting.start(Path(tmp) / "mnt", Path(tmp) / "daemon.log", ["--memory", memory])
         try:
-            ours = run(Backend("hicachefs", str(mount.path)), setup, workload)
+            ours, counters = run(Backend("hicachefs", str(mount.path), extra), setup, workload)
         finally:
             mounting.stop(mount)
-        theirs = run(Backend("file", str(Path(tmp) / "hicache_file")), setup, workload)
-    print("| call (HiCacheFS / HiCacheFile) | calls | pages a call | pages asked | hit | "
-          "ms a call, p50 (HiCacheFS vs HiCacheFile) | mean |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+        theirs, _ = run(Backend("file", str(Path(shm) / "hicache_file")), setup, workload)
+    print(f"\n{what} ({name}); HiCacheFS extra_config {extra or '{}'} over the client's defaults; "
+          f"through the data plane: {counters.get('plane_reads', 0)} of {counters.get('hits', 0)} pages "
+          f"read, {counters.get('plane_writes', 0)} of {counters.get('pages_written', 0)} written; "
+          f"{os.cpu_count()} CPUs, load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+    print("| call (HiCacheFS / HiCacheFile) | calls | pages a call (mean) | pages asked | hit | "
+          "p50 ms: HiCacheFS / HiCacheFile | HiCacheFile / HiCacheFS, p50 | "
+          "mean ms: HiCacheFS / HiCacheFile | HiCacheFile / HiCacheFS, mean |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for mine, its in PAIRS:
         a, b = ours[mine], theirs[its]
         same = (a.calls, a.pages, a.hits, a.batch_sizes) == (b.calls, b.pages, b.hits, b.batch_sizes)
-        print(f"| `{mine}` / `{its}` | {a.calls}{'' if same else f' / {b.calls}'} | {sizes(a.batch_sizes)} | "
-              f"{a.pages} | {a.hits}{'' if same else f' / {b.hits}'} | "
-              f"{1e3 * statistics.median(a.seconds):.2f} vs {1e3 * statistics.median(b.seconds):.2f} | "
-              f"{1e3 * statistics.mean(a.seconds):.2f} vs {1e3 * statistics.mean(b.seconds):.2f} |")
+        p50 = [1e3 * statistics.median(x.seconds) for x in (a, b)]
+        mean = [1e3 * statistics.mean(x.seconds) for x in (a, b)]
+        print(f"| `{WHAT[mine]}` / `{its}` | {a.calls}{'' if same else f' / {b.calls}'} | "
+              f"{sizes(a.batch_sizes)} ({mean_size(a):.1f}) | {a.pages} | "
+              f"{a.hits}{'' if same else f' / {b.hits}'} | {p50[0]:.2f} / {p50[1]:.2f} | "
+              f"**{p50[1] / p50[0]:.2f}** | {mean[0]:.2f} / {mean[1]:.2f} | **{mean[1] / mean[0]:.2f}** |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--memory", default="512M")
+    parser.add_argument("--shape", choices=(*SHAPES, "both"), default="both",
+                        help="the page shape (default both: 128k, then 768k)")
+    parser.add_argument("--no-plane", action="store_true",
+                        help="HiCacheFS with extra_config data_plane false (the control files)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("sglang_calls.py needs root (a FUSE mount)", file=sys.stderr)
+        return 2
+    torch.set_num_threads(TORCH_THREADS)
+    extra = {"data_plane": False} if args.no_plane else {}
+    print(f"SGLang's controller over HiCacheFS (a hicachefs mount, --memory {args.memory}) and "
+          f"HiCacheFile (tmpfs), same run, torch threads {TORCH_THREADS}")
+    for name in (SHAPES if args.shape == "both" else (args.shape,)):
+        one_shape(name, args.memory, extra)
     return 0
 
 

@@ -1,13 +1,13 @@
 """What ``bench.py`` measures of a hicachefs daemon: the FUSE requests it counted and the CPU time
-it used over a stretch of the bench; not a benchmark by itself.
+it used over a stretch of the bench; not a benchmark by itself. With the data plane, a client's
+reads ask the daemon nothing (their reports come in one request per batch, every 0.5 s) and a
+batch of writes costs it one request: what the bench shows is what is left.
 
 The requests come from ``.hicachefs/stats`` (``requests``), whose own read is a few requests
 (an OPEN, two READs, a RELEASE, a GETATTR when the kernel's attributes have expired) and about
 0.3 ms of the daemon's CPU time: what a read costs is measured at the start, and taken off again
 for every read made here. The CPU time is the kernel's count for the daemon's process and the
-processes it started (all their threads; with ``--workers``, the owner of the store is also
-counted alone: it answers every worker, so its busy time is where the daemon saturates), to
-the nanosecond (``clock_gettime`` of each
+processes it started (all their threads), to the nanosecond (``clock_gettime`` of each
 process's CPU clock; ``/proc/PID/stat`` counts only in 10 ms ticks, coarser than a call of 8
 small pages).
 
@@ -17,8 +17,6 @@ Not thread-safe: one bench thread uses it.
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -30,7 +28,8 @@ from hicachefs_testing import mounting
 # Reads of the stats file whose cost (requests, CPU time) is measured at the start.
 OWN_READS = 16
 # How often, and for at most how long, the daemon's hit count is polled until it has counted
-# every page of a read pass (reads through kept files are reported up to 0.5 s later).
+# every page of a read pass (plane reads are reported up to 0.5 s later, unless the bench asks
+# the client to report them at once).
 HITS_POLL_S, HITS_TIMEOUT_S = 0.1, 5.0
 
 
@@ -50,7 +49,6 @@ class Mark:
 
     stats: dict
     cpu: float
-    owner_cpu: float
     reads: int
 
 
@@ -74,11 +72,7 @@ class Daemon:
 
     def cpu(self) -> float:
         """CPU seconds used by the daemon and the processes it started, all threads."""
-        return self.owner_cpu() + sum(_cpu_seconds(pid) for pid in self._children())
-
-    def owner_cpu(self) -> float:
-        """CPU seconds used by the daemon's own process (the owner of the store), all threads."""
-        return _cpu_seconds(self.mount.pid)
+        return _cpu_seconds(self.mount.pid) + sum(_cpu_seconds(pid) for pid in self._children())
 
     def _children(self) -> list[int]:
         children = Path(f"/proc/{self.mount.pid}/task/{self.mount.pid}/children")
@@ -88,7 +82,7 @@ class Daemon:
             return []
 
     def mark(self) -> Mark:
-        return Mark(self.stats(), self.cpu(), self.owner_cpu(), self.reads)
+        return Mark(self.stats(), self.cpu(), self.reads)
 
     def since(self, mark: Mark) -> Tuple[Dict[str, int], float]:
         """(requests by kind, CPU seconds) since ``mark``, less what the stats reads made here
@@ -100,14 +94,9 @@ class Daemon:
             delta[op] = delta.get(op, 0) - n * reads
         return {op: n for op, n in delta.items() if n > 0}, cpu
 
-    def owner_cpu_since(self, mark: Mark) -> float:
-        """The owner's CPU seconds since ``mark``, less what the stats reads made here cost
-        (the owner answers those)."""
-        return max(0.0, self.owner_cpu() - mark.owner_cpu - (self.reads - mark.reads) * self.own_cpu)
-
     def wait_for_hits(self, mark: Mark, pages: int) -> bool:
         """Wait until the daemon has counted at least ``pages`` reads since ``mark`` (hits;
-        the client reports its reads through kept files every half second): whether it did."""
+        the client reports its plane reads every half second): whether it did."""
         deadline = time.monotonic() + HITS_TIMEOUT_S
         while self.stats()["hits"] - mark.stats["hits"] < pages:
             if time.monotonic() > deadline:
@@ -129,13 +118,6 @@ def config_line(mount: mounting.Mount) -> str:
     shown = {k: v for k, v in config.items()
              if k not in ("pid", "mountpoint", "log_file", "disk_dir")}
     return ", ".join(f"{k}={v}" for k, v in shown.items())
-
-
-def has_flag(flag: str) -> bool:
-    """Whether ``hicachefs mount`` takes ``flag`` (its --help lists it)."""
-    out = subprocess.run([sys.executable, "-m", "hicachefs.cli", "mount", "--help"],
-                         capture_output=True, text=True, timeout=60)
-    return flag in re.findall(r"--[\w-]+", out.stdout)
 
 
 def print_log_tail(mount: mounting.Mount, lines: int = 40) -> None:

@@ -33,8 +33,7 @@ def serve(conn: Connection, backend: str, root: str, shape: calls.Shape, rank: i
     """The rank's process: build its pool (``batch`` pages, a call's) and backend, say
     ``ready``, then run each
     ``(phase, tag)`` it is sent and answer with what it measured; ``("clear", "")`` removes
-    its pages, ``None`` ends it. Phases: ``write``, ``read``, and ``second`` (a read, then
-    the wait for the background keep it started, after the phase's end time)."""
+    its pages, ``None`` ends it. Phases: ``write`` and ``read``."""
     logging.basicConfig(level=logging.ERROR)
     calls.as_sglang_runs()
     pool = calls.Pool(shape, batch=batch, tp_rank=rank, seed=rank + 1)
@@ -66,15 +65,17 @@ def serve(conn: Connection, backend: str, root: str, shape: calls.Shape, rank: i
 def _phase(store, pool: calls.Pool, op, phase: str, tag: str, rank: int, batches: int) -> dict:
     if phase == "write":
         calls.warm_up(store, pool, f"{tag}/tp{rank}")
-    kept_reads = _kept_reads(store)
+    before = _plane(store)
     start = time.monotonic()  # system-wide: comparable across ranks
     made = [calls.timed_call(pool, f"{tag}/tp{rank}/b{b}", calls.keys_for(f"{tag}/tp{rank}/b{b}", pool.batch),
                              op, phase == "write", _checked_slots(pool, b)) for b in range(batches)]
     end = time.monotonic()
-    keep = calls.keep_wait(store) if phase == "second" else calls.Keep(True, 0.0, 0.0)
+    report = getattr(store, "report_reads", None)
+    if report is not None and phase != "write":
+        report()  # the reads' report now, not up to 0.5 s later: the daemon's counts are whole
+    after = _plane(store)
     return {"start": start, "end": end, "calls": made, "page_bytes": pool.page_bytes,
-            "keep_seconds": keep.seconds, "keep_cpu": keep.cpu, "keep_done": keep.done,
-            "kept_reads": _kept_reads(store) - kept_reads}
+            **{k: after[k] - before[k] for k in after}}
 
 
 def _checked_slots(pool: calls.Pool, call: int):
@@ -86,10 +87,12 @@ def _checked_slots(pool: calls.Pool, call: int):
     return [pool.sample_slots[call % len(pool.sample_slots)]]
 
 
-def _kept_reads(store) -> int:
-    """Pages the client has read through the files it keeps open (HiCacheFS; 0 for others)."""
+def _plane(store) -> dict:
+    """The client's data plane counters (HiCacheFS; 0 for others): requests it sent on the
+    plane file, pages it read and wrote through the plane."""
     statistics = getattr(store, "statistics", None)
-    return statistics().get("kept_reads", 0) if statistics is not None else 0
+    stats = statistics() if statistics is not None else {}
+    return {k: stats.get(k, 0) for k in ("plane_requests", "plane_reads", "plane_writes")}
 
 
 _context: Optional[multiprocessing.context.ForkServerContext] = None

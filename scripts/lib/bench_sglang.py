@@ -68,19 +68,18 @@ class Shape:
 
 
 LLAMA_1B, LLAMA_8B = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"
-# Llama-3.2-1B has 16 layers and 8 KV heads of 64, Llama-3.1-8B 32 layers and 8 KV heads of 128.
+QWEN_05B = "Qwen/Qwen2.5-0.5B-Instruct"
+# Llama-3.2-1B has 16 layers and 8 KV heads of 64, Llama-3.1-8B 32 layers and 8 KV heads of 128,
+# Qwen2.5-0.5B 24 layers and 2 KV heads of 64.
 PAGES = {shape.label: shape for shape in (
     Shape(LLAMA_1B, 16, 1, 64, 32, 8),    # 128 KiB: a small model at TP8
     Shape(LLAMA_1B, 16, 1, 64, 64, 8),    # 256 KiB
+    Shape(QWEN_05B, 24, 2, 64, 64, 1),    # 768 KiB: 64 tokens x 24 layers (scripts/sglang_calls.py)
     Shape(LLAMA_8B, 32, 1, 128, 64, 8),   # 1 MiB
     Shape(LLAMA_8B, 32, 8, 128, 64, 1),   # 8 MiB
 )}
 MIB = 1 << 20
 TORCH_THREADS = 1
-# The background keep of a second read (HiCacheFS opens, reads and keeps each page's file on a
-# thread of its own) is waited for by polling the client's count of kept files this often,
-# for at most this long.
-KEEP_POLL_S, KEEP_TIMEOUT_S = 0.001, 30.0
 # Bytes between the starts of two token rows in the random block of Pool's fill: 4 KiB-aligned
 # pieces of two rows can only match when the rows are 512 apart and the pieces 397,312 bytes.
 _ROW_SHIFT = 8 * 97
@@ -311,31 +310,6 @@ def warm_up(backend, pool: Pool, tag: str) -> None:
     and opens the client's handles (a new pool's first batch costs hicachefs a failed try and a
     status read per page, once), so that the pass measures what every later batch costs."""
     writer(backend, pool)(keys_for(f"{tag}/warm-up", 1))
-
-
-@dataclass
-class Keep:
-    """A wait for the background keep: finished?, seconds waited, this process's CPU meanwhile."""
-
-    done: bool
-    seconds: float
-    cpu: float
-
-
-def keep_wait(backend, timeout: float = KEEP_TIMEOUT_S) -> Keep:
-    """Wait until ``backend`` has kept every page it was asked to keep (HiCacheFS's
-    ``keeping``: the pages read a second time, those its bounded queue took; another backend
-    keeps none, and nothing is waited for)."""
-    if not isinstance(backend, HiCacheFS):
-        return Keep(True, 0.0, 0.0)
-    start, start_cpu = time.perf_counter(), time.process_time()
-    done = True
-    while backend.statistics()["keeping"]:
-        if time.perf_counter() - start > timeout:
-            done = False
-            break
-        time.sleep(KEEP_POLL_S)
-    return Keep(done, time.perf_counter() - start, time.process_time() - start_cpu)
 
 
 def found_then_read(backend, pool: Pool):
