@@ -47,7 +47,7 @@ _GB = 1e9
 # Per-batch samples kept for get_stats() between two calls.
 _MAX_METRIC_SAMPLES = 10_000
 # Threads that move one batch's pages at once, per extra_config key, chosen by measurement
-# (scripts/bench_client_threads.py; README, "Point SGLang at it").
+# (scripts/bench_client_threads.py; README, "Pointing SGLang at it").
 DEFAULT_THREADS = {"read_threads": 4, "write_threads": 2}
 MAX_THREADS = 64
 # A batch's pages go to the daemon in runs of at least this many bytes, one request each (a

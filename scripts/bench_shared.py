@@ -26,7 +26,7 @@ Host A and host B are the volume's two FUSE mounts. On each engine:
   reads of 8 pages B holds itself, exists queries of 8 pages no host wrote, and exists + read of
   8 pages only the shared tier holds; each call's time (p50, p99, max) against the tier's
   deadline, beside the same calls while the engine runs.
-Then one line per engine with the figures the README's table gives.
+Then one line per engine with the figures docs/performance.md's shared-tier table gives.
 
 The machine is shared and has 2 cores: absolute figures are noisy; compare rows of one run.
 """
@@ -424,7 +424,7 @@ def report(engine: str, rows: list, summary: dict, sizes: list[int]) -> None:
 
 
 def summarize(results: dict) -> None:
-    """One line per engine: what the README's table gives, against the targets."""
+    """One line per engine: what docs/performance.md's shared-tier table gives, against the targets."""
     print(f"\n{'engine':10} {'visible on B p50 / p99':>24} {'cross-host exists + read, GB/s':>38} "
           f"{'B while frozen: p99 / max':>28}")
     for engine, result in results.items():

@@ -13,7 +13,7 @@
 # that was stopped), "down" stops what runs. Processes are stopped by the PIDs recorded under
 # DIR, never by name. Nothing listens on a fixed port, so several volumes can run at once.
 #
-# The mounts use what the shared tier needs from any engine (README, "What the shared tier needs
+# The mounts use what the shared tier needs from any engine (docs/shared-tier.md, "What it needs
 # from its filesystem"): attribute and entry caches of 1 s, no negative entry cache, and no
 # --writeback (which acknowledges a close before the object store has the data: another host
 # could then find a page whose bytes are not there, and a host that dies loses it).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's table of SGLang's storage calls: HiCacheFS on a mount vs SGLang's HiCacheFile.
+"""The table of SGLang's storage calls (docs/performance.md): HiCacheFS on a mount vs SGLang's HiCacheFile.
 
 SGLang 0.5.23's own radix cache and cache controller (``hicachefs_testing.sglang_cache``) serve
 the same chat workload over each backend (``run_phases``: cold, warm after evicting device and

@@ -206,7 +206,7 @@ async def _reap_abandoned(namespace: Namespace) -> None:
 
 
 async def _end_pin_leases(namespace: Namespace) -> None:
-    """Let open pages whose pin lease ended go (``fs/page_handle.py``), twice a second."""
+    """Let open pages whose pin lease ended go (``posix/page_handle.py``), twice a second."""
     while True:
         await trio.sleep(0.5)
         namespace.leases.expire()

@@ -16,7 +16,7 @@ from ..typed_stats import as_dict
 @dataclass(frozen=True)
 class DaemonStatistics:
     """``errors``: requests refused, by errno name; ``errors_by_user``: the same by the uid of
-    their sender and kind (``fs/refusal_log.py``); ``errors_not_logged``: refusals that made no
+    their sender and kind (``posix/refusal_log.py``); ``errors_not_logged``: refusals that made no
     log line (past the first of each kind and user, one line in 10 s at most); ``requests``:
     FUSE requests answered, by operation; ``pending_files``: files being written that are not
     published yet."""

@@ -1,4 +1,4 @@
-"""Open pages hold their pin on a lease (``fs/page_handle.py``), without FUSE: a store, a
+"""Open pages hold their pin on a lease (``posix/page_handle.py``), without FUSE: a store, a
 handle, and explicit clock readings."""
 
 from __future__ import annotations

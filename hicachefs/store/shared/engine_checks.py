@@ -1,6 +1,6 @@
 """What the shared tier needs from the filesystem under it, checked once at start where it can be.
 
-Any engine must give (README, "What the shared tier needs from its filesystem"):
+Any engine must give (docs/shared-tier.md, "What it needs from its filesystem"):
 - close-to-open consistency: what one host closed or fsync'd, another host that opens the file
   afterwards reads whole;
 - rename atomic within a directory, replacing its target;

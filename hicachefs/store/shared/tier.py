@@ -341,7 +341,7 @@ class SharedTier(Tier):
         problems = settings.problems()
         if problems:
             _log.warning("shared tier %s: its %s mount has %s; pages may take longer to reach other hosts "
-                         "or be lost (README: what the shared tier needs from its filesystem)",
+                         "or be lost (docs/shared-tier.md: what it needs from its filesystem)",
                          self.root, settings.engine, ", ".join(problems))
         else:
             _log.info("shared tier %s on %s: %s", self.root, settings.engine, settings.describe())
