@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from conftest import storage_config
+from storage_configs import storage_config
 from hicachefs_client import HiCacheFS
 from hicachefs_client.sglang_types import PoolHitPolicy, PoolName, PoolTransfer
 from hicachefs_testing.host_pools import MHAHostPool, MLAHostPool, page_bytes

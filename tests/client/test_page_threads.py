@@ -13,7 +13,7 @@ import pytest
 from hicachefs_client import HiCacheFS, backend
 from hicachefs_client.page_threads import PageThreads
 from hicachefs_testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
-from conftest import storage_config
+from storage_configs import storage_config
 from test_backend import indices, key, make_fs
 
 THREADS = {"read_threads": 4, "write_threads": 3}

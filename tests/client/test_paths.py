@@ -3,7 +3,7 @@
 import torch
 
 from hicachefs_client import paths
-from conftest import storage_config
+from storage_configs import storage_config
 
 
 def test_valid_keys():

@@ -15,7 +15,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-from conftest import storage_config
+from storage_configs import storage_config
 from hicachefs_client import HiCacheFS
 from hicachefs_testing.host_pools import MHAHostPool, MLAHostPool
 from test_backend import MODEL, indices, key
