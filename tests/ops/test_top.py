@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hicachefs_testing import mounting
-from hicachefs_testing.workload import content
+from hicachefs_testing.workload import content, fill_writing_share
 from pages import publish
 
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -193,3 +193,18 @@ def test_bad_input_gives_one_line(mounted, args, message):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert mounting.alive(mounted.pid)
+
+
+def test_the_ram_shares_show_what_they_hold_of_what_they_may(mount_factory):
+    """Issue 31: top shows the RAM budget's shares; files being written show in theirs."""
+    mount = mount_factory("--memory", "64M")
+    held = fill_writing_share(mount.page_dir(), 1 << 20)
+    top = start_top(mount.path, count=1)
+    out, err = top.communicate(timeout=60)
+    assert top.returncode == 0 and err == ""
+    shares = views(out)[-1]["RAM share"]
+    assert shares["writing"] == {"held": "32.0 MiB", "of": "32.0 MiB"}
+    assert shares["pins"]["held"] == "0 B" and quantity(shares["pins"]["of"]) == 12 << 20
+    assert set(shares) == {"writing", "reserved_ahead", "pins", "pins_of_others", "kernel_pushes", "write_behind"}
+    for path in held:
+        os.unlink(path)
