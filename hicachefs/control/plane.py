@@ -109,16 +109,23 @@ class PlaneHandle:
         if len(self._request) + len(data) > MAX_REQUEST:
             self._request = bytearray()
             raise FsError(errno.EFBIG, f"a plane request is at most {MAX_REQUEST} bytes")
-        self._request += data
-        if len(self._request) < REQUEST.size:
-            return len(data)
-        magic, op, flags, count, body_bytes, seq = REQUEST.unpack_from(self._request)
+        whole = offset == 0 and len(data) >= REQUEST.size  # the usual case: one write, one request
+        if not whole:
+            self._request += data
+            if len(self._request) < REQUEST.size:
+                return len(data)
+        request = data if whole else self._request
+        magic, op, flags, count, body_bytes, seq = REQUEST.unpack_from(request)
         if magic != REQUEST_MAGIC:
             self._request = bytearray()
             raise FsError(errno.EINVAL, "not a plane request (bad magic)")
-        if len(self._request) < REQUEST.size + body_bytes:
+        if len(request) < REQUEST.size + body_bytes:
+            if whole:
+                self._request += data
             return len(data)
-        body = memoryview(bytes(self._request))[REQUEST.size : REQUEST.size + body_bytes]
+        # A request that came whole is read where it lies (run before this returns, it is kept
+        # nowhere); one that came in pieces is copied out of the buffer it was gathered in.
+        body = memoryview(data if whole else bytes(self._request))[REQUEST.size : REQUEST.size + body_bytes]
         self._request = bytearray()
         try:
             answer = self._run(op, flags, count, body)
@@ -209,7 +216,7 @@ class PlaneHandle:
             for size, answer in zip(sizes, answers):
                 if answer < 0 and answer != -errno.ENOBUFS:
                     self.ahead.give_back(size)
-        return b"".join(map(_OFFSET.pack, answers))
+        return struct.pack(f"<{len(answers)}q", *answers)
 
     def _take(self, offset: int) -> Draft | None:
         """The handle's slot at ``offset``, no longer reserved (None if it holds none there)."""
@@ -221,14 +228,16 @@ class PlaneHandle:
 
     def _commit(self, flags: int, count: int, body: memoryview) -> bytes:
         outcomes = []
+        unpack, entry_size, keep_existing = _ENTRY.unpack_from, _ENTRY.size, flags & KEEP_EXISTING
         at = 0
         for _ in range(count):
-            offset, checksum, size, length = _ENTRY.unpack_from(body, at)
-            path = bytes(body[at + _ENTRY.size : at + _ENTRY.size + length]).decode("utf-8", "surrogateescape")
-            at += _ENTRY.size + length
-            outcomes.append(self._publish(offset, checksum, size, path, flags & KEEP_EXISTING))
+            offset, checksum, size, length = unpack(body, at)
+            start = at + entry_size
+            at = start + length
+            path = str(body[start:at], "utf-8", "surrogateescape")
+            outcomes.append(self._publish(offset, checksum, size, path, keep_existing))
         ahead = _SIZE.unpack_from(body, at)[0]
-        sizes = [_SIZE.unpack_from(body, at + 4 + 4 * i)[0] for i in range(ahead)]
+        sizes = list(struct.unpack_from(f"<{ahead}I", body, at + 4))
         return struct.pack(f"<{count}i", *outcomes) + self._reserve(sizes, ahead=True)
 
     def _publish(self, offset: int, checksum: int, size: int, path: str, keep_existing: int) -> int:

@@ -163,20 +163,24 @@ class PageStore:
         memory and published to a lower tier only."""
         if size > self.config.max_page_size:
             raise PageTooLarge(f"page of {size} bytes exceeds max_page_size {self.config.max_page_size}")
-        lower = any(t.fits(_LONGEST_NAME, size) for t in self._tiers[1:])
         if not self._ram.fits(b"", size):
-            if not lower:
+            if not self._lower_fits(size):
                 raise StoreFull(f"page of {size} bytes fits neither a RAM slab nor a lower tier")
             return Draft(None, size, memoryview(bytearray(size)))
         try:
             with self._lock, self._reporting():
                 offset = self._make_room(size)
         except StoreFull:
-            if not lower:
+            if not self._lower_fits(size):
                 raise
             # RAM is held by readers and drafts: the page goes to a lower tier instead.
             return Draft(None, size, memoryview(bytearray(size)))
         return Draft(offset, size, self._ram.view(offset, size))
+
+    def _lower_fits(self, size: int) -> bool:
+        """Whether a lower tier can ever take a page of ``size`` bytes (asked only where RAM
+        cannot: ``fits`` is a pure function of the size)."""
+        return any(t.fits(_LONGEST_NAME, size) for t in self._tiers[1:])
 
     def publish(self, draft: Draft, name: str, mtime_ns: int | None = None,
                 keep_existing: bool = False) -> PageInfo | None:
