@@ -102,15 +102,15 @@ class WriteBehind:
         item = _Queued(page, payload, release)
         with self._lock:
             ahead = len(self._queue) + self._in_progress
-            fits = (len(self._queue) < self.max_pages and self._bytes.held + page.size <= self._bytes.limit
-                    and ahead * self._write_s <= self.max_lag_s * self._workers)
+            fits = (len(self._queue) < self.max_pages and ahead * self._write_s <= self.max_lag_s * self._workers
+                    and self._bytes.take(page.size))  # last: it takes the bytes when the rest fits
             if not fits:
                 self.dropped_queue_full += 1
             elif self._closed or not self._accepting():
+                self._bytes.give_back(page.size)
                 self.dropped_unavailable += 1
             else:
                 self._queue.append(item)
-                self._bytes.add(page.size)
                 self._lock.notify()
                 return True
         _release(item)

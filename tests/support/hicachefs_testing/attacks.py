@@ -109,6 +109,23 @@ def start(kind: str, *args, user: int = NOBODY, count: int = 1) -> Attack | list
     return started[0] if count == 1 else started
 
 
+
+def run_rounds(kind: str, *args, count: int = 1, rounds: int = 0) -> tuple[int, Counter]:
+    """Start ``count`` attacks of ``kind``, let each make ``rounds`` rounds, and finish them:
+    the rounds they made, and their refused requests by errno name."""
+    made, refused = 0, Counter()
+    with contextlib.ExitStack() as stack:
+        running = start(kind, *args, count=count)
+        running = [stack.enter_context(a) for a in (running if isinstance(running, list) else [running])]
+        for _ in range(rounds):
+            for attack in running:
+                attack.wait_round()
+        for attack in running:
+            done = attack.finish()
+            made += done["rounds"]
+            refused.update(done["errors"])
+    return made, refused
+
 def run_script(script: str, *args: str, user: int = NOBODY, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run Python source as ``user`` with the system's Python, where it may ``import plain_user``
     (``args``: its ``sys.argv[1:]``)."""
@@ -217,16 +234,9 @@ def plain_user_round(mount, memory_bytes: int, big_pages: int = 40_000) -> Count
         phases = [("listing-storm", (big,), 2, 50), ("exists-storm", (mount.path, MAX_EXISTS_REQUEST), 4, 1),
                   ("held-requests", (mount.path, 100, MAX_EXISTS_REQUEST - len(COSTLY_LINE)), 1, 0)]
         for kind, args, count, rounds in phases:
-            with contextlib.ExitStack() as stack:
-                running = start(kind, *args, count=count)
-                running = [stack.enter_context(a) for a in (running if isinstance(running, list) else [running])]
-                for _ in range(rounds):
-                    for attack in running:
-                        attack.wait_round()
-                for attack in running:
-                    done = attack.finish()
-                    figures["rounds"] += done["rounds"]
-                    figures["refused"] += sum(done["errors"].values())
+            made, refused = run_rounds(kind, *args, count=count, rounds=rounds)
+            figures["rounds"] += made
+            figures["refused"] += sum(refused.values())
         written, failure = unrenamed_files(small, 4 * memory_bytes // TEMPORARY_PAGE)
         figures["files before ENOSPC"] += written if failure == errno.ENOSPC else 0
         figures["files failed otherwise"] += failure not in (errno.ENOSPC, None)

@@ -20,7 +20,6 @@ The mount must be reachable by uid 65534 and made with ``FLAGS`` and a disk tier
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import time
@@ -73,17 +72,10 @@ class PinsRound:
             self.examples.append(example)
 
     def _attack(self, kind: str, args: tuple, count: int, rounds: int) -> None:
-        with contextlib.ExitStack() as stack:
-            running = attacks.start(kind, *args, count=count)
-            running = [stack.enter_context(a) for a in (running if isinstance(running, list) else [running])]
-            for _ in range(rounds):
-                for attack in running:
-                    attack.wait_round()
-            for attack in running:
-                done = attack.finish()
-                self.figures["attack rounds"] += done["rounds"]
-                for name, value in done["errors"].items():
-                    self.figures[f"attack requests refused ({name})"] += value
+        made, refused = attacks.run_rounds(kind, *args, count=count, rounds=rounds)
+        self.figures["attack rounds"] += made
+        for name, value in refused.items():
+            self.figures[f"attack requests refused ({name})"] += value
 
     def floods(self, rounds: int) -> None:
         request = MiB
