@@ -131,7 +131,8 @@ class HiCacheFS(HiCacheStorage):
         self.counters = Counters()
         self.io = PageIO(self.mountpoint, self.failures, self.counters,
                          data_plane=switch_setting(extra, "data_plane", True),
-                         verify_reads=switch_setting(extra, "plane_verify_reads", None))
+                         verify_reads=switch_setting(extra, "plane_verify_reads", None),
+                         commit_behind=switch_setting(extra, "commit_behind", True))
         self.read_threads = PageThreads(threads_setting(extra, "read_threads"))
         self.write_threads = PageThreads(threads_setting(extra, "write_threads"))
         self.mem_pool_host = None
@@ -512,10 +513,18 @@ class HiCacheFS(HiCacheStorage):
         """Counters since construction: hits, misses, bytes, failures by kind, refused keys, and
         what went through the data plane (``plane_reads``, ``plane_writes``, ``plane_retries``:
         copies made again because their page changed under them, ``plane_requests``)."""
+        self.settle()  # commits under way are counted once answered
         stats: Dict[str, Any] = self.counters.snapshot()
         stats["errors"] = self.failures.counts()
         stats["refused"] = self._refusals.counts()
         return stats
+
+    def settle(self) -> None:
+        """Wait until every page this process was told is stored can be read by others too (a
+        write through the data plane returns once its pages are in the daemon's memory; its
+        commit is answered a round trip later)."""
+        if self.io.plane is not None:
+            self.io.plane.settle()
 
     def report_reads(self) -> None:
         """Tell the daemon now of the reads made through the data plane that it has not counted

@@ -51,7 +51,8 @@ class ControlHandle:
 
     def __init__(self, name: str, fd: int) -> None:
         self.name, self.fd = name, fd
-        self.busy = self.retired = False
+        self.busy = 0  # calls using it now (its owner's, and one lent to another thread)
+        self.retired = False
         self.lock = threading.Lock()
         self.state = None
 
@@ -99,9 +100,7 @@ class ControlHandles:
             if handle is None:
                 yield None
                 return
-            with handle.lock:
-                handle.busy = handle.fd >= 0
-            if handle.busy:
+            if self._hold(handle):
                 break
         else:
             yield None
@@ -109,11 +108,33 @@ class ControlHandles:
         try:
             yield handle
         finally:
-            with handle.lock:
-                handle.busy = False
-                retired = handle.retired
-            if retired:
-                self.drop(handle)
+            self._let_go(handle)
+
+    @contextlib.contextmanager
+    def lent(self, handle: ControlHandle) -> Iterator[Optional[ControlHandle]]:
+        """Another thread's handle, used here for one call while its owner waits for it (a
+        commit sent behind its batch); None once it was closed."""
+        held = self._hold(handle)
+        try:
+            yield handle if held else None
+        finally:
+            if held:
+                self._let_go(handle)
+
+    @staticmethod
+    def _hold(handle: ControlHandle) -> bool:
+        with handle.lock:
+            if handle.fd < 0 or handle.retired:
+                return False
+            handle.busy += 1
+            return True
+
+    def _let_go(self, handle: ControlHandle) -> None:
+        with handle.lock:
+            handle.busy -= 1
+            retired = handle.retired and not handle.busy
+        if retired:
+            self.drop(handle)
 
     def _get(self, name: str) -> Optional[ControlHandle]:
         mine: Dict[str, ControlHandle] = self._mine()

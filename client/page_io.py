@@ -61,15 +61,16 @@ class PageIO:
 
     def __init__(self, mountpoint: str, failures: Optional[FailureLog] = None,
                  counters: Optional[Counters] = None, data_plane: bool = True,
-                 verify_reads: Optional[bool] = None) -> None:
+                 verify_reads: Optional[bool] = None, commit_behind: bool = True) -> None:
         """``data_plane``: read and write pages through the daemon's shared memory where this
         user may (``plane.py``); ``verify_reads``: check each page read that way against its
-        checksum (None: where the CPU needs it)."""
+        checksum (None: where the CPU needs it); ``commit_behind``: a write through it returns
+        once its pages are in the daemon's memory, its commit sent by a thread of the client's."""
         self.root = os.path.abspath(mountpoint)
         self.failures = failures or FailureLog()
         self.counters = counters or Counters()
         self.handles = ControlHandles(self.root, self.failures)
-        self.plane = Plane(self.root, self.failures, self.counters, verify_reads) if data_plane else None
+        self.plane = Plane(self.root, self.failures, self.counters, verify_reads, commit_behind) if data_plane else None
         if not self.handles.seen_daemon:
             logger.warning(
                 "hicachefs client: %s has no %s/ (not a live hicachefs mount yet); existence "

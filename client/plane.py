@@ -13,10 +13,18 @@ files). What the plane does:
   other hosts write exists (the daemon looks there, and fetches it ahead), an index being
   rebuilt, a page on no tier the plane reads.
 - **Writes cost one request a batch.** Each thread's handle on ``.hicachefs/plane`` keeps a
-  reservation ready (as many slots as its last batch had pages); the client copies the pages
-  into those slots with ``pwritev``, checksums them (xxh3_64), and commits the batch, which
-  reserves the next batch's slots in the same request. Pages the index already holds are kept as
+  reservation ready (as many slots as its last batch had pages, 8 MiB at least); the client
+  copies the pages into those slots with ``pwritev``, checksums them (xxh3_64), and commits the
+  batch, which reserves the next batch's slots in the same request. Pages the index already holds are kept as
   they are without asking. A page without a slot (the daemon had none to give) goes another way.
+- **The commit is sent behind the batch** (``commit_behind``, on by default): once a batch's
+  pages are in their slots, in the daemon's RAM, they are as safe as a committed page of the
+  RAM tier (both die with the daemon and nothing else), so the call returns then and a thread of
+  the client's sends the commit, which costs the daemon's round trip (0.3-1.3 ms) that the
+  caller no longer waits for. This client sees its own pages at once: a lookup of a page whose
+  commit is under way waits for it. Others see them once the commit is answered. The first
+  commit into a directory, and a handle's next request, wait for it as before; a page the daemon
+  then refuses (its directory was removed meanwhile) is logged and counted a write failure.
 - **Reads are reported** to the daemon in batches, from a thread of its own, every half second
   (``Reports``), so that hits and recency stay right; a report may lag, it is never dropped while
   the mount works (the rest is sent at ``close``).
@@ -35,6 +43,7 @@ import os
 import struct
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -58,8 +67,14 @@ RETRIES = 3
 RETRY_INTERVAL_S = 1.0
 #: Pages a commit reserves for the next batch at most (a batch of SGLang's is 8 to 128).
 MAX_AHEAD = 128
+#: A commit reserves at least this many bytes for the next batch, so that a batch a little
+#: larger than the last (SGLang's backups vary: 3 to 67 pages of 128 KiB) needs no request of
+#: its own; the ``reserved_ahead`` share of the daemon's RAM bounds what all writers hold so.
+MIN_AHEAD_BYTES = 8 << 20
 #: Pages one commit request carries at most.
 MAX_COMMIT = 1024
+#: Threads sending commits behind their batches (a batch on ``write_threads`` is one commit each).
+COMMIT_THREADS = 2
 #: Reads are reported this often (seconds), or at this many.
 REPORT_INTERVAL_S = 0.5
 MAX_REPORT = 4096
@@ -71,26 +86,33 @@ Read = Tuple[int, int]  # a read as reported: the index row and its gen
 class _HandleState:
     """What a thread's handle on the plane file holds at one daemon (``token``): its mailbox in
     the arena (-1: none; answers are then read from the handle), the slots it reserved for its
-    next batch, and the sequence number of its last request."""
+    next batch, the sequence number of its last request, and its commit still under way."""
 
     token: bytes
     mailbox: int = -1
     ready_size: int = 0
     ready: List[int] = field(default_factory=list)
     seq: int = 0
+    behind: Optional[Future] = None
 
 
 class Plane:
     """The data plane of one mount. See the module docstring."""
 
     def __init__(self, root: str, failures: FailureLog, counters: Counters,
-                 verify_reads: Optional[bool] = None) -> None:
+                 verify_reads: Optional[bool] = None, commit_behind: bool = True) -> None:
         """``verify_reads``: check every page's checksum after its copy (by default only where
-        the CPU may reorder loads, and for the disk tier's pages)."""
+        the CPU may reorder loads, and for the disk tier's pages); ``commit_behind``: return
+        once a batch is in its slots and send its commit from a thread of the client's."""
         self.root = root
         self.failures = failures
         self.counters = counters
         self.verify_reads = (not ORDERED_LOADS) if verify_reads is None else verify_reads
+        self.commit_behind = commit_behind
+        self.commits = CommitsUnderWay.of(root)
+        self._dirs_taking: set = set()  # (daemon token, directory) a commit published into
+        self._senders: Optional[ThreadPoolExecutor] = None
+        self._senders_pid = 0
         self.handles = ControlHandles(root, failures)
         self._lock = threading.Lock()
         self._attachment: Optional[Attachment] = None
@@ -167,6 +189,7 @@ class Plane:
         attachment = self.attached()
         if attachment is None:
             return [None] * len(rels)
+        self.commits.wait(rels)
         found: List[Optional[bool]] = []
         for rel in rels:
             located = self._locate(attachment, rel)
@@ -181,6 +204,7 @@ class Plane:
         attachment = self.attached()
         if attachment is None:
             return [None] * len(rels)
+        self.commits.wait(rels)
         return [self._read_one(attachment, rel, page, size) for rel, page in zip(rels, buffers)]
 
     def _read_one(self, attachment: Attachment, rel: str, buffers: Sequence[memoryview], size: int) -> Optional[bool]:
@@ -240,11 +264,11 @@ class Plane:
             if handle is not None:
                 for start in range(0, len(todo), MAX_COMMIT):
                     chunk = todo[start : start + MAX_COMMIT]
-                    self._publish_chunk(attachment, handle, [rels[i] for i in chunk],
+                    self._publish_chunk(attachment, handle, rel_dir, [rels[i] for i in chunk],
                                         [buffers[i] for i in chunk], size, chunk, results)
         return results
 
-    def _publish_chunk(self, attachment: Attachment, handle: ControlHandle, rels: List[str],
+    def _publish_chunk(self, attachment: Attachment, handle: ControlHandle, rel_dir: str, rels: List[str],
                        buffers: Sequence[Sequence[memoryview]], size: int, where: List[int],
                        results: List[Optional[OSError | bool]]) -> None:
         slots = self._slots(attachment, handle, size, len(rels))
@@ -264,24 +288,83 @@ class Plane:
             unused = [offset for j, offset in enumerate(slots) if offset >= 0 and j not in placed]
             if unused:
                 self._request(attachment, handle, RELEASE, 0, len(unused), struct.pack(f"<{len(unused)}q", *unused), 0)
-        ahead = min(len(rels), MAX_AHEAD)
+        # Slots for the next batch: as many as this one had, or MIN_AHEAD_BYTES, less those left.
+        wanted = min(max(len(rels), MIN_AHEAD_BYTES // size), MAX_AHEAD)
+        ahead = max(0, wanted - len(self._state(attachment, handle).ready))
         body = b"".join(entries) + struct.pack(f"<I{ahead}I", ahead, *([size] * ahead))
-        answer = self._request(attachment, handle, COMMIT, KEEP_EXISTING, len(entries), body,
-                               4 * len(entries) + 8 * ahead)
-        if answer is None:
-            return
-        outcomes = struct.unpack_from(f"<{len(entries)}i", answer)
-        published = outcomes.count(PUBLISHED)
-        self.counters.add(pages_written=published, bytes_written=published * size, plane_writes=published,
-                          pages_skipped=outcomes.count(KEPT), batches_written=1)
+        placed_rels = [rels[j] for j in placed]
+        if placed and self.commit_behind and (attachment.token, rel_dir) in self._dirs_taking:
+            sender = self._sender()
+            if sender is not None:
+                self.commits.add(placed_rels)
+                for j in placed:
+                    results[where[j]] = True
+                state = self._state(attachment, handle)
+                state.behind = sender.submit(self._commit_behind, attachment, handle, state, rel_dir,
+                                             placed_rels, body, ahead, size)
+                return
+        outcomes = self._commit(attachment, handle, self._state(attachment, handle), rel_dir, placed_rels,
+                                body, ahead, size)
         for j, outcome in zip(placed, outcomes):
             if outcome in (PUBLISHED, KEPT):
                 results[where[j]] = True
             elif outcome != -errno.ENOENT:  # a pool directory not made yet: made on the other way
                 results[where[j]] = OSError(-outcome, f"{rels[j]}: {errno.errorcode.get(-outcome, -outcome)}")
-        state = self._state(attachment, handle)
+
+    def _commit(self, attachment: Attachment, handle: ControlHandle, state: _HandleState, rel_dir: str,
+                rels: List[str], body: bytes, ahead: int, size: int) -> Sequence[int]:
+        """Send a batch's commit (``body``: its entries, then ``ahead`` sizes to reserve next)
+        and take its answer; per page PUBLISHED, KEPT or -errno (-EIO for all when the request
+        failed)."""
+        answer = self._send(attachment, handle, state, COMMIT, KEEP_EXISTING, len(rels), body,
+                            4 * len(rels) + 8 * ahead)
+        if answer is None:
+            return [-errno.EIO] * len(rels)
+        outcomes = struct.unpack_from(f"<{len(rels)}i", answer)
+        published = outcomes.count(PUBLISHED)
+        self.counters.add(pages_written=published, bytes_written=published * size, plane_writes=published,
+                          pages_skipped=outcomes.count(KEPT), batches_written=1)
+        if published or KEPT in outcomes:
+            self._dirs_taking.add((attachment.token, rel_dir))
         state.ready_size = size
-        state.ready = [o for o in struct.unpack_from(f"<{ahead}q", answer, 4 * len(entries)) if o >= 0]
+        state.ready += [o for o in struct.unpack_from(f"<{ahead}q", answer, 4 * len(rels)) if o >= 0]
+        return outcomes
+
+    def _commit_behind(self, attachment: Attachment, handle: ControlHandle, state: _HandleState, rel_dir: str,
+                       rels: List[str], body: bytes, ahead: int, size: int) -> None:
+        """``_commit`` on a sender thread, with the handle lent by its owner (which waits for
+        this before its next request); what the daemon refused is logged and counted."""
+        try:
+            with self.handles.lent(handle) as lent:
+                try:
+                    outcomes = (self._commit(attachment, lent, state, rel_dir, rels, body, ahead, size)
+                                if lent is not None else [-errno.EBADF] * len(rels))
+                except struct.error:  # an answer cut short: nothing can be said of the pages
+                    outcomes = [-errno.EPROTO] * len(rels)
+            refused = [(rel, outcome) for rel, outcome in zip(rels, outcomes) if outcome not in (PUBLISHED, KEPT)]
+            if refused:
+                if any(outcome == -errno.ENOENT for _, outcome in refused):
+                    self._dirs_taking.discard((attachment.token, rel_dir))  # made again the other way
+                for rel, outcome in refused:
+                    self.failures.failure(errno.errorcode.get(-outcome, str(-outcome)),
+                                          f"cannot publish {rel}: its commit was refused "
+                                          f"({os.strerror(-outcome)})")
+                self.counters.add(write_failures=len(refused))
+        finally:
+            self.commits.done(rels)
+
+    def _sender(self) -> Optional[ThreadPoolExecutor]:
+        """The threads that send commits behind (made anew in a forked child, which has none);
+        None once closed."""
+        with self._lock:
+            if self._senders_pid != os.getpid():
+                self._senders = ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="hicachefs-commit")
+                self._senders_pid = os.getpid()
+            return self._senders
+
+    def settle(self) -> None:
+        """Wait until every commit sent behind its batch in this process has been answered."""
+        self.commits.wait_all()
 
     def _slots(self, attachment: Attachment, handle: ControlHandle, size: int, count: int) -> List[int]:
         """``count`` reserved slots for pages of ``size`` bytes: the handle's ready ones first,
@@ -307,6 +390,10 @@ class Plane:
         """The handle's state at this daemon; a new one (with a mailbox asked for) once the
         handle meets another daemon than the one it held things at."""
         state = handle.state
+        if state is not None and state.behind is not None:  # its commit under way: answered first
+            behind, state.behind = state.behind, None
+            behind.result()
+            state = handle.state
         if state is None or state.token != attachment.token:
             state = handle.state = _HandleState(attachment.token)
             answer = self._request(attachment, handle, MAILBOX, 0, 0, b"", 8)
@@ -320,6 +407,11 @@ class Plane:
         in the arena when it has one (no request more), else read from the handle. None when
         the handle fails (it is dropped: the daemon then gives back what it held)."""
         state = self._state(attachment, handle) if op != MAILBOX else None
+        return self._send(attachment, handle, state, op, flags, count, body, answer_bytes)
+
+    def _send(self, attachment: Attachment, handle: ControlHandle, state: Optional[_HandleState], op: int,
+              flags: int, count: int, body: bytes, answer_bytes: int) -> Optional[bytes]:
+        """``_request`` on a handle whose state is ``state`` (None: none yet, no mailbox)."""
         try:
             seq = 0 if state is None else state.seq + 1
             mailbox = -1 if state is None else state.mailbox
@@ -330,7 +422,7 @@ class Plane:
             if handle.fd < 0 or _pwrite_all(handle.fd, request) != len(request):
                 raise OSError(errno.EIO, "a plane request was not taken whole")
             expected = (_ANSWER_MAGIC, op, count, answer_bytes, seq)
-            answer = _answer_in(attachment.arena_fd, mailbox, _REQUEST.size + answer_bytes) if mailbox >= 0 else b""
+            answer = bytes(attachment.arena[mailbox : mailbox + _REQUEST.size + answer_bytes]) if mailbox >= 0 else b""
             if _header(answer) != expected:  # no mailbox, or the answer did not fit in it
                 answer = _pread_all(handle.fd, _REQUEST.size + answer_bytes)
                 if _header(answer) != expected:
@@ -354,8 +446,54 @@ class Plane:
                 self._request(attachment, handle, REPORT, 0, len(reads), body, 4)
 
     def close(self) -> None:
+        self.settle()
         self.reports.send_now()
         self.handles.close()
+        with self._lock:
+            senders, self._senders = self._senders, None
+        if senders is not None and self._senders_pid == os.getpid():
+            senders.shutdown(wait=True)
+
+
+class CommitsUnderWay:
+    """The pages whose commits are under way in this process, per mount: every client of the
+    mount in this process waits for them before it looks one up, so it sees what this process
+    wrote as soon as the write returned."""
+
+    _of: Dict[str, "CommitsUnderWay"] = {}
+    _of_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, root: str) -> "CommitsUnderWay":
+        with cls._of_lock:
+            return cls._of.setdefault(root, cls())
+
+    def __init__(self) -> None:
+        self._count: Dict[str, int] = {}  # page path -> commits of it under way
+        self._changed = threading.Condition()
+
+    def add(self, rels: Sequence[str]) -> None:
+        with self._changed:
+            for rel in rels:
+                self._count[rel] = self._count.get(rel, 0) + 1
+
+    def done(self, rels: Sequence[str]) -> None:
+        with self._changed:
+            for rel in rels:
+                left = self._count.pop(rel) - 1
+                if left:
+                    self._count[rel] = left
+            self._changed.notify_all()
+
+    def wait(self, rels: Sequence[str]) -> None:
+        """Until no commit of these pages is under way."""
+        if self._count:  # read without the lock: the usual case, none under way, costs nothing
+            with self._changed:
+                self._changed.wait_for(lambda: not any(rel in self._count for rel in rels))
+
+    def wait_all(self) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._count)
 
 
 class Reports:
@@ -432,11 +570,6 @@ def _header(answer: bytes) -> Optional[tuple]:
         return None
     magic, op, _, count, length, seq = _REQUEST.unpack_from(answer)
     return magic, op, count, length, seq
-
-
-def _answer_in(arena_fd: int, mailbox: int, size: int) -> bytes:
-    """What the handle's mailbox in the arena holds (``size`` bytes of it)."""
-    return os.pread(arena_fd, size, mailbox)
 
 
 def _pread_all(fd: int, size: int) -> bytes:

@@ -1,4 +1,5 @@
-"""Vectored reads into several buffers (a page's pieces in the host pool): what is left to fill."""
+"""Vectored reads into several buffers (a page's pieces in the host pool): what is left to fill,
+and copies out of a mapped file."""
 
 from __future__ import annotations
 
@@ -27,4 +28,17 @@ def read_into(fd: int, buffers: Sequence[memoryview], offset: int = 0) -> int:
             break
         done += n
         rest = advance(rest, n)
+    return done
+
+
+def copy_from(source: memoryview, buffers: Sequence[memoryview], offset: int = 0) -> int:
+    """Bytes copied from ``source`` at ``offset`` into ``buffers``, until they are full or
+    ``source`` ends."""
+    done = 0
+    for buf in buffers:
+        piece = source[offset + done : offset + done + len(buf)]
+        buf[: len(piece)] = piece
+        done += len(piece)
+        if len(piece) < len(buf):
+            break
     return done

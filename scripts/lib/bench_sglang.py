@@ -247,8 +247,12 @@ def file_read(backend: HiCacheFile, pool: Pool, keys: List[str]) -> int:
 
 
 def fs_write(backend: HiCacheFS, pool: Pool, keys: List[str]) -> bool:
-    """CacheController._page_set_zero_copy."""
-    return all(backend.batch_set_v1(keys, pool.indices[: len(keys) * pool.ps]))
+    """CacheController._page_set_zero_copy, timed until its commit is answered (the call itself
+    returns before: ``commit_behind``), so that a write's figure holds all it costs, and the
+    commit runs under no other backend's call."""
+    stored = all(backend.batch_set_v1(keys, pool.indices[: len(keys) * pool.ps]))
+    backend.settle()
+    return stored
 
 
 def fs_read(backend: HiCacheFS, pool: Pool, keys: List[str]) -> int:

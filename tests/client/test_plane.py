@@ -1,7 +1,8 @@
 """The data plane on a real mount (``client/plane.py``): reads and existence cost the daemon no
-request, a batch written costs one, only the store's writers may use it, a writer that dies
-mid-batch publishes nothing, and a daemon killed under the client is never trusted again, while
-the same client serves from the next daemon within seconds."""
+request, a batch written costs one, sent behind the call (which returns once the pages are in
+the daemon's memory, this process seeing them at once), only the store's writers may use it, a
+writer that dies mid-batch publishes nothing, and a daemon killed under the client is never
+trusted again, while the same client serves from the next daemon within seconds."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 
 import pytest
 
+from hicachefs_client.plane import MIN_AHEAD_BYTES, Plane
 from hicachefs_testing import mounting
 from hicachefs_testing.host_pools import MHAHostPool, page_bytes
 from pages import as_nobody, requests_of, wait_until
@@ -32,9 +34,19 @@ def written(mounted, pages=PAGES, prefix="plane"):
     return pool, keys
 
 
-def test_reads_and_existence_ask_the_daemon_nothing(mounted):
-    source, keys = written(mounted)
-    target = MHAHostPool(pages=PAGES)
+# Pages of small pieces (4 KiB: read with one preadv each) and of large ones (64 KiB: copied
+# from the arena's mapping).
+SHAPES = {"small pieces": {}, "large pieces": dict(head_num=8, head_dim=64)}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_reads_and_existence_ask_the_daemon_nothing(mounted, shape):
+    source = MHAHostPool(pages=PAGES, **SHAPES[shape])
+    keys = [key("plane", shape, i) for i in range(PAGES)]
+    writer = make_fs(mounted.path, source)
+    assert writer.batch_set_v1(keys, indices(source, range(PAGES))) == [True] * PAGES
+    writer.close()
+    target = MHAHostPool(pages=PAGES, **SHAPES[shape])
     reader = make_fs(mounted.path, target)
     assert reader.batch_exists(keys) == PAGES  # the first call asks the pool directory's number
     target.zero()
@@ -69,7 +81,8 @@ def test_a_batch_written_costs_one_request_of_the_plane_file(mounted):
     second = [key("batch", i) for i in range(PAGES, 2 * PAGES)]
     assert writer.batch_set_v1(second, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
     third = [key("batch", i) for i in range(2 * PAGES, 3 * PAGES)]
-    cost, got = requests_of(mounted, lambda: writer.batch_set_v1(third, indices(pool, range(2 * PAGES, 3 * PAGES))))
+    cost, got = requests_of(mounted, lambda: (writer.batch_set_v1(third, indices(pool, range(2 * PAGES, 3 * PAGES))),
+                                              writer.settle())[0])
     assert got == [True] * PAGES
     assert cost == {"write": 1}  # the commit; its answer is read from the handle's mailbox in the arena
     cost, got = requests_of(mounted, lambda: writer.batch_set_v1(third, indices(pool, range(2 * PAGES, 3 * PAGES))))
@@ -183,3 +196,90 @@ def test_a_daemon_killed_under_four_threads_is_never_trusted_and_the_client_come
     assert not wrong
     assert served_after and min(served_after) < 5.0
     assert client.statistics()["plane_reads"] > 0
+
+
+def pool_made(writer, pool, tag):
+    """Two batches: the first makes the pool's directories (the other way), the second is the
+    first commit into it, which the client waits for; later ones are sent behind."""
+    for batch in range(2):
+        keys = [key(tag, "first", batch, i) for i in range(PAGES)]
+        assert writer.batch_set_v1(keys, indices(pool, range(PAGES))) == [True] * PAGES
+
+
+def test_a_write_returns_before_its_commit_and_this_process_sees_its_pages_at_once(mounted, monkeypatch):
+    pool = MHAHostPool(pages=2 * PAGES)
+    writer = make_fs(mounted.path, pool)
+    pool_made(writer, pool, "behind")
+    released = threading.Event()
+    send = Plane._commit_behind
+
+    def held_back(plane, *args):  # the daemon's answer, delayed
+        released.wait(10)
+        return send(plane, *args)
+
+    monkeypatch.setattr(Plane, "_commit_behind", held_back)
+    second = [key("behind", i) for i in range(PAGES, 2 * PAGES)]
+    published = mounted.stats()["published"]
+    assert writer.batch_set_v1(second, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
+    page = mounted.path / writer._dir_of("kv") / second[0]
+    assert not page.exists() and mounted.stats()["published"] == published  # not committed yet
+    target = MHAHostPool(pages=PAGES)
+    reader = make_fs(mounted.path, target)  # another client of this process
+    got = []
+    reading = threading.Thread(target=lambda: got.append(reader.batch_get_v1(second, indices(target, range(PAGES)))))
+    reading.start()
+    reading.join(0.3)
+    assert reading.is_alive()  # waits for the commit under way: never a miss of a page written
+    released.set()
+    reading.join(10)
+    assert got == [[True] * PAGES]
+    assert [page_bytes(target, i) for i in range(PAGES)] == [page_bytes(pool, PAGES + i) for i in range(PAGES)]
+    assert page.exists() and mounted.stats()["published"] == published + PAGES
+
+
+def test_with_commit_behind_off_a_write_is_committed_when_it_returns(mounted, monkeypatch):
+    monkeypatch.setattr(Plane, "_commit_behind", None)  # never sent behind
+    pool = MHAHostPool(pages=PAGES)
+    writer = make_fs(mounted.path, pool, extra={"commit_behind": False})
+    for batch in range(3):
+        keys = [key("in step", batch, i) for i in range(PAGES)]
+        assert writer.batch_set_v1(keys, indices(pool, range(PAGES))) == [True] * PAGES
+        assert all((mounted.path / writer._dir_of("kv") / k).exists() for k in keys)
+    assert writer.statistics()["plane_writes"] == 2 * PAGES  # the first batch made the pool the other way
+
+
+def test_pages_whose_commit_is_refused_after_the_write_returned_are_counted_and_the_pool_comes_back(mounted):
+    pool = MHAHostPool(pages=PAGES)
+    writer = make_fs(mounted.path, pool)
+    batches = [[key("refused", batch, i) for i in range(PAGES)] for batch in range(3)]
+    pool_made(writer, pool, "refused")
+    assert writer.batch_set_v1(batches[0], indices(pool, range(PAGES))) == [True] * PAGES
+    pool_dir = mounted.path / writer._dir_of("kv")
+    subprocess.run(["rm", "-r", str(pool_dir)], check=True)  # an operator clears the pool
+    assert writer.batch_set_v1(batches[1], indices(pool, range(PAGES))) == [True] * PAGES  # in its slots
+    stats = writer.statistics()  # once its commit is answered: refused, the pool being gone
+    assert stats["write_failures"] == PAGES and stats["errors"].get("ENOENT") == PAGES
+    assert writer.batch_set_v1(batches[2], indices(pool, range(PAGES))) == [True] * PAGES  # makes it again
+    reader = make_fs(mounted.path, MHAHostPool(pages=PAGES))
+    assert reader.batch_exists(batches[2]) == PAGES and reader.batch_exists(batches[1]) == 0
+    assert sorted(os.listdir(pool_dir)) == sorted(batches[2])
+
+
+def test_a_writer_whose_batches_shrink_holds_no_more_slots_than_it_reserves_ahead(mounted):
+    big, small = 32, 1
+    pool = MHAHostPool(pages=big, head_num=8, head_dim=64)  # pages of 128 KiB
+    size = len(page_bytes(pool, 0))
+    writer = make_fs(mounted.path, pool)
+    memory = lambda: mounted.stats()["tiers"]["memory"]["used_bytes"]  # noqa: E731
+    written = 0
+    before = memory()
+    for cycle in range(6):
+        for count in (big, small):
+            keys = [key("shrink", cycle, count, i) for i in range(count)]
+            assert writer.batch_set_v1(keys, indices(pool, range(count))) == [True] * count
+            written += count
+    writer.settle()
+    held = memory() - before - written * size  # what the writer's handles hold beyond its pages
+    assert 0 < held <= MIN_AHEAD_BYTES + big * size + (256 << 10)  # its slots ahead and mailbox
+    writer.close()
+    wait_until(lambda: memory() - before == written * size, timeout=5)  # all given back

@@ -86,7 +86,8 @@ def test_every_change_of_a_page_fails_a_copy_made_before_it(store, tmp_path, cha
         assert change != "demote" or (again.ram < 0 and again.disk >= 0)
 
 
-def test_a_reader_stalled_mid_copy_while_its_slot_gets_another_page_never_takes_it(store, tmp_path, monkeypatch):
+@pytest.mark.parametrize("piece", [SIZE, 4 << 10], ids=["one piece, from the mapping", "pieces of 4 KiB, preadv"])
+def test_a_reader_stalled_mid_copy_while_its_slot_gets_another_page_never_takes_it(store, tmp_path, monkeypatch, piece):
     name = f"{DIRECTORY}/{'d' * 64}"
     store.put(name, content(5, SIZE))
     attachment = attach(store, tmp_path / "root")
@@ -100,8 +101,10 @@ def test_a_reader_stalled_mid_copy_while_its_slot_gets_another_page_never_takes_
 
     monkeypatch.setattr(plane_index, "after_copy", evict_and_reuse)
     buffer = bytearray(SIZE)
-    assert attachment.copy(found, [memoryview(buffer)], SIZE, verify=False) is False
+    pieces = [memoryview(buffer)[at : at + piece] for at in range(0, SIZE, piece)]
+    assert attachment.copy(found, pieces, SIZE, verify=False) is False
     assert reused == [found.ram]  # the slot did get another page's bytes
+    assert bytes(buffer) == content(5, SIZE)  # copied whole before the change, and still refused
 
 
 def test_an_index_that_grows_sends_readers_to_its_new_memory(store, tmp_path):
