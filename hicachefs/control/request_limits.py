@@ -26,10 +26,11 @@ other request is touched.
   is refused at its first large write, before it has sent megabytes for nothing (4 processes
   of one user sending 8 MiB queries, 3 of them refused each time after 7 MiB of writes, took
   another client's median from 0.2 to 8 ms).
-- Turns of other users (``RequestLimits.others``, ``Account.turn``): every read and write of a
-  fetch handle of a user other than the store's own clients takes a turn in a lane of their
-  own, each followed by a pause, so that another client's request waits behind at most one of
-  theirs. A read of the fetch file costs a few milliseconds for 256 small pages, and a write of
+- Turns of other users (``RequestLimits.others``, ``Account.turn``, ``turn_of``): every read
+  and write of a fetch handle, and every opendir and readdir, of a user other than the store's
+  own clients takes a turn in a lane of their own, each followed by a pause of 3 ms, so that
+  another client's request waits behind at most one of theirs, and their processes wait rather
+  than take the host's cores. A read of the fetch file costs a few milliseconds for 256 small pages, and a write of
   a MiB, refused or not, about one. On the 2-core VM, loaded by others (where another client
   alone had a p99 of 2-7 ms), while 4 processes of a plain user sent 4 MiB fetch requests of
   stored pages and read the answers, another client's p50 was 10-16 ms and its p99 48-170 ms;
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
@@ -74,6 +76,10 @@ ANSWERING = Limits(writers=32, user=4, others=6)
 #: sleeps gets only its fair share of a busy host's cores, and every other client's request
 #: waits for its turn (on 2 loaded cores, a lookup's p99 went from 25-40 ms to 11-13 ms).
 STEP_PAUSE_S = 0.001
+#: Pause after each turn of the other users' lane. On the 2-core VM, another client's p99
+#: during 4 processes of a plain user's fetch storms: 14.4 ms (stored pages) and 11.2 ms
+#: (missing ones) with 1 ms, 6.3 and 7.7 ms with 3 ms; listings: see docs/performance.md.
+OTHERS_PAUSE_S = 0.003
 
 
 class Shares:
@@ -116,21 +122,25 @@ class Shares:
 
 
 class StepLane:
-    """Steps, one at a time across all handles, each followed by a pause. Fair: steps run in
-    the order they asked (trio's lock is FIFO)."""
+    """Steps, one at a time across all handles, each followed by a pause before the next step
+    begins (not before its own answer: a lone step costs its sender no wait). Fair: steps run
+    in the order they asked (trio's lock is FIFO)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause_s: float = STEP_PAUSE_S) -> None:
         self._turn = trio.Lock()
+        self.pause_s = pause_s
+        self._free_at = 0.0  # when the pause after the last step ends (time.monotonic)
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
-        """What runs inside is one step: it waits for its turn, and the pause follows it (a
-        refused one too: refusals cost their sender nothing else)."""
+        """What runs inside is one step: it waits for its turn and for the pause after the step
+        before it (a refused one too: refusals cost their sender nothing else)."""
         async with self._turn:
+            await trio.sleep(max(0.0, self._free_at - time.monotonic()))  # holding the turn: the pause is everyone else's
             try:
                 yield
             finally:
-                await trio.sleep(STEP_PAUSE_S)  # still holding the turn: the pause is everyone else's
+                self._free_at = time.monotonic() + self.pause_s
 
     async def step(self, work: Callable[[], bool]) -> bool:
         async with self.turn():
@@ -145,7 +155,12 @@ class RequestLimits:
         self.memory = Shares(writers, MEMORY, "bytes held for requests")
         self.answering = Shares(writers, ANSWERING, "large requests being answered")
         self.lane = StepLane()  # large requests' steps
-        self.others = StepLane()  # other users' fetch reads and writes
+        self.others = StepLane(OTHERS_PAUSE_S)  # other users' fetch reads and writes
+
+    def turn_of(self, uid: int | None) -> AbstractAsyncContextManager[None]:
+        """A turn in the lane of the users other than the store's own clients, for one request
+        of ``uid`` (opening or listing a directory); none for the store's own clients."""
+        return contextlib.nullcontext() if uid is None or uid in self.writers else self.others.turn()
 
     def account(self, uid: int) -> Account:
         """What one handle opened by ``uid`` takes, charged to that user."""

@@ -108,9 +108,9 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
                                     namespace.pending_count(), notifier.statistics(), refusals.by_user,
                                     refusals.not_logged)
 
-        namespace = Namespace(store, ControlFiles(store, statistics, metrics.render, effective), notifier,
-                              config.temp_timeout_s, config.kernel_cache)
-        requests = Requests(namespace)
+        control = ControlFiles(store, statistics, metrics.render, effective)
+        namespace = Namespace(store, control, notifier, config.temp_timeout_s, config.kernel_cache)
+        requests = Requests(namespace, control.request_limits.turn_of)
         operations = Operations(requests)
         if config.metrics_listen:  # bound before mounting: a port in use fails the start
             endpoint = MetricsEndpoint(config.metrics_listen, statistics)

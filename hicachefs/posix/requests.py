@@ -11,8 +11,11 @@ Not thread-safe: the daemon's trio thread only.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import trio
@@ -59,8 +62,12 @@ async def settled(answer):
 class Requests:
     """Every FUSE request the mount answers, as a coroutine over the namespace."""
 
-    def __init__(self, namespace: Namespace):
+    def __init__(self, namespace: Namespace,
+                 turn_of: Callable[[int | None], AbstractAsyncContextManager[None]] = lambda uid: contextlib.nullcontext()):
+        """``turn_of(uid)``: what a request of ``uid`` that lists a directory waits for first (a
+        turn in the lane of users other than the store's own clients: ``request_limits``)."""
         self.namespace = namespace
+        self.turn_of = turn_of
         self.uid, self.gid = namespace.uid, namespace.gid  # who owns every file
         self.errors: collections.Counter[str] = collections.Counter()
         self.refusals = RefusalLog(log)
@@ -137,11 +144,16 @@ class Requests:
         self.namespace.rmdir(parent_inode, name)
 
     async def opendir(self, inode: int, uid: int | None = None) -> int:
-        return self.namespace.handles.add(self.namespace.opendir(inode), uid)
+        async with self.turn_of(uid):
+            return self.namespace.handles.add(self.namespace.opendir(inode), uid)
 
     async def readdir(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
         """Up to ``limit`` entries from position ``start``: (next position, name, attributes).
         The kernel may take fewer: ``took`` says how many, so that they count as lookups."""
+        async with self.turn_of(self.namespace.handles.opener(fh)):
+            return self._entries(fh, start, limit)
+
+    def _entries(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
         entries = []
         for next_id, (name, describe) in self.handle(fh).listing(start):
             entries.append((next_id, name, describe(False)))

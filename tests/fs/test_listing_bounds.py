@@ -10,10 +10,15 @@ import os
 import time
 
 import pytest
+import trio
 
+from hicachefs.control.request_limits import OTHERS_PAUSE_S
 from hicachefs.posix.listing import ENTRIES_PER_REQUEST
+from hicachefs.posix.requests import Requests
+from hicachefs.store import PageStore, StoreConfig
 from hicachefs_testing import attacks
 from hicachefs_testing.workload import content, publish
+from namespace_alone import Alone
 from pages import requests_of
 
 POOL_PAGES = 40_000
@@ -133,3 +138,47 @@ def test_a_long_listing_is_answered_a_bounded_batch_per_request(mounted):
     assert len(listed) == pages
     print(f"{pages} entries in {requests['readdir']} readdir requests")
     assert requests["readdir"] >= pages // ENTRIES_PER_REQUEST, requests
+
+
+def test_a_plain_users_listing_requests_take_turns_in_their_lane_and_the_writers_do_not(tmp_path):
+    """Opening and listing a directory, a user other than the store's own clients waits for a
+    turn in their lane (one at a time, the next after a pause); root never waits for it."""
+    store = PageStore(StoreConfig(memory_bytes=8 << 20))
+    try:
+        alone = Alone(store)
+        for i in range(8):
+            alone.publish(f"{i:064x}".encode(), content(i, 4096))
+        limits = alone.ns.control.request_limits
+        requests = Requests(alone.ns, limits.turn_of)
+        order, paced = [], []
+
+        async def main():
+            release = trio.Event()
+            async with trio.open_nursery() as nursery:
+                async def holder(task_status=trio.TASK_STATUS_IGNORED):
+                    async with limits.others.turn():  # another plain user's turn, held
+                        task_status.started()
+                        await release.wait()
+
+                await nursery.start(holder)
+                fh = await requests.opendir(alone.pool, 0)
+                order.append(("root", len(await requests.readdir(fh, 0, 100))))
+
+                async def plain():
+                    fh = await requests.opendir(alone.pool, 65534)
+                    order.append(("plain", len(await requests.readdir(fh, 0, 100))))
+                    started = time.monotonic()
+                    for _ in range(3):
+                        await requests.readdir(fh, 0, 100)
+                    paced.append(time.monotonic() - started)
+
+                nursery.start_soon(plain)
+                await trio.sleep(0.05)
+                order.append("released")
+                release.set()
+
+        trio.run(main)
+        assert order == [("root", 8), "released", ("plain", 8)]
+        assert paced[0] >= 3 * OTHERS_PAUSE_S - 1e-3  # each of its readdirs waited for the pause after the last
+    finally:
+        store.close()
