@@ -289,6 +289,13 @@ class HiCacheFS(HiCacheStorage):
         todo = wanted  # pages already stored are kept as they are (``PageIO.publish_pages``)
         zero_copy = layout.zero_copy_buffers([starts[i] for i in todo])
         chunks = self._chunks(len(todo), layout.page_bytes, self.write_threads.threads, zero_copy is None)
+        if zero_copy is not None and self.io.plane_attached():  # one commit, the copies spread
+            spread = lambda copy, runs: self.write_threads.run(functools.partial(self._run_of_pages, copy), runs)  # noqa: E731
+            done = self.io.publish_pages(directory, [keys[i] for i in todo], zero_copy, layout.page_bytes,
+                                         spread, len(chunks))
+            for i, ok in zip(todo, done):
+                results[i] = ok
+            return results
 
         def write(c: int) -> bool:
             chunk = [todo[j] for j in chunks[c]]

@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence
 from . import fetch, ingest
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, EXISTS_FILE, FETCH_FILE, INGEST_FILE, ControlHandles
-from .plane import Plane
+from .plane import Plane, Spread
 from .vectored import advance, read_into
 
 logger = logging.getLogger(__name__)
@@ -249,13 +249,15 @@ class PageIO:
         return read
 
     def publish_pages(self, rel_dir: str, keys: Sequence[str],
-                      buffers: Sequence[Sequence[memoryview]], size: int) -> List[bool]:
+                      buffers: Sequence[Sequence[memoryview]], size: int,
+                      spread: Optional[Spread] = None, runs: int = 1) -> List[bool]:
         """Publish page ``keys[i]`` of directory ``rel_dir`` from ``buffers[i]`` (``size`` bytes
-        each) through the ingest file, in as few writes as the kernel allows (a temporary file
-        and rename per page where the mount has no ingest file); pages already stored are kept
-        as they are. Per page: stored?"""
+        each) through the data plane (its copies spread over ``runs`` at once by ``spread``), or
+        the ingest file, in as few writes as the kernel allows (a temporary file and rename per
+        page where the mount has no ingest file); pages already stored are kept as they are.
+        Per page: stored?"""
         if self.plane is not None:
-            outcome = self.plane.publish(rel_dir, keys, buffers, size)
+            outcome = self.plane.publish(rel_dir, keys, buffers, size, spread, runs)
             if True in outcome:
                 self.failures.success()
             for key, result in zip(keys, outcome):

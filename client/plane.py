@@ -45,7 +45,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
@@ -80,6 +80,7 @@ REPORT_INTERVAL_S = 0.5
 MAX_REPORT = 4096
 
 Read = Tuple[int, int]  # a read as reported: the index row and its gen
+Spread = Callable[[Callable[[int], bool], int], List[bool]]  # runs work(0..n-1) at once
 
 
 @dataclass
@@ -241,11 +242,12 @@ class Plane:
     # ---------------------------------------------------------------- writing
 
     def publish(self, rel_dir: str, keys: Sequence[str], buffers: Sequence[Sequence[memoryview]],
-                size: int) -> List[Optional[OSError | bool]]:
+                size: int, spread: Optional[Spread] = None, runs: int = 1) -> List[Optional[OSError | bool]]:
         """Publish page ``keys[i]`` of ``rel_dir`` from ``buffers[i]`` (``size`` bytes); pages
         the index holds already are kept as they are. Per page: True (stored), an OSError
         (refused), or None when the plane could not take it (it goes another way). What was
-        stored or kept is counted here."""
+        stored or kept is counted here. ``spread(copy, runs)``: copies the pages in ``runs``
+        runs at once (the client's write threads), the batch still one commit."""
         results: List[Optional[OSError | bool]] = [None] * len(keys)
         attachment = self.attached()
         if attachment is None:
@@ -265,25 +267,37 @@ class Plane:
                 for start in range(0, len(todo), MAX_COMMIT):
                     chunk = todo[start : start + MAX_COMMIT]
                     self._publish_chunk(attachment, handle, rel_dir, [rels[i] for i in chunk],
-                                        [buffers[i] for i in chunk], size, chunk, results)
+                                        [buffers[i] for i in chunk], size, chunk, results, spread, runs)
         return results
 
     def _publish_chunk(self, attachment: Attachment, handle: ControlHandle, rel_dir: str, rels: List[str],
                        buffers: Sequence[Sequence[memoryview]], size: int, where: List[int],
-                       results: List[Optional[OSError | bool]]) -> None:
+                       results: List[Optional[OSError | bool]], spread: Optional[Spread], runs: int) -> None:
         slots = self._slots(attachment, handle, size, len(rels))
-        entries, placed = [], []
-        for j, offset in enumerate(slots):
-            if offset < 0:
-                continue  # no slot: the page goes another way
-            try:
-                _write_all(attachment.arena_fd, buffers[j], offset, size)
-            except OSError as exc:
-                results[where[j]] = exc
-                continue
-            path = rels[j].encode("utf-8", "surrogateescape")
-            entries.append(_ENTRY.pack(offset, page_checksum(buffers[j]), size, len(path)) + path)
-            placed.append(j)
+        copied: List[Optional[bytes]] = [None] * len(slots)  # per page copied, its commit entry
+
+        per_run = -(-len(slots) // max(1, runs))
+
+        def copy(run: int) -> bool:
+            for j in range(run * per_run, min((run + 1) * per_run, len(slots))):
+                if slots[j] < 0:
+                    continue  # no slot: the page goes another way
+                try:
+                    _write_all(attachment.arena_fd, buffers[j], slots[j], size)
+                except OSError as exc:
+                    results[where[j]] = exc
+                    continue
+                path = rels[j].encode("utf-8", "surrogateescape")
+                copied[j] = _ENTRY.pack(slots[j], page_checksum(buffers[j]), size, len(path)) + path
+            return True
+
+        if spread is not None and runs > 1:
+            spread(copy, runs)
+        else:
+            per_run = len(slots)
+            copy(0)
+        placed = [j for j, entry in enumerate(copied) if entry is not None]
+        entries = [copied[j] for j in placed]
         if len(placed) < len(slots):  # a slot whose page could not be copied goes back
             unused = [offset for j, offset in enumerate(slots) if offset >= 0 and j not in placed]
             if unused:
