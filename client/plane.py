@@ -21,13 +21,15 @@ files). What the plane does:
   pages are in their slots, in the daemon's RAM, they are as safe as a committed page of the
   RAM tier (both die with the daemon and nothing else), so the call returns then and a thread of
   the client's sends the commit, which costs the daemon's round trip (0.3-1.3 ms) that the
-  caller no longer waits for. This client sees its own pages at once: a lookup of a page whose
-  commit is under way waits for it. Others see them once the commit is answered. The first
-  commit into a directory, and a handle's next request, wait for it as before; a page the daemon
-  then refuses (its directory was removed meanwhile) is logged and counted a write failure.
+  caller no longer waits for. This process sees its own pages at once: a lookup of a page whose
+  commit is under way waits for it (``plane_commits``); others see them once the commit is
+  answered. A handle's next request waits for it. A commit makes a new pool's directories
+  (``MAKE_POOLS``), and the first commit into a pool is waited for, so that a new pool is in
+  the namespace, with its first pages, when the call returns. A page the daemon refuses after the call returned (it died meanwhile) is
+  logged and counted a write failure, as lost as a committed RAM page would be.
 - **Reads are reported** to the daemon in batches, from a thread of its own, every half second
-  (``Reports``), so that hits and recency stay right; a report may lag, it is never dropped while
-  the mount works (the rest is sent at ``close``).
+  (``plane_reports``), so that hits and recency stay right; a report may lag, it is never
+  dropped while the mount works (the rest is sent at ``close``).
 - **A daemon that went away** (crash, restart, unmount) is noticed at once (``Attachment.live``):
   nothing it mapped is used again, and the plane attaches to the next daemon by itself, trying
   at most once a second.
@@ -49,7 +51,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
+from .plane_commits import CommitsUnderWay
 from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, key_id, page_checksum
+from .plane_reports import Read, Reports
 from .vectored import advance
 
 logger = logging.getLogger(__name__)
@@ -58,7 +62,7 @@ PLANE_FILE = f"{CONTROL_DIR}/plane"
 _REQUEST = struct.Struct("<4sHHIIQ")  # magic, op, flags, count, body bytes, seq (answers alike)
 _REQUEST_MAGIC, _ANSWER_MAGIC = b"HCPQ", b"HCPA"
 DIR, RESERVE, COMMIT, REPORT, RELEASE, MAILBOX = 1, 2, 3, 4, 5, 6
-KEEP_EXISTING, IN_MAILBOX = 1, 2
+KEEP_EXISTING, IN_MAILBOX, MAKE_POOLS = 1, 2, 4
 PUBLISHED, KEPT = 0, 1
 _ENTRY = struct.Struct("<qQIH")
 #: Looks of a page that kept changing under its copies, before the daemon is asked instead.
@@ -75,11 +79,7 @@ MIN_AHEAD_BYTES = 8 << 20
 MAX_COMMIT = 1024
 #: Threads sending commits behind their batches (a batch on ``write_threads`` is one commit each).
 COMMIT_THREADS = 2
-#: Reads are reported this often (seconds), or at this many.
-REPORT_INTERVAL_S = 0.5
-MAX_REPORT = 4096
 
-Read = Tuple[int, int]  # a read as reported: the index row and its gen
 Spread = Callable[[Callable[[int], bool], int], List[bool]]  # runs work(0..n-1) at once
 
 
@@ -111,7 +111,7 @@ class Plane:
         self.verify_reads = (not ORDERED_LOADS) if verify_reads is None else verify_reads
         self.commit_behind = commit_behind
         self.commits = CommitsUnderWay.of(root)
-        self._dirs_taking: set = set()  # (daemon token, directory) a commit published into
+        self._pools_made: set = set()  # (daemon token, directory) a commit of this client's published into
         self._senders: Optional[ThreadPoolExecutor] = None
         self._senders_pid = 0
         self.handles = ControlHandles(root, failures)
@@ -307,30 +307,32 @@ class Plane:
         ahead = max(0, wanted - len(self._state(attachment, handle).ready))
         body = b"".join(entries) + struct.pack(f"<I{ahead}I", ahead, *([size] * ahead))
         placed_rels = [rels[j] for j in placed]
-        if placed and self.commit_behind and (attachment.token, rel_dir) in self._dirs_taking:
+        first = (attachment.token, rel_dir) not in self._pools_made  # waited for: it makes the pool
+        if placed and self.commit_behind and not first:
             sender = self._sender()
             if sender is not None:
                 self.commits.add(placed_rels)
                 for j in placed:
                     results[where[j]] = True
                 state = self._state(attachment, handle)
-                state.behind = sender.submit(self._commit_behind, attachment, handle, state, rel_dir,
-                                             placed_rels, body, ahead, size)
+                state.behind = sender.submit(self._commit_behind, attachment, handle, state, placed_rels,
+                                             body, ahead, size)
                 return
-        outcomes = self._commit(attachment, handle, self._state(attachment, handle), rel_dir, placed_rels,
-                                body, ahead, size)
+        outcomes = self._commit(attachment, handle, self._state(attachment, handle), placed_rels, body, ahead, size)
+        if PUBLISHED in outcomes or KEPT in outcomes:
+            self._pools_made.add((attachment.token, rel_dir))
         for j, outcome in zip(placed, outcomes):
             if outcome in (PUBLISHED, KEPT):
                 results[where[j]] = True
-            elif outcome != -errno.ENOENT:  # a pool directory not made yet: made on the other way
+            else:
                 results[where[j]] = OSError(-outcome, f"{rels[j]}: {errno.errorcode.get(-outcome, -outcome)}")
 
-    def _commit(self, attachment: Attachment, handle: ControlHandle, state: _HandleState, rel_dir: str,
-                rels: List[str], body: bytes, ahead: int, size: int) -> Sequence[int]:
-        """Send a batch's commit (``body``: its entries, then ``ahead`` sizes to reserve next)
-        and take its answer; per page PUBLISHED, KEPT or -errno (-EIO for all when the request
-        failed)."""
-        answer = self._send(attachment, handle, state, COMMIT, KEEP_EXISTING, len(rels), body,
+    def _commit(self, attachment: Attachment, handle: ControlHandle, state: _HandleState, rels: List[str],
+                body: bytes, ahead: int, size: int) -> Sequence[int]:
+        """Send a batch's commit (``body``: its entries, then ``ahead`` sizes to reserve next;
+        a new pool's directories are made by it) and take its answer; per page PUBLISHED, KEPT
+        or -errno (-EIO for all when the request failed)."""
+        answer = self._send(attachment, handle, state, COMMIT, KEEP_EXISTING | MAKE_POOLS, len(rels), body,
                             4 * len(rels) + 8 * ahead)
         if answer is None:
             return [-errno.EIO] * len(rels)
@@ -338,27 +340,23 @@ class Plane:
         published = outcomes.count(PUBLISHED)
         self.counters.add(pages_written=published, bytes_written=published * size, plane_writes=published,
                           pages_skipped=outcomes.count(KEPT), batches_written=1)
-        if published or KEPT in outcomes:
-            self._dirs_taking.add((attachment.token, rel_dir))
         state.ready_size = size
         state.ready += [o for o in struct.unpack_from(f"<{ahead}q", answer, 4 * len(rels)) if o >= 0]
         return outcomes
 
-    def _commit_behind(self, attachment: Attachment, handle: ControlHandle, state: _HandleState, rel_dir: str,
+    def _commit_behind(self, attachment: Attachment, handle: ControlHandle, state: _HandleState,
                        rels: List[str], body: bytes, ahead: int, size: int) -> None:
         """``_commit`` on a sender thread, with the handle lent by its owner (which waits for
         this before its next request); what the daemon refused is logged and counted."""
         try:
             with self.handles.lent(handle) as lent:
                 try:
-                    outcomes = (self._commit(attachment, lent, state, rel_dir, rels, body, ahead, size)
+                    outcomes = (self._commit(attachment, lent, state, rels, body, ahead, size)
                                 if lent is not None else [-errno.EBADF] * len(rels))
                 except struct.error:  # an answer cut short: nothing can be said of the pages
                     outcomes = [-errno.EPROTO] * len(rels)
             refused = [(rel, outcome) for rel, outcome in zip(rels, outcomes) if outcome not in (PUBLISHED, KEPT)]
             if refused:
-                if any(outcome == -errno.ENOENT for _, outcome in refused):
-                    self._dirs_taking.discard((attachment.token, rel_dir))  # made again the other way
                 for rel, outcome in refused:
                     self.failures.failure(errno.errorcode.get(-outcome, str(-outcome)),
                                           f"cannot publish {rel}: its commit was refused "
@@ -467,92 +465,6 @@ class Plane:
             senders, self._senders = self._senders, None
         if senders is not None and self._senders_pid == os.getpid():
             senders.shutdown(wait=True)
-
-
-class CommitsUnderWay:
-    """The pages whose commits are under way in this process, per mount: every client of the
-    mount in this process waits for them before it looks one up, so it sees what this process
-    wrote as soon as the write returned."""
-
-    _of: Dict[str, "CommitsUnderWay"] = {}
-    _of_lock = threading.Lock()
-
-    @classmethod
-    def of(cls, root: str) -> "CommitsUnderWay":
-        with cls._of_lock:
-            return cls._of.setdefault(root, cls())
-
-    def __init__(self) -> None:
-        self._count: Dict[str, int] = {}  # page path -> commits of it under way
-        self._changed = threading.Condition()
-
-    def add(self, rels: Sequence[str]) -> None:
-        with self._changed:
-            for rel in rels:
-                self._count[rel] = self._count.get(rel, 0) + 1
-
-    def done(self, rels: Sequence[str]) -> None:
-        with self._changed:
-            for rel in rels:
-                left = self._count.pop(rel) - 1
-                if left:
-                    self._count[rel] = left
-            self._changed.notify_all()
-
-    def wait(self, rels: Sequence[str]) -> None:
-        """Until no commit of these pages is under way."""
-        if self._count:  # read without the lock: the usual case, none under way, costs nothing
-            with self._changed:
-                self._changed.wait_for(lambda: not any(rel in self._count for rel in rels))
-
-    def wait_all(self) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: not self._count)
-
-
-class Reports:
-    """Reads made through the plane, gathered and sent to the daemon by a thread of its own.
-    The thread also lets go of an attachment whose daemon is gone, so that an idle client does
-    not keep its memory; it ends once there is neither an attachment nor a read to send."""
-
-    def __init__(self, plane: Plane) -> None:
-        self.plane = plane
-        self._lock = threading.Lock()
-        self._due = threading.Condition(self._lock)
-        self._reads: List[Read] = []
-        self._thread: Optional[threading.Thread] = None
-
-    def note(self, read: Read) -> None:
-        with self._lock:
-            self._reads.append(read)
-            if len(self._reads) >= MAX_REPORT:
-                self._due.notify()
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="hicachefs-plane", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                self._due.wait_for(lambda: len(self._reads) >= MAX_REPORT, REPORT_INTERVAL_S)
-                reads, self._reads = self._reads[:MAX_REPORT], self._reads[MAX_REPORT:]
-            if reads:
-                self.plane.report(reads)
-            held = self.plane.let_go_if_gone()
-            with self._lock:
-                if not held and not self._reads:
-                    self._thread = None
-                    return
-
-    def send_now(self) -> None:
-        """Send what was not sent yet."""
-        with self._lock:
-            reads, self._reads = self._reads, []
-        for start in range(0, len(reads), MAX_REPORT):
-            self.plane.report(reads[start : start + MAX_REPORT])
 
 
 def _write_all(fd: int, buffers: Sequence[memoryview], offset: int, size: int) -> None:

@@ -119,7 +119,7 @@ from hicachefs_testing import mounting
 from hicachefs_testing.glusterfs import GlusterVolume
 from hicachefs_client import HiCacheFS
 from hicachefs_client.backend import DEFAULT_THREADS as CLIENT_THREADS
-from hicachefs_client.plane import REPORT_INTERVAL_S
+from hicachefs_client.plane_reports import REPORT_INTERVAL_S
 
 # The RAM cases: (page size, pages a call).
 RAM_CASES = (("128 KiB", 8), ("256 KiB", 8), ("768 KiB", 32), ("1 MiB", 128), ("8 MiB", 128))

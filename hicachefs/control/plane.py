@@ -26,7 +26,7 @@ taken for a later one.
   batch costs one request; all handles' slots reserved ahead hold at most the RAM budget's
   ``reserved_ahead`` share, a sixteenth of the tier: such a slot made room in RAM one batch
   early, evicting or demoting as any write does); ``flags`` 1 (``KEEP_EXISTING``) leaves pages already stored as they
-  are. Answer per page ``<i``: 0 published, 1 kept as it was, or ``-errno``; then per size to
+  are, 4 (``MAKE_POOLS``) makes a page's pool directory where it is missing, as mkdir would. Answer per page ``<i``: 0 published, 1 kept as it was, or ``-errno``; then per size to
   reserve ``<q`` as ``RESERVE`` answers.
 - ``REPORT``: body ``count`` reads the client made (``<IQ``: the index row and its ``gen`` as it
   read it; at most ``MAX_REPORT``), counted as hits; answer ``<I``, how many still stood for
@@ -63,7 +63,7 @@ REQUEST = struct.Struct("<4sHHIIQ")
 ANSWER = struct.Struct("<4sHHIIQ")
 REQUEST_MAGIC, ANSWER_MAGIC = b"HCPQ", b"HCPA"
 DIR, RESERVE, COMMIT, REPORT, RELEASE, MAILBOX = 1, 2, 3, 4, 5, 6
-KEEP_EXISTING, IN_MAILBOX = 1, 2
+KEEP_EXISTING, IN_MAILBOX, MAKE_POOLS = 1, 2, 4
 #: A mailbox holds the answer to a commit of 4,096 pages with 128 to reserve next.
 MAILBOX_BYTES = 64 << 10
 PUBLISHED, KEPT = 0, 1
@@ -81,6 +81,10 @@ class Publisher(ingest.Publisher, Protocol):
     """The namespace's publish rules, and what the files being written may hold."""
 
     writing: WritingBudget
+
+    def publish_page(self, path: str, draft: Draft, keep_existing: bool = False) -> bool: ...
+
+    def make_pool(self, path: str) -> None: ...
 
 
 class PlaneHandle:
@@ -229,18 +233,20 @@ class PlaneHandle:
     def _commit(self, flags: int, count: int, body: memoryview) -> bytes:
         outcomes = []
         unpack, entry_size, keep_existing = _ENTRY.unpack_from, _ENTRY.size, flags & KEEP_EXISTING
+        make_pools = bool(flags & MAKE_POOLS)
         at = 0
         for _ in range(count):
             offset, checksum, size, length = unpack(body, at)
             start = at + entry_size
             at = start + length
             path = str(body[start:at], "utf-8", "surrogateescape")
-            outcomes.append(self._publish(offset, checksum, size, path, keep_existing))
+            outcomes.append(self._publish(offset, checksum, size, path, keep_existing, make_pools))
         ahead = _SIZE.unpack_from(body, at)[0]
         sizes = list(struct.unpack_from(f"<{ahead}I", body, at + 4))
         return struct.pack(f"<{count}i", *outcomes) + self._reserve(sizes, ahead=True)
 
-    def _publish(self, offset: int, checksum: int, size: int, path: str, keep_existing: int) -> int:
+    def _publish(self, offset: int, checksum: int, size: int, path: str, keep_existing: int,
+                 make_pools: bool) -> int:
         """Publish the page its writer copied into the slot at ``offset``: PUBLISHED, KEPT or
         ``-errno``. The slot is used up whatever happens."""
         draft = self._take(offset)
@@ -252,6 +258,8 @@ class PlaneHandle:
             return -errno.EINVAL
         draft.mark_filled(checksum)
         try:
+            if make_pools:
+                self.publisher.make_pool(path)
             published = self.publisher.publish_page(path, draft, bool(keep_existing))  # consumes the draft
         except (FsError, StoreError) as exc:
             return -errno_of(exc)

@@ -215,6 +215,22 @@ class Publishing:
         self._last_target = (path, directory, key)
         return directory, key
 
+    def make_pool(self, path: str) -> None:
+        """Make the pool directory of page ``path``, and what is missing above it, as mkdir
+        would (each name checked, the kernel told): a plane writer's commit into a new pool
+        makes it, where page files are preceded by mkdir."""
+        parts = path.split("/")
+        if len(parts) != names.POOL_DEPTH + 1:
+            return  # not a page path: its publish says why
+        checked = [self.checked_name(part.encode("utf-8", "surrogateescape")) for part in parts[:-1]]  # all, first
+        directory = self.tree.root
+        for part in checked:
+            child = self.tree.child(directory, part)
+            if child is None:
+                child = self.tree.add(directory, part)
+                self.notices.forget_entry(directory.inode, part.encode("utf-8", "surrogateescape"))
+            directory = child
+
     def abandon_page(self, draft: Draft) -> None:
         """Drop a draft of ``reserve_page``."""
         self.writing.change(-draft.size)

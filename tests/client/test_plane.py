@@ -6,14 +6,17 @@ trusted again, while the same client serves from the next daemon within seconds.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
+import xxhash
 
 from hicachefs_client.plane import MIN_AHEAD_BYTES, Plane
 from hicachefs_testing import mounting
@@ -77,7 +80,7 @@ def test_a_batch_written_costs_one_request_of_the_plane_file(mounted):
     pool = MHAHostPool(pages=3 * PAGES)
     writer = make_fs(mounted.path, pool)
     first = [key("batch", i) for i in range(PAGES)]
-    assert writer.batch_set_v1(first, indices(pool, range(PAGES))) == [True] * PAGES  # makes the pool
+    assert writer.batch_set_v1(first, indices(pool, range(PAGES))) == [True] * PAGES  # its commit makes the pool
     second = [key("batch", i) for i in range(PAGES, 2 * PAGES)]
     assert writer.batch_set_v1(second, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
     third = [key("batch", i) for i in range(2 * PAGES, 3 * PAGES)]
@@ -91,7 +94,7 @@ def test_a_batch_written_costs_one_request_of_the_plane_file(mounted):
     reader = make_fs(mounted.path, target)
     assert reader.batch_get_v1(third, indices(target, range(PAGES))) == [True] * PAGES
     assert [page_bytes(target, i) for i in range(PAGES)] == [page_bytes(pool, 2 * PAGES + i) for i in range(PAGES)]
-    assert writer.statistics()["plane_writes"] == 2 * PAGES
+    assert writer.statistics()["plane_writes"] == 3 * PAGES
 
 
 def test_only_the_stores_writers_may_open_the_arena_the_index_and_the_plane_file(public_mount):
@@ -198,18 +201,12 @@ def test_a_daemon_killed_under_four_threads_is_never_trusted_and_the_client_come
     assert client.statistics()["plane_reads"] > 0
 
 
-def pool_made(writer, pool, tag):
-    """Two batches: the first makes the pool's directories (the other way), the second is the
-    first commit into it, which the client waits for; later ones are sent behind."""
-    for batch in range(2):
-        keys = [key(tag, "first", batch, i) for i in range(PAGES)]
-        assert writer.batch_set_v1(keys, indices(pool, range(PAGES))) == [True] * PAGES
-
-
 def test_a_write_returns_before_its_commit_and_this_process_sees_its_pages_at_once(mounted, monkeypatch):
     pool = MHAHostPool(pages=2 * PAGES)
     writer = make_fs(mounted.path, pool)
-    pool_made(writer, pool, "behind")
+    first = [key("behind", i) for i in range(PAGES)]
+    assert writer.batch_set_v1(first, indices(pool, range(PAGES))) == [True] * PAGES  # its commit makes the pool
+    writer.settle()
     released = threading.Event()
     send = Plane._commit_behind
 
@@ -245,24 +242,48 @@ def test_with_commit_behind_off_a_write_is_committed_when_it_returns(mounted, mo
         keys = [key("in step", batch, i) for i in range(PAGES)]
         assert writer.batch_set_v1(keys, indices(pool, range(PAGES))) == [True] * PAGES
         assert all((mounted.path / writer._dir_of("kv") / k).exists() for k in keys)
-    assert writer.statistics()["plane_writes"] == 2 * PAGES  # the first batch made the pool the other way
+    assert writer.statistics()["plane_writes"] == 3 * PAGES
 
 
-def test_pages_whose_commit_is_refused_after_the_write_returned_are_counted_and_the_pool_comes_back(mounted):
+def test_a_new_pools_first_batch_makes_it_through_the_plane_and_so_does_a_batch_after_rm_r(mounted):
     pool = MHAHostPool(pages=PAGES)
     writer = make_fs(mounted.path, pool)
-    batches = [[key("refused", batch, i) for i in range(PAGES)] for batch in range(3)]
-    pool_made(writer, pool, "refused")
-    assert writer.batch_set_v1(batches[0], indices(pool, range(PAGES))) == [True] * PAGES
+    batches = [[key("new pool", batch, i) for i in range(PAGES)] for batch in range(2)]
+    cost, got = requests_of(mounted, lambda: (writer.batch_set_v1(batches[0], indices(pool, range(PAGES))),
+                                              writer.settle())[0])
+    assert got == [True] * PAGES and "mkdir" not in cost  # the commit made the pool's directories
+    assert writer.statistics()["plane_writes"] == PAGES
     pool_dir = mounted.path / writer._dir_of("kv")
-    subprocess.run(["rm", "-r", str(pool_dir)], check=True)  # an operator clears the pool
-    assert writer.batch_set_v1(batches[1], indices(pool, range(PAGES))) == [True] * PAGES  # in its slots
-    stats = writer.statistics()  # once its commit is answered: refused, the pool being gone
-    assert stats["write_failures"] == PAGES and stats["errors"].get("ENOENT") == PAGES
-    assert writer.batch_set_v1(batches[2], indices(pool, range(PAGES))) == [True] * PAGES  # makes it again
+    assert sorted(os.listdir(pool_dir)) == sorted(batches[0])
+    subprocess.run(["rm", "-r", str(pool_dir.parent.parent)], check=True)  # an operator clears the shard
+    assert writer.batch_set_v1(batches[1], indices(pool, range(PAGES))) == [True] * PAGES
+    writer.settle()
+    assert sorted(os.listdir(pool_dir)) == sorted(batches[1])
     reader = make_fs(mounted.path, MHAHostPool(pages=PAGES))
-    assert reader.batch_exists(batches[2]) == PAGES and reader.batch_exists(batches[1]) == 0
-    assert sorted(os.listdir(pool_dir)) == sorted(batches[2])
+    assert reader.batch_exists(batches[1]) == PAGES and reader.batch_exists(batches[0]) == 0
+    assert writer.statistics()["plane_writes"] == 2 * PAGES
+
+
+def test_pages_whose_daemon_dies_before_their_commit_are_counted_and_nothing_hangs(mount_factory, monkeypatch):
+    mount = mount_factory("--memory", "256M")
+    pool = MHAHostPool(pages=PAGES)
+    writer = make_fs(mount.path, pool)
+    assert writer.batch_set_v1([key("dies", 0, i) for i in range(PAGES)], indices(pool, range(PAGES))) == [True] * PAGES
+    writer.settle()
+    released = threading.Event()
+    send = Plane._commit_behind
+
+    def held_back(plane, *args):
+        released.wait(10)
+        return send(plane, *args)
+
+    monkeypatch.setattr(Plane, "_commit_behind", held_back)
+    assert writer.batch_set_v1([key("dies", 1, i) for i in range(PAGES)], indices(pool, range(PAGES))) == [True] * PAGES
+    mounting.kill(mount)
+    released.set()
+    stats = writer.statistics()  # once the commit failed: the pages were lost with the daemon's RAM
+    assert stats["write_failures"] == PAGES and stats["plane_writes"] == PAGES
+    writer.close()
 
 
 def test_a_writer_whose_batches_shrink_holds_no_more_slots_than_it_reserves_ahead(mounted):
@@ -283,3 +304,28 @@ def test_a_writer_whose_batches_shrink_holds_no_more_slots_than_it_reserves_ahea
     assert 0 < held <= MIN_AHEAD_BYTES + big * size + (256 << 10)  # its slots ahead and mailbox
     writer.close()
     wait_until(lambda: memory() - before == written * size, timeout=5)  # all given back
+
+
+def test_a_commit_makes_only_pools_of_good_names(mounted):
+    """A raw commit with MAKE_POOLS: a good path gets its pool made, a path with a reserved name
+    or too few levels is refused and makes nothing."""
+    control = mounted.path / ".hicachefs"
+    plane_fd = os.open(control / "plane", os.O_RDWR)
+    arena = os.open(control / "arena", os.O_RDWR)
+    try:
+        def request(op, flags, count, body, answer_bytes):
+            os.pwrite(plane_fd, struct.pack("<4sHHIIQ", b"HCPQ", op, flags, count, len(body), 1) + body, 0)
+            return os.pread(plane_fd, 24 + answer_bytes, 0)[24:]
+
+        outcomes = []
+        for path in ("m/fmt/tp0of1/kv/" + "a" * 64, "m/.fmt/tp0of1/kv/" + "b" * 64, "m/fmt/kv/" + "c" * 64):
+            slot = struct.unpack("<q", request(2, 0, 1, struct.pack("<I", 4096), 8))[0]
+            os.pwrite(arena, b"x" * 4096, slot)
+            entry = struct.pack("<qQIH", slot, xxhash.xxh3_64_intdigest(b"x" * 4096), 4096, len(path)) + path.encode()
+            outcomes.append(struct.unpack("<i", request(3, 1 | 4, 1, entry + struct.pack("<I", 0), 4))[0])
+    finally:
+        os.close(plane_fd)
+        os.close(arena)
+    assert outcomes[0] == 0 and outcomes[1] == -errno.EINVAL and outcomes[2] < 0
+    assert (mounted.path / "m/fmt/tp0of1/kv" / ("a" * 64)).read_bytes() == b"x" * 4096
+    assert sorted(os.listdir(mounted.path / "m")) == ["fmt"] and os.listdir(mounted.path / "m/fmt") == ["tp0of1"]

@@ -1,0 +1,51 @@
+"""The pages whose plane commits are under way in this process (``plane.py``: a write returns
+before its commit is answered), so that the process's lookups of them wait for it.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Sequence
+
+
+class CommitsUnderWay:
+    """The pages whose commits are under way in this process, per mount: every client of the
+    mount in this process waits for them before it looks one up, so it sees what this process
+    wrote as soon as the write returned."""
+
+    _of: Dict[str, "CommitsUnderWay"] = {}
+    _of_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, root: str) -> "CommitsUnderWay":
+        with cls._of_lock:
+            return cls._of.setdefault(root, cls())
+
+    def __init__(self) -> None:
+        self._count: Dict[str, int] = {}  # page path -> commits of it under way
+        self._changed = threading.Condition()
+
+    def add(self, rels: Sequence[str]) -> None:
+        with self._changed:
+            for rel in rels:
+                self._count[rel] = self._count.get(rel, 0) + 1
+
+    def done(self, rels: Sequence[str]) -> None:
+        with self._changed:
+            for rel in rels:
+                left = self._count.pop(rel) - 1
+                if left:
+                    self._count[rel] = left
+            self._changed.notify_all()
+
+    def wait(self, rels: Sequence[str]) -> None:
+        """Until no commit of these pages is under way."""
+        if self._count:  # read without the lock: the usual case, none under way, costs nothing
+            with self._changed:
+                self._changed.wait_for(lambda: not any(rel in self._count for rel in rels))
+
+    def wait_all(self) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._count)

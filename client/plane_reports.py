@@ -1,0 +1,69 @@
+"""Reads made through the data plane, reported to the daemon in batches by a thread of their own
+(``plane.py``), so that hits and recency stay right: a report may lag, it is never dropped while
+the mount works.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import List, Optional, Protocol, Tuple
+
+Read = Tuple[int, int]  # a read as reported: the index row and its gen
+#: Reads are reported this often (seconds), or at this many.
+REPORT_INTERVAL_S = 0.5
+MAX_REPORT = 4096
+
+
+class Reporter(Protocol):
+    """What the reports go to: the plane."""
+
+    def report(self, reads: List[Read]) -> None: ...
+
+    def let_go_if_gone(self) -> bool: ...
+
+
+class Reports:
+    """Reads made through the plane, gathered and sent to the daemon by a thread of its own.
+    The thread also lets go of an attachment whose daemon is gone, so that an idle client does
+    not keep its memory; it ends once there is neither an attachment nor a read to send."""
+
+    def __init__(self, plane: Reporter) -> None:
+        self.plane = plane
+        self._lock = threading.Lock()
+        self._due = threading.Condition(self._lock)
+        self._reads: List[Read] = []
+        self._thread: Optional[threading.Thread] = None
+
+    def note(self, read: Read) -> None:
+        with self._lock:
+            self._reads.append(read)
+            if len(self._reads) >= MAX_REPORT:
+                self._due.notify()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="hicachefs-plane", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._due.wait_for(lambda: len(self._reads) >= MAX_REPORT, REPORT_INTERVAL_S)
+                reads, self._reads = self._reads[:MAX_REPORT], self._reads[MAX_REPORT:]
+            if reads:
+                self.plane.report(reads)
+            held = self.plane.let_go_if_gone()
+            with self._lock:
+                if not held and not self._reads:
+                    self._thread = None
+                    return
+
+    def send_now(self) -> None:
+        """Send what was not sent yet."""
+        with self._lock:
+            reads, self._reads = self._reads, []
+        for start in range(0, len(reads), MAX_REPORT):
+            self.plane.report(reads[start : start + MAX_REPORT])
