@@ -237,6 +237,21 @@ def test_the_size_bound_holds_by_removing_the_oldest_pages(tmp_path, make_tier):
     wait_until(lambda: writer.contains_many([pages[0].name, pages[-1].name]) == [False, True])
 
 
+def test_a_host_never_counts_pages_it_evicted_again_from_another_hosts_older_announcements(tmp_path, make_tier):
+    """Host A's announcements of its pages reach the journal after host B, bounded, has swept
+    and evicted them: B must not count them again and evict real pages for those ghosts."""
+    root = tmp_path / "shared"
+    file_size = page_format.header_length(page_name(0)) + 16 * KiB
+    writer = make_tier(root, tick_s=0.5)  # its journal is flushed half a second after the writes
+    pages = _write_aged(writer, root, 30, 16 * KiB, time.time() - 1000)
+    bounded = make_tier(root, capacity=10 * file_size)
+    wait_until(lambda: sum(_present(root, pages)) <= 10)
+    time.sleep(1.0)  # A's announcements are in the journal, and B has read them
+    wait_for_sweeps([bounded])
+    assert _present(root, pages) == [False] * 20 + [True] * 10
+    assert bounded.statistics().evictions == 20
+
+
 def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     root = tmp_path / "shared"
     file_size = page_format.header_length(page_name(0)) + 16 * KiB

@@ -59,6 +59,8 @@ _log = logging.getLogger(__name__)
 
 _GONE = (errno.ENOENT, errno.ESTALE)  # another host removed or replaced it: a plain miss
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+#: Names of the pages a host removed that it remembers (``_removed_here``): some 10 MB at most.
+REMOVED_REMEMBERED = 100_000
 _MiB = 1 << 20
 
 
@@ -156,6 +158,9 @@ class SharedTier(Tier):
         self._sweeper = Sweeper(self._device, self._layout, self._presence, oldest_kept)
         self._sweep_wanted = True
         self._evicting = threading.Lock()
+        # Pages this host removed, lately: another host's older announcement of one must not
+        # count it again (a ghost that would make this host evict a real page for it).
+        self._removed_here: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
         queued = queue_bytes if isinstance(queue_bytes, Share) else Share("write_behind", queue_bytes)
         self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s)
         try:
@@ -271,6 +276,7 @@ class SharedTier(Tier):
         self._forget_recent(page.name)
         stored = _stored_size(page)
         self._presence.update(where.directory, where.key_hash, stored, False)
+        self._note_removed(page.name)
         self._journal.announce(False, stored, page.name)
         try:
             self._guard.call(self._device.unlink, self._layout.page_path(where),
@@ -506,6 +512,7 @@ class SharedTier(Tier):
                 removed = False  # another host evicted it first
             self._presence.update(where.directory, where.key_hash, candidate.size, False)
             self._forget_recent(candidate.name)
+            self._note_removed(candidate.name)
             with self._lock:
                 self._free_wanted = max(0, self._free_wanted - candidate.size)
             if removed:
@@ -574,6 +581,8 @@ class SharedTier(Tier):
 
     def _apply(self, announcements) -> None:
         for announcement in announcements:
+            if announcement.present and self._removed_lately(announcement.name):
+                continue  # written before this host removed it (the sweep finds a later rewrite)
             where = place(announcement.name)
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
             if not announcement.present:
@@ -625,6 +634,17 @@ class SharedTier(Tier):
     def _defer_close(self, fd: int) -> None:
         with self._lock:
             self._to_close.append(fd)
+
+    def _note_removed(self, name: str) -> None:
+        with self._lock:
+            self._removed_here[name] = None
+            self._removed_here.move_to_end(name)
+            while len(self._removed_here) > REMOVED_REMEMBERED:
+                self._removed_here.popitem(last=False)
+
+    def _removed_lately(self, name: str) -> bool:
+        with self._lock:
+            return name in self._removed_here
 
     def _forget_recent(self, name: str) -> None:
         with self._lock:
