@@ -15,8 +15,9 @@ files). What the plane does:
 - **Writes cost one request a batch.** Each thread's handle on ``.hicachefs/plane`` keeps a
   reservation ready (as many slots as its last batch had pages, 8 MiB at least); the client
   copies the pages into those slots with ``pwritev``, checksums them (xxh3_64), and commits the
-  batch, which reserves the next batch's slots in the same request. Pages the index already holds are kept as
-  they are without asking. A page without a slot (the daemon had none to give) goes another way.
+  batch, which reserves the next batch's slots in the same request. Pages the index already
+  holds are kept as they are without asking. A page without a slot (the daemon had none to
+  give) goes another way.
 - **The commit is sent behind the batch** (``commit_behind``, on by default): once a batch's
   pages are in their slots, in the daemon's RAM, they are as safe as a committed page of the
   RAM tier (both die with the daemon and nothing else), so the call returns then and a thread of
@@ -25,8 +26,9 @@ files). What the plane does:
   commit is under way waits for it (``plane_commits``); others see them once the commit is
   answered. A handle's next request waits for it. A commit makes a new pool's directories
   (``MAKE_POOLS``), and the first commit into a pool is waited for, so that a new pool is in
-  the namespace, with its first pages, when the call returns. A page the daemon refuses after the call returned (it died meanwhile) is
-  logged and counted a write failure, as lost as a committed RAM page would be.
+  the namespace, with its first pages, when the call returns. A page the daemon refuses after
+  the call returned (it died meanwhile) is logged and counted a write failure, as lost as a
+  committed RAM page would be.
 - **Reads are reported** to the daemon in batches, from a thread of its own, every half second
   (``plane_reports``), so that hits and recency stay right; a report may lag, it is never
   dropped while the mount works (the rest is sent at ``close``).
@@ -275,8 +277,8 @@ class Plane:
                        results: List[Optional[OSError | bool]], spread: Optional[Spread], runs: int) -> None:
         slots = self._slots(attachment, handle, size, len(rels))
         copied: List[Optional[bytes]] = [None] * len(slots)  # per page copied, its commit entry
-
-        per_run = -(-len(slots) // max(1, runs))
+        runs = max(1, runs) if spread is not None else 1
+        per_run = -(-len(slots) // runs)
 
         def copy(run: int) -> bool:
             for j in range(run * per_run, min((run + 1) * per_run, len(slots))):
@@ -291,17 +293,15 @@ class Plane:
                 copied[j] = _ENTRY.pack(slots[j], page_checksum(buffers[j]), size, len(path)) + path
             return True
 
-        if spread is not None and runs > 1:
+        if runs > 1:
             spread(copy, runs)
         else:
-            per_run = len(slots)
             copy(0)
         placed = [j for j, entry in enumerate(copied) if entry is not None]
         entries = [copied[j] for j in placed]
-        if len(placed) < len(slots):  # a slot whose page could not be copied goes back
-            unused = [offset for j, offset in enumerate(slots) if offset >= 0 and j not in placed]
-            if unused:
-                self._request(attachment, handle, RELEASE, 0, len(unused), struct.pack(f"<{len(unused)}q", *unused), 0)
+        unused = [offset for offset, entry in zip(slots, copied) if offset >= 0 and entry is None]
+        if unused:  # a slot whose page could not be copied goes back
+            self._request(attachment, handle, RELEASE, 0, len(unused), struct.pack(f"<{len(unused)}q", *unused), 0)
         # Slots for the next batch: as many as this one had, or MIN_AHEAD_BYTES, less those left.
         wanted = min(max(len(rels), MIN_AHEAD_BYTES // size), MAX_AHEAD)
         ahead = max(0, wanted - len(self._state(attachment, handle).ready))
@@ -356,12 +356,10 @@ class Plane:
                 except struct.error:  # an answer cut short: nothing can be said of the pages
                     outcomes = [-errno.EPROTO] * len(rels)
             refused = [(rel, outcome) for rel, outcome in zip(rels, outcomes) if outcome not in (PUBLISHED, KEPT)]
-            if refused:
-                for rel, outcome in refused:
-                    self.failures.failure(errno.errorcode.get(-outcome, str(-outcome)),
-                                          f"cannot publish {rel}: its commit was refused "
-                                          f"({os.strerror(-outcome)})")
-                self.counters.add(write_failures=len(refused))
+            for rel, outcome in refused:
+                self.failures.failure(errno.errorcode.get(-outcome, str(-outcome)),
+                                      f"cannot publish {rel}: its commit was refused ({os.strerror(-outcome)})")
+            self.counters.add(write_failures=len(refused))
         finally:
             self.commits.done(rels)
 

@@ -222,6 +222,9 @@ class Publishing:
         parts = path.split("/")
         if len(parts) != names.POOL_DEPTH + 1:
             return  # not a page path: its publish says why
+        known = self.tree.at(path.rpartition("/")[0])
+        if known is not None and not known.removed:
+            return  # the usual case, once per page of a commit: a dictionary lookup
         checked = [self.checked_name(part.encode("utf-8", "surrogateescape")) for part in parts[:-1]]  # all, first
         directory = self.tree.root
         for part in checked:
