@@ -6,18 +6,18 @@ gets ``None`` from every call here, and the caller goes the usual way (control f
 files). What the plane does:
 
 - **Reads and existence ask the daemon nothing.** The client finds a page in the shared index
-  itself and copies it from the arena (or the disk tier's file) with ``preadv`` straight into
-  the host buffers (``plane_index``). A page that changes under the copy is looked up again, at
-  most ``RETRIES`` times, then left to the daemon; never taken for read with foreign bytes.
-  Only what the plane cannot say goes to the daemon: a page the index does not hold when a tier
-  other hosts write exists (the daemon looks there, and fetches it ahead), an index being
-  rebuilt, a page on no tier the plane reads.
+  itself and copies it from its mapping of the arena (or the disk tier's file) straight into the
+  host buffers (``plane_index``), a mapping whose page tables a thread fills ahead. A page that
+  changes under the copy is looked up again, at most ``RETRIES`` times, then left to the daemon;
+  never taken for read with foreign bytes. Only what the plane cannot say goes to the daemon: a
+  page the index does not hold when a tier other hosts write exists (the daemon looks there, and
+  fetches it ahead), an index being rebuilt, a page on no tier the plane reads.
 - **Writes cost one request a batch.** Each thread's handle on ``.hicachefs/plane`` keeps a
   reservation ready (as many slots as its last batch had pages, 8 MiB at least); the client
-  copies the pages into those slots with ``pwritev``, checksums them (xxh3_64), and commits the
-  batch, which reserves the next batch's slots in the same request. Pages the index already
-  holds are kept as they are without asking. A page without a slot (the daemon had none to
-  give) goes another way.
+  copies the pages into those slots (through its mapping of the arena), checksums them
+  (xxh3_64), and commits the batch, which reserves the next batch's slots in the same request.
+  Pages the index already holds are kept as they are without asking. A page without a slot (the
+  daemon had none to give) goes another way.
 - **The commit is sent behind the batch** (``commit_behind``, on by default): once a batch's
   pages are in their slots, in the daemon's RAM, they are as safe as a committed page of the
   RAM tier (both die with the daemon and nothing else), so the call returns then and a thread of
@@ -56,7 +56,6 @@ from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
 from .plane_commits import CommitsUnderWay
 from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, key_id, page_checksum
 from .plane_reports import Read, Reports
-from .vectored import advance
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +147,7 @@ class Plane:
                 self._say_why_not(exc)
                 return None
             self._attachment = attachment
+            threading.Thread(target=attachment.map_ahead, name="hicachefs-map-ahead", daemon=True).start()
         self.reports.start()  # which also lets go of the attachment once its daemon is gone
         return attachment
 
@@ -285,7 +285,7 @@ class Plane:
                 if slots[j] < 0:
                     continue  # no slot: the page goes another way
                 try:
-                    _write_all(attachment.arena_fd, buffers[j], slots[j], size)
+                    attachment.fill(slots[j], buffers[j], size)
                 except OSError as exc:
                     results[where[j]] = exc
                     continue
@@ -461,21 +461,11 @@ class Plane:
         self.handles.close()
         with self._lock:
             senders, self._senders = self._senders, None
+            attachment, self._attachment = self._attachment, None
+        if attachment is not None:
+            attachment.let_go()
         if senders is not None and self._senders_pid == os.getpid():
             senders.shutdown(wait=True)
-
-
-def _write_all(fd: int, buffers: Sequence[memoryview], offset: int, size: int) -> None:
-    done = 0
-    rest = list(buffers)
-    while rest:
-        n = os.pwritev(fd, rest, offset + done)
-        if n <= 0:
-            raise OSError(errno.EIO, "a write into the arena wrote nothing")
-        done += n
-        rest = advance(rest, n)
-    if done != size:
-        raise OSError(errno.EINVAL, f"a page of {done} bytes for a slot of {size}")
 
 
 def _pwrite_all(fd: int, data: bytes) -> int:

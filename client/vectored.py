@@ -1,5 +1,5 @@
-"""Vectored reads into several buffers (a page's pieces in the host pool): what is left to fill,
-and copies out of a mapped file."""
+"""Vectored reads into several buffers and writes from them (a page's pieces in the host pool):
+what is left to move, and copies out of a mapped file and into one."""
 
 from __future__ import annotations
 
@@ -38,6 +38,31 @@ def copy_from(source: memoryview, buffers: Sequence[memoryview], offset: int = 0
     for buf in buffers:
         piece = source[offset + done : offset + done + len(buf)]
         buf[: len(piece)] = piece
+        done += len(piece)
+        if len(piece) < len(buf):
+            break
+    return done
+
+
+def write_into(fd: int, buffers: Sequence[memoryview], offset: int = 0) -> int:
+    """Bytes written from ``buffers`` at ``offset``, all of them unless the file refuses more."""
+    done, rest = 0, list(buffers)
+    while rest:
+        n = os.pwritev(fd, rest, offset + done)
+        if n <= 0:
+            break
+        done += n
+        rest = advance(rest, n)
+    return done
+
+
+def write_from(target: memoryview, buffers: Sequence[memoryview], offset: int = 0) -> int:
+    """Bytes copied from ``buffers`` into ``target`` at ``offset``, until they are all copied or
+    ``target`` ends."""
+    done = 0
+    for buf in buffers:
+        piece = target[offset + done : offset + done + len(buf)]
+        piece[:] = buf[: len(piece)]
         done += len(piece)
         if len(piece) < len(buf):
             break

@@ -97,6 +97,35 @@ def test_a_batch_written_costs_one_request_of_the_plane_file(mounted):
     assert writer.statistics()["plane_writes"] == 3 * PAGES
 
 
+def _arena_mapping(inode: int) -> tuple:
+    """(Size, Rss) in bytes of this process's mapping of the arena with ``inode``."""
+    size = rss = 0
+    mine = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                mine = fields[4] == str(inode) and "hicachefs-arena" in line
+            elif mine and fields[0] in ("Size:", "Rss:"):
+                if fields[0] == "Size:":
+                    size += int(fields[1]) << 10
+                else:
+                    rss += int(fields[1]) << 10
+    return size, rss
+
+
+def test_a_clients_mapping_of_the_arena_is_filled_ahead_and_let_go_at_close(mounted):
+    pool, keys = written(mounted)  # by a client closed since
+    reader = make_fs(mounted.path, MHAHostPool(pages=PAGES))
+    assert reader.batch_exists(keys) == PAGES  # attached
+    arena = os.fstat(reader.io.plane.attached().arena_fd)
+    # Mapped whole, once (the closed client's mapping is gone), all of it resident: a first copy
+    # from or into the arena faults on nothing.
+    wait_until(lambda: _arena_mapping(arena.st_ino) == (arena.st_size, arena.st_size), timeout=10)
+    reader.close()
+    wait_until(lambda: _arena_mapping(arena.st_ino) == (0, 0), timeout=10)
+
+
 def test_only_the_stores_writers_may_open_the_arena_the_index_and_the_plane_file(public_mount):
     source, keys = written(public_mount)
     control = public_mount.path / ".hicachefs"
