@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -139,6 +139,7 @@ class HiCacheFS(HiCacheStorage):
         self.registered_pools: Dict[Any, Any] = {}
         self._layouts: Dict[str, Optional[PageLayout]] = {}
         self._layouts_lock = threading.Lock()
+        self._pool_dirs: Dict[Tuple[str, str], str] = {}
         self._metrics_enabled = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._metrics_lock = threading.Lock()
         self._metrics = storage_metrics_class()()
@@ -182,7 +183,11 @@ class HiCacheFS(HiCacheStorage):
             return self._layouts[name]
 
     def _pool_dir(self, name: str, fmt: str) -> str:
-        return paths.pool_dir(self.model, fmt, self.shard.segment(name), name)
+        """A pool's directory (made once: every call asks it)."""
+        known = self._pool_dirs.get((name, fmt))
+        if known is None:
+            known = self._pool_dirs[name, fmt] = paths.pool_dir(self.model, fmt, self.shard.segment(name), name)
+        return known
 
     def _dir_of(self, name: str) -> str:
         """The pool directory; ``_`` as the format while no host pool says what it is."""

@@ -54,7 +54,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
 from .plane_commits import CommitsUnderWay
-from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, key_id, page_checksum
+from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, page_checksum
 from .plane_reports import Read, Reports
 
 logger = logging.getLogger(__name__)
@@ -193,11 +193,7 @@ class Plane:
         if attachment is None:
             return [None] * len(rels)
         self.commits.wait(rels)
-        found: List[Optional[bool]] = []
-        for rel in rels:
-            located = self._locate(attachment, rel)
-            found.append(located if isinstance(located, bool) or located is None else True)
-        return found
+        return [True if isinstance(found, Found) else found for found in self._locate(attachment, rels)]
 
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                    size: int) -> List[Optional[bool]]:
@@ -208,11 +204,14 @@ class Plane:
         if attachment is None:
             return [None] * len(rels)
         self.commits.wait(rels)
-        return [self._read_one(attachment, rel, page, size) for rel, page in zip(rels, buffers)]
+        return [self._read_one(attachment, rel, found, page, size)
+                for rel, found, page in zip(rels, self._locate(attachment, rels), buffers)]
 
-    def _read_one(self, attachment: Attachment, rel: str, buffers: Sequence[memoryview], size: int) -> Optional[bool]:
+    def _read_one(self, attachment: Attachment, rel: str, found, buffers: Sequence[memoryview],
+                  size: int) -> Optional[bool]:
+        """Copy the page ``found`` at ``rel`` (located once already), looking it up again when
+        it changed under the copy."""
         for _ in range(RETRIES):
-            found = self._locate(attachment, rel)
             if not isinstance(found, Found):
                 return found
             if found.size != size:
@@ -224,21 +223,25 @@ class Plane:
             except Unknown:
                 return None
             self.counters.add(plane_retries=1)
+            found = self._locate(attachment, [rel])[0]
         return None  # it kept changing under the copies, or its bytes failed their checksum
 
-    def _locate(self, attachment: Attachment, rel: str):
-        """The page's row (``Found``), False when the index does not hold it and nobody else
-        may, or None when only the daemon can say."""
-        directory, _, key = rel.rpartition("/")
-        dir_id = self._dir_id(attachment, directory)
-        if dir_id is None:
-            return None
-        try:
-            found = attachment.find(dir_id, key_id(key))
-        except Unknown:
-            return None
-        if found is None:
-            return None if attachment.named else False
+    def _locate(self, attachment: Attachment, rels: Sequence[str]) -> List[Found | bool | None]:
+        """Per page path: its row (``Found``), False when the index does not hold it and nobody
+        else may, or None when only the daemon can say (``Attachment.locate``, once per pool
+        directory of the batch)."""
+        found: List[Found | bool | None] = [None] * len(rels)
+        by_directory: Dict[str, List[int]] = {}
+        keys = []
+        for i, rel in enumerate(rels):
+            directory, _, key = rel.rpartition("/")
+            by_directory.setdefault(directory, []).append(i)
+            keys.append(key)
+        for directory, at in by_directory.items():
+            dir_id = self._dir_id(attachment, directory)
+            if dir_id is not None:
+                for i, row in zip(at, attachment.locate(dir_id, [keys[i] for i in at])):
+                    found[i] = row
         return found
 
     # ---------------------------------------------------------------- writing

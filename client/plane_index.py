@@ -21,7 +21,7 @@ An attachment trusts nothing of a daemon that is gone: ``live`` is False once th
 process has ended (a pidfd, which a new daemon cannot have) or the index says it moved or
 closed. Its descriptors close when the last reference to it goes (a thread mid-copy keeps it).
 
-Thread-safe: an attachment never changes once made; any thread may use it.
+Thread-safe: what an attachment maps never changes once made; any thread may use it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import os
 import platform
 import select
 import struct
-from typing import List, NamedTuple, Optional, Sequence
+import threading
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import xxhash
 
@@ -61,7 +62,11 @@ _FINAL = 0xC4CEB9FE1A85EC53
 #: of it, but a Python copy per piece of 4 KiB costs more than that: docs/performance.md).
 MIN_MAPPED_PIECE = 8 << 10
 #: Arena bytes whose page tables ``map_ahead`` fills per call (the daemon's end is noticed between two).
-MAP_AHEAD_STEP = 64 << 20
+MAP_AHEAD_STEP = 8 << 20
+#: Keys whose table place is kept (about 200 bytes each); all are forgotten at once past it.
+MAX_PLACES = 1 << 16
+#: Its thread's nice value (a thread of its own may have its own; 19 is the lowest priority).
+MAP_AHEAD_NICE = 19
 _MADV_POPULATE_READ = 22  # Linux 5.14; older kernels refuse it, and the mapping faults as it goes
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -123,6 +128,9 @@ class Attachment:
         self.pidfd = -1
         self._let_go = False
         self.mapped_ahead = False  # whether map_ahead has filled the arena mapping's page tables
+        # (directory number, key) -> (table hash, key identity) of keys looked up lately: SGLang
+        # asks for a prefix's pages again at every request that shares it.
+        self._places: Dict[Tuple[int, str], Tuple[int, bytes]] = {}
         index_path = os.path.join(root, INDEX_LINK)
         self.index_fd = self._open(index_path, os.O_RDONLY)
         self._map = mmap.mmap(self.index_fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -166,6 +174,10 @@ class Attachment:
     def map_ahead(self) -> None:
         """Fill the arena mapping's page tables, a step at a time while the daemon lives (run on
         a thread of its own: the system call lets other threads run)."""
+        try:  # behind every other thread of the host: it only saves later copies their faults
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MAP_AHEAD_NICE)
+        except OSError:
+            pass
         pointer = ctypes.c_char.from_buffer(self._arena_map)  # held only meanwhile: the map stays closable
         address = ctypes.addressof(pointer)
         del pointer
@@ -181,29 +193,52 @@ class Attachment:
         """Its client closed: ``map_ahead`` stops (the mappings go with the last reference)."""
         self._let_go = True
 
-    def find(self, dir_id: int, kid: bytes) -> Optional[Found]:
+    def find(self, dir_id: int, key: str) -> Optional[Found]:
         """The page's row, or None when the index holds no such page; ``Unknown`` when it
         cannot say now."""
-        table_gen = _GEN.unpack_from(self._map, _TABLE_GEN_AT)[0]
+        found = self.locate(dir_id, [key])[0]
+        if found is None:
+            raise Unknown("the index cannot say now")
+        return found or None
+
+    def locate(self, dir_id: int, keys: Sequence[str]) -> List[Found | bool | None]:
+        """Per key of the directory: its row (``Found``); False when the index does not hold it
+        and no other tier may; None when only the daemon can say (a table rebuilt meanwhile, a
+        row being changed, a tier other hosts write). The table's ``table_gen`` is read once
+        before the batch and once after it: a miss counts only if the table did not change."""
+        places = self._places
+        if len(places) > MAX_PLACES:
+            places.clear()
+        m, row_of, slot_of, gen_of = self._map, _ROW.unpack_from, _SLOT.unpack_from, _GEN.unpack_from
+        table_gen = gen_of(m, _TABLE_GEN_AT)[0]
         if table_gen & 1:
-            raise Unknown("the index's table is being rebuilt")
-        h = key_hash(dir_id, kid)
-        i = h & self.mask
-        for _ in range(_MAX_PROBES):
-            row = _SLOT.unpack_from(self._map, self.table_at + 4 * i)[0]
-            if row == _EMPTY:
-                if _GEN.unpack_from(self._map, _TABLE_GEN_AT)[0] != table_gen:
-                    raise Unknown("the index's table was rebuilt meanwhile")
-                return None
-            if row >= 0:
-                gen, row_hash, key, row_dir, size, checksum, ram, disk = _ROW.unpack_from(
-                    self._map, self.rows_at + _ROW.size * row)
-                if row_hash == h and row_dir == dir_id and key == kid:
-                    if gen & 1:
-                        raise Unknown("the page's row is being changed")
-                    return Found(row, gen, key, size, checksum, ram, disk)
-            i = (i + 1) & self.mask
-        raise Unknown("the index's table is too crowded to say")
+            return [None] * len(keys)  # the table is being rebuilt
+        mask, table_at, rows_at, row_bytes = self.mask, self.table_at, self.rows_at, _ROW.size
+        absent = None if self.named else False
+        found: List[Found | bool | None] = []
+        for key in keys:
+            place = places.get((dir_id, key))
+            if place is None:
+                kid = key_id(key)
+                place = places[dir_id, key] = (key_hash(dir_id, kid), kid)
+            h, kid = place
+            i = h & mask
+            for _ in range(_MAX_PROBES):
+                row = slot_of(m, table_at + 4 * i)[0]
+                if row == _EMPTY:
+                    found.append(absent)
+                    break
+                if row >= 0:
+                    gen, row_hash, row_key, row_dir, size, checksum, ram, disk = row_of(m, rows_at + row_bytes * row)
+                    if row_hash == h and row_dir == dir_id and row_key == kid:
+                        found.append(None if gen & 1 else Found(row, gen, kid, size, checksum, ram, disk))
+                        break
+                i = (i + 1) & mask
+            else:
+                found.append(None)  # the table is too crowded to say
+        if absent is False and gen_of(m, _TABLE_GEN_AT)[0] != table_gen:
+            return [None if f is False else f for f in found]  # rebuilt meanwhile: misses unsure
+        return found
 
     def copy(self, found: Found, buffers: Sequence[memoryview], size: int, verify: bool) -> bool:
         """Copy the page into ``buffers`` (``size`` bytes); True when they hold it whole, False

@@ -18,7 +18,7 @@ from hicachefs.store.shared.layout import Layout, place
 from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs_testing.workload import content
 from pages import wait_until
-from hicachefs_client.plane_index import Attachment, key_id
+from hicachefs_client.plane_index import Attachment
 
 DIRECTORY = "m/f/tp0of1/kv"
 SIZE = 64 << 10
@@ -40,7 +40,7 @@ def attach(store: PageStore, root: Path) -> Attachment:
 
 def read(attachment: Attachment, store: PageStore, key: str, size: int = SIZE):
     """(found, bytes read or None when the copy did not hold)."""
-    found = attachment.find(store.plane_dir(DIRECTORY), key_id(key))
+    found = attachment.find(store.plane_dir(DIRECTORY), key)
     if found is None:
         return None, None
     buffer = bytearray(size)
@@ -91,13 +91,13 @@ def test_a_reader_stalled_mid_copy_while_its_slot_gets_another_page_never_takes_
     name = f"{DIRECTORY}/{'d' * 64}"
     store.put(name, content(5, SIZE))
     attachment = attach(store, tmp_path / "root")
-    found = attachment.find(store.plane_dir(DIRECTORY), key_id("d" * 64))
+    found = attachment.find(store.plane_dir(DIRECTORY), "d" * 64)
     reused = []
 
     def evict_and_reuse(_found):  # between the copy and its check, the page goes, its slot is reused
         store.delete(name)
         store.put(f"{DIRECTORY}/{'e' * 64}", content(6, SIZE))
-        reused.append(attachment.find(store.plane_dir(DIRECTORY), key_id("e" * 64)).ram)
+        reused.append(attachment.find(store.plane_dir(DIRECTORY), "e" * 64).ram)
 
     monkeypatch.setattr(plane_index, "after_copy", evict_and_reuse)
     buffer = bytearray(SIZE)
@@ -158,7 +158,7 @@ def test_a_page_the_plane_reads_twice_from_the_disk_tier_is_promoted_to_ram(stor
 
 def scribble(attachment: Attachment, store: PageStore, key: str) -> None:
     """Write over a RAM page's bytes through the arena, as a buggy client of the plane could."""
-    found = attachment.find(store.plane_dir(DIRECTORY), key_id(key))
+    found = attachment.find(store.plane_dir(DIRECTORY), key)
     os.pwrite(attachment.arena_fd, b"scribbled", found.ram + 100)
 
 
