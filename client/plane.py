@@ -53,6 +53,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
+from .plane_arena import ArenaMapping
 from .plane_commits import CommitsUnderWay
 from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, page_checksum
 from .plane_reports import Read, Reports
@@ -118,6 +119,7 @@ class Plane:
         self.handles = ControlHandles(root, failures)
         self._lock = threading.Lock()
         self._attachment: Optional[Attachment] = None
+        self._arena_map: Optional[ArenaMapping] = None  # the last attachment's, kept while its daemon runs
         self._retry_at = 0.0
         self._dirs: Dict[Tuple[bytes, str], int] = {}
         self._told: set = set()  # reasons for no plane, logged once
@@ -137,17 +139,19 @@ class Plane:
                 return current  # another thread attached meanwhile
             if current is not None:
                 self._attachment = None
-                logger.info("hicachefs client: the daemon of %s went away; the data plane waits for the next", self.root)
+                self._forget_arena_if_gone()
             if time.monotonic() < self._retry_at:
                 return None
             try:
-                attachment = Attachment(self.root)
+                attachment = Attachment(self.root, self._arena_map)
             except (OSError, Unknown) as exc:
                 self._retry_at = time.monotonic() + RETRY_INTERVAL_S
                 self._say_why_not(exc)
                 return None
-            self._attachment = attachment
-            threading.Thread(target=attachment.map_ahead, name="hicachefs-map-ahead", daemon=True).start()
+            self._attachment, self._arena_map = attachment, attachment.arena_map
+            if attachment.new_mapping:
+                threading.Thread(target=attachment.arena_map.map_ahead, name="hicachefs-map-ahead",
+                                 daemon=True).start()
         self.reports.start()  # which also lets go of the attachment once its daemon is gone
         return attachment
 
@@ -157,8 +161,15 @@ class Plane:
         with self._lock:
             if self._attachment is not None and not self._attachment.live:
                 self._attachment = None
-                logger.info("hicachefs client: the daemon of %s went away; the data plane waits for the next", self.root)
+                self._forget_arena_if_gone()
             return self._attachment is not None
+
+    def _forget_arena_if_gone(self) -> None:
+        """Drop the arena's mapping once its daemon is gone; it is kept while only the index
+        moved (it grew), for the next attachment to the same daemon. Called under the lock."""
+        if self._arena_map is not None and not self._arena_map.daemon_runs():
+            self._arena_map = None
+            logger.info("hicachefs client: the daemon of %s went away; the data plane waits for the next", self.root)
 
     def _say_why_not(self, exc: BaseException) -> None:
         """Log once per reason why there is no plane (not a failure: pages go the other way; a
@@ -288,7 +299,7 @@ class Plane:
                 if slots[j] < 0:
                     continue  # no slot: the page goes another way
                 try:
-                    attachment.fill(slots[j], buffers[j], size)
+                    attachment.arena_map.write(slots[j], buffers[j], size)
                 except OSError as exc:
                     results[where[j]] = exc
                     continue
@@ -464,9 +475,10 @@ class Plane:
         self.handles.close()
         with self._lock:
             senders, self._senders = self._senders, None
-            attachment, self._attachment = self._attachment, None
-        if attachment is not None:
-            attachment.let_go()
+            self._attachment = None
+            arena_map, self._arena_map = self._arena_map, None
+        if arena_map is not None:
+            arena_map.stop()
         if senders is not None and self._senders_pid == os.getpid():
             senders.shutdown(wait=True)
 

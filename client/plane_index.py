@@ -11,11 +11,8 @@ daemon changes it and grows at every change), so a page evicted, replaced or rem
 copy is never taken for read. Where loads may pass loads (aarch64), the page's checksum is
 checked after the copy too; pages from the disk tier always are (a block may have gone bad).
 
-``map_ahead`` fills the arena mapping's page tables in the background (``MADV_POPULATE_READ``):
-the daemon's arena is all allocated from the start, so this maps, allocating nothing, what a
-long-running client ends up mapped anyway; without it, a first copy out of a part of the arena
-faults on every 64 KiB (half of memcpy's speed), and a copy into it on every 4 KiB. It costs 8 bytes of page
-table per 4 KiB of arena (2 MiB a GiB) in each client process, and 0.06 s a GiB on this VM.
+The arena's mapping is ``plane_arena.ArenaMapping``'s, kept by the next attachment to the same
+daemon (its index moves when it grows, the arena never does).
 
 An attachment trusts nothing of a daemon that is gone: ``live`` is False once the daemon's
 process has ended (a pidfd, which a new daemon cannot have) or the index says it moved or
@@ -26,7 +23,6 @@ Thread-safe: what an attachment maps never changes once made; any thread may use
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
 import mmap
@@ -34,12 +30,12 @@ import os
 import platform
 import select
 import struct
-import threading
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import xxhash
 
-from .vectored import copy_from, read_into, write_from, write_into
+from .plane_arena import ArenaMapping
+from .vectored import read_into
 
 INDEX_LINK, ARENA_LINK, DISK_LINK = ".hicachefs/index", ".hicachefs/arena", ".hicachefs/disk"
 _PREFIX = struct.Struct("<8sII16s")
@@ -57,19 +53,8 @@ _MAX_PROBES = 64
 _MASK = (1 << 64) - 1
 _MIX = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93, 0xFF51AFD7ED558CCD)
 _FINAL = 0xC4CEB9FE1A85EC53
-#: Pages whose pieces are this large on average are copied from the arena's mapping (a memcpy,
-#: 0.95 of memcpy's speed on this VM), smaller ones with one ``preadv`` (tmpfs's reads reach 0.6
-#: of it, but a Python copy per piece of 4 KiB costs more than that: docs/performance.md).
-MIN_MAPPED_PIECE = 8 << 10
-#: Arena bytes whose page tables ``map_ahead`` fills per call (the daemon's end is noticed between two).
-MAP_AHEAD_STEP = 8 << 20
 #: Keys whose table place is kept (about 200 bytes each); all are forgotten at once past it.
 MAX_PLACES = 1 << 16
-#: Its thread's nice value (a thread of its own may have its own; 19 is the lowest priority).
-MAP_AHEAD_NICE = 19
-_MADV_POPULATE_READ = 22  # Linux 5.14; older kernels refuse it, and the mapping faults as it goes
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 #: Whether this CPU keeps loads in order (TSO): then the seqlock alone proves a copy whole.
 ORDERED_LOADS = platform.machine() in ("x86_64", "AMD64", "i686", "i386")
 
@@ -117,17 +102,14 @@ class Unknown(Exception):
 class Attachment:
     """One daemon's shared index, arena and disk file. See the module docstring."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, arena_map: Optional[ArenaMapping] = None) -> None:
         """Open them under mount ``root``; OSError when they cannot be (EACCES for a user the
         daemon does not let in, ENOENT on a daemon without a data plane), ``Unknown`` when
-        what they hold does not fit together."""
+        what they hold does not fit together. The arena's mapping is ``arena_map`` when that
+        maps this daemon's arena (``new_mapping`` says which)."""
         self._fds: List[int] = []
         self._map: Optional[mmap.mmap] = None
-        self._arena_map: Optional[mmap.mmap] = None
-        self.arena = memoryview(b"")  # the arena, mapped
         self.pidfd = -1
-        self._let_go = False
-        self.mapped_ahead = False  # whether map_ahead has filled the arena mapping's page tables
         # (directory number, key) -> (table hash, key identity) of keys looked up lately: SGLang
         # asks for a prefix's pages again at every request that shares it.
         self._places: Dict[Tuple[int, str], Tuple[int, bytes]] = {}
@@ -140,13 +122,21 @@ class Attachment:
         (_, _, self.capacity, slots, self.rows_at, self.table_at, arena_ino, arena_bytes, disk_dev, disk_ino,
          named, pid) = _FIELDS.unpack_from(self._map, _PREFIX.size)
         self.mask, self.named, self.pid = slots - 1, bool(named), pid
-        self.arena_fd = self._open(os.path.join(root, ARENA_LINK), os.O_RDWR)
-        arena = os.fstat(self.arena_fd)
-        if (arena.st_ino, arena.st_size) != (arena_ino, arena_bytes):
-            raise Unknown("the arena is not the one the index describes")
-        # Mapped whole (the daemon never shrinks it); its page tables are filled by map_ahead.
-        self._arena_map = mmap.mmap(self.arena_fd, arena_bytes, mmap.MAP_SHARED)
-        self.arena = memoryview(self._arena_map)
+        self.arena_id = (arena_ino, arena_bytes)
+        if arena_map is not None and arena_map.serves(self.token, self.arena_id):
+            self.arena_map, self.new_mapping = arena_map, False
+        else:
+            arena_fd = os.open(os.path.join(root, ARENA_LINK), os.O_RDWR | os.O_CLOEXEC)
+            try:
+                arena = os.fstat(arena_fd)
+                if (arena.st_ino, arena.st_size) != self.arena_id:
+                    raise Unknown("the arena is not the one the index describes")
+            except BaseException:
+                os.close(arena_fd)
+                raise
+            self.arena_map = ArenaMapping(arena_fd, arena_bytes, pid, self.token, self.arena_id)
+            self.new_mapping = True
+        self.arena, self.arena_fd = self.arena_map.view, self.arena_map.fd
         self.disk_fd = -1
         if disk_ino:
             self.disk_fd = self._open(os.path.join(root, DISK_LINK), os.O_RDONLY)
@@ -170,28 +160,6 @@ class Attachment:
         ended = select.poll()  # one per call: a poll object may not be polled by two threads at once
         ended.register(self.pidfd, select.POLLIN)
         return not ended.poll(0) and _GEN.unpack_from(self._map, _STATE_AT)[0] == LIVE
-
-    def map_ahead(self) -> None:
-        """Fill the arena mapping's page tables, a step at a time while the daemon lives (run on
-        a thread of its own: the system call lets other threads run)."""
-        try:  # behind every other thread of the host: it only saves later copies their faults
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MAP_AHEAD_NICE)
-        except OSError:
-            pass
-        pointer = ctypes.c_char.from_buffer(self._arena_map)  # held only meanwhile: the map stays closable
-        address = ctypes.addressof(pointer)
-        del pointer
-        for start in range(0, len(self.arena), MAP_AHEAD_STEP):
-            if self._let_go or not self.live:
-                return
-            step = min(MAP_AHEAD_STEP, len(self.arena) - start)
-            if _LIBC.madvise(address + start, step, _MADV_POPULATE_READ) != 0:
-                return  # a kernel without it: pages are mapped as they are touched
-        self.mapped_ahead = True
-
-    def let_go(self) -> None:
-        """Its client closed: ``map_ahead`` stops (the mappings go with the last reference)."""
-        self._let_go = True
 
     def find(self, dir_id: int, key: str) -> Optional[Found]:
         """The page's row, or None when the index holds no such page; ``Unknown`` when it
@@ -246,10 +214,7 @@ class Attachment:
         (``verify``, and always from the disk tier). ``Unknown`` for a row the plane cannot
         read (a page on no tier of its)."""
         if found.ram >= 0:
-            if size >= MIN_MAPPED_PIECE * len(buffers):
-                done = copy_from(self.arena, buffers, found.ram)
-            else:
-                done = read_into(self.arena_fd, buffers, found.ram)
+            done = self.arena_map.read(found.ram, buffers, size)
         elif found.disk >= 0 and self.disk_fd >= 0:
             done, verify = read_into(self.disk_fd, buffers, found.disk), True
         else:
@@ -263,18 +228,6 @@ class Attachment:
             raise OSError(errno.EIO, "a page's bytes end short in the file the index points into")
         return not verify or page_checksum(buffers) == found.checksum
 
-    def fill(self, offset: int, buffers: Sequence[memoryview], size: int) -> None:
-        """Copy a page (``size`` bytes, from ``buffers``) into its slot at ``offset``: through the
-        mapping once ``map_ahead`` has filled it and when the page's pieces are
-        ``MIN_MAPPED_PIECE`` or more on average, else with one ``pwritev`` (a write through the
-        mapping before would fault on every 4 KiB)."""
-        if self.mapped_ahead and size >= MIN_MAPPED_PIECE * len(buffers):
-            done = write_from(self.arena, buffers, offset)
-        else:
-            done = write_into(self.arena_fd, buffers, offset)
-        if done != size:
-            raise OSError(errno.EINVAL, f"a page of {done} bytes for a slot of {size}")
-
     def unchanged(self, found: Found) -> bool:
         """Whether the row still holds the page it held when ``found`` was read, and the index is
         still the daemon's."""
@@ -282,9 +235,6 @@ class Attachment:
         return gen == found.gen and key == found.key and _GEN.unpack_from(self._map, _STATE_AT)[0] == LIVE
 
     def __del__(self) -> None:
-        self.arena.release()
-        if self._arena_map is not None:
-            self._arena_map.close()
         if self._map is not None:
             self._map.close()
         for fd in self._fds + ([self.pidfd] if self.pidfd >= 0 else []):

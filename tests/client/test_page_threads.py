@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hicachefs_client import HiCacheFS, backend, plane, plane_index
+from hicachefs_client import HiCacheFS, backend, plane, plane_arena
 from hicachefs_client.page_threads import PageThreads
 from hicachefs_testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
 from storage_configs import storage_config
@@ -234,14 +234,14 @@ def test_a_batch_copied_by_several_write_threads_is_one_commit(mounted, monkeypa
         assert fs.batch_set_v1([key("one commit", batch, i) for i in range(PAGES)], indices(pool, range(PAGES))) \
             == [True] * PAGES
     copying = set()
-    fill = plane_index.Attachment.fill
+    fill = plane_arena.ArenaMapping.write
 
     def recording(*args):
         copying.add(threading.get_ident())
         time.sleep(0.005)  # a copy of a large page, so that every thread gets a run
         return fill(*args)
 
-    monkeypatch.setattr(plane_index.Attachment, "fill", recording)
+    monkeypatch.setattr(plane_arena.ArenaMapping, "write", recording)
     keys = [key("one commit", 2, i) for i in range(PAGES)]
     cost, got = requests_of(mounted, lambda: (fs.batch_set_v1(keys, indices(pool, range(PAGES))), fs.settle())[0])
     assert got == [True] * PAGES and cost == {"write": 1}

@@ -126,6 +126,23 @@ def test_a_clients_mapping_of_the_arena_is_filled_ahead_and_let_go_at_close(moun
     wait_until(lambda: _arena_mapping(arena.st_ino) == (0, 0), timeout=10)
 
 
+def test_a_client_keeps_its_arena_mapping_when_the_index_grows(mounted):
+    pool = MHAHostPool(pages=64)
+    client = make_fs(mounted.path, pool)
+    assert client.batch_set_v1([key("grow", 0, i) for i in range(64)], indices(pool, range(64))) == [True] * 64
+    attachment = client.io.plane.attached()
+    arena = os.fstat(attachment.arena_fd)
+    for batch in range(1, 20):  # past the index's first 1,024 rows: it moves to new memory
+        keys = [key("grow", batch, i) for i in range(64)]
+        assert client.batch_set_v1(keys, indices(pool, range(64))) == [True] * 64
+    client.settle()
+    assert client.batch_exists(keys) == 64
+    again = client.io.plane.attached()
+    assert again is not attachment  # attached to the index's new memory
+    assert again.arena_map is attachment.arena_map  # and the same mapping of the arena, filled
+    wait_until(lambda: _arena_mapping(arena.st_ino) == (arena.st_size, arena.st_size), timeout=10)
+
+
 def test_only_the_stores_writers_may_open_the_arena_the_index_and_the_plane_file(public_mount):
     source, keys = written(public_mount)
     control = public_mount.path / ".hicachefs"
