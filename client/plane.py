@@ -446,7 +446,7 @@ class Plane:
             if handle.fd < 0 or _pwrite_all(handle.fd, request) != len(request):
                 raise OSError(errno.EIO, "a plane request was not taken whole")
             expected = (_ANSWER_MAGIC, op, count, answer_bytes, seq)
-            answer = bytes(attachment.arena[mailbox : mailbox + _REQUEST.size + answer_bytes]) if mailbox >= 0 else b""
+            answer = bytes(attachment.arena_map.view[mailbox : mailbox + _REQUEST.size + answer_bytes]) if mailbox >= 0 else b""
             if _header(answer) != expected:  # no mailbox, or the answer did not fit in it
                 answer = _pread_all(handle.fd, _REQUEST.size + answer_bytes)
                 if _header(answer) != expected:

@@ -21,7 +21,7 @@ import select
 import threading
 from typing import Sequence
 
-from .vectored import copy_from, read_into, write_from, write_into
+from .vectored import address_of, copy_from, read_into, write_from, write_into
 
 #: Pages whose pieces are this large on average are copied through the mapping (a memcpy,
 #: 0.95 of memcpy's speed on this VM), smaller ones with one ``preadv``/``pwritev`` (tmpfs's
@@ -53,6 +53,7 @@ class ArenaMapping:
             self._close()
             raise
         self.view = memoryview(self._map)
+        self.address = address_of(self._map)
         self.mapped_ahead = False  # whether map_ahead has filled its page tables
         self._stopped = False
 
@@ -63,14 +64,11 @@ class ArenaMapping:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MAP_AHEAD_NICE)
         except OSError:
             pass
-        pointer = ctypes.c_char.from_buffer(self._map)  # held only meanwhile: the map stays closable
-        address = ctypes.addressof(pointer)
-        del pointer
         for start in range(0, len(self.view), MAP_AHEAD_STEP):
             if self._stopped or not self.daemon_runs():
                 return
             step = min(MAP_AHEAD_STEP, len(self.view) - start)
-            if _LIBC.madvise(address + start, step, _MADV_POPULATE_READ) != 0:
+            if _LIBC.madvise(self.address + start, step, _MADV_POPULATE_READ) != 0:
                 return  # a kernel without it: pages are mapped as they are touched
         self.mapped_ahead = True
 
@@ -91,7 +89,7 @@ class ArenaMapping:
         """Bytes of the ``size`` at ``offset`` copied into ``buffers``: through the mapping when
         their pieces are ``MIN_MAPPED_PIECE`` or more on average, else with one ``preadv``."""
         if size >= MIN_MAPPED_PIECE * len(buffers):
-            return copy_from(self.view, buffers, offset)
+            return copy_from(self.view, self.address, buffers, offset)
         return read_into(self.fd, buffers, offset)
 
     def write(self, offset: int, buffers: Sequence[memoryview], size: int) -> None:
@@ -100,7 +98,7 @@ class ArenaMapping:
         ``MIN_MAPPED_PIECE`` or more on average, else with one ``pwritev`` (a write through the
         mapping before would fault on every 4 KiB)."""
         if self.mapped_ahead and size >= MIN_MAPPED_PIECE * len(buffers):
-            done = write_from(self.view, buffers, offset)
+            done = write_from(self.view, self.address, buffers, offset)
         else:
             done = write_into(self.fd, buffers, offset)
         if done != size:

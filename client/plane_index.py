@@ -28,7 +28,6 @@ import hashlib
 import mmap
 import os
 import platform
-import select
 import struct
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -109,7 +108,6 @@ class Attachment:
         maps this daemon's arena (``new_mapping`` says which)."""
         self._fds: List[int] = []
         self._map: Optional[mmap.mmap] = None
-        self.pidfd = -1
         # (directory number, key) -> (table hash, key identity) of keys looked up lately: SGLang
         # asks for a prefix's pages again at every request that shares it.
         self._places: Dict[Tuple[int, str], Tuple[int, bytes]] = {}
@@ -136,16 +134,15 @@ class Attachment:
                 raise
             self.arena_map = ArenaMapping(arena_fd, arena_bytes, pid, self.token, self.arena_id)
             self.new_mapping = True
-        self.arena, self.arena_fd = self.arena_map.view, self.arena_map.fd
         self.disk_fd = -1
         if disk_ino:
             self.disk_fd = self._open(os.path.join(root, DISK_LINK), os.O_RDONLY)
             disk = os.fstat(self.disk_fd)
             if (disk.st_dev, disk.st_ino) != (disk_dev, disk_ino):
                 raise Unknown("the disk file is not the one the index describes")
-        # The daemon's process, watched from now on; and still the one holding this index (its
-        # number could have been given to another process between our open and the pidfd's).
-        self.pidfd = os.pidfd_open(pid)
+        # The daemon's process is watched through the arena mapping's pidfd, opened after the
+        # index: the index must still be that process's (its number could have been given to
+        # another process between our open and the pidfd's).
         if os.stat(index_path).st_ino != os.fstat(self.index_fd).st_ino:
             raise Unknown("the index moved while it was opened")
 
@@ -157,9 +154,7 @@ class Attachment:
     @property
     def live(self) -> bool:
         """Whether the daemon still runs and this is still its index."""
-        ended = select.poll()  # one per call: a poll object may not be polled by two threads at once
-        ended.register(self.pidfd, select.POLLIN)
-        return not ended.poll(0) and _GEN.unpack_from(self._map, _STATE_AT)[0] == LIVE
+        return self.arena_map.daemon_runs() and _GEN.unpack_from(self._map, _STATE_AT)[0] == LIVE
 
     def find(self, dir_id: int, key: str) -> Optional[Found]:
         """The page's row, or None when the index holds no such page; ``Unknown`` when it
@@ -237,7 +232,7 @@ class Attachment:
     def __del__(self) -> None:
         if self._map is not None:
             self._map.close()
-        for fd in self._fds + ([self.pidfd] if self.pidfd >= 0 else []):
+        for fd in self._fds:
             try:
                 os.close(fd)
             except OSError:

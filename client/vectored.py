@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 
 def advance(buffers: Sequence[memoryview], done: int) -> List[memoryview]:
@@ -22,27 +22,27 @@ def advance(buffers: Sequence[memoryview], done: int) -> List[memoryview]:
 
 def read_into(fd: int, buffers: Sequence[memoryview], offset: int = 0) -> int:
     """Bytes read from ``offset`` into ``buffers``, until they are full or the file ends."""
-    done, rest = 0, list(buffers)
-    while rest:
-        n = os.preadv(fd, rest, offset + done)
-        if n <= 0:
-            break
-        done += n
-        rest = advance(rest, n)
-    return done
+    return _vectored(os.preadv, fd, buffers, offset)
 
 
-def copy_from(source: memoryview, buffers: Sequence[memoryview], offset: int = 0) -> int:
-    """Bytes copied from ``source`` (a mapping) at ``offset`` into ``buffers``, until they are
-    full or ``source`` ends (``memmove``: other threads run meanwhile)."""
-    return _copy(source, buffers, offset, into=False)
+def copy_from(source: memoryview, address: int, buffers: Sequence[memoryview], offset: int = 0) -> int:
+    """Bytes copied from ``source`` (a mapping at ``address``) at ``offset`` into ``buffers``,
+    until they are full or ``source`` ends (``memmove``: other threads run meanwhile)."""
+    return _copy(source, address, buffers, offset, into=False)
 
 
 def write_into(fd: int, buffers: Sequence[memoryview], offset: int = 0) -> int:
     """Bytes written from ``buffers`` at ``offset``, all of them unless the file refuses more."""
+    return _vectored(os.pwritev, fd, buffers, offset)
+
+
+def _vectored(move: Callable[[int, List[memoryview], int], int], fd: int, buffers: Sequence[memoryview],
+              offset: int) -> int:
+    """``move`` (``os.preadv`` or ``os.pwritev``) again on what is left until it is all moved
+    or the file moves no more."""
     done, rest = 0, list(buffers)
     while rest:
-        n = os.pwritev(fd, rest, offset + done)
+        n = move(fd, rest, offset + done)
         if n <= 0:
             break
         done += n
@@ -50,33 +50,33 @@ def write_into(fd: int, buffers: Sequence[memoryview], offset: int = 0) -> int:
     return done
 
 
-def write_from(target: memoryview, buffers: Sequence[memoryview], offset: int = 0) -> int:
-    """Bytes copied from ``buffers`` into ``target`` (a mapping) at ``offset``, until they are
-    all copied or ``target`` ends (``memmove``: other threads run meanwhile)."""
-    return _copy(target, buffers, offset, into=True)
+def write_from(target: memoryview, address: int, buffers: Sequence[memoryview], offset: int = 0) -> int:
+    """Bytes copied from ``buffers`` into ``target`` (a mapping at ``address``) at ``offset``,
+    until they are all copied or ``target`` ends (``memmove``: other threads run meanwhile)."""
+    return _copy(target, address, buffers, offset, into=True)
 
 
-def _copy(mapped: memoryview, buffers: Sequence[memoryview], offset: int, into: bool) -> int:
-    """Each buffer's bytes to or from ``mapped`` (writable) from ``offset`` on. A Python slice
+def _copy(mapped: memoryview, base: int, buffers: Sequence[memoryview], offset: int, into: bool) -> int:
+    """Each buffer's bytes to or from ``mapped`` (writable, at address ``base``) from ``offset`` on. A Python slice
     copy holds the interpreter lock for all of it (a millisecond for 8 MiB, SGLang's scheduler
     waiting), so buffers that ctypes can point to are copied by ``memmove``, which lets go of
     it; a read-only buffer (a source only) is copied by a slice."""
-    base, done = _address(mapped), 0
+    done = 0
     for buf in buffers:
         n = max(0, min(len(buf), len(mapped) - offset - done))
         if n:
             if into and buf.readonly:
                 mapped[offset + done : offset + done + n] = buf[:n]
             elif into:
-                ctypes.memmove(base + offset + done, _address(buf), n)
+                ctypes.memmove(base + offset + done, address_of(buf), n)
             else:
-                ctypes.memmove(_address(buf), base + offset + done, n)
+                ctypes.memmove(address_of(buf), base + offset + done, n)
         done += n
         if n < len(buf):
             break
     return done
 
 
-def _address(view: memoryview) -> int:
+def address_of(view) -> int:
     """A writable buffer's address (the ctypes object, which pins it, goes at once)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(view))

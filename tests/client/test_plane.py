@@ -118,7 +118,7 @@ def test_a_clients_mapping_of_the_arena_is_filled_ahead_and_let_go_at_close(moun
     pool, keys = written(mounted)  # by a client closed since
     reader = make_fs(mounted.path, MHAHostPool(pages=PAGES))
     assert reader.batch_exists(keys) == PAGES  # attached
-    arena = os.fstat(reader.io.plane.attached().arena_fd)
+    arena = os.fstat(reader.io.plane.attached().arena_map.fd)
     # Mapped whole, once (the closed client's mapping is gone), all of it resident: a first copy
     # from or into the arena faults on nothing.
     wait_until(lambda: _arena_mapping(arena.st_ino) == (arena.st_size, arena.st_size), timeout=10)
@@ -131,7 +131,7 @@ def test_a_client_keeps_its_arena_mapping_when_the_index_grows(mounted):
     client = make_fs(mounted.path, pool)
     assert client.batch_set_v1([key("grow", 0, i) for i in range(64)], indices(pool, range(64))) == [True] * 64
     attachment = client.io.plane.attached()
-    arena = os.fstat(attachment.arena_fd)
+    arena = os.fstat(attachment.arena_map.fd)
     for batch in range(1, 20):  # past the index's first 1,024 rows: it moves to new memory
         keys = [key("grow", batch, i) for i in range(64)]
         assert client.batch_set_v1(keys, indices(pool, range(64))) == [True] * 64

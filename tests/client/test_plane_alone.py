@@ -159,7 +159,7 @@ def test_a_page_the_plane_reads_twice_from_the_disk_tier_is_promoted_to_ram(stor
 def scribble(attachment: Attachment, store: PageStore, key: str) -> None:
     """Write over a RAM page's bytes through the arena, as a buggy client of the plane could."""
     found = attachment.find(store.plane_dir(DIRECTORY), key)
-    os.pwrite(attachment.arena_fd, b"scribbled", found.ram + 100)
+    os.pwrite(attachment.arena_map.fd, b"scribbled", found.ram + 100)
 
 
 def test_a_ram_page_scribbled_on_is_never_moved_down_to_disk(store, tmp_path):
