@@ -18,7 +18,6 @@ import errno
 import mmap
 import os
 import select
-import threading
 from typing import Sequence
 
 from .vectored import address_of, copy_from, read_into, write_from, write_into
@@ -27,10 +26,10 @@ from .vectored import address_of, copy_from, read_into, write_from, write_into
 #: 0.95 of memcpy's speed on this VM), smaller ones with one ``preadv``/``pwritev`` (tmpfs's
 #: reads reach 0.6 of it, but a Python call per piece of 4 KiB costs more: docs/performance.md).
 MIN_MAPPED_PIECE = 8 << 10
-#: Arena bytes whose page tables ``map_ahead`` fills per call (the daemon's end is noticed between two).
+#: Arena bytes whose page tables ``map_ahead`` fills per call (the daemon's end is noticed between
+#: two). Each call holds the process's memory-map lock; its thread runs at normal priority, as a
+#: thread at nice 19 starved by busy ones held that lock for long and stalled the process's mmaps.
 MAP_AHEAD_STEP = 8 << 20
-#: Its thread's nice value (a thread of its own may have its own; 19 is the lowest priority).
-MAP_AHEAD_NICE = 19
 _MADV_POPULATE_READ = 22  # Linux 5.14; older kernels refuse it, and the mapping faults as it goes
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -60,10 +59,6 @@ class ArenaMapping:
     def map_ahead(self) -> None:
         """Fill the page tables, a step at a time while the daemon lives and nobody stopped it
         (run on a thread of its own: the system call lets other threads run)."""
-        try:  # behind every other thread of the host: it only saves later copies their faults
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MAP_AHEAD_NICE)
-        except OSError:
-            pass
         for start in range(0, len(self.view), MAP_AHEAD_STEP):
             if self._stopped or not self.daemon_runs():
                 return
