@@ -371,7 +371,7 @@ class HiCacheFS(HiCacheStorage):
         directory = self._dir_of(name)
         wanted = self._valid_indices(keys)
         answers = [False] * len(keys)
-        for i, there in zip(wanted, self.io.exists([f"{directory}/{keys[i]}" for i in wanted])):
+        for i, there in zip(wanted, self.io.exists_in(directory, [keys[i] for i in wanted])):
             answers[i] = there
         return answers
 
@@ -486,7 +486,7 @@ class HiCacheFS(HiCacheStorage):
         if not self.shard.writes(KV):
             return True
         directory = self._dir_of(KV)
-        if self.io.exists([f"{directory}/{key}"])[0]:
+        if self.io.exists_in(directory, [key])[0]:
             self.counters.add(pages_skipped=1)
             return True
         data = tensor_bytes(value)

@@ -27,7 +27,7 @@ import re
 import secrets
 import shutil
 import stat
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from . import fetch, ingest
 from .accounting import Counters, FailureLog, error_kind
@@ -222,7 +222,7 @@ class PageIO:
     def _publish_missing(self, rel_dir: str, keys: Sequence[str],
                          buffers: Sequence[Sequence[memoryview]], size: int) -> List[bool]:
         """Without the ingest file: ask which pages exist, publish the others one by one."""
-        present = self.exists([f"{rel_dir}/{key}" for key in keys])
+        present = self.exists_in(rel_dir, keys)
         if any(present):
             self.counters.add(pages_skipped=sum(present))
         return [there or self.publish_page(rel_dir, key, page, size)
@@ -306,11 +306,22 @@ class PageIO:
         """For each relative page path: published and readable? One request for all of them."""
         if not rels:
             return []
-        answers: List[Optional[bool]] = self.plane.find(rels) if self.plane is not None else [None] * len(rels)
+        answers = self.plane.find(rels) if self.plane is not None else [None] * len(rels)
+        return self._answered(answers, lambda i: rels[i])
+
+    def exists_in(self, rel_dir: str, keys: Sequence[str]) -> List[bool]:
+        """``exists`` for pages of one pool directory, SGLang's usual ask."""
+        if not keys:
+            return []
+        answers = self.plane.find_in(rel_dir, keys) if self.plane is not None else [None] * len(keys)
+        return self._answered(answers, lambda i: f"{rel_dir}/{keys[i]}")
+
+    def _answered(self, answers: List[Optional[bool]], rel_of: Callable[[int], str]) -> List[bool]:
+        """``answers`` with those the plane could not give (None) asked of the daemon."""
         if None not in answers:
             return answers  # type: ignore[return-value]
         asked = [i for i, answer in enumerate(answers) if answer is None]
-        for i, answer in zip(asked, self._exists_elsewhere([rels[i] for i in asked])):
+        for i, answer in zip(asked, self._exists_elsewhere([rel_of(i) for i in asked])):
             answers[i] = answer
         return answers  # type: ignore[return-value]
 

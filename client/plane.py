@@ -206,6 +206,17 @@ class Plane:
         self.commits.wait(rels)
         return [True if isinstance(found, Found) else found for found in self._locate(attachment, rels)]
 
+    def find_in(self, directory: str, keys: Sequence[str]) -> List[Optional[bool]]:
+        """``find`` for pages of one pool directory (SGLang's usual ask), with no page paths made."""
+        attachment = self.attached()
+        if attachment is None:
+            return [None] * len(keys)
+        self.commits.wait_in(directory, keys)
+        dir_id = self._dir_id(attachment, directory)
+        if dir_id is None:
+            return [None] * len(keys)
+        return [True if isinstance(found, Found) else found for found in attachment.locate(dir_id, keys)]
+
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                    size: int) -> List[Optional[bool]]:
         """Copy page ``rels[i]`` (``size`` bytes) into ``buffers[i]``; per page: read (True), not
@@ -270,7 +281,7 @@ class Plane:
             return results
         rels = [f"{rel_dir}/{key}" for key in keys]
         todo = []
-        for i, held in enumerate(self.find(rels)):
+        for i, held in enumerate(self.find_in(rel_dir, keys)):
             if held:
                 results[i] = True
             else:

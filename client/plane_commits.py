@@ -46,6 +46,11 @@ class CommitsUnderWay:
             with self._changed:
                 self._changed.wait_for(lambda: not any(rel in self._count for rel in rels))
 
+    def wait_in(self, directory: str, keys: Sequence[str]) -> None:
+        """``wait`` for the pages ``keys`` of ``directory`` (their paths made only when needed)."""
+        if self._count:
+            self.wait([f"{directory}/{key}" for key in keys])
+
     def wait_all(self) -> None:
         with self._changed:
             self._changed.wait_for(lambda: not self._count)

@@ -52,7 +52,8 @@ _MAX_PROBES = 64
 _MASK = (1 << 64) - 1
 _MIX = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93, 0xFF51AFD7ED558CCD)
 _FINAL = 0xC4CEB9FE1A85EC53
-#: Keys whose table place is kept (about 200 bytes each); all are forgotten at once past it.
+#: Keys of a directory whose table place is kept (about 200 bytes each); all of that directory's
+#: are forgotten at once past it.
 MAX_PLACES = 1 << 16
 #: Whether this CPU keeps loads in order (TSO): then the seqlock alone proves a copy whole.
 ORDERED_LOADS = platform.machine() in ("x86_64", "AMD64", "i686", "i386")
@@ -108,9 +109,9 @@ class Attachment:
         maps this daemon's arena (``new_mapping`` says which)."""
         self._fds: List[int] = []
         self._map: Optional[mmap.mmap] = None
-        # (directory number, key) -> (table hash, key identity) of keys looked up lately: SGLang
+        # directory number -> key -> (table hash, key identity) of keys looked up lately: SGLang
         # asks for a prefix's pages again at every request that shares it.
-        self._places: Dict[Tuple[int, str], Tuple[int, bytes]] = {}
+        self._places: Dict[int, Dict[str, Tuple[int, bytes]]] = {}
         index_path = os.path.join(root, INDEX_LINK)
         self.index_fd = self._open(index_path, os.O_RDONLY)
         self._map = mmap.mmap(self.index_fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -169,9 +170,9 @@ class Attachment:
         and no other tier may; None when only the daemon can say (a table rebuilt meanwhile, a
         row being changed, a tier other hosts write). The table's ``table_gen`` is read once
         before the batch and once after it: a miss counts only if the table did not change."""
-        places = self._places
-        if len(places) > MAX_PLACES:
-            places.clear()
+        places = self._places.get(dir_id)
+        if places is None or len(places) > MAX_PLACES:
+            places = self._places[dir_id] = {}
         m, row_of, slot_of, gen_of = self._map, _ROW.unpack_from, _SLOT.unpack_from, _GEN.unpack_from
         table_gen = gen_of(m, _TABLE_GEN_AT)[0]
         if table_gen & 1:
@@ -180,10 +181,10 @@ class Attachment:
         absent = None if self.named else False
         found: List[Found | bool | None] = []
         for key in keys:
-            place = places.get((dir_id, key))
+            place = places.get(key)
             if place is None:
                 kid = key_id(key)
-                place = places[dir_id, key] = (key_hash(dir_id, kid), kid)
+                place = places[key] = (key_hash(dir_id, kid), kid)
             h, kid = place
             i = h & mask
             for _ in range(_MAX_PROBES):
