@@ -54,20 +54,20 @@ def test_a_failing_run_does_not_stop_the_next_and_fails_the_script(checkout):
         "-m pytest -q -p no:cacheprovider tests/client tests/fs tests/store tests/test_mounting.py tests/test_name_rules.py",
         "-m pytest -q -p no:cacheprovider tests/shared",
         "-m pytest -q -p no:cacheprovider tests/ops tests/reliability tests/sglang"])
-    assert summary == ["test.sh: 3 pytest run(s)", f"  FAILED (exit 1): {NAMESPACE}", f"  passed: {SHARED}",
-                       f"  FAILED (exit 1): {OTHERS}"]
+    assert summary == ["test.sh: 3 pytest run(s)", f"  FAILED (exit 1): {NAMESPACE}", f"  FAILED (exit 1): {OTHERS}",
+                       f"  passed: {SHARED}"]
     assert status != 0
 
 
 def test_a_failing_last_run_fails_the_script(checkout):
     status, summary, _ = run_test_sh(checkout, FAIL_SHARED="3")
-    assert summary[1:] == [f"  passed: {NAMESPACE}", f"  FAILED (exit 3): {SHARED}", f"  passed: {OTHERS}"]
+    assert summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {OTHERS}", f"  FAILED (exit 3): {SHARED}"]
     assert status != 0
 
 
 def test_all_runs_passing_pass_the_script(checkout):
     status, summary, calls = run_test_sh(checkout)
-    assert len(calls) == 3 and summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {SHARED}", f"  passed: {OTHERS}"]
+    assert len(calls) == 3 and summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {OTHERS}", f"  passed: {SHARED}"]
     assert status == 0
 
 
