@@ -253,7 +253,7 @@ class Publishing:
         except BaseException:
             self.store.abandon(draft)
             raise
-        if self.store.publish(draft, directory.page_name(key), keep_existing=keep_existing) is None:
+        if not self.store.publish_page(draft, directory.page_name(key), keep_existing=keep_existing):
             return False
         directory.last_page_size = draft.size
         directory.mtime_ns = time.time_ns()

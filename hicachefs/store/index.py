@@ -540,8 +540,10 @@ class PageIndex:
 
     def top_tier(self, row: int) -> int:
         """The first tier holding the row's page, or -1 (then the row is about to go)."""
-        held = np.nonzero(self.loc[row] >= 0)[0]
-        return int(held[0]) if held.size else -1
+        for tier, location in enumerate(self.loc[row].tolist()):  # a few tiers: no numpy call
+            if location >= 0:
+                return tier
+        return -1
 
     def directories(self) -> list[str]:
         return [d for d, i in self._dir_ids.items() if self._dir_pages[i]]

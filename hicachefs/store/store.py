@@ -114,6 +114,7 @@ class PageStore:
         self._index = PageIndex(tiers=len(self._tiers), described=self._described())
         self._listeners: list[GoneListener] = []
         self._gone: list[str] = []
+        self._gone_report = _GoneReport(self)  # holds no state of its own: one serves every operation
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
         self._misses = 0
         self._published = 0
@@ -189,6 +190,21 @@ class PageStore:
         failure the draft is given back and the store is as it was (an old page stays).
         ``keep_existing``: a page of that name stored here or on a named tier is kept as it is
         instead, the draft given back, and None returned."""
+        published = self._publish(draft, name, mtime_ns, keep_existing)
+        if published is None:
+            return None
+        page, position = published
+        return PageInfo(name=name, size=page.size, tier=self._tiers[position].name, checksum=checksum_text(page.checksum),
+                        hits=0, mtime_ns=page.mtime_ns, atime_ns=page.mtime_ns)
+
+    def publish_page(self, draft: Draft, name: str, keep_existing: bool = False) -> bool:
+        """``publish``, for a caller that needs no ``PageInfo`` of the page (a data-plane
+        commit's pages, where building one was a twentieth of the daemon's work per page)."""
+        return self._publish(draft, name, None, keep_existing) is not None
+
+    def _publish(self, draft: Draft, name: str, mtime_ns: int | None,
+                 keep_existing: bool) -> tuple[PageMeta, int] | None:
+        """``publish``'s work: the page, and the position of the fastest tier holding it."""
         checksum = draft.checksum()
         slot = draft.consume()
         page = PageMeta(name, draft.size, checksum, time.time_ns() if mtime_ns is None else mtime_ns)
@@ -223,13 +239,11 @@ class PageStore:
                 if lower is not None:
                     self._locate(row, *lower)
                 self._ram.admit(row, page.size)
-            info = PageInfo(name=name, size=page.size, tier=self._tiers[RAM if slot is not None else lower[0]].name,
-                            checksum=checksum_text(checksum), hits=0, mtime_ns=page.mtime_ns, atime_ns=page.mtime_ns)
             self._published += 1
             offered = [self._pinned_reader(row, slot) for _ in self._named] if slot is not None else []
         for tier, copy in zip(self._named, offered):  # outside the lock: a refused offer releases at once
             tier.offer(page, copy.view(), copy.close)
-        return info
+        return page, RAM if slot is not None else lower[0]
 
     def abandon(self, draft: Draft) -> None:
         offset = draft.consume()
@@ -813,14 +827,17 @@ class PageStore:
         out of the store."""
         index = self._index
         slot = int(index.loc[row, RAM])
-        view = self._ram.view(slot, int(index.size[row]))
-        if not (index.loc[row, 1:] >= 0).any() and self._intact(row, view):
-            self._write_below(self._meta(row), view, RAM, row)
-        self._locate(row, RAM, -1)
-        demoted = index.top_tier(row) >= 0
-        self._ram.release(row, slot, demoted)
+        demoted = False
+        if len(self._tiers) > 1:  # (in a RAM-only store the row simply goes)
+            if not (index.loc[row, 1:] >= 0).any():
+                view = self._ram.view(slot, int(index.size[row]))
+                if self._intact(row, view):
+                    self._write_below(self._meta(row), view, RAM, row)
+            self._locate(row, RAM, -1)
+            demoted = index.top_tier(row) >= 0
         if not demoted:
             self._forget(row)
+        self._ram.release(row, slot, demoted)
 
     def _intact(self, row: int, view: memoryview) -> bool:
         """Whether a RAM page's bytes still match its checksum, checked whenever the page moves
@@ -891,8 +908,8 @@ class PageStore:
         self._gone.append(self._index.name(row))
         self._index.remove(row)
 
-    def _reporting(self):
-        return _GoneReport(self)
+    def _reporting(self) -> _GoneReport:
+        return self._gone_report
 
 
 def _with_pages(facts: TierStatistics, pages: int) -> TierStatistics:
