@@ -381,9 +381,12 @@ class HiCacheFS(HiCacheStorage):
 
     @guarded(0)
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
-        """How many of ``keys``, from the first, are stored (one query for all of them)."""
-        present = self._present(KV, list(keys))
-        return present.index(False) if False in present else len(present)
+        """How many of ``keys``, from the first, are stored: through the plane, none is probed
+        past the first one missing (as ``HiCacheFile`` stops there); one query for the rest."""
+        keys = list(keys)
+        valid = len(keys) if paths.all_hex_keys(keys) else next(
+            (i for i, key in enumerate(keys) if not self._valid(key)), len(keys))
+        return self.io.held_prefix(self._dir_of(KV), keys[:valid]) if valid else 0
 
     @guarded(lambda *_, **__: PoolTransferResult.empty())
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,

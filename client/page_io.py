@@ -316,6 +316,15 @@ class PageIO:
         answers = self.plane.find_in(rel_dir, keys) if self.plane is not None else [None] * len(keys)
         return self._answered(answers, lambda i: f"{rel_dir}/{keys[i]}")
 
+    def held_prefix(self, rel_dir: str, keys: Sequence[str]) -> int:
+        """How many of ``keys`` of one pool directory, from the first, are published and
+        readable: the plane's answer, and the daemon's for the keys the plane cannot say."""
+        held, sure = self.plane.held_prefix(rel_dir, keys) if self.plane is not None else (0, False)
+        if sure or held == len(keys):
+            return held
+        rest = self._exists_elsewhere([f"{rel_dir}/{key}" for key in keys[held:]])
+        return held + (rest.index(False) if False in rest else len(rest))
+
     def _answered(self, answers: List[Optional[bool]], rel_of: Callable[[int], str]) -> List[bool]:
         """``answers`` with those the plane could not give (None) asked of the daemon."""
         if None not in answers:

@@ -217,6 +217,22 @@ class Plane:
             return [None] * len(keys)
         return [True if isinstance(found, Found) else found for found in attachment.locate(dir_id, keys)]
 
+    def held_prefix(self, directory: str, keys: Sequence[str]) -> Tuple[int, bool]:
+        """How many of ``keys`` of one pool directory, from the first, the index holds, and
+        whether that is all it can say (False: only the daemon can answer for the key after
+        them). None probed past the first one missing."""
+        attachment = self.attached()
+        if attachment is None:
+            return 0, False
+        self.commits.wait_in(directory, keys)
+        dir_id = self._dir_id(attachment, directory)
+        if dir_id is None:
+            return 0, False
+        for held, found in enumerate(attachment.locate(dir_id, keys, prefix=True)):
+            if not isinstance(found, Found):
+                return held, found is False
+        return len(keys), True
+
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                    size: int) -> List[Optional[bool]]:
         """Copy page ``rels[i]`` (``size`` bytes) into ``buffers[i]``; per page: read (True), not

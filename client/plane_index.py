@@ -165,11 +165,13 @@ class Attachment:
             raise Unknown("the index cannot say now")
         return found or None
 
-    def locate(self, dir_id: int, keys: Sequence[str]) -> List[Found | bool | None]:
+    def locate(self, dir_id: int, keys: Sequence[str], prefix: bool = False) -> List[Found | bool | None]:
         """Per key of the directory: its row (``Found``); False when the index does not hold it
         and no other tier may; None when only the daemon can say (a table rebuilt meanwhile, a
         row being changed, a tier other hosts write). The table's ``table_gen`` is read once
-        before the batch and once after it: a miss counts only if the table did not change."""
+        before the batch and once after it: a miss counts only if the table did not change.
+        ``prefix``: the keys after the first one not held are not probed, and answered False
+        (who asks how many keys from the first are held needs no more)."""
         places = self._places.get(dir_id)
         if places is None or len(places) > MAX_PLACES:
             places = self._places[dir_id] = {}
@@ -191,6 +193,9 @@ class Attachment:
                 row = slot_of(m, table_at + 4 * i)[0]
                 if row == _EMPTY:
                     found.append(absent)
+                    if prefix and absent is False:
+                        found += [False] * (len(keys) - len(found))
+                        return self._misses_checked(found, table_gen)
                     break
                 if row >= 0:
                     gen, row_hash, row_key, row_dir, size, checksum, ram, disk = row_of(m, rows_at + row_bytes * row)
@@ -200,8 +205,12 @@ class Attachment:
                 i = (i + 1) & mask
             else:
                 found.append(None)  # the table is too crowded to say
-        if absent is False and gen_of(m, _TABLE_GEN_AT)[0] != table_gen:
-            return [None if f is False else f for f in found]  # rebuilt meanwhile: misses unsure
+        return self._misses_checked(found, table_gen) if absent is False else found
+
+    def _misses_checked(self, found: List[Found | bool | None], table_gen: int) -> List[Found | bool | None]:
+        """``found``, with its misses made unsure (None) if the table was rebuilt meanwhile."""
+        if _GEN.unpack_from(self._map, _TABLE_GEN_AT)[0] != table_gen:
+            return [None if f is False else f for f in found]
         return found
 
     def copy(self, found: Found, buffers: Sequence[memoryview], size: int, verify: bool) -> bool:

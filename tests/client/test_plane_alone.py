@@ -64,6 +64,20 @@ def test_a_page_put_is_found_and_read_whole_and_one_never_put_is_not(store, tmp_
     assert read(attachment, store, "odd key", 100)[1] == content(2, 100)
 
 
+def test_a_prefix_lookup_stops_at_the_first_page_not_held(store, tmp_path):
+    """SGLang asks how many pages from the first are stored: past the first missing one the
+    index is not probed (as HiCacheFile stops at its first failed stat)."""
+    for key in ("a" * 64, "c" * 64):
+        store.put(f"{DIRECTORY}/{key}", content(1, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    dir_id = store.plane_dir(DIRECTORY)
+    keys = ["a" * 64, "b" * 64, "c" * 64]
+    whole = attachment.locate(dir_id, keys)
+    assert [type(f).__name__ for f in whole] == ["Found", "bool", "Found"] and whole[1] is False
+    prefix = attachment.locate(dir_id, keys, prefix=True)
+    assert prefix[0] == whole[0] and prefix[1:] == [False, False]
+
+
 @pytest.mark.parametrize("change", ["replace", "remove", "demote"])
 def test_every_change_of_a_page_fails_a_copy_made_before_it(store, tmp_path, change):
     name = f"{DIRECTORY}/{'c' * 64}"
