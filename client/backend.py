@@ -150,13 +150,19 @@ class HiCacheFS(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         self.mem_pool_host = mem_pool_host
-        with self._layouts_lock:
-            self._layouts.pop(KV, None)
+        self._registered(KV)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         self.registered_pools[host_pool_name] = host_pool
+        self._registered(pool_name_str(host_pool_name))
+
+    @guarded(None)
+    def _registered(self, name: str) -> None:
+        """A pool's host buffers are known: its layout is made anew, and the data plane attached
+        and told its directory now, while SGLang starts (its first call would wait for them)."""
         with self._layouts_lock:
-            self._layouts.pop(pool_name_str(host_pool_name), None)
+            self._layouts.pop(name, None)
+        self.io.prepare(self._dir_of(name))
 
     def _host_pool(self, name: str) -> Any:
         for registered, pool in list(self.registered_pools.items()):

@@ -82,6 +82,11 @@ class PageIO:
         """Whether pages go through the data plane now."""
         return self.plane is not None and self.plane.attached() is not None
 
+    def prepare(self, rel_dir: str) -> None:
+        """Get ready to serve pages of pool directory ``rel_dir`` (the data plane attached)."""
+        if self.plane is not None:
+            self.plane.prepare(rel_dir)
+
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
 

@@ -181,6 +181,13 @@ class Plane:
         logger.info("hicachefs client: no data plane at %s (%s); pages go through the control files",
                     self.root, exc)
 
+    def prepare(self, directory: str) -> None:
+        """Attach, and learn ``directory``'s number, ahead of the first call that needs them
+        (a few milliseconds: SGLang's first prefetch of a pool should not wait for them)."""
+        attachment = self.attached()
+        if attachment is not None:
+            self._dir_id(attachment, directory)
+
     def _dir_id(self, attachment: Attachment, directory: str) -> Optional[int]:
         """The number the index hashes ``directory``'s keys with (asked once per daemon)."""
         known = self._dirs.get((attachment.token, directory))

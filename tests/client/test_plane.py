@@ -50,12 +50,11 @@ def test_reads_and_existence_ask_the_daemon_nothing(mounted, shape):
     assert writer.batch_set_v1(keys, indices(source, range(PAGES))) == [True] * PAGES
     writer.close()
     target = MHAHostPool(pages=PAGES, **SHAPES[shape])
-    reader = make_fs(mounted.path, target)
-    assert reader.batch_exists(keys) == PAGES  # the first call asks the pool directory's number
+    reader = make_fs(mounted.path, target)  # registering its pool attached it, and asked the pool's number
     target.zero()
     cost, got = requests_of(mounted, lambda: (reader.batch_exists(keys),
                                               reader.batch_get_v1(keys, indices(target, range(PAGES)))))
-    assert got == (PAGES, [True] * PAGES) and not cost
+    assert got == (PAGES, [True] * PAGES) and not cost  # its very first calls too
     assert all(page_bytes(target, i) == page_bytes(source, i) for i in range(PAGES))
     missing = [key("never", i) for i in range(3)]
     cost, got = requests_of(mounted, lambda: (reader.batch_exists(missing),
@@ -336,10 +335,10 @@ def test_a_writer_whose_batches_shrink_holds_no_more_slots_than_it_reserves_ahea
     big, small = 32, 1
     pool = MHAHostPool(pages=big, head_num=8, head_dim=64)  # pages of 128 KiB
     size = len(page_bytes(pool, 0))
-    writer = make_fs(mounted.path, pool)
     memory = lambda: mounted.stats()["tiers"]["memory"]["used_bytes"]  # noqa: E731
+    before = memory()  # (a client gets ready for its pools when they are registered)
+    writer = make_fs(mounted.path, pool)
     written = 0
-    before = memory()
     for cycle in range(6):
         for count in (big, small):
             keys = [key("shrink", cycle, count, i) for i in range(count)]
