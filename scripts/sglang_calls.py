@@ -15,15 +15,19 @@ Shapes (``--shape``, default both):
     issue 28 measured;
   - ``768k``: Qwen2.5-0.5B (24 layers, 2 KV heads of 64), 64 tokens = 768 KiB a page, turns of
     128 + 256 tokens, as in the demo.
-Prints a Markdown table per shape: per method, the calls, the batch sizes SGLang used, pages
-asked and hit, p50 and mean time per call of each backend, and HiCacheFile's time over
-HiCacheFS's (above 1: HiCacheFS is faster). Run as root: it mounts hicachefs in a temporary
-directory (``--memory``, default 512M) and removes it.
+The workload is served ``--runs`` times over each backend (default 4), the backends taking
+turns and alternating which goes first, each run on a fresh mount and a fresh directory; the
+table pools every call of every run (one run makes only 11 prefetches, too few for a p50 that
+does not swing with one call's luck). Prints a Markdown table per shape: per method, the calls,
+the batch sizes SGLang used, pages asked and hit, p50 and mean time per call of each backend,
+and HiCacheFile's time over HiCacheFS's (above 1: HiCacheFS is faster). Run as root: it mounts
+hicachefs in a temporary directory (``--memory``, default 512M) and removes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -37,6 +41,7 @@ import torch  # noqa: E402
 
 from hicachefs_testing import mounting  # noqa: E402
 from hicachefs_testing.sglang_cache import Backend, CacheSetup, ModelShape, SGLangCache, WarningLog  # noqa: E402
+from hicachefs_testing.sglang_recorder import CallStats  # noqa: E402
 from hicachefs_testing.sglang_workload import ChatWorkload, run_phases  # noqa: E402
 
 PAIRS = (("batch_exists", "batch_exists"), ("batch_get_v1", "batch_get"), ("batch_set_v1", "batch_set"))
@@ -72,6 +77,19 @@ def run(backend: Backend, setup: CacheSetup, workload: ChatWorkload):
     return server.recorder.stats, counters
 
 
+def pooled(runs) -> dict:
+    """The calls of several runs, per method, as one run's."""
+    calls: dict = {}
+    for stats in runs:
+        for method, one in stats.items():
+            into = calls.setdefault(method, CallStats())
+            into.calls, into.pages, into.hits = into.calls + one.calls, into.pages + one.pages, into.hits + one.hits
+            into.seconds += one.seconds
+            for size, count in one.batch_sizes.items():
+                into.batch_sizes[size] = into.batch_sizes.get(size, 0) + count
+    return calls
+
+
 def sizes(batch_sizes) -> str:
     ordered = sorted(batch_sizes)
     return f"{ordered[0]}-{ordered[-1]}" if len(ordered) > 1 else str(ordered[0])
@@ -81,16 +99,36 @@ def mean_size(stats) -> float:
     return sum(n * c for n, c in stats.batch_sizes.items()) / max(1, sum(stats.batch_sizes.values()))
 
 
-def one_shape(name: str, memory: str, extra: dict) -> None:
-    what, setup, workload = SHAPES[name]
-    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+def run_hicachefs(memory: str, extra: dict, setup: CacheSetup, workload: ChatWorkload):
+    with tempfile.TemporaryDirectory() as tmp:
         mount = mounting.start(Path(tmp) / "mnt", Path(tmp) / "daemon.log", ["--memory", memory])
         try:
-            ours, counters = run(Backend("hicachefs", str(mount.path), extra), setup, workload)
+            return run(Backend("hicachefs", str(mount.path), extra), setup, workload)
         finally:
             mounting.stop(mount)
-        theirs, _ = run(Backend("file", str(Path(shm) / "hicache_file")), setup, workload)
-    print(f"\n{what} ({name}); HiCacheFS extra_config {extra or '{}'} over the client's defaults; "
+
+
+def run_file(setup: CacheSetup, workload: ChatWorkload):
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        return run(Backend("file", str(Path(shm) / "hicache_file")), setup, workload)
+
+
+def one_shape(name: str, memory: str, extra: dict, runs: int) -> None:
+    what, setup, workload = SHAPES[name]
+    ours, theirs, counters = [], [], {}
+    for turn in range(runs):
+        for backend in (("hicachefs", "file") if turn % 2 == 0 else ("file", "hicachefs")):
+            gc.collect()  # the last run's server (its pools, hundreds of MB) is freed now, not in a call of this one
+            if backend == "file":
+                theirs.append(run_file(setup, workload)[0])
+                continue
+            stats, got = run_hicachefs(memory, extra, setup, workload)
+            ours.append(stats)
+            for counter, value in got.items():
+                if isinstance(value, int):
+                    counters[counter] = counters.get(counter, 0) + value
+    ours, theirs = pooled(ours), pooled(theirs)
+    print(f"\n{what} ({name}), {runs} runs of each backend pooled; HiCacheFS extra_config {extra or '{}'} over the client's defaults; "
           f"through the data plane: {counters.get('plane_reads', 0)} of {counters.get('hits', 0)} pages "
           f"read, {counters.get('plane_writes', 0)} of {counters.get('pages_written', 0)} written; "
           f"{os.cpu_count()} CPUs, load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
@@ -114,6 +152,7 @@ def main() -> int:
     parser.add_argument("--memory", default="512M")
     parser.add_argument("--shape", choices=(*SHAPES, "both"), default="both",
                         help="the page shape (default both: 128k, then 768k)")
+    parser.add_argument("--runs", type=int, default=4, help="runs of each backend, pooled (default 4)")
     parser.add_argument("--no-plane", action="store_true",
                         help="HiCacheFS with extra_config data_plane false (the control files)")
     args = parser.parse_args()
@@ -125,7 +164,7 @@ def main() -> int:
     print(f"SGLang's controller over HiCacheFS (a hicachefs mount, --memory {args.memory}) and "
           f"HiCacheFile (tmpfs), same run, torch threads {TORCH_THREADS}")
     for name in (SHAPES if args.shape == "both" else (args.shape,)):
-        one_shape(name, args.memory, extra)
+        one_shape(name, args.memory, extra, args.runs)
     return 0
 
 
