@@ -271,6 +271,9 @@ class PageIO:
                     self.counters.add(write_failures=1)
             todo = [i for i, result in enumerate(outcome) if result is None]
             if todo:
+                # The plane's slots (this batch's among them) count against the files being
+                # written until their commit is answered: the rest would find that share full.
+                self.plane.settle()
                 again = self._ingest(rel_dir, [keys[i] for i in todo], [buffers[i] for i in todo], size)
                 for i, ok in zip(todo, again):
                     outcome[i] = ok

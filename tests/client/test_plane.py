@@ -374,3 +374,27 @@ def test_a_commit_makes_only_pools_of_good_names(mounted):
     assert outcomes[0] == 0 and outcomes[1] == -errno.EINVAL and outcomes[2] < 0
     assert (mounted.path / "m/fmt/tp0of1/kv" / ("a" * 64)).read_bytes() == b"x" * 4096
     assert sorted(os.listdir(mounted.path / "m")) == ["fmt"] and os.listdir(mounted.path / "m/fmt") == ["tp0of1"]
+
+
+def test_a_batch_larger_than_the_writing_share_is_stored_whole(mount_factory, monkeypatch):
+    """Of a batch of 128 MiB on a mount whose files being written may hold 64 MiB, the plane
+    takes what it can reserve and the ingest file the rest: that waits for the plane's commit
+    (held back here), whose slots hold the share until it is answered, instead of being refused
+    ENOSPC."""
+    mount = mount_factory("--memory", "128M")
+    pages = 128
+    pool = MHAHostPool(pages=pages, head_num=8, head_dim=256)  # pages of 1 MiB
+    writer = make_fs(mount.path, pool)
+    send = Plane._commit_behind
+
+    def held_back(plane, *args):
+        time.sleep(0.5)
+        return send(plane, *args)
+
+    assert writer.batch_set_v1([key("first")], indices(pool, range(1))) == [True]  # makes the pool (waited for)
+    monkeypatch.setattr(Plane, "_commit_behind", held_back)
+    keys = [key("larger", i) for i in range(pages)]
+    assert writer.batch_set_v1(keys, indices(pool, range(pages))) == [True] * pages
+    stats = writer.statistics()
+    assert stats["write_failures"] == 0 and 1 < stats["plane_writes"] < pages + 1
+    writer.close()
