@@ -68,6 +68,10 @@ _FOUND_KEPT = 4096
 #: Up to this many names, the exists query looks them up one by one (8 names: 12 us instead of
 #: 39 us through the vectorised lookup, whose numpy set-up dominates small batches).
 _FEW_NAMES = 16
+#: The index starts with a row for each page of this size the RAM tier holds (at least 1,024, at
+#: most 2**20: 130 bytes a row): every time it outgrows its rows it moves to new memory, and each
+#: data-plane client opens it again (two requests), which a store of large pages then never pays.
+_INDEX_PAGE_BYTES = 128 << 10
 #: Pages ``list_dir`` returns by default: a readdir reply's worth or so.
 LISTING_BATCH = 64
 
@@ -111,7 +115,8 @@ class PageStore:
         self._ram: TopTier = chain[0]
         self._tiers = [t for t in chain if t.indexed]  # the index has a location column for each
         self._named = [t for t in chain if not t.indexed]
-        self._index = PageIndex(tiers=len(self._tiers), described=self._described())
+        self._index = PageIndex(tiers=len(self._tiers), described=self._described(),
+                                capacity=min(max(config.memory_bytes // _INDEX_PAGE_BYTES, 1024), 1 << 20))
         self._listeners: list[GoneListener] = []
         self._gone: list[str] = []
         self._gone_report = _GoneReport(self)  # holds no state of its own: one serves every operation

@@ -125,7 +125,8 @@ def test_a_clients_mapping_of_the_arena_is_filled_ahead_and_let_go_at_close(moun
     wait_until(lambda: _arena_mapping(arena.st_ino) == (0, 0), timeout=10)
 
 
-def test_a_client_keeps_its_arena_mapping_when_the_index_grows(mounted):
+def test_a_client_keeps_its_arena_mapping_when_the_index_grows(mount_factory):
+    mounted = mount_factory("--memory", "64M")  # an index of 1,024 rows at first (pages of 8 KiB here)
     pool = MHAHostPool(pages=64)
     client = make_fs(mounted.path, pool)
     assert client.batch_set_v1([key("grow", 0, i) for i in range(64)], indices(pool, range(64))) == [True] * 64

@@ -130,6 +130,19 @@ def test_an_index_that_grows_sends_readers_to_its_new_memory(store, tmp_path):
     assert again.live and read(again, store, f"{2999:064x}", 64)[1] == content(2999, 64)
 
 
+def test_an_index_starts_with_a_row_for_each_128_kib_of_ram(tmp_path):
+    """Readers attach once: 2,000 pages in a 256 MiB store (2,048 rows) do not move its index,
+    which 1,024 rows at first did."""
+    store = PageStore(StoreConfig(memory_bytes=256 << 20))
+    try:
+        attachment = attach(store, tmp_path / "root")
+        for i in range(2000):
+            store.put(f"{DIRECTORY}/{i:064x}", content(i, 64))
+        assert attachment.live and read(attachment, store, f"{1999:064x}", 64)[1] == content(1999, 64)
+    finally:
+        store.close()
+
+
 def test_a_closed_store_is_trusted_no_more(tmp_path):
     store = PageStore(StoreConfig(memory_bytes=2 << 20))
     attachment = attach(store, tmp_path / "root")
