@@ -215,30 +215,32 @@ class Plane:
 
     def find_in(self, directory: str, keys: Sequence[str]) -> List[Optional[bool]]:
         """``find`` for pages of one pool directory (SGLang's usual ask), with no page paths made."""
-        attachment = self.attached()
-        if attachment is None:
+        found = self._locate_in(directory, keys, prefix=False)
+        if found is None:
             return [None] * len(keys)
-        self.commits.wait_in(directory, keys)
-        dir_id = self._dir_id(attachment, directory)
-        if dir_id is None:
-            return [None] * len(keys)
-        return [True if isinstance(found, Found) else found for found in attachment.locate(dir_id, keys)]
+        return [True if isinstance(row, Found) else row for row in found]
 
     def held_prefix(self, directory: str, keys: Sequence[str]) -> Tuple[int, bool]:
         """How many of ``keys`` of one pool directory, from the first, the index holds, and
         whether that is all it can say (False: only the daemon can answer for the key after
         them). None probed past the first one missing."""
+        found = self._locate_in(directory, keys, prefix=True)
+        if found is None:
+            return 0, False
+        for held, row in enumerate(found):
+            if not isinstance(row, Found):
+                return held, row is False
+        return len(keys), True
+
+    def _locate_in(self, directory: str, keys: Sequence[str], prefix: bool) -> Optional[List[Found | bool | None]]:
+        """``Attachment.locate`` of keys of one pool directory, once this process's commits of
+        them are answered; None when the plane cannot look (no daemon, no directory number)."""
         attachment = self.attached()
         if attachment is None:
-            return 0, False
+            return None
         self.commits.wait_in(directory, keys)
         dir_id = self._dir_id(attachment, directory)
-        if dir_id is None:
-            return 0, False
-        for held, found in enumerate(attachment.locate(dir_id, keys, prefix=True)):
-            if not isinstance(found, Found):
-                return held, found is False
-        return len(keys), True
+        return None if dir_id is None else attachment.locate(dir_id, keys, prefix)
 
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                    size: int) -> List[Optional[bool]]:

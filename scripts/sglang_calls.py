@@ -82,11 +82,7 @@ def pooled(runs) -> dict:
     calls: dict = {}
     for stats in runs:
         for method, one in stats.items():
-            into = calls.setdefault(method, CallStats())
-            into.calls, into.pages, into.hits = into.calls + one.calls, into.pages + one.pages, into.hits + one.hits
-            into.seconds += one.seconds
-            for size, count in one.batch_sizes.items():
-                into.batch_sizes[size] = into.batch_sizes.get(size, 0) + count
+            calls.setdefault(method, CallStats()).merge(one)
     return calls
 
 

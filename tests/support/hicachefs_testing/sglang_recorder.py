@@ -39,6 +39,13 @@ class CallStats:
         self.seconds.append(seconds)
         self.batch_sizes[pages] = self.batch_sizes.get(pages, 0) + 1
 
+    def merge(self, other: "CallStats") -> None:
+        """Count ``other``'s calls here too (runs pooled)."""
+        self.calls, self.pages, self.hits = self.calls + other.calls, self.pages + other.pages, self.hits + other.hits
+        self.seconds += other.seconds
+        for size, count in other.batch_sizes.items():
+            self.batch_sizes[size] = self.batch_sizes.get(size, 0) + count
+
 
 class RecordingBackend:
     """A transparent proxy over a ``HiCacheStorage`` backend (see the module docstring)."""
