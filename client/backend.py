@@ -56,7 +56,7 @@ MIN_CHUNK_BYTES = 1 << 20
 # Through the data plane a run is copied by its thread (about 10 GB/s) and, written, costs one
 # commit request: a run of at least 8 MiB (some 800 us of copying) is worth a thread of its own;
 # SGLang's usual batch of 8 small pages goes whole in the caller's thread.
-MIN_PLANE_CHUNK_BYTES = 8 << 20
+MIN_PLANE_CHUNK_BYTES = 16 << 20
 # Pages that are copied (layouts other than page-first) through scratch buffers: at most this
 # many bytes of them per run, the scratch memory one thread holds.
 MAX_COPIED_CHUNK_BYTES = 16 << 20

@@ -211,14 +211,12 @@ class Plane:
         if attachment is None:
             return [None] * len(rels)
         self.commits.wait(rels)
-        return [True if isinstance(found, Found) else found for found in self._locate(attachment, rels)]
+        return self._locate(attachment, rels, rows=False)
 
     def find_in(self, directory: str, keys: Sequence[str]) -> List[Optional[bool]]:
         """``find`` for pages of one pool directory (SGLang's usual ask), with no page paths made."""
         found = self._locate_in(directory, keys, prefix=False)
-        if found is None:
-            return [None] * len(keys)
-        return [True if isinstance(row, Found) else row for row in found]
+        return [None] * len(keys) if found is None else found  # type: ignore[return-value]
 
     def held_prefix(self, directory: str, keys: Sequence[str]) -> Tuple[int, bool]:
         """How many of ``keys`` of one pool directory, from the first, the index holds, and
@@ -228,19 +226,20 @@ class Plane:
         if found is None:
             return 0, False
         for held, row in enumerate(found):
-            if not isinstance(row, Found):
+            if row is not True:
                 return held, row is False
         return len(keys), True
 
-    def _locate_in(self, directory: str, keys: Sequence[str], prefix: bool) -> Optional[List[Found | bool | None]]:
-        """``Attachment.locate`` of keys of one pool directory, once this process's commits of
-        them are answered; None when the plane cannot look (no daemon, no directory number)."""
+    def _locate_in(self, directory: str, keys: Sequence[str], prefix: bool) -> Optional[List[Optional[bool]]]:
+        """``Attachment.locate`` of keys of one pool directory (held or not, no rows), once this
+        process's commits of them are answered; None when the plane cannot look (no daemon, no
+        directory number)."""
         attachment = self.attached()
         if attachment is None:
             return None
         self.commits.wait_in(directory, keys)
         dir_id = self._dir_id(attachment, directory)
-        return None if dir_id is None else attachment.locate(dir_id, keys, prefix)
+        return None if dir_id is None else attachment.locate(dir_id, keys, prefix, rows=False)  # type: ignore[return-value]
 
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                    size: int) -> List[Optional[bool]]:
@@ -273,10 +272,10 @@ class Plane:
             found = self._locate(attachment, [rel])[0]
         return None  # it kept changing under the copies, or its bytes failed their checksum
 
-    def _locate(self, attachment: Attachment, rels: Sequence[str]) -> List[Found | bool | None]:
-        """Per page path: its row (``Found``), False when the index does not hold it and nobody
-        else may, or None when only the daemon can say (``Attachment.locate``, once per pool
-        directory of the batch)."""
+    def _locate(self, attachment: Attachment, rels: Sequence[str], rows: bool = True) -> List[Found | bool | None]:
+        """Per page path: its row (``Found``; True instead when not ``rows``), False when the
+        index does not hold it and nobody else may, or None when only the daemon can say
+        (``Attachment.locate``, once per pool directory of the batch)."""
         found: List[Found | bool | None] = [None] * len(rels)
         by_directory: Dict[str, List[int]] = {}
         keys = []
@@ -287,7 +286,7 @@ class Plane:
         for directory, at in by_directory.items():
             dir_id = self._dir_id(attachment, directory)
             if dir_id is not None:
-                for i, row in zip(at, attachment.locate(dir_id, [keys[i] for i in at])):
+                for i, row in zip(at, attachment.locate(dir_id, [keys[i] for i in at], rows=rows)):
                     found[i] = row
         return found
 

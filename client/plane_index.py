@@ -42,6 +42,8 @@ _FIELDS = struct.Struct("<12Q")  # state, table_gen, capacity, slots, rows_at, t
 #                                  arena_bytes, disk_dev, disk_ino, named, pid
 _STATE_AT, _TABLE_GEN_AT = _PREFIX.size, _PREFIX.size + 8
 _ROW = struct.Struct("<QQ32siIQqq")  # gen, hash, key, dir, size, checksum, ram, disk
+_HEAD = struct.Struct("<QQ32si")  # a row's gen, hash, key, dir: whom it holds
+_TAIL = struct.Struct("<IQqq")  # and the rest: where the page is
 _GEN = struct.Struct("<Q")
 _SLOT = struct.Struct("<i")
 _KEY = struct.Struct("<4Q")
@@ -165,18 +167,20 @@ class Attachment:
             raise Unknown("the index cannot say now")
         return found or None
 
-    def locate(self, dir_id: int, keys: Sequence[str], prefix: bool = False) -> List[Found | bool | None]:
-        """Per key of the directory: its row (``Found``); False when the index does not hold it
-        and no other tier may; None when only the daemon can say (a table rebuilt meanwhile, a
-        row being changed, a tier other hosts write). The table's ``table_gen`` is read once
-        before the batch and once after it: a miss counts only if the table did not change.
-        ``prefix``: the keys after the first one not held are not probed, and answered False
-        (who asks how many keys from the first are held needs no more)."""
+    def locate(self, dir_id: int, keys: Sequence[str], prefix: bool = False,
+               rows: bool = True) -> List[Found | bool | None]:
+        """Per key of the directory: its row (``Found``; True instead when not ``rows``, for who
+        asks only whether it is held); False when the index does not hold it and no other tier
+        may; None when only the daemon can say (a table rebuilt meanwhile, a row being changed,
+        a tier other hosts write). The table's ``table_gen`` is read once before the batch and
+        once after it: a miss counts only if the table did not change. ``prefix``: the keys after
+        the first one not held are not probed, and answered False (who asks how many keys from
+        the first are held needs no more)."""
         places = self._places.get(dir_id)
         if places is None or len(places) > MAX_PLACES:
             places = self._places[dir_id] = {}
-        m, row_of, slot_of, gen_of = self._map, _ROW.unpack_from, _SLOT.unpack_from, _GEN.unpack_from
-        table_gen = gen_of(m, _TABLE_GEN_AT)[0]
+        m, head_of, tail_of, slot_of = self._map, _HEAD.unpack_from, _TAIL.unpack_from, _SLOT.unpack_from
+        table_gen = _GEN.unpack_from(m, _TABLE_GEN_AT)[0]
         if table_gen & 1:
             return [None] * len(keys)  # the table is being rebuilt
         mask, table_at, rows_at, row_bytes = self.mask, self.table_at, self.rows_at, _ROW.size
@@ -198,9 +202,15 @@ class Attachment:
                         return self._misses_checked(found, table_gen)
                     break
                 if row >= 0:
-                    gen, row_hash, row_key, row_dir, size, checksum, ram, disk = row_of(m, rows_at + row_bytes * row)
+                    at = rows_at + row_bytes * row
+                    gen, row_hash, row_key, row_dir = head_of(m, at)
                     if row_hash == h and row_dir == dir_id and row_key == kid:
-                        found.append(None if gen & 1 else Found(row, gen, kid, size, checksum, ram, disk))
+                        if gen & 1:
+                            found.append(None)
+                        elif rows:
+                            found.append(Found(row, gen, kid, *tail_of(m, at + _HEAD.size)))
+                        else:
+                            found.append(True)
                         break
                 i = (i + 1) & mask
             else:

@@ -311,3 +311,58 @@ def test_host_pool_group_resolves_to_its_kv_pool(store_root):
     fs = make_fs(store_root, group)
     assert fs.batch_set_v1([key("group")], indices(kv, [1])) == [True]
     assert (store_root / MODEL / "bfloat16-page_first-16" / "tp0of1" / "kv" / key("group")).is_file()
+
+
+class _CountingMeta(MHAHostPool):
+    """A pool that counts the pages its zero-copy pieces were asked for."""
+
+    asked = 0
+
+    def get_page_buffer_meta(self, indices):
+        self.asked += len(indices) // self.page_size
+        return super().get_page_buffer_meta(indices)
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
+def test_pages_not_seen_yet_are_placed_by_the_pools_strides(store_root, layout):
+    pool = _CountingMeta(layout=layout, pages=16)
+    fs = make_fs(store_root, pool)
+    keys = [key("strided", layout, i) for i in range(8)]
+    assert fs.batch_set_v1(keys[:2], indices(pool, [0, 1])) == [True] * 2  # the pool is asked
+    asked = pool.asked
+    assert asked == 2
+    assert fs.batch_set_v1(keys[2:], indices(pool, [3, 5, 7, 9, 11, 15])) == [True] * 6
+    reader = make_fs(store_root, _CountingMeta(layout=layout, pages=16))
+    target = reader._layout("kv").pool
+    target.zero()
+    assert reader.batch_get_v1(keys[:2], indices(target, [4, 2])) == [True] * 2
+    assert reader.batch_get_v1(keys[2:], indices(target, [14, 13, 12, 10, 8, 6])) == [True] * 6
+    assert pool.asked == asked and target.asked == 2  # each pool asked once, for its first batch
+    for written, read in zip([0, 1, 3, 5, 7, 9, 11, 15], [4, 2, 14, 13, 12, 10, 8, 6]):
+        assert page_bytes(target, read) == page_bytes(pool, written)
+
+
+def test_a_strides_rule_is_taken_only_where_every_page_keeps_to_it():
+    from hicachefs_client.layout import _strides
+
+    # Two pieces a page (K and V), 16 host indices a page, 4 KiB a piece.
+    ptrs = [1000 + 256 * s + piece * 10**6 for s in (0, 16, 48) for piece in (0, 1)]
+    assert _strides([0, 16, 48], ptrs, [4096] * 6, 2) == [(1000, 256, 4096), (1000 + 10**6, 256, 4096)]
+    moved = ptrs[:4] + [ptrs[4] + 4096, ptrs[5]]  # the third page's K piece elsewhere
+    assert _strides([0, 16, 48], moved, [4096] * 6, 2) is None
+    assert _strides([16, 16], ptrs[:2] * 2, [4096] * 4, 2) is None  # one page: no stride to learn
+    assert _strides([0, 16, 48], ptrs, [4096] * 5 + [2048], 2) is None
+
+
+@pytest.mark.parametrize("indices_of", [
+    lambda: torch.arange(32, 96, dtype=torch.int64),  # SGLang's: read where they lie
+    lambda: torch.arange(32, 96, dtype=torch.int32),
+    lambda: torch.arange(32, 96, dtype=torch.int64).reshape(4, 16).t().contiguous().t(),  # not contiguous
+    lambda: list(range(32, 96)),
+])
+def test_page_starts_are_every_pages_first_index(indices_of):
+    pool = MHAHostPool(layout="page_first")
+    from hicachefs_client.layout import PageLayout
+
+    assert PageLayout(pool).page_starts(indices_of(), 4) == [32, 48, 64, 80]
+    assert PageLayout(pool).page_starts(indices_of(), 3) is None  # 64 indices are not 3 pages

@@ -68,8 +68,27 @@ def install() -> None:
 def _unpinned(host_pool_class):
     def build(*args, **kwargs):
         kwargs["pin_memory"] = False
-        return host_pool_class(*args, **kwargs)
+        pool = host_pool_class(*args, **kwargs)
+        _make_resident(pool)
+        return pool
     return build
+
+
+def _make_resident(pool) -> None:
+    """Fault in every page of the pool's buffers, as pinning them does (SGLang registers a host
+    pool with ``cudaHostRegister``, which locks it in memory when it is built): left to fault on
+    first touch, the first copies into a host slot would time the kernel, not the copy. Each
+    page is written with the byte it holds, so no value changes."""
+    for value in vars(pool).values():
+        for tensor in value if isinstance(value, (list, tuple)) else [value]:
+            if (isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and tensor.is_contiguous()
+                    and tensor.nbytes >= _RESIDENT_FROM):
+                every_page = tensor.view(-1).view(torch.uint8)[::_PAGE]
+                every_page.copy_(every_page.clone())
+
+
+#: Host pool tensors this large are the KV buffers (smaller ones are bookkeeping); a memory page.
+_RESIDENT_FROM, _PAGE = 1 << 20, 4096
 
 
 class direct_io:  # noqa: N801 - a namespace named as sgl_kernel's module is
