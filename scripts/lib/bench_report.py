@@ -444,7 +444,8 @@ def table(results: List[Result], memcpy: float, ranks_note: str,
                   "(per page); 'req/call' all of them per call; 'us/page' the daemon's CPU time "
                   "per page; 'steady': the same of writes from each pass's second batch on (the "
                   "first also opens a second thread's handle on the plane file and reserves what "
-                  "the warm-up page did not: once per handle), on which the targets are checked; "
+                  "the warm-up page did not: once per handle), its CPU time counted during hicachefs's "
+                  "own calls only (each waits for its commit), on which the targets are checked; "
                   "what one daemon core could therefore publish (1e6 / steady us per page written) beside "
                   f"{HOST_RANKS} ranks of HiCacheFile at the per-rank rate measured in the same "
                   "case and run:", *host]
