@@ -220,6 +220,10 @@ class PageIndex:
         self._dir_pages: list[int] = []
         self._listings: list[_Listing] = []  # by directory id
         self._next_cursor = 1
+        # The last name looked up, and its parts: (name, directory, key, key id, plain, dir id,
+        # hash). A publish finds a name and then adds it; parsing and hashing it once is a tenth
+        # of the daemon's work per page of a data-plane commit.
+        self._last: tuple | None = None
 
     def _use(self, memory: IndexMemory) -> None:
         """Point the shared columns at ``memory`` (the old memory, if any, is left to its readers)."""
@@ -273,14 +277,22 @@ class PageIndex:
 
     # -- lookups -----------------------------------------------------------------------
 
+    def _parsed(self, name: str) -> tuple:
+        """``name``'s parts (see ``_last``), its dir id and hash -1 while its directory has none."""
+        last = self._last
+        if last is not None and last[0] == name and last[5] >= 0:
+            return last
+        directory, key = _split(name)
+        kid, plain = _key_id(key)
+        dir_id = self._dir_ids.get(directory, -1)
+        self._last = (name, directory, key, kid, plain, dir_id, _hash_one(dir_id, kid) if dir_id >= 0 else -1)
+        return self._last
+
     def find(self, name: str) -> int:
         """The row holding ``name``, or -1."""
-        directory, key = _split(name)
-        dir_id = self._dir_ids.get(directory)
-        if dir_id is None:
+        _, _, _, raw, _, dir_id, h = self._parsed(name)
+        if dir_id < 0:
             return -1
-        raw = _key_id(key)[0]
-        h = _hash_one(dir_id, raw)
         table, mask = self._table, len(self._table) - 1
         i = h & mask
         while True:
@@ -354,9 +366,10 @@ class PageIndex:
         new place, at the end."""
         if 2 * (self._live + self._tombs + 1) > len(self._table):  # before the new row is filled in
             self._rebuild(len(self._table) * (2 if 4 * (self._live + 1) > len(self._table) else 1))
-        directory, key = _split(name)
-        kid, plain = _key_id(key)
-        dir_id = self.dir_id(directory)
+        _, directory, key, kid, plain, dir_id, h = self._parsed(name)
+        if dir_id < 0:
+            dir_id = self.dir_id(directory)
+            h = _hash_one(dir_id, kid)
         self._dir_pages[dir_id] += 1
         if self._free_rows:
             row = self._free_rows.pop()
@@ -365,7 +378,6 @@ class PageIndex:
                 self._grow()
             row = self._rows
             self._rows += 1
-        h = _hash_one(dir_id, kid)
         self.gen[row] += 1  # odd while the row is filled; in the table only once whole
         self.hash[row] = h
         self.dir[row] = dir_id
@@ -466,6 +478,7 @@ class PageIndex:
             (self._ram if tier == 0 else self._disk)[:n] = offsets
         self._dir_names = list(pages.directories)
         self._dir_ids = {name: i for i, name in enumerate(self._dir_names)}
+        self._last = None  # its dir id may have been another's
         self._dir_pages = np.bincount(pages.dir, minlength=len(self._dir_names)).tolist()
         self._odd_keys = dict(pages.odd_keys)
         self._rows = self._live = n

@@ -326,3 +326,19 @@ def test_rows_whose_home_slots_run_past_the_end_of_the_table_wrap_round():
     assert loaded.find(names[2]) < 0 and all(loaded.find(n) >= 0 for n in names if n != names[2])
     loaded.add(names[2], 9, 9, 9, 0, 9)
     assert int(loaded.size[loaded.find(names[2])]) == 9
+
+
+def test_a_name_looked_up_before_a_load_is_found_by_its_new_directory_number():
+    """Loading numbers the directories anew: a name looked up just before (its parts are kept
+    for the add that usually follows) is added and found under its directory's new number."""
+    source = PageIndex(tiers=1)
+    source.add(page_name(1, "b"), 1, 1, 1, 0, 1)
+    source.add(page_name(2, "a"), 2, 2, 2, 0, 2)
+    loaded = PageIndex(tiers=1)
+    loaded.dir_id("a")  # "a" is number 0 here, and will be number 1 after the load
+    assert loaded.find(page_name(3, "a")) < 0
+    loaded.load(0, source.pages_in(0))
+    row = loaded.add(page_name(3, "a"), 3, 3, 3, 0, 3)
+    assert loaded.name(row) == page_name(3, "a") and loaded.find(page_name(3, "a")) == row
+    assert sorted(loaded.names(np.array([loaded.find(page_name(i, d)) for i, d in ((1, "b"), (2, "a"), (3, "a"))]))) \
+        == sorted([page_name(1, "b"), page_name(2, "a"), page_name(3, "a")])
