@@ -400,3 +400,21 @@ def test_a_batch_larger_than_the_writing_share_is_stored_whole(mount_factory, mo
     stats = writer.statistics()
     assert stats["write_failures"] == 0 and 1 < stats["plane_writes"] < pages + 1
     writer.close()
+
+
+def test_a_page_a_write_batch_evicted_is_gone_from_the_kernel_when_the_batch_returns(mount_factory):
+    mount = mount_factory("--memory", "64M")
+    pool = MHAHostPool(pages=PAGES, head_num=8, head_dim=64)  # pages of 128 KiB
+    writer = make_fs(mount.path, pool)
+    directory = mount.path / writer._dir_of("kv")
+    first = [key("first", i) for i in range(PAGES)]
+    assert writer.batch_set_v1(first, indices(pool, range(PAGES))) == [True] * PAGES
+    writer.settle()
+    assert all(os.stat(directory / k).st_size == len(page_bytes(pool, 0)) for k in first)  # the kernel knows them
+    for batch in range(64):  # 64 MiB more through a RAM tier of 64 MiB: the first pages go
+        assert writer.batch_set_v1([key("more", batch, i) for i in range(PAGES)],
+                                   indices(pool, range(PAGES))) == [True] * PAGES
+        writer.settle()  # its commit answered
+        evicted = [k for k in first if writer.batch_exists([k]) == 0]  # the index's word
+        assert not [k for k in evicted if os.path.exists(directory / k)]  # none still seen
+    assert mount.stats()["tiers"]["memory"]["evictions"] >= PAGES
