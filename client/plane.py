@@ -250,13 +250,17 @@ class Plane:
         if attachment is None:
             return [None] * len(rels)
         self.commits.wait(rels)
-        return [self._read_one(attachment, rel, found, page, size)
-                for rel, found, page in zip(rels, self._locate(attachment, rels), buffers)]
+        read: List[Read] = []
+        results = [self._read_one(attachment, rel, found, page, size, read)
+                   for rel, found, page in zip(rels, self._locate(attachment, rels), buffers)]
+        if read:
+            self.reports.note(read)
+        return results
 
     def _read_one(self, attachment: Attachment, rel: str, found, buffers: Sequence[memoryview],
-                  size: int) -> Optional[bool]:
+                  size: int, read: List[Read]) -> Optional[bool]:
         """Copy the page ``found`` at ``rel`` (located once already), looking it up again when
-        it changed under the copy."""
+        it changed under the copy; a page read goes into ``read``, to be reported."""
         for _ in range(RETRIES):
             if not isinstance(found, Found):
                 return found
@@ -264,7 +268,7 @@ class Plane:
                 return False
             try:
                 if attachment.copy(found, buffers, size, self.verify_reads):
-                    self.reports.note((found.row, found.gen))
+                    read.append((found.row, found.gen))
                     return True
             except Unknown:
                 return None

@@ -246,7 +246,7 @@ class Attachment:
     def unchanged(self, found: Found) -> bool:
         """Whether the row still holds the page it held when ``found`` was read, and the index is
         still the daemon's."""
-        gen, _, key = struct.unpack_from("<QQ32s", self._map, self.rows_at + _ROW.size * found.row)
+        gen, _, key, _ = _HEAD.unpack_from(self._map, self.rows_at + _ROW.size * found.row)
         return gen == found.gen and key == found.key and _GEN.unpack_from(self._map, _STATE_AT)[0] == LIVE
 
     def __del__(self) -> None:

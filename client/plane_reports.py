@@ -36,9 +36,10 @@ class Reports:
         self._reads: List[Read] = []
         self._thread: Optional[threading.Thread] = None
 
-    def note(self, read: Read) -> None:
+    def note(self, reads: List[Read]) -> None:
+        """A batch's reads, to be reported."""
         with self._lock:
-            self._reads.append(read)
+            self._reads += reads
             if len(self._reads) >= MAX_REPORT:
                 self._due.notify()
 
