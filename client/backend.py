@@ -53,9 +53,11 @@ MAX_THREADS = 64
 # A batch's pages go to the daemon in runs of at least this many bytes, one request each (a
 # run of small pages fills one 1 MiB FUSE request), spread over the threads above.
 MIN_CHUNK_BYTES = 1 << 20
-# Through the data plane a run is copied by its thread (about 10 GB/s) and, written, costs one
-# commit request: a run of at least 8 MiB (some 800 us of copying) is worth a thread of its own;
-# SGLang's usual batch of 8 small pages goes whole in the caller's thread.
+# Through the data plane a run is copied by its thread (10-20 GB/s) and, written, costs one
+# commit request: a run of at least 16 MiB is worth a thread of its own. Below it, handing a run
+# to a helper thread and waiting for it cost more than it saved under SGLang's other threads (a
+# prefetch of 100 pages of 128 KiB in two runs waited 0.2 ms for the interpreter lock); SGLang's
+# usual batches go whole in the caller's thread.
 MIN_PLANE_CHUNK_BYTES = 16 << 20
 # Pages that are copied (layouts other than page-first) through scratch buffers: at most this
 # many bytes of them per run, the scratch memory one thread holds.
