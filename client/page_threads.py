@@ -68,6 +68,11 @@ class PageThreads:
     def run(self, work: Callable[[int], bool], count: int) -> List[bool]:
         """``[work(0), ..., work(count - 1)]``, computed concurrently; a page whose ``work``
         raises is False."""
+        if count == 1:  # (SGLang's usual batch: one run, in the caller's thread, no bookkeeping)
+            try:
+                return [work(0)]
+            except Exception:
+                return [False]
         batch = _Batch(work, count)
         if self.threads > 1 and count > 1:
             executor = self._helpers()

@@ -227,6 +227,19 @@ def test_run_returns_only_when_every_page_is_done():
     assert runner.run(lambda i: i % 2 == 0, 5) == [True, False, True, False, True]
 
 
+def test_a_batch_of_one_run_runs_in_the_callers_thread_and_a_failure_is_false():
+    runner = PageThreads(4)
+    before = set(threading.enumerate())
+    ran_on = []
+    assert runner.run(lambda i: ran_on.append(threading.get_ident()) or True, 1) == [True]
+    assert ran_on == [threading.get_ident()] and set(threading.enumerate()) == before  # no helper made
+
+    def fails(i):
+        raise RuntimeError("the only run")
+    assert runner.run(fails, 1) == [False]
+    runner.close()
+
+
 def test_a_batch_copied_by_several_write_threads_is_one_commit(mounted, monkeypatch, small_runs):
     pool = MHAHostPool(pages=PAGES)
     fs = make_fs(mounted.path, pool, extra=THREADS)
