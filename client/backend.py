@@ -54,11 +54,12 @@ MAX_THREADS = 64
 # run of small pages fills one 1 MiB FUSE request), spread over the threads above.
 MIN_CHUNK_BYTES = 1 << 20
 # Through the data plane a run is copied by its thread (10-20 GB/s) and, written, costs one
-# commit request: a run of at least 16 MiB is worth a thread of its own. Below it, handing a run
+# commit request: a run of at least 32 MiB is worth a thread of its own. Below it, handing a run
 # to a helper thread and waiting for it cost more than it saved under SGLang's other threads (a
-# prefetch of 100 pages of 128 KiB in two runs waited 0.2 ms for the interpreter lock); SGLang's
-# usual batches go whole in the caller's thread.
-MIN_PLANE_CHUNK_BYTES = 16 << 20
+# prefetch of 100 pages of 128 KiB in two runs waited 0.2 ms for the interpreter lock, one of 34
+# pages of 768 KiB 1.3 ms), and a batch copied in one run holds the lock for larger pieces
+# (``vectored.HOLD_LOCK_ALONE_BELOW``); SGLang's usual batches go whole in the caller's thread.
+MIN_PLANE_CHUNK_BYTES = 32 << 20
 # Pages that are copied (layouts other than page-first) through scratch buffers: at most this
 # many bytes of them per run, the scratch memory one thread holds.
 MAX_COPIED_CHUNK_BYTES = 16 << 20
@@ -273,7 +274,8 @@ class HiCacheFS(HiCacheStorage):
             chunk = [wanted[j] for j in chunks[c]]
             rels = [f"{directory}/{keys[i]}" for i in chunk]
             if zero_copy is not None:
-                done = self.io.read_pages(rels, [zero_copy[j] for j in chunks[c]], layout.page_bytes)
+                done = self.io.read_pages(rels, [zero_copy[j] for j in chunks[c]], layout.page_bytes,
+                                          len(chunks) == 1)
             else:
                 buffers, store = layout.copy_read_buffers(len(chunk))  # this thread's own
                 done = self.io.read_pages(rels, buffers, layout.page_bytes)

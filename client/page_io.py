@@ -207,13 +207,13 @@ class PageIO:
     # ---------------------------------------------------------------- batches
 
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
-                   size: int) -> List[bool]:
+                   size: int, alone: bool = False) -> List[bool]:
         """Fill ``buffers[i]`` with the page at ``rels[i]`` (``size`` bytes each); per page:
         read? Through the data plane where it can, the rest in one fetch request (a file per
-        page where the mount has none)."""
+        page where the mount has none). ``alone``: these are the whole batch, in one run."""
         if self.plane is None:
             return self._fetch(rels, buffers, size)
-        read = self.plane.read_pages(rels, buffers, size)
+        read = self.plane.read_pages(rels, buffers, size, alone)
         hits, misses = read.count(True), read.count(False)
         if hits or misses:
             self.failures.success()

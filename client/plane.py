@@ -242,23 +242,24 @@ class Plane:
         return None if dir_id is None else attachment.locate(dir_id, keys, prefix, rows=False)  # type: ignore[return-value]
 
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
-                   size: int) -> List[Optional[bool]]:
+                   size: int, alone: bool = False) -> List[Optional[bool]]:
         """Copy page ``rels[i]`` (``size`` bytes) into ``buffers[i]``; per page: read (True), not
         held as asked (False), or None when the daemon must serve it. A page that was not read
-        may have left part of its bytes in its buffers."""
+        may have left part of its bytes in its buffers. ``alone``: the batch is copied in this
+        one run (``vectored.HOLD_LOCK_ALONE_BELOW``)."""
         attachment = self.attached()
         if attachment is None:
             return [None] * len(rels)
         self.commits.wait(rels)
         read: List[Read] = []
-        results = [self._read_one(attachment, rel, found, page, size, read)
+        results = [self._read_one(attachment, rel, found, page, size, read, alone)
                    for rel, found, page in zip(rels, self._locate(attachment, rels), buffers)]
         if read:
             self.reports.note(read)
         return results
 
     def _read_one(self, attachment: Attachment, rel: str, found, buffers: Sequence[memoryview],
-                  size: int, read: List[Read]) -> Optional[bool]:
+                  size: int, read: List[Read], alone: bool) -> Optional[bool]:
         """Copy the page ``found`` at ``rel`` (located once already), looking it up again when
         it changed under the copy; a page read goes into ``read``, to be reported."""
         for _ in range(RETRIES):
@@ -267,7 +268,7 @@ class Plane:
             if found.size != size:
                 return False
             try:
-                if attachment.copy(found, buffers, size, self.verify_reads):
+                if attachment.copy(found, buffers, size, self.verify_reads, alone):
                     read.append((found.row, found.gen))
                     return True
             except Unknown:
@@ -338,7 +339,7 @@ class Plane:
                 if slots[j] < 0:
                     continue  # no slot: the page goes another way
                 try:
-                    attachment.arena_map.write(slots[j], buffers[j], size)
+                    attachment.arena_map.write(slots[j], buffers[j], size, runs == 1)
                 except OSError as exc:
                     results[where[j]] = exc
                     continue

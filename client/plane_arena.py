@@ -89,20 +89,21 @@ class ArenaMapping:
         ended = _PollFd(self.pidfd, _POLLIN, 0)  # one per call: threads may ask at once
         return _poll_holding_lock(ctypes.byref(ended), 1, 0) == 0
 
-    def read(self, offset: int, buffers: Sequence[memoryview], size: int) -> int:
+    def read(self, offset: int, buffers: Sequence[memoryview], size: int, alone: bool = False) -> int:
         """Bytes of the ``size`` at ``offset`` copied into ``buffers``: through the mapping when
-        their pieces are ``MIN_MAPPED_PIECE`` or more on average, else with one ``preadv``."""
+        their pieces are ``MIN_MAPPED_PIECE`` or more on average, else with one ``preadv``.
+        ``alone``: the page's batch is copied in one run (``vectored.HOLD_LOCK_ALONE_BELOW``)."""
         if size >= MIN_MAPPED_PIECE * len(buffers):
-            return copy_from(self.view, self.address, buffers, offset)
+            return copy_from(self.view, self.address, buffers, offset, alone)
         return read_into(self.fd, buffers, offset)
 
-    def write(self, offset: int, buffers: Sequence[memoryview], size: int) -> None:
+    def write(self, offset: int, buffers: Sequence[memoryview], size: int, alone: bool = False) -> None:
         """Copy a page (``size`` bytes, from ``buffers``) into its slot at ``offset``: through the
         mapping once ``map_ahead`` has filled it and when the page's pieces are
         ``MIN_MAPPED_PIECE`` or more on average, else with one ``pwritev`` (a write through the
-        mapping before would fault on every 4 KiB)."""
+        mapping before would fault on every 4 KiB). ``alone`` as for ``read``."""
         if self.mapped_ahead and size >= MIN_MAPPED_PIECE * len(buffers):
-            done = write_from(self.view, self.address, buffers, offset)
+            done = write_from(self.view, self.address, buffers, offset, alone)
         else:
             done = write_into(self.fd, buffers, offset)
         if done != size:

@@ -223,13 +223,13 @@ class Attachment:
             return [None if f is False else f for f in found]
         return found
 
-    def copy(self, found: Found, buffers: Sequence[memoryview], size: int, verify: bool) -> bool:
+    def copy(self, found: Found, buffers: Sequence[memoryview], size: int, verify: bool, alone: bool = False) -> bool:
         """Copy the page into ``buffers`` (``size`` bytes); True when they hold it whole, False
         when it changed under the copy (the caller looks again) or its bytes fail its checksum
         (``verify``, and always from the disk tier). ``Unknown`` for a row the plane cannot
-        read (a page on no tier of its)."""
+        read (a page on no tier of its). ``alone``: its batch is copied in one run."""
         if found.ram >= 0:
-            done = self.arena_map.read(found.ram, buffers, size)
+            done = self.arena_map.read(found.ram, buffers, size, alone)
         elif found.disk >= 0 and self.disk_fd >= 0:
             done, verify = read_into(self.disk_fd, buffers, found.disk), True
         else:
