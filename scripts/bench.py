@@ -833,7 +833,7 @@ def main() -> int:
                 f"calls of {STORAGE_BATCH_SIZE} pages of 1 MiB (Llama-3.1-8B) and "
                 f"{RANKS_SHAPES[1][2] * plan.ranks_calls} calls of 8 pages of 128 KiB (Llama-3.2-1B); "
                 f"each rank's client copies a batch on up to {CLIENT_THREADS['read_threads']} threads "
-                f"(reads) and {CLIENT_THREADS['write_threads']} (writes) in runs of at least 16 MiB, so "
+                f"(reads) and {CLIENT_THREADS['write_threads']} (writes) in runs of at least 32 MiB, so "
                 f"one rank of 1 MiB pages may already keep {os.cpu_count()} cores busy:",
                 together))
     args.chart.parent.mkdir(parents=True, exist_ok=True)
