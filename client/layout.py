@@ -6,10 +6,10 @@ order (docs/contract.md: byte-compatible with SGLang's file backend). Two ways t
 - zero copy, for page-first layouts: ``get_page_buffer_meta`` names the page's pieces (K then V
   for MHA, one piece for MLA) as pointers into the pool's tensors; each becomes a memoryview of
   the numpy view of that tensor's storage, and preadv/pwritev move bytes straight in and out.
+  Once a batch's pieces show each piece's pointer moving by a fixed stride per host index, as
+  SGLang's strided pools do, pages not seen yet are placed by that rule instead of asking.
   The piece order is checked once against ``get_data_page`` on a page whose bytes can tell the
   order apart; a pool that fails the check (or whose pointers fall outside its tensors) uses:
-  (once a batch's pieces show each piece's pointer moving by a fixed stride per host index, as
-  SGLang's strided pools do, pages not seen yet are placed by that rule instead of asking)
 - a copy, for every other layout (``layer_first`` interleaves layers, so one page is not a
   run of pieces in file order): ``get_data_page(flat=True)`` for writing, and a flat page
   buffer then ``set_from_flat_data_page`` for reading.

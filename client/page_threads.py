@@ -74,7 +74,7 @@ class PageThreads:
             except Exception:
                 return [False]
         batch = _Batch(work, count)
-        if self.threads > 1 and count > 1:
+        if self.threads > 1:  # (a batch of one run returned above)
             executor = self._helpers()
             for _ in range(min(self.threads, count) - 1):
                 try:
