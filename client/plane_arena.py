@@ -17,6 +17,7 @@ import ctypes
 import errno
 import mmap
 import os
+import struct
 from typing import Sequence
 
 from .vectored import address_of, copy_from, read_into, write_from, write_into
@@ -32,31 +33,28 @@ MAP_AHEAD_STEP = 8 << 20
 _MADV_POPULATE_READ = 22  # Linux 5.14; older kernels refuse it, and the mapping faults as it goes
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-#: ``poll`` called holding the interpreter lock: asked with no timeout it returns at once, and every
-#: SGLang call asks it; ``select.poll`` lets go of the lock, and under SGLang's other threads taking
-#: it back cost 8-15 us a call on this VM (more than the whole of a ``batch_exists`` that misses).
-_poll_holding_lock = ctypes.PyDLL(None).poll
-_poll_holding_lock.argtypes = (ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int)
-_POLLIN = 0x001
-
-
-class _PollFd(ctypes.Structure):
-    _fields_ = (("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short))
+#: The arena file's last 4 KiB hold the daemon's liveness word, 8 bytes into them: the id of a
+#: thread of the daemon's while it runs, which the kernel marks ``OWNER_DIED`` as it ends.
+_LIVENESS_FROM_END = 4096 - 8
+_WORD = struct.Struct("<I")
+OWNER_DIED = 0x40000000
 
 
 class ArenaMapping:
-    """The arena of the daemon with process ``pid`` and ``token``, open at ``fd`` (this object's
-    from now on) and mapped whole (the daemon never shrinks it); ``arena_id`` is what the index
-    says of it (inode, size)."""
+    """The arena of the daemon of ``token``, open at ``fd`` (this object's from now on) and mapped
+    whole (the daemon never shrinks it); ``arena_id`` is what the index says of it (inode, size).
+    OSError ESRCH when its daemon has ended already."""
 
-    def __init__(self, fd: int, size: int, pid: int, token: bytes, arena_id: tuple) -> None:
+    def __init__(self, fd: int, size: int, token: bytes, arena_id: tuple) -> None:
         self.fd = fd
         self.token, self.arena_id = token, arena_id
-        self.pidfd = -1
         self._map = None
         try:
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED)
-            self.pidfd = os.pidfd_open(pid)
+            self._liveness_at = size - _LIVENESS_FROM_END
+            self._alive = _WORD.unpack_from(self._map, self._liveness_at)[0]
+            if not self._alive or self._alive & OWNER_DIED:
+                raise OSError(errno.ESRCH, "the daemon of this arena has ended, or keeps no liveness word")
         except BaseException:
             self._close()
             raise
@@ -85,9 +83,9 @@ class ArenaMapping:
         return (self.token, self.arena_id) == (token, arena_id) and self.daemon_runs()
 
     def daemon_runs(self) -> bool:
-        """Whether the daemon's process still runs (its pidfd is not readable yet)."""
-        ended = _PollFd(self.pidfd, _POLLIN, 0)  # one per call: threads may ask at once
-        return _poll_holding_lock(ctypes.byref(ended), 1, 0) == 0
+        """Whether the daemon's process still runs: its liveness word is unchanged (one load,
+        no system call: SGLang's every call asks)."""
+        return _WORD.unpack_from(self._map, self._liveness_at)[0] == self._alive
 
     def read(self, offset: int, buffers: Sequence[memoryview], size: int, alone: bool = False) -> int:
         """Bytes of the ``size`` at ``offset`` copied into ``buffers``: through the mapping when
@@ -112,12 +110,11 @@ class ArenaMapping:
     def _close(self) -> None:
         if self._map is not None:
             self._map.close()
-        for fd in (self.fd, self.pidfd):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
 
     def __del__(self) -> None:
         if self._map is not None:

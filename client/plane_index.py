@@ -15,8 +15,8 @@ The arena's mapping is ``plane_arena.ArenaMapping``'s, kept by the next attachme
 daemon (its index moves when it grows, the arena never does).
 
 An attachment trusts nothing of a daemon that is gone: ``live`` is False once the daemon's
-process has ended (a pidfd, which a new daemon cannot have) or the index says it moved or
-closed. Its descriptors close when the last reference to it goes (a thread mid-copy keeps it).
+process has ended (its liveness word in the arena, which the kernel marks as the process ends,
+and which a new daemon's arena does not share) or the index says it moved or closed. Its descriptors close when the last reference to it goes (a thread mid-copy keeps it).
 
 Thread-safe: what an attachment maps never changes once made; any thread may use it.
 """
@@ -121,8 +121,8 @@ class Attachment:
         if magic != MAGIC or version != VERSION:
             raise Unknown(f"{index_path} is not a hicachefs index of version {VERSION}")
         (_, _, self.capacity, slots, self.rows_at, self.table_at, arena_ino, arena_bytes, disk_dev, disk_ino,
-         named, pid) = _FIELDS.unpack_from(self._map, _PREFIX.size)
-        self.mask, self.named, self.pid = slots - 1, bool(named), pid
+         named, _) = _FIELDS.unpack_from(self._map, _PREFIX.size)
+        self.mask, self.named = slots - 1, bool(named)
         self.arena_id = (arena_ino, arena_bytes)
         if arena_map is not None and arena_map.serves(self.token, self.arena_id):
             self.arena_map, self.new_mapping = arena_map, False
@@ -135,7 +135,7 @@ class Attachment:
             except BaseException:
                 os.close(arena_fd)
                 raise
-            self.arena_map = ArenaMapping(arena_fd, arena_bytes, pid, self.token, self.arena_id)
+            self.arena_map = ArenaMapping(arena_fd, arena_bytes, self.token, self.arena_id)
             self.new_mapping = True
         self.disk_fd = -1
         if disk_ino:
@@ -143,11 +143,6 @@ class Attachment:
             disk = os.fstat(self.disk_fd)
             if (disk.st_dev, disk.st_ino) != (disk_dev, disk_ino):
                 raise Unknown("the disk file is not the one the index describes")
-        # The daemon's process is watched through the arena mapping's pidfd, opened after the
-        # index: the index must still be that process's (its number could have been given to
-        # another process between our open and the pidfd's).
-        if os.stat(index_path).st_ino != os.fstat(self.index_fd).st_ino:
-            raise Unknown("the index moved while it was opened")
 
     def _open(self, path: str, flags: int) -> int:
         fd = os.open(path, flags | os.O_CLOEXEC)

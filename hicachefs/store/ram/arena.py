@@ -2,7 +2,8 @@
 
 Why a memfd: the data plane's clients (the store's own writers) open it too, through the mount
 (``.hicachefs/arena``), and copy pages in and out of it themselves. It is sealed so that no
-one can shrink or grow it under the daemon's mapping.
+one can shrink or grow it under the daemon's mapping. Its last ``LIVENESS_BYTES`` are no slot:
+they hold the daemon's liveness word (``liveness.py``), which clients read at every call.
 
 Why slabs: a deployment's pages are mostly one size plus a few small ones, and a page must
 be one contiguous run so that readers get a zero-copy memoryview. A general first-fit heap
@@ -24,7 +25,11 @@ import heapq
 import mmap
 import os
 
+from hicachefs.store.ram.liveness import LivenessWord
+
 _MIN_SLOT = 64
+#: The arena file's last bytes, past ``capacity`` (rounded up to them): the liveness word's page.
+LIVENESS_BYTES = 4096
 
 
 def size_class(size: int) -> int:
@@ -62,21 +67,26 @@ class _Slab:
 
 
 class Arena:
-    """``capacity`` bytes of anonymous MAP_SHARED memory, handed out as slots of slabs."""
+    """``capacity`` bytes of anonymous MAP_SHARED memory, handed out as slots of slabs, and the
+    liveness word's page after them (kept by a thread from here until ``close``: the thread that
+    makes the arena need not live as long as it)."""
 
     def __init__(self, capacity: int, slab_bytes: int) -> None:
         self.slab_bytes = min(slab_bytes, capacity)
         self.capacity = capacity
         self.fd = os.memfd_create("hicachefs-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.ftruncate(self.fd, capacity)
+            liveness_at = -(-capacity // LIVENESS_BYTES) * LIVENESS_BYTES
+            self._file_bytes = liveness_at + LIVENESS_BYTES
+            os.ftruncate(self.fd, self._file_bytes)
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             # Populated up front: the RAM tier is a dedicated budget, and first-touch page faults
             # would otherwise cut the first pass of writes to about a fifth of memcpy speed.
-            self._map = mmap.mmap(self.fd, capacity, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            self._map = mmap.mmap(self.fd, self._file_bytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         except BaseException:
             os.close(self.fd)
             raise
+        self.liveness = LivenessWord(self._map, liveness_at)
         self.view = memoryview(self._map)
         self._address = _address(self.view)
         self._free_slabs = list(range(capacity // self.slab_bytes - 1, -1, -1))
@@ -151,13 +161,14 @@ class Arena:
         """Unmap, unless a reader's memoryview still points into the arena (then the GC unmaps),
         and give its memory back at once: a data-plane client may still hold the memfd open
         (until it notices the daemon is gone), and must not keep the RAM tier's memory alive."""
+        self.liveness.stop()
         self.view.release()
         try:
             self._map.close()
         except BufferError:
             pass
         if self.fd >= 0:
-            _punch_hole(self.fd, self.capacity)
+            _punch_hole(self.fd, self._file_bytes)
             os.close(self.fd)
             self.fd = -1
 
