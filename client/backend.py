@@ -392,11 +392,18 @@ class HiCacheFS(HiCacheStorage):
     @guarded(0)
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many of ``keys``, from the first, are stored: through the plane, none is probed
-        past the first one missing (as ``HiCacheFile`` stops there); one query for the rest."""
+        past the first one missing (as ``HiCacheFile`` stops there); one query for the rest.
+        The plane is asked before the keys are checked (a key that is no valid name is in no
+        index), and only the key it stopped at is: checking them all first cost a tenth of
+        the call under SGLang."""
         keys = list(keys)
-        valid = len(keys) if paths.all_hex_keys(keys) else next(
-            (i for i, key in enumerate(keys) if not self._valid(key)), len(keys))
-        return self.io.held_prefix(self._dir_of(KV), keys[:valid]) if valid else 0
+        return self.io.held_prefix(self._dir_of(KV), keys, self._valid_prefix)
+
+    def _valid_prefix(self, keys: Sequence[Any]) -> int:
+        """How many of ``keys``, from the first, are valid (the first invalid one is refused)."""
+        if paths.all_hex_keys(keys):
+            return len(keys)
+        return next((i for i, key in enumerate(keys) if not self._valid(key)), len(keys))
 
     @guarded(lambda *_, **__: PoolTransferResult.empty())
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,

@@ -27,7 +27,7 @@ import re
 import secrets
 import shutil
 import stat
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from . import fetch, ingest
 from .accounting import Counters, FailureLog, error_kind
@@ -324,14 +324,27 @@ class PageIO:
         answers = self.plane.find_in(rel_dir, keys) if self.plane is not None else [None] * len(keys)
         return self._answered(answers, lambda i: f"{rel_dir}/{keys[i]}")
 
-    def held_prefix(self, rel_dir: str, keys: Sequence[str]) -> int:
+    def held_prefix(self, rel_dir: str, keys: Sequence[Any], valid_prefix: Callable[[Sequence[Any]], int]) -> int:
         """How many of ``keys`` of one pool directory, from the first, are published and
-        readable: the plane's answer, and the daemon's for the keys the plane cannot say."""
-        held, sure = self.plane.held_prefix(rel_dir, keys) if self.plane is not None else (0, False)
-        if sure or held == len(keys):
+        readable: the plane's answer, and the daemon's for the keys the plane cannot say.
+        ``valid_prefix(keys)``: how many keys from the first are valid names (refusing the
+        first that is not); the plane asks it only of the key it stopped at, the daemon is
+        asked only of valid ones."""
+        held, sure = 0, False
+        if self.plane is not None:
+            try:
+                held, sure = self.plane.held_prefix(rel_dir, keys)
+            except TypeError:  # a key that is no string: checked below
+                pass
+        if held == len(keys):
             return held
-        rest = self._exists_elsewhere([f"{rel_dir}/{key}" for key in keys[held:]])
-        return held + (rest.index(False) if False in rest else len(rest))
+        if sure:
+            valid_prefix(keys[held : held + 1])
+            return held
+        rest = keys[held:]
+        rest = rest[: valid_prefix(rest)]
+        answers = self._exists_elsewhere([f"{rel_dir}/{key}" for key in rest]) if rest else []
+        return held + (answers.index(False) if False in answers else len(answers))
 
     def _answered(self, answers: List[Optional[bool]], rel_of: Callable[[int], str]) -> List[bool]:
         """``answers`` with those the plane could not give (None) asked of the daemon."""
