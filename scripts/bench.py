@@ -120,6 +120,8 @@ from hicachefs_testing.glusterfs import GlusterVolume
 from hicachefs_client import HiCacheFS
 from hicachefs_client.backend import DEFAULT_THREADS as CLIENT_THREADS
 from hicachefs_client.plane_reports import REPORT_INTERVAL_S
+from hicachefs.cli.arguments import parse_size
+from hicachefs.store.budget import SHARES
 
 # The RAM cases: (page size, pages a call).
 RAM_CASES = (("128 KiB", 8), ("256 KiB", 8), ("768 KiB", 32), ("1 MiB", 128), ("8 MiB", 128))
@@ -835,7 +837,7 @@ def main() -> int:
                 f"each rank's client copies a batch on up to {CLIENT_THREADS['read_threads']} threads "
                 f"(reads) and {CLIENT_THREADS['write_threads']} (writes) in runs of at least 32 MiB, so "
                 f"one rank of 1 MiB pages may already keep {os.cpu_count()} cores busy:",
-                together))
+                together, int(parse_size(plan.ram_memory) * SHARES["reserved_ahead"][0])))
     args.chart.parent.mkdir(parents=True, exist_ok=True)
     chart(bench.results, memcpy, args.chart,
           f"hicachefs (zero-copy v1, data plane) vs SGLang HiCacheFile (generic path), the fast_file "
