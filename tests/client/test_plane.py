@@ -248,6 +248,25 @@ def test_a_daemon_killed_under_four_threads_is_never_trusted_and_the_client_come
     assert client.statistics()["plane_reads"] > 0
 
 
+def test_the_moment_its_daemon_is_killed_a_client_serves_nothing_from_the_memory_it_left(mount_factory):
+    """The client still maps the dead daemon's index and arena, which still hold the pages; the
+    next call must not take them for hits (the daemon's liveness word, which the kernel marked)."""
+    mount = mount_factory("--memory", "64M")
+    pool = MHAHostPool(pages=2 * PAGES)
+    client = make_fs(mount.path, pool)
+    keys = [key("dead", i) for i in range(PAGES)]
+    target = indices(pool, range(PAGES, 2 * PAGES))
+    assert client.batch_set_v1(keys, indices(pool, range(PAGES))) == [True] * PAGES
+    assert client.batch_exists(keys) == PAGES
+    assert client.batch_get_v1(keys, target) == [True] * PAGES
+    read = client.statistics()["plane_reads"]
+    mounting.kill(mount)
+    assert client.batch_exists(keys) == 0
+    assert client.batch_get_v1(keys, target) == [False] * PAGES
+    assert client.statistics()["plane_reads"] == read
+    client.close()
+
+
 def test_a_write_returns_before_its_commit_and_this_process_sees_its_pages_at_once(mounted, monkeypatch):
     pool = MHAHostPool(pages=2 * PAGES)
     writer = make_fs(mounted.path, pool)
