@@ -149,7 +149,7 @@ class _Listing:
         self.count += 1
 
     def position(self, cursor: int) -> int:
-        return int(np.searchsorted(self.cursors[: self.count], cursor))
+        return int(self.cursors[: self.count].searchsorted(cursor))  # the method: no wrapper's Python
 
     def hold(self, cursor: int) -> None:
         """The entry's row goes, and another takes its place at once (``take``)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import heapq
 import mmap
 import os
@@ -32,6 +33,7 @@ _MIN_SLOT = 64
 LIVENESS_BYTES = 4096
 
 
+@functools.lru_cache(maxsize=256)  # a deployment has a few page sizes; every reservation asks twice
 def size_class(size: int) -> int:
     """The slot size that holds ``size`` bytes: 64-byte aligned, at most 1/8 larger."""
     if size <= _MIN_SLOT:
