@@ -2,7 +2,7 @@
 ``fetch``).
 
 A handle holds one request at a time, so every thread opens its own and keeps it for the next
-call; a thread that ends closes its handles (they are only weakly kept here). ``close`` closes
+call (and a second one where it asks for it: ``using(name, second=True)``); a thread that ends closes its handles (they are only weakly kept here). ``close`` closes
 every thread's handles, but a handle in use is closed by its thread when the call is done:
 closing it under the call would let the descriptor number be reused, and the call go on writing
 to another file. A control file
@@ -45,7 +45,8 @@ RETRY_INTERVAL_S = 1.0
 
 class ControlHandle:
     """One open control file, owned by one thread; ``state`` is its protocol's (what the
-    handle holds at the daemon between calls)."""
+    handle holds at the daemon between calls). ``name`` is the file's, and ``#2`` after it for
+    the thread's second handle on it."""
 
     __slots__ = ("name", "fd", "busy", "retired", "lock", "state", "__weakref__")
 
@@ -92,11 +93,12 @@ class ControlHandles:
         self.seen_daemon = os.path.isdir(os.path.join(root, CONTROL_DIR))
 
     @contextlib.contextmanager
-    def using(self, name: str) -> Iterator[Optional[ControlHandle]]:
+    def using(self, name: str, second: bool = False) -> Iterator[Optional[ControlHandle]]:
         """This thread's open handle on control file ``name`` for one call (None if it cannot
-        be had); a ``close`` meanwhile takes effect when the call is done."""
+        be had); a ``close`` meanwhile takes effect when the call is done. ``second``: the
+        thread's second handle on it (opened the first time it is asked for)."""
         for _ in range(2):  # a handle another thread closed just now is opened again
-            handle = self._get(name)
+            handle = self._get(f"{name}#2" if second else name)
             if handle is None:
                 yield None
                 return
@@ -136,16 +138,17 @@ class ControlHandles:
         if retired:
             self.drop(handle)
 
-    def _get(self, name: str) -> Optional[ControlHandle]:
+    def _get(self, key: str) -> Optional[ControlHandle]:
         mine: Dict[str, ControlHandle] = self._mine()
-        handle = mine.get(name)
+        handle = mine.get(key)
         if handle is not None and handle.fd >= 0:
             return handle
+        name = key.partition("#")[0]
         if time.monotonic() < self._retry_at.get(name, 0.0):
             return None
         path = os.path.join(self.root, name)
         try:
-            fd = self._open(name, path)
+            fd = self._open(path)
         except OSError as exc:
             self._retry_at[name] = time.monotonic() + RETRY_INTERVAL_S
             if exc.errno == errno.ENOENT:
@@ -156,12 +159,12 @@ class ControlHandles:
                 self.failures.failure(error_kind(exc), f"cannot open {path}: {exc.strerror or exc}")
             return None
         self.seen_daemon = True
-        handle = mine[name] = ControlHandle(name, fd)
+        handle = mine[key] = ControlHandle(key, fd)
         with self._lock:
             self._all.add(handle)
         return handle
 
-    def _open(self, name: str, path: str) -> int:
+    def _open(self, path: str) -> int:
         if self._has_other_names:
             with self._lock:
                 other = next(self._other_names) % OTHER_NAMES + 1

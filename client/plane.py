@@ -24,11 +24,13 @@ files). What the plane does:
   the client's sends the commit, which costs the daemon's round trip (0.3-1.3 ms) that the
   caller no longer waits for. This process sees its own pages at once: a lookup of a page whose
   commit is under way waits for it (``plane_commits``); others see them once the commit is
-  answered. A handle's next request waits for it. A commit makes a new pool's directories
-  (``MAKE_POOLS``), and the first commit into a pool is waited for, so that a new pool is in
-  the namespace, with its first pages, when the call returns. A page the daemon refuses after
-  the call returned (it died meanwhile) is logged and counted a write failure, as lost as a
-  committed RAM page would be.
+  answered. A handle's next request waits for it, so a batch that comes while the thread's
+  last commit is still under way goes through a second handle of the thread's
+  (``_writing_handle``): SGLang's backups come back to back, and waited a quarter of their time
+  for the commit before. A commit makes a new pool's directories (``MAKE_POOLS``), and the first
+  commit into a pool is waited for, so that a new pool is in the namespace, with its first
+  pages, when the call returns. A page the daemon refuses after the call returned (it died
+  meanwhile) is logged and counted a write failure, as lost as a committed RAM page would be.
 - **Reads are reported** to the daemon in batches, from a thread of its own, every half second
   (``plane_reports``), so that hits and recency stay right; a report may lag, it is never
   dropped while the mount works (the rest is sent at ``close``).
@@ -41,7 +43,9 @@ Thread-safe: any thread may call; each uses its own handle on the plane file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import logging
 import os
 import struct
@@ -49,7 +53,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
@@ -89,7 +93,8 @@ Spread = Callable[[Callable[[int], bool], int], List[bool]]  # runs work(0..n-1)
 class _HandleState:
     """What a thread's handle on the plane file holds at one daemon (``token``): its mailbox in
     the arena (-1: none; answers are then read from the handle), the slots it reserved for its
-    next batch, the sequence number of its last request, and its commit still under way."""
+    next batch, the sequence number of its last request, and its commit still under way (and
+    when it was sent, in this process's order of commits sent behind)."""
 
     token: bytes
     mailbox: int = -1
@@ -97,6 +102,7 @@ class _HandleState:
     ready: List[int] = field(default_factory=list)
     seq: int = 0
     behind: Optional[Future] = None
+    sent: int = 0
 
 
 class Plane:
@@ -116,6 +122,7 @@ class Plane:
         self._pools_made: set = set()  # (daemon token, directory) a commit of this client's published into
         self._senders: Optional[ThreadPoolExecutor] = None
         self._senders_pid = 0
+        self._sent = itertools.count(1)  # commits sent behind, in order
         self.handles = ControlHandles(root, failures)
         self._lock = threading.Lock()
         self._attachment: Optional[Attachment] = None
@@ -316,15 +323,29 @@ class Plane:
             else:
                 todo.append(i)
         self.counters.add(pages_skipped=len(keys) - len(todo))
-        if not todo:
-            return results
-        with self.handles.using(PLANE_FILE) as handle:
-            if handle is not None:
-                for start in range(0, len(todo), MAX_COMMIT):
-                    chunk = todo[start : start + MAX_COMMIT]
-                    self._publish_chunk(attachment, handle, rel_dir, [rels[i] for i in chunk],
-                                        [buffers[i] for i in chunk], size, chunk, results, spread, runs)
+        for start in range(0, len(todo), MAX_COMMIT):
+            chunk = todo[start : start + MAX_COMMIT]
+            with self._writing_handle() as handle:
+                if handle is None:
+                    break
+                self._publish_chunk(attachment, handle, rel_dir, [rels[i] for i in chunk],
+                                    [buffers[i] for i in chunk], size, chunk, results, spread, runs)
         return results
+
+    @contextlib.contextmanager
+    def _writing_handle(self) -> Iterator[Optional[ControlHandle]]:
+        """The thread's handle on the plane file for a batch: its first, unless that one's last
+        commit is still under way; then its second (opened the first time), unless that one's
+        is too and was sent later. A batch right after another need not wait for its commit."""
+        with self.handles.using(PLANE_FILE) as first:
+            if first is None or _idle(first):
+                yield first
+                return
+            with self.handles.using(PLANE_FILE, second=True) as second:
+                if second is None or (not _idle(second) and second.state.sent > first.state.sent):
+                    yield first
+                else:
+                    yield second
 
     def _publish_chunk(self, attachment: Attachment, handle: ControlHandle, rel_dir: str, rels: List[str],
                        buffers: Sequence[Sequence[memoryview]], size: int, where: List[int],
@@ -371,6 +392,7 @@ class Plane:
                 state = self._state(attachment, handle)
                 state.behind = sender.submit(self._commit_behind, attachment, handle, state, placed_rels,
                                              body, ahead, size)
+                state.sent = next(self._sent)
                 return
         outcomes = self._commit(attachment, handle, self._state(attachment, handle), placed_rels, body, ahead, size)
         if PUBLISHED in outcomes or KEPT in outcomes:
@@ -521,6 +543,12 @@ class Plane:
             arena_map.stop()
         if senders is not None and self._senders_pid == os.getpid():
             senders.shutdown(wait=True)
+
+
+def _idle(handle: ControlHandle) -> bool:
+    """Whether no commit of the handle's is under way."""
+    state = handle.state
+    return state is None or state.behind is None or state.behind.done()
 
 
 def _pwrite_all(fd: int, data: bytes) -> int:
