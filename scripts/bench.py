@@ -320,6 +320,7 @@ class Bench:
         if steady is not None:  # a write pass's daemon cost from its second batch on
             requests, _ = daemon.since(steady)
             ours.steady_requests += sum(requests.values())
+            ours.steady_evictions += daemon.stats()["evictions"] - steady.stats["evictions"]
             ours.steady_cpu += steady_cpu
             ours.steady_calls += ours.calls - steady_calls
             ours.steady_pages += ours.pages - steady_pages

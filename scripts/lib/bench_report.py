@@ -89,6 +89,7 @@ class Result:
     steady_cpu: float = 0.0
     steady_calls: int = 0
     steady_pages: int = 0
+    steady_evictions: int = 0  # pages the daemon evicted meanwhile (room for the pages published)
 
     def add(self, call) -> None:
         """Count one call (a ``bench_sglang.Call``)."""
@@ -261,10 +262,13 @@ def _daemon_checks(r: Result, ahead_bytes: int) -> List[Check]:
         batch_bytes = r.batch * r.page_bytes
         why = (f"a batch of {batch_bytes >> 20} MiB > the {ahead_bytes >> 20} MiB reserved ahead for all "
                "writers: its slots are asked first" if batch_bytes > ahead_bytes else "")
+        evicted = r.steady_evictions / r.steady_pages if r.steady_pages else 0.0
+        dear = (f"{evicted:.1f} pages evicted a page published: this run's earlier cases' smaller pages, "
+                "a slab of them emptied for each new slot" if evicted > 1.5 else "")
         return [Check(f"<={WRITE_REQUESTS_PER_BATCH:g} req/batch", f"{per_call:.3f}",
                       per_call <= WRITE_REQUESTS_PER_BATCH, why),
                 Check(f"<={PUBLISH_US_PER_PAGE:g} us/page", f"{per_page:.1f} us",
-                      per_page <= PUBLISH_US_PER_PAGE)]
+                      per_page <= PUBLISH_US_PER_PAGE, dear)]
     if r.op in READS:
         return [Check(f"{READ_REQUESTS_PER_PAGE:g} req/page", f"{r.requests_per_page:.4f}",
                       r.requests_per_page <= READ_REQUESTS_PER_PAGE)]
