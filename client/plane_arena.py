@@ -34,10 +34,10 @@ _MADV_POPULATE_READ = 22  # Linux 5.14; older kernels refuse it, and the mapping
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 #: The arena file's last 4 KiB hold the daemon's liveness word, 8 bytes into them: the id of a
-#: thread of the daemon's while it runs, which the kernel marks ``OWNER_DIED`` as it ends.
+#: thread of the daemon's while it runs, which the kernel marks ``FUTEX_OWNER_DIED`` as it ends.
 _LIVENESS_FROM_END = 4096 - 8
 _WORD = struct.Struct("<I")
-OWNER_DIED = 0x40000000
+_OWNER_DIED = 0x40000000
 
 
 class ArenaMapping:
@@ -53,7 +53,7 @@ class ArenaMapping:
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED)
             self._liveness_at = size - _LIVENESS_FROM_END
             self._alive = _WORD.unpack_from(self._map, self._liveness_at)[0]
-            if not self._alive or self._alive & OWNER_DIED:
+            if not self._alive or self._alive & _OWNER_DIED:
                 raise OSError(errno.ESRCH, "the daemon of this arena has ended, or keeps no liveness word")
         except BaseException:
             self._close()
