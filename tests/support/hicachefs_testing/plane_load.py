@@ -116,7 +116,9 @@ class PlaneLoad:
             time.sleep(0.1)
             directory = sc.pool_directory(self.root, REMOVED) if any(stored) else None
             if directory is not None:
-                done = subprocess.run(["rm", "-r", str(directory)], capture_output=True, text=True)
+                # -f: a page the filler's writes evict between rm's listing and its unlink is gone,
+                # as rm wanted (without it rm says ENOENT and fails); any other failure still counts.
+                done = subprocess.run(["rm", "-rf", str(directory)], capture_output=True, text=True)
                 acked = time.monotonic_ns()
                 if done.returncode != 0:
                     self.count(**{"rm -r failed": 1})
