@@ -2,13 +2,13 @@
 ``fetch``).
 
 A handle holds one request at a time, so every thread opens its own and keeps it for the next
-call (and a second one where it asks for it: ``using(name, second=True)``); a thread that ends closes its handles (they are only weakly kept here). ``close`` closes
-every thread's handles, but a handle in use is closed by its thread when the call is done:
-closing it under the call would let the descriptor number be reused, and the call go on writing
-to another file. A control file
-that cannot be opened is not tried again for a second: the caller then answers its own way
-(``stat``, a temporary file and rename, a file per page), which also serves a plain directory
-or a daemon that predates the file.
+call (and a second one where it asks for it: ``using(name, second=True)``); a thread that ends
+closes its handles (they are only weakly kept here). ``close`` closes every thread's handles,
+but a handle in use is closed by its thread when the call is done: closing it under the call
+would let the descriptor number be reused, and the call go on writing to another file. A
+control file that cannot be opened is not tried again for a second: the caller then answers its
+own way (``stat``, a temporary file and rename, a file per page), which also serves a plain
+directory or a daemon that predates the file.
 
 Each thread opens each control file under a name of its own (``exists.1`` ... ``exists.63``,
 and so for ``ingest`` and ``fetch``: each a file of its own to the kernel, which lets one write

@@ -16,7 +16,8 @@ daemon (its index moves when it grows, the arena never does).
 
 An attachment trusts nothing of a daemon that is gone: ``live`` is False once the daemon's
 process has ended (its liveness word in the arena, which the kernel marks as the process ends,
-and which a new daemon's arena does not share) or the index says it moved or closed. Its descriptors close when the last reference to it goes (a thread mid-copy keeps it).
+and which a new daemon's arena does not share) or the index says it moved or closed. Its
+descriptors close when the last reference to it goes (a thread mid-copy keeps it).
 
 Thread-safe: what an attachment maps never changes once made; any thread may use it.
 """
