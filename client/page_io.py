@@ -332,10 +332,7 @@ class PageIO:
         asked only of valid ones."""
         held, sure = 0, False
         if self.plane is not None:
-            try:
-                held, sure = self.plane.held_prefix(rel_dir, keys)
-            except TypeError:  # a key that is no string: checked below
-                pass
+            held, sure = self.plane.held_prefix(rel_dir, keys)
         if held == len(keys):
             return held
         if sure:

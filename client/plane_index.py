@@ -168,7 +168,7 @@ class Attachment:
         """Per key of the directory: its row (``Found``; True instead when not ``rows``, for who
         asks only whether it is held); False when the index does not hold it and no other tier
         may; None when only the daemon can say (a table rebuilt meanwhile, a row being changed,
-        a tier other hosts write). The table's ``table_gen`` is read once before the batch and
+        a tier other hosts write) or the key is no string. The table's ``table_gen`` is read once before the batch and
         once after it: a miss counts only if the table did not change. ``prefix``: the keys after
         the first one not held are not probed, and answered False (who asks how many keys from
         the first are held needs no more)."""
@@ -183,6 +183,9 @@ class Attachment:
         absent = None if self.named else False
         found: List[Found | bool | None] = []
         for key in keys:
+            if not isinstance(key, str):  # no name: the caller's checks refuse it
+                found.append(None)
+                continue
             place = places.get(key)
             if place is None:
                 kid = key_id(key)

@@ -434,6 +434,19 @@ def test_a_commit_makes_only_pools_of_good_names(mounted):
     assert sorted(os.listdir(mounted.path / "m")) == ["fmt"] and os.listdir(mounted.path / "m/fmt") == ["tp0of1"]
 
 
+def test_keys_that_are_no_strings_are_refused_by_existence_through_the_plane(mounted):
+    """SGLang's keys are strings; a caller's None, number or bytes is a refused key, counted,
+    and the valid keys before it still answer from the plane."""
+    pool, keys = written(mounted, pages=2, prefix="typed")
+    reader = make_fs(mounted.path, MHAHostPool(pages=2))
+    assert reader.batch_exists([keys[0], None, keys[1]]) == 1
+    assert reader.batch_exists([7, keys[0]]) == 0
+    assert reader.batch_exists([keys[0], keys[1], keys[0].encode()]) == 2
+    assert reader.batch_exists_v2([keys[0], None]).kv_hit_pages == 1
+    assert reader.statistics()["refused_keys"] >= 4
+    assert reader.batch_exists(keys) == 2
+
+
 def test_a_batch_larger_than_the_writing_share_is_stored_whole(mount_factory, monkeypatch):
     """Of a batch of 128 MiB on a mount whose files being written may hold 64 MiB, the plane
     takes what it can reserve and the ingest file the rest: that waits for the plane's commit
