@@ -51,8 +51,11 @@ WAITING = 16
 CONNECTION_TIMEOUT_S = 10.0
 #: The request line and headers; a scrape sends a few hundred bytes.
 MAX_REQUEST_HEAD = 8192
-#: Connections the kernel holds for the accept thread; it accepts (or refuses) them at once.
-BACKLOG = 128
+#: Connections the kernel holds for the accept thread, which accepts (or refuses) them at once.
+#: Past it the kernel drops a connection's last handshake packet and lets the client retry for
+#: seconds, so a burst of a thousand would see some connections accepted late, held, and cut off
+#: without an answer instead of refused: 128 did that once in CI.
+BACKLOG = 1024
 _SHORT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
