@@ -1,9 +1,9 @@
-"""How a start shows the disk index being rebuilt, the command's side: on the terminal of the
-``hicachefs mount`` that waits for the mount.
+"""How a start shows the RAM tier being filled and the disk index being rebuilt, the command's
+side: on the terminal of the ``hicachefs mount`` that waits for the mount.
 
 ``Display`` reads what the daemon's ``Reporter`` (``daemon/recovery_reporter.py``) writes to the
 pipe, one JSON line a message, and is polled by ``hicachefs mount`` while it waits. The start
-and the outcome are lines of their own; on a terminal a scan's progress is one line redrawn in
+and the outcome are lines of their own; on a terminal the progress is one line redrawn in
 place (a carriage return, cut to the terminal's width), elsewhere (a log, a pipe) a line every
 ``PRINT_EVERY_S``. It never waits on the daemon: its end of the pipe is non-blocking. Used from
 one thread.

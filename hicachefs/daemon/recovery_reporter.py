@@ -1,11 +1,12 @@
-"""How a start shows the disk index being rebuilt, the daemon's side: the log, and the pipe to
-the ``hicachefs mount`` that started the daemon and waits for the mount meanwhile.
+"""How a start shows the RAM tier being filled and the disk index being rebuilt, the daemon's
+side: the log, and the pipe to the ``hicachefs mount`` that started the daemon and waits for the
+mount meanwhile.
 
-``Reporter`` is the store's recovery listener. It logs that a scan starts and why (why no
-snapshot served), its progress (pages found, the time left) every ``LOG_EVERY_S``, and the
-outcome (a snapshot load is the outcome alone: one line, pages and seconds); and it writes the
-same texts to a pipe that ``hicachefs mount`` handed down (its number is the daemon's second
-argument), a scan's progress every ``SEND_EVERY_S``. Each message is one JSON line,
+``Reporter`` is the store's recovery listener. It logs that a fill or a scan starts (for a
+scan, why no snapshot served), its progress (the share done, the time left) every
+``LOG_EVERY_S``, and the outcome (a snapshot load is the outcome alone: one line, pages and
+seconds); and it writes the same texts to a pipe that ``hicachefs mount`` handed down (its
+number is the daemon's second argument), the progress every ``SEND_EVERY_S``. Each message is one JSON line,
 ``{"text": ..., "kind": "note" | "progress" | "done"}``; the command side
 (``cli/recovery_display.py``) shows them.
 
@@ -29,24 +30,34 @@ SEND_EVERY_S = 0.25
 
 
 def describe(progress: RecoveryProgress) -> str:
-    """One line for a report. A scan's progress is short (pages found, share done, time left),
-    to fit a terminal's line after the line that said why the arena is scanned."""
+    """One line for a report. The progress is short (for a scan: pages found, share done, time
+    left), to fit a terminal's line after the line that said what runs and why."""
     if progress.method == "snapshot":
         return f"loaded the disk index from its snapshot: {progress.pages:,} pages in {progress.seconds:.2f} s"
+    filling = progress.method == "fill"
     if progress.finished:
-        return f"scanned the disk arena: {progress.pages:,} pages in {progress.seconds:.1f} s"
+        return (f"filled the RAM tier's {_memory(progress)} of memory in {progress.seconds:.1f} s" if filling
+                else f"scanned the disk arena: {progress.pages:,} pages in {progress.seconds:.1f} s")
     if progress.scanned_bytes == 0:
-        return f"rebuilding the disk index by scanning the arena: {progress.reason}"
+        return (f"filling the RAM tier's {_memory(progress)} of memory before the mount serves" if filling
+                else f"rebuilding the disk index by scanning the arena: {progress.reason}")
+    return (f"filling memory: {_how_far(progress)}" if filling
+            else f"scanning: {progress.pages:,} pages found, {_how_far(progress)}")
+
+
+def _memory(progress: RecoveryProgress) -> str:
+    gib = progress.total_bytes / (1 << 30)
+    return f"{gib:.1f} GiB" if gib >= 1 else f"{progress.total_bytes >> 20} MiB"
+
+
+def _how_far(progress: RecoveryProgress) -> str:
+    """The share done and the time left, at the pace so far."""
     share = progress.scanned_bytes / progress.total_bytes
     left = progress.seconds * (1 - share) / share
-    return f"scanning: {progress.pages:,} pages found, {share:.0%} done, about {_duration(left)} left"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, seconds = divmod(round(seconds), 60)
-    return f"{minutes} min {seconds:02d} s"
+    if left < 60:
+        return f"{share:.0%} done, about {left:.0f} s left"
+    minutes, seconds = divmod(round(left), 60)
+    return f"{share:.0%} done, about {minutes} min {seconds:02d} s left"
 
 
 class Reporter:

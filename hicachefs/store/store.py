@@ -99,7 +99,7 @@ class PageStore:
 
     def __init__(self, config: StoreConfig, progress: RecoveryListener | None = None, *,
                  tiers: list[Tier] | None = None, disk_device=None, shared_device=None) -> None:
-        """``progress``: told how rebuilding the persistent tiers' index goes. ``tiers``: the
+        """``progress``: told how filling the RAM tier and rebuilding the persistent tiers' index go. ``tiers``: the
         chain (RAM first); by default ``build_chain(config)``, given ``disk_device`` and
         ``shared_device`` (tests pass FaultyDevices)."""
         self.config = config
@@ -125,6 +125,7 @@ class PageStore:
         self._published = 0
         self._closed = False
         try:
+            self._ram.fill(progress)
             for position, tier in enumerate(self._tiers):
                 tier.bind(_Events(self, position))
                 tier.recover(_Recovered(self._index, position, tier), progress)

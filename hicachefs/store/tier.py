@@ -48,7 +48,8 @@ class ReadResult(enum.Enum):
 class RecoveryProgress(NamedTuple):
     """How far rebuilding a tier's index has come: by ``method`` 'snapshot' or 'scan' (then
     ``reason`` says why no snapshot served); ``pages`` found so far; for a scan, bytes scanned of
-    ``total_bytes``; ``seconds`` since it began. The last report has ``finished``."""
+    ``total_bytes``; ``seconds`` since it began. The last report has ``finished``. Method 'fill':
+    the RAM tier's memory faulted in at start, ``scanned_bytes`` of ``total_bytes`` so far."""
 
     method: str
     reason: str
@@ -191,6 +192,11 @@ class TopTier(Tier):
     it which pages should leave first. A location is a slot, and a slot's offset is its first
     byte in ``shared_fd``'s file. ``write``/``read_into``/``drop`` keep the Tier contract for
     pages the engine has not admitted (the contract tests); the engine uses the slots."""
+
+    @abstractmethod
+    def fill(self, progress: RecoveryListener | None = None) -> None:
+        """Fault the tier's memory in before the store serves, telling ``progress`` how far it
+        has come (method 'fill'); StoreError when the host cannot give it."""
 
     @abstractmethod
     def allocate(self, size: int) -> int | None:

@@ -1,7 +1,7 @@
 """A start after a crash scans the disk arena and shows how it goes on the terminal of
 ``hicachefs mount`` and in the log; a start after ``hicachefs umount`` loads the index snapshot
 and says so in one line. Either way every page reads back. Off a terminal (a log, a pipe), a
-long scan prints its progress every few seconds."""
+long scan prints its progress every few seconds, and so does a long fill of the RAM tier."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import re
 import subprocess
 import sys
 import time
+
+import pytest
 
 from hicachefs.cli import recovery_display
 from hicachefs.daemon import recovery_reporter
@@ -120,14 +122,25 @@ class Clock:
         return self.now
 
 
-def test_off_a_terminal_a_long_scan_prints_progress_every_few_seconds(monkeypatch, caplog):
+@pytest.fixture
+def off_a_terminal(monkeypatch, caplog):
+    """The daemon's reporter and the command's display off a terminal, joined by a pipe, on a
+    clock the test moves: (clock, reporter, display, what the display printed)."""
     clock = Clock()
     monkeypatch.setattr(recovery_reporter, "time", clock)
     monkeypatch.setattr(recovery_display, "time", clock)
     caplog.set_level(logging.INFO, "hicachefs")
     read_end, write_end = os.pipe()
-    reporter, out = recovery_reporter.Reporter(write_end), io.StringIO()
-    display = recovery_display.Display(read_end, out)
+    out = io.StringIO()
+    return clock, recovery_reporter.Reporter(write_end), recovery_display.Display(read_end, out), out
+
+
+def reporter_log(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "hicachefs.daemon.recovery_reporter"]
+
+
+def test_off_a_terminal_a_long_scan_prints_progress_every_few_seconds(off_a_terminal, caplog):
+    clock, reporter, display, out = off_a_terminal
     gib = 1 << 30
     reporter(RecoveryProgress("scan", "its index snapshot is missing", 0, 0, 0, 0.0, False))
     for second in range(1, 21):  # a 20 s scan of 20 GiB, one report a second
@@ -146,8 +159,28 @@ def test_off_a_terminal_a_long_scan_prints_progress_every_few_seconds(monkeypatc
         "hicachefs: scanning: 20,000 pages found, 100% done, about 0 s left",
         "hicachefs: scanned the disk arena: 20,000 pages in 20.0 s",
     ]
-    logged = [r.getMessage() for r in caplog.records if r.name == "hicachefs.daemon.recovery_reporter"]
+    logged = reporter_log(caplog)
     assert logged[0] == "rebuilding the disk index by scanning the arena: its index snapshot is missing"
     assert logged[1:-1] == [f"scanning: {n:,} pages found, {n // 200}% done, about {20 - n // 1000} s left"
                             for n in (1000, 6000, 11000, 16000)]
     assert logged[-1] == "scanned the disk arena: 20,000 pages in 20.0 s"
+
+
+def test_a_long_fill_of_the_ram_tier_says_how_far_it_has_come(off_a_terminal, caplog):
+    clock, reporter, display, out = off_a_terminal
+    gib = 1 << 30
+    reporter(RecoveryProgress("fill", "", 0, 0, 10 * gib, 1.0, False))
+    for second in range(1, 11):  # 10 GiB in 10 s, one report a second
+        clock.now += 1
+        reporter(RecoveryProgress("fill", "", 0, second * gib, 10 * gib, float(second), second == 10))
+        display.poll()
+    reporter.close()
+    display.close()
+    assert out.getvalue().splitlines() == [
+        "hicachefs: filling the RAM tier's 10.0 GiB of memory before the mount serves",
+        "hicachefs: filling memory: 50% done, about 5 s left",
+        "hicachefs: filled the RAM tier's 10.0 GiB of memory in 10.0 s",
+    ]
+    assert reporter_log(caplog) == ["filling the RAM tier's 10.0 GiB of memory before the mount serves",
+                      "filling memory: 10% done, about 9 s left", "filling memory: 60% done, about 4 s left",
+                      "filled the RAM tier's 10.0 GiB of memory in 10.0 s"]

@@ -25,7 +25,9 @@ import functools
 import heapq
 import mmap
 import os
+from collections.abc import Callable
 
+from hicachefs.store.ram.fill import fill
 from hicachefs.store.ram.liveness import LivenessWord
 
 _MIN_SLOT = 64
@@ -82,9 +84,7 @@ class Arena:
             self._file_bytes = liveness_at + LIVENESS_BYTES
             os.ftruncate(self.fd, self._file_bytes)
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-            # Populated up front: the RAM tier is a dedicated budget, and first-touch page faults
-            # would otherwise cut the first pass of writes to about a fifth of memcpy speed.
-            self._map = mmap.mmap(self.fd, self._file_bytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            self._map = mmap.mmap(self.fd, self._file_bytes, flags=mmap.MAP_SHARED)  # filled by ``fill``
         except BaseException:
             os.close(self.fd)
             raise
@@ -95,6 +95,10 @@ class Arena:
         self._slabs: dict[int, _Slab] = {}  # slab number -> slab in use
         self._partial: dict[int, set[int]] = {}  # slot size -> slab numbers with a free slot
         self.used_bytes = 0
+
+    def fill(self, filled: Callable[[int], None]) -> None:
+        """Fault the slots' memory in now (``fill.py``), telling ``filled`` the bytes done."""
+        fill(self.fd, self._address, self.capacity, filled)
 
     def offset_of(self, view) -> int | None:
         """Where ``view`` begins in the arena, if it is a (non-empty, writable) view of it. The

@@ -16,13 +16,18 @@ Not thread-safe: the store's lock guards every call. Nothing here blocks.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from hicachefs.store.ram.arena import Arena
-from hicachefs.store.errors import StoreFull
+from hicachefs.store.errors import StoreError, StoreFull
 from hicachefs.store.ram.eviction import LruPolicy
 from hicachefs.store.statistics import TierCounters
-from hicachefs.store.tier import PageMeta, ReadResult, TopTier
+from hicachefs.store.tier import PageMeta, ReadResult, RecoveryListener, RecoveryProgress, TopTier
+
+
+#: A start that fills the RAM tier within this says nothing of it (a small --memory).
+QUIET_FILL_S = 1.0
 
 
 class RamTier(TopTier):
@@ -51,6 +56,26 @@ class RamTier(TopTier):
 
     def byte_offset(self, location, name_length):
         return location  # a slot's offset is its page's first byte
+
+    def fill(self, progress: RecoveryListener | None = None) -> None:
+        """``TopTier.fill``; a fill done within ``QUIET_FILL_S`` tells ``progress`` nothing."""
+        total, started = self.arena.capacity, time.monotonic()
+        told = False
+
+        def filled(done: int) -> None:
+            nonlocal told
+            seconds = time.monotonic() - started
+            if progress is None or (not told and seconds < QUIET_FILL_S):
+                return
+            if not told:
+                progress(RecoveryProgress("fill", "", 0, 0, total, seconds, False))
+                told = True
+            progress(RecoveryProgress("fill", "", 0, done, total, seconds, done == total))
+
+        try:
+            self.arena.fill(filled)
+        except OSError as exc:
+            raise StoreError(f"cannot fill the RAM tier's {total:,} bytes of memory: {exc.strerror}") from exc
 
     def allocate(self, size: int) -> int | None:
         return self.arena.allocate(size)
