@@ -99,9 +99,9 @@ class PageStore:
 
     def __init__(self, config: StoreConfig, progress: RecoveryListener | None = None, *,
                  tiers: list[Tier] | None = None, disk_device=None, shared_device=None) -> None:
-        """``progress``: told how filling the RAM tier and rebuilding the persistent tiers' index go. ``tiers``: the
-        chain (RAM first); by default ``build_chain(config)``, given ``disk_device`` and
-        ``shared_device`` (tests pass FaultyDevices)."""
+        """``progress``: told how filling the RAM tier and rebuilding the persistent tiers'
+        index go. ``tiers``: the chain (RAM first); by default ``build_chain(config)``, given
+        ``disk_device`` and ``shared_device`` (tests pass FaultyDevices)."""
         self.config = config
         self._lock = threading.Lock()
         #: The shares of the RAM tier that what holds RAM may take (``budget``): the shared
