@@ -2,11 +2,11 @@
 side: the log, and the pipe to the ``hicachefs mount`` that started the daemon and waits for the
 mount meanwhile.
 
-``Reporter`` is the store's recovery listener. It logs that a fill or a scan starts (for a
-scan, why no snapshot served), its progress (the share done, the time left) every
-``LOG_EVERY_S``, and the outcome (a snapshot load is the outcome alone: one line, pages and
-seconds); and it writes the same texts to a pipe that ``hicachefs mount`` handed down (its
-number is the daemon's second argument), the progress every ``SEND_EVERY_S``. Each message is one JSON line,
+``Reporter`` is the store's recovery listener. It logs that a fill or a scan starts (for a scan,
+why no snapshot served), its progress (the share done, the time left) every ``LOG_EVERY_S``, and
+the outcome (a snapshot load is the outcome alone: one line, pages and seconds); and it writes
+the same texts to a pipe that ``hicachefs mount`` handed down (its number is the daemon's second
+argument), the progress every ``SEND_EVERY_S``. Each message is one JSON line,
 ``{"text": ..., "kind": "note" | "progress" | "done"}``; the command side
 (``cli/recovery_display.py``) shows them.
 
