@@ -168,10 +168,10 @@ class Attachment:
         """Per key of the directory: its row (``Found``; True instead when not ``rows``, for who
         asks only whether it is held); False when the index does not hold it and no other tier
         may; None when only the daemon can say (a table rebuilt meanwhile, a row being changed,
-        a tier other hosts write) or the key is no string. The table's ``table_gen`` is read once before the batch and
-        once after it: a miss counts only if the table did not change. ``prefix``: the keys after
-        the first one not held are not probed, and answered False (who asks how many keys from
-        the first are held needs no more)."""
+        a tier other hosts write) or the key is no string. The table's ``table_gen`` is read
+        once before the batch and once after it: a miss counts only if the table did not change.
+        ``prefix``: the keys after the first one not held are not probed, and answered False
+        (who asks how many keys from the first are held needs no more)."""
         places = self._places.get(dir_id)
         if places is None or len(places) > MAX_PLACES:
             places = self._places[dir_id] = {}
