@@ -78,13 +78,26 @@ def test_a_host_short_of_memory_fails_the_stores_start_with_a_clear_error(monkey
         PageStore(StoreConfig(memory_bytes=16 * MiB))
 
 
-def test_a_slow_fill_reports_its_start_its_steps_and_its_end_and_a_quick_one_nothing(monkeypatch):
+@pytest.fixture
+def ram_tiers():
+    """Makes RAM tiers of 8 MiB, and closes them (their arena's memory and liveness thread)."""
+    made = []
+
+    def make() -> RamTier:
+        made.append(RamTier(8 * MiB, 1 * MiB))
+        return made[-1]
+    yield make
+    for tier in made:
+        tier.close()
+
+
+def test_a_slow_fill_reports_its_start_its_steps_and_its_end_and_a_quick_one_nothing(ram_tiers, monkeypatch):
     quick, slow = [], []
-    RamTier(8 * MiB, 1 * MiB).fill(quick.append)
+    ram_tiers().fill(quick.append)
     assert quick == []
     monkeypatch.setattr(ram_tier, "QUIET_FILL_S", 0.0)
     monkeypatch.setattr(filling, "STEP", 2 * MiB)
-    tier = RamTier(8 * MiB, 1 * MiB)
+    tier = ram_tiers()
     tier.fill(slow.append)
     assert [(p.method, p.scanned_bytes, p.total_bytes, p.finished) for p in slow] == [
         ("fill", 0, 8 * MiB, False), ("fill", 2 * MiB, 8 * MiB, False), ("fill", 4 * MiB, 8 * MiB, False),
