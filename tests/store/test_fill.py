@@ -8,6 +8,7 @@ import ctypes
 import errno
 import mmap
 import os
+import threading
 
 import pytest
 
@@ -76,6 +77,27 @@ def test_a_host_short_of_memory_fails_the_stores_start_with_a_clear_error(monkey
     with pytest.raises(StoreError, match=r"cannot fill the RAM tier's 16,777,216 bytes of memory: "
                                          r"Cannot allocate memory"):
         PageStore(StoreConfig(memory_bytes=16 * MiB))
+
+
+def test_a_fill_thread_that_raises_fails_the_fill_instead_of_leaving_it_waiting(mapping, monkeypatch):
+    fd, address = mapping
+    monkeypatch.setattr(filling, "STEP", 1 * MiB)
+
+    def broken_madvise(address, length, advice):
+        raise ctypes.ArgumentError("a madvise that raises")
+    monkeypatch.setattr(filling, "_madvise", broken_madvise)
+    outcome = []
+
+    def run() -> None:
+        try:
+            filling.fill(fd, address, 9 * MiB, lambda done: None)
+        except Exception as raised:
+            outcome.append(raised)
+    waiter = threading.Thread(target=run, daemon=True)
+    waiter.start()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive(), "the fill waits for a thread that died"
+    assert [type(raised) for raised in outcome] == [ctypes.ArgumentError]
 
 
 @pytest.fixture

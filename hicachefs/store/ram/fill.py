@@ -39,7 +39,8 @@ def fill(fd: int, address: int, length: int, filled: Callable[[int], None]) -> N
     steps = queue.SimpleQueue()
     for start in range(0, length, STEP):
         steps.put(start)
-    outcomes: queue.SimpleQueue = queue.SimpleQueue()  # (bytes, errno) per step, 0: filled
+    # (bytes, errno, exception) per step; errno 0 and no exception: filled
+    outcomes: queue.SimpleQueue = queue.SimpleQueue()
     stop = threading.Event()
 
     def work() -> None:
@@ -49,8 +50,12 @@ def fill(fd: int, address: int, length: int, filled: Callable[[int], None]) -> N
             except queue.Empty:
                 return
             size = min(STEP, length - start)
-            failed = _madvise(address + start, size, _MADV_POPULATE_WRITE) != 0
-            outcomes.put((size, ctypes.get_errno() if failed else 0))
+            try:
+                failed = _madvise(address + start, size, _MADV_POPULATE_WRITE) != 0
+            except BaseException as raised:  # told to the waiting thread, which would wait forever
+                outcomes.put((size, 0, raised))
+                return
+            outcomes.put((size, ctypes.get_errno() if failed else 0, None))
 
     count = min(MAX_THREADS, len(os.sched_getaffinity(0)), -(-length // STEP))
     threads = [threading.Thread(target=work, name="hicachefs-fill", daemon=True) for _ in range(count)]
@@ -59,7 +64,9 @@ def fill(fd: int, address: int, length: int, filled: Callable[[int], None]) -> N
     done, error = 0, 0
     try:
         while done < length and not error:
-            size, error = outcomes.get()
+            size, error, raised = outcomes.get()
+            if raised is not None:
+                raise raised
             if not error:
                 done += size
                 filled(done)
