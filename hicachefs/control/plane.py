@@ -257,9 +257,13 @@ class PlaneHandle:
             self.store.abandon(draft)
             return -errno.EINVAL
         draft.mark_filled(checksum)
-        try:
-            if make_pools:
+        if make_pools:
+            try:
                 self.publisher.make_pool(path)
+            except (FsError, StoreError) as exc:
+                self.store.abandon(draft)  # published nowhere: its slot comes back
+                return -errno_of(exc)
+        try:
             published = self.publisher.publish_page(path, draft, bool(keep_existing))  # consumes the draft
         except (FsError, StoreError) as exc:
             return -errno_of(exc)

@@ -411,7 +411,8 @@ def test_a_writer_whose_batches_shrink_holds_no_more_slots_than_it_reserves_ahea
 
 def test_a_commit_makes_only_pools_of_good_names(mounted):
     """A raw commit with MAKE_POOLS: a good path gets its pool made, a path with a reserved name
-    or too few levels is refused and makes nothing."""
+    or too few levels is refused, makes nothing and gives its slot back."""
+    used = mounted.stats()["tiers"]["memory"]["used_bytes"]
     control = mounted.path / ".hicachefs"
     plane_fd = os.open(control / "plane", os.O_RDWR)
     arena = os.open(control / "arena", os.O_RDWR)
@@ -432,6 +433,7 @@ def test_a_commit_makes_only_pools_of_good_names(mounted):
     assert outcomes[0] == 0 and outcomes[1] == -errno.EINVAL and outcomes[2] < 0
     assert (mounted.path / "m/fmt/tp0of1/kv" / ("a" * 64)).read_bytes() == b"x" * 4096
     assert sorted(os.listdir(mounted.path / "m")) == ["fmt"] and os.listdir(mounted.path / "m/fmt") == ["tp0of1"]
+    assert mounted.stats()["tiers"]["memory"]["used_bytes"] == used + 4096  # the published page only
 
 
 def test_keys_that_are_no_strings_are_refused_by_existence_through_the_plane(mounted):
