@@ -415,19 +415,26 @@ class PageIO:
     # ---------------------------------------------------------------- other
 
     def remove_tree(self, rel_dir: str) -> bool:
-        """``rm -r`` of a directory below the root (evicts its pages). Missing is fine."""
+        """``rm -r`` of a directory below the root (evicts its pages). Missing is fine. The
+        plane's commits under way are waited for first: one answered after the ``rm -r`` would
+        bring its pool back with its pages."""
 
         def on_error(function, path, info):
             if not isinstance(info[1], FileNotFoundError):
                 raise info[1]
 
+        if self.plane is not None:
+            self.plane.settle()
         try:
             shutil.rmtree(self.path(rel_dir), onerror=on_error)
         except FileNotFoundError:
-            return True
+            pass
         except OSError as exc:
             self.failures.failure(error_kind(exc), f"cannot remove {rel_dir}: {exc.strerror or exc}")
             return False
+        finally:
+            if self.plane is not None:
+                self.plane.forget_pools(rel_dir)
         return True
 
     def close(self) -> None:

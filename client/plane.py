@@ -452,6 +452,14 @@ class Plane:
         """Wait until every commit sent behind its batch in this process has been answered."""
         self.commits.wait_all()
 
+    def forget_pools(self, rel_dir: str) -> None:
+        """The pools at and below ``rel_dir`` were removed: the next commit into one makes it
+        again, and is waited for as a new pool's first."""
+        below = rel_dir.rstrip("/") + "/"
+        for made in list(self._pools_made):  # (a copy: writer threads add to it meanwhile)
+            if made[1] == rel_dir or made[1].startswith(below):
+                self._pools_made.discard(made)
+
     def _slots(self, attachment: Attachment, handle: ControlHandle, size: int, count: int) -> List[int]:
         """``count`` reserved slots for pages of ``size`` bytes: the handle's ready ones first,
         the rest reserved now (-errno where the daemon had none)."""

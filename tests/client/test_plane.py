@@ -365,6 +365,27 @@ def test_a_new_pools_first_batch_makes_it_through_the_plane_and_so_does_a_batch_
     assert writer.statistics()["plane_writes"] == 2 * PAGES
 
 
+def test_a_clear_waits_for_commits_under_way_so_no_page_comes_back_after_it(mounted, monkeypatch):
+    pool = MHAHostPool(pages=2 * PAGES)
+    writer = make_fs(mounted.path, pool)
+    first = [key("cleared", i) for i in range(PAGES)]
+    assert writer.batch_set_v1(first, indices(pool, range(PAGES))) == [True] * PAGES  # makes the pool
+    send = Plane._commit_behind
+
+    def slow(plane, *args):  # a commit queued behind others on the client's sender threads
+        time.sleep(0.3)
+        return send(plane, *args)
+
+    monkeypatch.setattr(Plane, "_commit_behind", slow)
+    second = [key("cleared", i) for i in range(PAGES, 2 * PAGES)]
+    assert writer.batch_set_v1(second, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
+    assert writer.clear()
+    writer.settle()
+    assert not (mounted.path / writer._dir_of("kv")).exists()
+    reader = make_fs(mounted.path, MHAHostPool(pages=PAGES))
+    assert reader.batch_exists(first) == 0 and reader.batch_exists(second) == 0
+
+
 def test_pages_whose_daemon_dies_before_their_commit_are_counted_and_nothing_hangs(mount_factory, monkeypatch):
     mount = mount_factory("--memory", "256M")
     pool = MHAHostPool(pages=PAGES)
