@@ -465,6 +465,8 @@ class Plane:
         the rest reserved now (-errno where the daemon had none)."""
         state = self._state(attachment, handle)
         ready, state.ready = state.ready, []
+        if handle.fd < 0:  # closed since it reserved them: the daemon took them back
+            ready = []
         if ready and state.ready_size != size:  # for pages of another size: no use now
             self._request(attachment, handle, RELEASE, 0, len(ready), struct.pack(f"<{len(ready)}q", *ready), 0)
             ready = []
@@ -476,7 +478,9 @@ class Plane:
             return ready
         answer = self._request(attachment, handle, RESERVE, 0, missing, struct.pack(f"<{missing}I", *([size] * missing)),
                                8 * missing)
-        return ready + (list(struct.unpack(f"<{missing}q", answer)) if answer is not None else [-errno.EIO] * missing)
+        if answer is None:  # the handle was dropped, and the daemon took back the ready slots too
+            return [-errno.EIO] * count
+        return ready + list(struct.unpack(f"<{missing}q", answer))
 
     # ---------------------------------------------------------------- the plane file
 
@@ -522,7 +526,9 @@ class Plane:
                 if _header(answer) != expected:
                     raise OSError(errno.EPROTO, f"a plane answer does not fit its request ({answer[:24]!r})")
         except (OSError, struct.error) as exc:
-            self.handles.drop(handle)
+            self.handles.drop(handle)  # the daemon gives back what the handle held: no slot is ours now
+            if state is not None:
+                state.ready = []
             self.failures.failure(error_kind(exc), f"a data plane request failed: {exc}")
             return None
         self.counters.add(plane_requests=1)

@@ -18,6 +18,8 @@ import time
 import pytest
 import xxhash
 
+import hicachefs_client.plane as plane_module
+from hicachefs_client.page_io import PageIO
 from hicachefs_client.plane import MIN_AHEAD_BYTES, Plane
 from hicachefs_testing import mounting
 from hicachefs_testing.host_pools import MHAHostPool, page_bytes
@@ -384,6 +386,51 @@ def test_a_clear_waits_for_commits_under_way_so_no_page_comes_back_after_it(moun
     assert not (mounted.path / writer._dir_of("kv")).exists()
     reader = make_fs(mounted.path, MHAHostPool(pages=PAGES))
     assert reader.batch_exists(first) == 0 and reader.batch_exists(second) == 0
+
+
+def test_a_writer_whose_request_failed_copies_nothing_into_the_slots_the_daemon_took_back(mounted, monkeypatch):
+    """Writer 1's reservation fails (its write is cut short), so its handle is dropped and the
+    daemon takes back the slots it held ready; writer 2 gets them at once. Writer 1 must not
+    copy its pages into them: writer 2's pages read back as writer 2 wrote them."""
+    size, pool_dir = 128 << 10, "m/f/tp0of1/kv"
+    first, second, reader = PageIO(str(mounted.path)), PageIO(str(mounted.path)), PageIO(str(mounted.path))
+
+    def page(tag: int, i: int):
+        return [memoryview(bytearray(bytes([tag, i % 256]) * (size // 2)))]
+
+    ours = [f"{i:064x}" for i in range(80)]
+    theirs = [f"{i + 1000:064x}" for i in range(64)]
+    assert first.publish_pages(pool_dir, ours[:8], [page(1, i) for i in range(8)], size) == [True] * 8
+    handle = first.plane.handles._mine()[plane_module.PLANE_FILE]
+    assert handle.state.ready  # slots held ready for its next batch
+    send = plane_module._pwrite_all
+
+    def cut_short(fd, data):  # writer 1's next reservation is not taken whole
+        if fd == handle.fd and struct.unpack_from("<H", data, 4)[0] == plane_module.RESERVE:
+            monkeypatch.setattr(plane_module, "_pwrite_all", send)
+            return 0
+        return send(fd, data)
+
+    monkeypatch.setattr(plane_module, "_pwrite_all", cut_short)
+    drop = first.plane.handles.drop
+    others = []
+
+    def dropped(failed):  # the daemon takes the slots back; writer 2 publishes into them at once
+        drop(failed)
+        if not others:
+            others.append(second.publish_pages(pool_dir, theirs, [page(2, i) for i in range(64)], size))
+            second.plane.settle()
+
+    monkeypatch.setattr(first.plane.handles, "drop", dropped)
+    first.publish_pages(pool_dir, ours[8:], [page(1, i) for i in range(8, 80)], size)
+    first.plane.settle()
+    assert others == [[True] * 64]
+    buffers = [bytearray(size) for _ in theirs]
+    got = reader.plane.read_pages([f"{pool_dir}/{k}" for k in theirs], [[memoryview(b)] for b in buffers], size)
+    assert got == [True] * 64
+    assert [bytes(b) for b in buffers] == [bytes(page(2, i)[0]) for i in range(64)]
+    for client in (first, second, reader):
+        client.close()
 
 
 def test_pages_whose_daemon_dies_before_their_commit_are_counted_and_nothing_hangs(mount_factory, monkeypatch):
