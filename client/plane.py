@@ -71,6 +71,7 @@ DIR, RESERVE, COMMIT, REPORT, RELEASE, MAILBOX = 1, 2, 3, 4, 5, 6
 KEEP_EXISTING, IN_MAILBOX, MAKE_POOLS = 1, 2, 4
 PUBLISHED, KEPT = 0, 1
 _ENTRY = struct.Struct("<qQIH")
+_MAILBOX = struct.Struct("<q16s")  # the mailbox's offset (or -errno), the daemon's token
 #: Looks of a page that kept changing under its copies, before the daemon is asked instead.
 RETRIES = 3
 #: Attaching again after a failure at most this often (seconds).
@@ -465,8 +466,8 @@ class Plane:
         the rest reserved now (-errno where the daemon had none)."""
         state = self._state(attachment, handle)
         ready, state.ready = state.ready, []
-        if handle.fd < 0:  # closed since it reserved them: the daemon took them back
-            ready = []
+        if handle.fd < 0:  # dropped (the daemon took back what it held), or reaching another daemon
+            return [-errno.EIO] * count
         if ready and state.ready_size != size:  # for pages of another size: no use now
             self._request(attachment, handle, RELEASE, 0, len(ready), struct.pack(f"<{len(ready)}q", *ready), 0)
             ready = []
@@ -494,9 +495,16 @@ class Plane:
             state = handle.state
         if state is None or state.token != attachment.token:
             state = handle.state = _HandleState(attachment.token)
-            answer = self._request(attachment, handle, MAILBOX, 0, 0, b"", 8)
+            answer = self._request(attachment, handle, MAILBOX, 0, 0, b"", _MAILBOX.size)
             if answer is not None:
-                state.mailbox = struct.unpack("<q", answer)[0]
+                mailbox, token = _MAILBOX.unpack(answer)
+                if token == attachment.token:
+                    state.mailbox = mailbox
+                else:  # opened after a restart: slots there are not in the memory mapped here
+                    self.handles.drop(handle)
+                    self.failures.failure("ESTALE", "a data plane handle reached another daemon than the "
+                                          "one whose memory this client maps (it restarted); the pages go "
+                                          "the other way")
         return state
 
     def _request(self, attachment: Attachment, handle: ControlHandle, op: int, flags: int, count: int,

@@ -32,8 +32,10 @@ taken for a later one.
   read it; at most ``MAX_REPORT``), counted as hits; answer ``<I``, how many still stood for
   their page.
 - ``RELEASE``: body ``count`` slot offsets (``<q``) given back; empty answer.
-- ``MAILBOX``: a mailbox for this handle (``MAILBOX_BYTES``); answer ``<q``, its offset in the
-  arena, or ``-errno``.
+- ``MAILBOX``: a mailbox for this handle (``MAILBOX_BYTES``); answer ``<q16s``: its offset in
+  the arena, or ``-errno``, and the store's token (as the shared index's header holds it), by
+  which a client knows that a handle it opened by path reaches the daemon whose memory it maps
+  (a handle opened just after a restart reaches the next daemon).
 
 The rules of page files hold: a reservation stays its handle's until committed or released, and
 the daemon never gives its slot to anyone else; closing the handle frees what was not committed,
@@ -71,6 +73,7 @@ _ENTRY = struct.Struct("<qQIH")
 _SIZE = struct.Struct("<I")
 _READ = struct.Struct("<IQ")
 _OFFSET = struct.Struct("<q")
+_MAILBOX = struct.Struct("<q16s")
 #: Reads one report may hold (about 2 ms of the daemon's time to count).
 MAX_REPORT = 4096
 #: The largest request: a commit of 4,096 pages of the longest path, with as many sizes ahead.
@@ -175,7 +178,7 @@ class PlaneHandle:
                     self._give_back(draft)
             return b""
         if op == MAILBOX:
-            return _OFFSET.pack(self._open_mailbox())
+            return _MAILBOX.pack(self._open_mailbox(), self.store.plane_token)
         raise FsError(errno.EINVAL, f"no plane operation {op}")
 
     def _open_mailbox(self) -> int:

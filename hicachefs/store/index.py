@@ -245,6 +245,10 @@ class PageIndex:
         old.moved()
         old.release()
 
+    @property
+    def described(self) -> Described:
+        return self._described
+
     def describe(self, described: Described) -> None:
         """What the shared index says of the files its rows point into (``index_memory``)."""
         self._described = described

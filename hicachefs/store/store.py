@@ -358,6 +358,12 @@ class PageStore:
         the plane does not read)."""
         return self._tiers[1].shared_fd() if len(self._tiers) > 1 else None
 
+    @property
+    def plane_token(self) -> bytes:
+        """This store's token, as its shared index's header holds it: a data-plane client checks
+        that a handle it opened through the mount reaches the store whose memory it maps."""
+        return self._index.described.token
+
     def plane_dir(self, directory: str) -> int:
         """The number the data plane's clients hash ``directory``'s keys with (``PageIndex.dir_id``)."""
         with self._lock:

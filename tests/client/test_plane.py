@@ -269,6 +269,24 @@ def test_the_moment_its_daemon_is_killed_a_client_serves_nothing_from_the_memory
     client.close()
 
 
+def test_a_handle_that_reaches_the_next_daemon_is_not_used_with_the_last_ones_memory(mount_factory, monkeypatch):
+    """A call checks its attachment, then the daemon restarts before the call opens its handle
+    on the plane file (by path: the next daemon's). Slots reserved there must not be filled
+    through the old daemon's arena: the page the call stores reads back as written."""
+    mount = mount_factory("--memory", "64M")
+    io = PageIO(str(mount.path))
+    attachment = io.plane.attached()
+    mounting.stop(mount)
+    mount_factory("--memory", "64M", path=mount.path)
+    monkeypatch.setattr(io.plane, "attached", lambda: attachment)  # its check passed just before
+    size, page = 64 << 10, b"\x5a" * (64 << 10)
+    assert io.publish_pages("m/f/tp0of1/kv", ["a" * 64], [[memoryview(page)]], size) == [True]
+    assert (mount.path / "m/f/tp0of1/kv" / ("a" * 64)).read_bytes() == page
+    assert io.failures.counts().get("ESTALE", 0) >= 1
+    monkeypatch.undo()
+    io.close()
+
+
 def test_a_write_returns_before_its_commit_and_this_process_sees_its_pages_at_once(mounted, monkeypatch):
     pool = MHAHostPool(pages=2 * PAGES)
     writer = make_fs(mounted.path, pool)
