@@ -217,8 +217,11 @@ class Attachment:
         return self._misses_checked(found, table_gen) if absent is False else found
 
     def _misses_checked(self, found: List[Found | bool | None], table_gen: int) -> List[Found | bool | None]:
-        """``found``, with its misses made unsure (None) if the table was rebuilt meanwhile."""
-        if _GEN.unpack_from(self._map, _TABLE_GEN_AT)[0] != table_gen:
+        """``found``, with its misses made unsure (None) if the table was rebuilt meanwhile, or
+        this memory is no longer the index's (it moved as the index grew: pages added since are
+        not in it)."""
+        m = self._map
+        if _GEN.unpack_from(m, _TABLE_GEN_AT)[0] != table_gen or _GEN.unpack_from(m, _STATE_AT)[0] != LIVE:
             return [None if f is False else f for f in found]
         return found
 

@@ -126,6 +126,8 @@ def test_an_index_that_grows_sends_readers_to_its_new_memory(store, tmp_path):
     for i in range(3000):  # past the index's first capacity
         store.put(f"{DIRECTORY}/{i:064x}", content(i, 64))
     assert not attachment.live
+    # The moved memory no longer learns of new pages: what it lacks is unsure, not a miss.
+    assert attachment.locate(store.plane_dir(DIRECTORY), [f"{2999:064x}"], rows=False) == [None]
     again = attach(store, tmp_path / "root")
     assert again.live and read(again, store, f"{2999:064x}", 64)[1] == content(2999, 64)
 
