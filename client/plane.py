@@ -60,7 +60,7 @@ from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
 from .plane_arena import ArenaMapping
 from .plane_commits import CommitsUnderWay
 from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, page_checksum
-from .plane_reports import Read, Reports
+from .plane_reports import Noted, Read, Reports
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class Plane:
         results = [self._read_one(attachment, rel, found, page, size, read, alone)
                    for rel, found, page in zip(rels, self._locate(attachment, rels), buffers)]
         if read:
-            self.reports.note(read)
+            self.reports.note(attachment.token, read)
         return results
 
     def _read_one(self, attachment: Attachment, rel: str, found, buffers: Sequence[memoryview],
@@ -542,16 +542,18 @@ class Plane:
         self.counters.add(plane_requests=1)
         return answer[_REQUEST.size :]
 
-    def report(self, reads: List[Read]) -> None:
+    def report(self, reads: List[Noted]) -> None:
         """Tell the daemon of reads made through the plane (``Reports``' thread); reads of a
         daemon that is gone are let go."""
         attachment = self._attachment
         if attachment is None:
             return
+        body = b"".join(struct.pack("<IQ", row, gen) for token, row, gen in reads if token == attachment.token)
+        if not body:
+            return
         with self.handles.using(PLANE_FILE) as handle:
             if handle is not None:
-                body = b"".join(struct.pack("<IQ", row, gen) for row, gen in reads)
-                self._request(attachment, handle, REPORT, 0, len(reads), body, 4)
+                self._request(attachment, handle, REPORT, 0, len(body) // 12, body, 4)
 
     def close(self) -> None:
         self.settle()

@@ -11,6 +11,7 @@ import threading
 from typing import List, Optional, Protocol, Tuple
 
 Read = Tuple[int, int]  # a read as reported: the index row and its gen
+Noted = Tuple[bytes, int, int]  # a read as noted: the token of the daemon it was read from, row, gen
 #: Reads are reported this often (seconds), or at this many.
 REPORT_INTERVAL_S = 0.5
 MAX_REPORT = 4096
@@ -19,7 +20,7 @@ MAX_REPORT = 4096
 class Reporter(Protocol):
     """What the reports go to: the plane."""
 
-    def report(self, reads: List[Read]) -> None: ...
+    def report(self, reads: List[Noted]) -> None: ...
 
     def let_go_if_gone(self) -> bool: ...
 
@@ -33,13 +34,15 @@ class Reports:
         self.plane = plane
         self._lock = threading.Lock()
         self._due = threading.Condition(self._lock)
-        self._reads: List[Read] = []
+        self._reads: List[Noted] = []
         self._thread: Optional[threading.Thread] = None
 
-    def note(self, reads: List[Read]) -> None:
-        """A batch's reads, to be reported."""
+    def note(self, token: bytes, reads: List[Read]) -> None:
+        """A batch's reads from the daemon of ``token``, to be reported (to that daemon only:
+        the next one numbers its rows afresh)."""
+        noted = [(token, row, gen) for row, gen in reads]
         with self._lock:
-            self._reads += reads
+            self._reads += noted
             if len(self._reads) >= MAX_REPORT:
                 self._due.notify()
 

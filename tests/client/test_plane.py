@@ -19,6 +19,7 @@ import pytest
 import xxhash
 
 import hicachefs_client.plane as plane_module
+import hicachefs_client.plane_reports as plane_reports
 from hicachefs_client.page_io import PageIO
 from hicachefs_client.plane import MIN_AHEAD_BYTES, Plane
 from hicachefs_testing import mounting
@@ -285,6 +286,28 @@ def test_a_handle_that_reaches_the_next_daemon_is_not_used_with_the_last_ones_me
     assert io.failures.counts().get("ESTALE", 0) >= 1
     monkeypatch.undo()
     io.close()
+
+
+def test_reads_made_at_a_daemon_are_never_counted_by_the_next_one(mount_factory, monkeypatch):
+    """Reads are reported as index rows, which the next daemon numbers afresh: reads still
+    unreported when the daemon restarts must not count as hits of the next daemon's pages."""
+    monkeypatch.setattr(plane_reports, "REPORT_INTERVAL_S", 60.0)  # the reads stay unreported
+    mount = mount_factory("--memory", "64M")
+    pool = MHAHostPool(pages=2 * PAGES)
+    client = make_fs(mount.path, pool)
+    keys = [key("before", i) for i in range(PAGES)]
+    assert client.batch_set_v1(keys, indices(pool, range(PAGES))) == [True] * PAGES
+    client.settle()
+    assert client.batch_get_v1(keys, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
+    mounting.kill(mount)
+    mount_factory("--memory", "64M", path=mount.path)
+    writer = make_fs(mount.path, MHAHostPool(pages=PAGES))
+    others = [key("after", i) for i in range(PAGES)]  # in the rows the first daemon's pages had
+    assert writer.batch_set_v1(others, indices(writer.mem_pool_host, range(PAGES))) == [True] * PAGES
+    writer.close()
+    wait_until(lambda: client.batch_exists(others) == PAGES)  # attached to the next daemon
+    client.close()  # sends what it had not reported
+    assert mount.stats()["hits"] == 0
 
 
 def test_a_write_returns_before_its_commit_and_this_process_sees_its_pages_at_once(mounted, monkeypatch):
