@@ -387,14 +387,18 @@ class Plane:
         if placed and self.commit_behind and not first:
             sender = self._sender()
             if sender is not None:
-                self.commits.add(placed_rels)
-                for j in placed:
-                    results[where[j]] = True
                 state = self._state(attachment, handle)
-                state.behind = sender.submit(self._commit_behind, attachment, handle, state, placed_rels,
-                                             body, ahead, size)
-                state.sent = next(self._sent)
-                return
+                self.commits.add(placed_rels)
+                try:
+                    state.behind = sender.submit(self._commit_behind, attachment, handle, state, placed_rels,
+                                                 body, ahead, size)
+                except RuntimeError:  # the senders were shut down meanwhile (close, exit): sent here
+                    self.commits.done(placed_rels)
+                else:
+                    for j in placed:
+                        results[where[j]] = True
+                    state.sent = next(self._sent)
+                    return
         outcomes = self._commit(attachment, handle, self._state(attachment, handle), placed_rels, body, ahead, size)
         if PUBLISHED in outcomes or KEPT in outcomes:
             self._pools_made.add((attachment.token, rel_dir))

@@ -474,6 +474,26 @@ def test_a_writer_whose_request_failed_copies_nothing_into_the_slots_the_daemon_
         client.close()
 
 
+def test_a_batch_whose_commit_cannot_be_sent_behind_is_committed_by_the_call(mounted):
+    """The client's sender threads shut down (by a close on another thread, or at exit) just
+    before a batch's commit is handed to them: the call commits it itself, nothing waits for
+    a commit that never comes."""
+    pool = MHAHostPool(pages=2 * PAGES)
+    writer = make_fs(mounted.path, pool)
+    first = [key("no sender", i) for i in range(PAGES)]
+    assert writer.batch_set_v1(first, indices(pool, range(PAGES))) == [True] * PAGES  # makes the pool
+    writer.io.plane._sender().shutdown(wait=True)
+    second = [key("no sender", i) for i in range(PAGES, 2 * PAGES)]
+    assert writer.batch_set_v1(second, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
+    settled = threading.Thread(target=writer.settle, daemon=True)
+    settled.start()
+    settled.join(5)
+    assert not settled.is_alive()
+    reader = make_fs(mounted.path, MHAHostPool(pages=PAGES))
+    assert reader.batch_exists(second) == PAGES
+    writer.close()
+
+
 def test_pages_whose_daemon_dies_before_their_commit_are_counted_and_nothing_hangs(mount_factory, monkeypatch):
     mount = mount_factory("--memory", "256M")
     pool = MHAHostPool(pages=PAGES)
