@@ -31,6 +31,7 @@ import time
 import weakref
 from typing import Dict, Iterator, Optional
 
+from . import forks
 from .accounting import FailureLog, error_kind
 
 CONTROL_DIR = ".hicachefs"
@@ -91,6 +92,17 @@ class ControlHandles:
         self._has_other_names = True  # until a daemon without them is seen
         # Once a daemon has been seen here, a root without .hicachefs/ is a bare mountpoint.
         self.seen_daemon = os.path.isdir(os.path.join(root, CONTROL_DIR))
+        forks.renew_in_child(self)
+
+    def forked(self) -> None:
+        """In a forked child: the parent's handles are its own (the same open files at the
+        daemon, with their reservations); the child opens its own."""
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        for handle in list(self._all):
+            handle.lock = threading.Lock()
+            handle.close()  # the child's copy of the descriptor
+        self._all = weakref.WeakSet()
 
     @contextlib.contextmanager
     def using(self, name: str, second: bool = False) -> Iterator[Optional[ControlHandle]]:

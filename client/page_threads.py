@@ -7,9 +7,10 @@ Thread-safe: any number of callers share the helper threads; each waits only for
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
 from typing import Callable, List, Optional
+
+from . import forks
 
 
 class _Batch:
@@ -63,7 +64,11 @@ class PageThreads:
         self.threads = threads
         self._lock = threading.Lock()
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._pid = os.getpid()
+        forks.renew_in_child(self)
+
+    def forked(self) -> None:
+        """In a forked child: the helper threads stayed behind."""
+        self._lock, self._executor = threading.Lock(), None
 
     def run(self, work: Callable[[int], bool], count: int) -> List[bool]:
         """``[work(0), ..., work(count - 1)]``, computed concurrently; a page whose ``work``
@@ -88,8 +93,6 @@ class PageThreads:
         return batch.results
 
     def _helpers(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pid != os.getpid():  # a forked child: the helper threads stayed behind
-            self._lock, self._executor, self._pid = threading.Lock(), None, os.getpid()
         with self._lock:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(

@@ -55,6 +55,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from . import forks
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
 from .plane_arena import ArenaMapping
@@ -122,7 +123,7 @@ class Plane:
         self.commits = CommitsUnderWay.of(root)
         self._pools_made: set = set()  # (daemon token, directory) a commit of this client's published into
         self._senders: Optional[ThreadPoolExecutor] = None
-        self._senders_pid = 0
+        self._closed = False
         self._sent = itertools.count(1)  # commits sent behind, in order
         self.handles = ControlHandles(root, failures)
         self._lock = threading.Lock()
@@ -132,6 +133,12 @@ class Plane:
         self._dirs: Dict[Tuple[bytes, str], int] = {}
         self._told: set = set()  # reasons for no plane, logged once
         self.reports = Reports(self)
+        forks.renew_in_child(self)
+
+    def forked(self) -> None:
+        """In a forked child: the sender threads stayed behind, and so may have a holder of the lock."""
+        self._lock = threading.Lock()
+        self._senders = None
 
     # ---------------------------------------------------------------- attaching
 
@@ -445,12 +452,11 @@ class Plane:
             self.commits.done(rels)
 
     def _sender(self) -> Optional[ThreadPoolExecutor]:
-        """The threads that send commits behind (made anew in a forked child, which has none);
-        None once closed."""
+        """The threads that send commits behind (made at first use, and anew in a forked
+        child); None once closed."""
         with self._lock:
-            if self._senders_pid != os.getpid():
+            if self._senders is None and not self._closed:
                 self._senders = ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="hicachefs-commit")
-                self._senders_pid = os.getpid()
             return self._senders
 
     def settle(self) -> None:
@@ -564,12 +570,12 @@ class Plane:
         self.reports.send_now()
         self.handles.close()
         with self._lock:
-            senders, self._senders = self._senders, None
+            senders, self._senders, self._closed = self._senders, None, True
             self._attachment = None
             arena_map, self._arena_map = self._arena_map, None
         if arena_map is not None:
             arena_map.stop()
-        if senders is not None and self._senders_pid == os.getpid():
+        if senders is not None:
             senders.shutdown(wait=True)
 
 

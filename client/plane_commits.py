@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Dict, Sequence
 
+from . import forks
+
 
 class CommitsUnderWay:
     """The pages whose commits are under way in this process, per mount: every client of the
@@ -26,6 +28,11 @@ class CommitsUnderWay:
     def __init__(self) -> None:
         self._count: Dict[str, int] = {}  # page path -> commits of it under way
         self._changed = threading.Condition()
+        forks.renew_in_child(self)
+
+    def forked(self) -> None:
+        """In a forked child: the commits under way are the parent's threads', which it lacks."""
+        self._count, self._changed = {}, threading.Condition()
 
     def add(self, rels: Sequence[str]) -> None:
         with self._changed:

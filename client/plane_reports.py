@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from typing import List, Optional, Protocol, Tuple
 
+from . import forks
+
 Read = Tuple[int, int]  # a read as reported: the index row and its gen
 Noted = Tuple[bytes, int, int]  # a read as noted: the token of the daemon it was read from, row, gen
 #: Reads are reported this often (seconds), or at this many.
@@ -36,6 +38,13 @@ class Reports:
         self._due = threading.Condition(self._lock)
         self._reads: List[Noted] = []
         self._thread: Optional[threading.Thread] = None
+        forks.renew_in_child(self)
+
+    def forked(self) -> None:
+        """In a forked child: the reads noted are the parent's to report, its thread stayed behind."""
+        self._lock = threading.Lock()
+        self._due = threading.Condition(self._lock)
+        self._reads, self._thread = [], None
 
     def note(self, token: bytes, reads: List[Read]) -> None:
         """A batch's reads from the daemon of ``token``, to be reported (to that daemon only:

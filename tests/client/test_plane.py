@@ -494,6 +494,42 @@ def test_a_batch_whose_commit_cannot_be_sent_behind_is_committed_by_the_call(mou
     writer.close()
 
 
+def test_a_forked_child_and_its_parent_write_into_slots_of_their_own(mounted):
+    """A child forked from a writer inherits its handle on the plane file, with the slots held
+    ready for its next batch: both then write a batch, and each page reads back as its writer
+    wrote it."""
+    size, pool_dir = 64 << 10, "m/f/tp0of1/kv"
+    io = PageIO(str(mounted.path))
+    assert io.publish_pages(pool_dir, ["0" * 64], [[memoryview(b"\x01" * size)]], size) == [True]
+    io.plane.settle()
+    child_keys, parent_keys = [f"c{i:063x}" for i in range(4)], [f"p{i:063x}" for i in range(4)]
+    child = os.fork()
+    if child == 0:
+        try:
+            ok = io.publish_pages(pool_dir, child_keys, [[memoryview(b"\xcc" * size)]] * 4, size)
+            io.plane.settle()
+            os._exit(0 if ok == [True] * 4 else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 20
+    while os.waitpid(child, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            pytest.fail("the forked child did not finish its batch")
+        time.sleep(0.05)
+    assert io.publish_pages(pool_dir, parent_keys, [[memoryview(b"\xaa" * size)]] * 4, size) == [True] * 4
+    io.plane.settle()
+    reader = PageIO(str(mounted.path))
+    buffers = [bytearray(size) for _ in range(8)]
+    got = reader.plane.read_pages([f"{pool_dir}/{k}" for k in child_keys + parent_keys],
+                                  [[memoryview(b)] for b in buffers], size)
+    assert got == [True] * 8
+    assert [bytes(b) for b in buffers] == [b"\xcc" * size] * 4 + [b"\xaa" * size] * 4
+    reader.close()
+    io.close()
+
+
 def test_pages_whose_daemon_dies_before_their_commit_are_counted_and_nothing_hangs(mount_factory, monkeypatch):
     mount = mount_factory("--memory", "256M")
     pool = MHAHostPool(pages=PAGES)
