@@ -101,7 +101,9 @@ class ArenaMapping:
         ``MIN_MAPPED_PIECE`` or more on average, else with one ``pwritev`` (a write through the
         mapping before would fault on every 4 KiB). ``alone`` as for ``read``."""
         if self.mapped_ahead and size >= MIN_MAPPED_PIECE * len(buffers):
-            done = write_from(self.view, self.address, buffers, offset, alone)
+            done = write_from(self.view[: offset + size], self.address, buffers, offset, alone)  # not past the slot
+        elif sum(map(len, buffers)) > size:
+            raise OSError(errno.EINVAL, f"a page of more bytes than its slot's {size}")
         else:
             done = write_into(self.fd, buffers, offset)
         if done != size:

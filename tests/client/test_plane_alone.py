@@ -18,6 +18,7 @@ from hicachefs.store.shared.layout import Layout, place
 from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs_testing.workload import content
 from pages import wait_until
+from hicachefs_client.plane_arena import ArenaMapping
 from hicachefs_client.plane_index import Attachment
 
 DIRECTORY = "m/f/tp0of1/kv"
@@ -221,3 +222,22 @@ def test_a_ram_page_scribbled_on_is_never_written_to_the_shared_tier(tmp_path):
         assert not os.path.exists(on_the_volume.page_path(place(name)))
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["through the mapping", "with pwritev"])
+def test_a_page_given_more_bytes_than_its_slot_never_writes_into_the_next_one(mapped):
+    """A caller's buffers that hold more than the page's size (a bug of the caller's) must not
+    spill into the slot after its own, which another page may hold."""
+    size, arena_bytes = 64 << 10, 1 << 20
+    fd = os.memfd_create("arena-test")
+    os.ftruncate(fd, arena_bytes)
+    os.pwrite(fd, (1234).to_bytes(4, "little"), arena_bytes - 4096 + 8)  # a live daemon's word
+    arena = ArenaMapping(fd, arena_bytes, bytes(16), (0, 0))
+    arena.mapped_ahead = mapped
+    arena.write(size, [memoryview(b"\xbb" * size)], size)  # the next slot's page
+    try:
+        arena.write(0, [memoryview(b"\xaa" * (size + 4096))], size)
+    except OSError:
+        pass  # refused: as good
+    assert os.pread(fd, size, size) == b"\xbb" * size
+    arena.stop()
