@@ -376,10 +376,16 @@ class Plane:
                 copied[j] = _ENTRY.pack(slots[j], page_checksum(buffers[j]), size, len(path)) + path
             return True
 
-        if runs > 1:
-            spread(copy, runs)
-        else:
-            copy(0)
+        try:
+            if runs > 1:
+                spread(copy, runs)
+            else:
+                copy(0)
+        except BaseException:  # (what a page's copy raises but OSError): its slots go back
+            held = [offset for offset in slots if offset >= 0]
+            if held:
+                self._request(attachment, handle, RELEASE, 0, len(held), struct.pack(f"<{len(held)}q", *held), 0)
+            raise
         placed = [j for j, entry in enumerate(copied) if entry is not None]
         entries = [copied[j] for j in placed]
         unused = [offset for offset, entry in zip(slots, copied) if offset >= 0 and entry is None]

@@ -530,6 +530,18 @@ def test_a_forked_child_and_its_parent_write_into_slots_of_their_own(mounted):
     io.close()
 
 
+def test_a_batch_whose_copy_raises_gives_its_slots_back(mounted):
+    size, pool_dir = 64 << 10, "m/f/tp0of1/kv"
+    io = PageIO(str(mounted.path))
+    assert io.publish_pages(pool_dir, ["0" * 64], [[memoryview(b"\x01" * size)]], size) == [True]
+    io.plane.settle()
+    used = mounted.stats()["tiers"]["memory"]["used_bytes"]  # the page, its mailbox, slots held ready
+    with pytest.raises(TypeError):
+        io.publish_pages(pool_dir, ["a" * 64, "b" * 64], [[memoryview(b"\x02" * size)], [None]], size)
+    assert mounted.stats()["tiers"]["memory"]["used_bytes"] == used - 2 * size  # the batch's two slots came back
+    io.close()
+
+
 def test_pages_whose_daemon_dies_before_their_commit_are_counted_and_nothing_hangs(mount_factory, monkeypatch):
     mount = mount_factory("--memory", "256M")
     pool = MHAHostPool(pages=PAGES)
