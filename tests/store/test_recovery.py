@@ -176,6 +176,42 @@ def test_a_flipped_header_byte_loses_pages_but_serves_no_wrong_bytes(tmp_path, c
         store.close()
 
 
+def test_a_damaged_header_never_brings_back_an_older_version_after_the_next_crash(tmp_path):
+    """The first header of the newest region is damaged: the scan skips that region. The page
+    republished in the next session, and crashed again, must read as republished, not as the
+    version lying in the skipped region."""
+    config = StoreConfig(memory_bytes=64 * MiB, disk_dir=tmp_path, disk_bytes=8 * MiB + 4096,
+                         max_page_size=2 * MiB, write_through=True)
+    size = 100 * KiB
+
+    def first(store: PageStore) -> None:
+        for i in range(25):
+            store.put(page_name(i), content(i, size))
+
+    crash_after(config, first)
+    region_bytes = 1 * MiB  # (8 MiB of disk in 8 regions)
+    with open(tmp_path / ARENA_NAME, "r+b") as arena:  # the magic of region 2's first record
+        arena.seek(4096 + 2 * region_bytes)
+        byte = arena.read(1)
+        arena.seek(4096 + 2 * region_bytes)
+        arena.write(bytes([byte[0] ^ 0xFF]))
+
+    def second(store: PageStore) -> None:
+        store.put(page_name(22), content(1022, size))
+        assert read_all(store, page_name(22)) == content(1022, size)
+
+    crash_after(config, second)
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "scan"
+        assert read_all(store, page_name(22)) == content(1022, size)
+        for i in range(25):
+            if store.info(page_name(i)) is not None and i != 22:
+                assert read_all(store, page_name(i)) == content(i, size)
+    finally:
+        store.close()
+
+
 def test_arena_of_another_size_is_reinitialised(tmp_path):
     config = _write_and_close(tmp_path, {"d/a": b"abc"})
     bigger = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=48 * MiB)

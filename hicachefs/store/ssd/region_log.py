@@ -264,6 +264,10 @@ class RegionLog:
             if progress is not None:
                 progress(done, total, found)
         view.release()
+        # Past a damaged header the walk stops, and the records beyond it may carry any sequence
+        # number up to as many above the last one walked as the arena holds: new records start
+        # above them all, so that no later scan takes one of them for newer than what replaced it.
+        self.next_seq += self.regions * (self.region_bytes // HEADER.size)
 
     def _parse(self, header, prev_seq: int):
         """(magic, name_len, size, seq, checksum, mtime) if ``header`` can start a record after
