@@ -767,12 +767,16 @@ class PageStore:
             self._ram.unpin(slot)
 
     def _write_down_for_restart(self) -> None:
-        budget = self._tiers[1].retention_bytes()
+        below = self._tiers[1]
+        budget = below.retention_bytes()
         rows = [r for r in self._ram.oldest_first() if self._index.top_tier(r) == RAM
                 and not (self._index.loc[r, 1:] >= 0).any()]
         keep = []
         for row in reversed(rows):
-            budget -= int(self._index.size[row]) + 4096
+            size = int(self._index.size[row])
+            if not below.fits(self._index.name(row).encode(), size):
+                continue  # a page the disk tier cannot hold stays behind; the others go down
+            budget -= size + 4096
             if budget < 0:
                 break
             keep.append(row)
