@@ -12,7 +12,7 @@ import threading
 
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
-from store_helpers import KiB, MiB, page_name, read_all
+from store_helpers import KiB, MiB, crash_after, page_name, read_all
 
 from hicachefs.store import DeviceError, PageCorrupt, PageStore, StoreConfig
 from hicachefs.store.ssd.device import FileDevice
@@ -165,3 +165,36 @@ def test_a_slow_disk_read_does_not_hold_up_ram_pages(faulty_store):
     assert not disk_read.timed_out, "the RAM reads waited for the stalled disk read"
     assert slow_read == [written[on_disk]]
     assert_consistent(store, written)
+
+
+@pytest.mark.parametrize("failing", ["pread", "preadv"], ids=["its first header", "the region"])
+def test_a_block_the_scan_cannot_read_loses_its_region_not_the_start(tmp_path, failing, caplog):
+    """After a crash the start scans the disk arena; a bad block at the start of one region
+    (region 1 of 8, 1 MiB each) loses that region's pages, and the store starts with the
+    others, each intact."""
+    disk = tmp_path / "disk"
+    config = StoreConfig(memory_bytes=16 * MiB, disk_dir=disk, disk_bytes=8 * MiB + 4096,
+                         max_page_size=1 * MiB, write_through=True)
+    pages = {page_name(i): content(i, 100 * KiB) for i in range(20)}
+    crash_after(config, lambda store: [store.put(name, data) for name, data in pages.items()])
+    bad_block = 4096 + 1 * MiB
+
+    class BadBlock(FileDevice):
+        def pread(self, size, offset):
+            if failing == "pread" and offset == bad_block:
+                raise OSError(errno.EIO, "a bad block")
+            return super().pread(size, offset)
+
+        def preadv(self, buffers, offset):
+            if failing == "preadv" and offset == bad_block:
+                raise OSError(errno.EIO, "a bad block")
+            return super().preadv(buffers, offset)
+
+    store = PageStore(config, disk_device=BadBlock(disk / ARENA_NAME))
+    try:
+        held = [name for name in pages if store.info(name) is not None]
+        assert 0 < len(held) < len(pages)
+        assert all(read_all(store, name) == pages[name] for name in held)
+        assert "region 1 of" in caplog.text and "cannot be read" in caplog.text
+    finally:
+        store.close()

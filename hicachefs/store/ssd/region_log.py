@@ -37,6 +37,7 @@ everything it reads, so a race with a reclaim shows as a mismatch, never as fore
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import struct
 from collections.abc import Callable, Iterator
@@ -49,6 +50,8 @@ from hicachefs.store.ssd.device import ArenaRefused, FileDevice
 from hicachefs.store.errors import StoreError
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.tier import ReadResult
+
+log = logging.getLogger(__name__)
 
 _SUPER = struct.Struct("<8sIIQQQ")  # magic, version, reserved, file bytes, region bytes, file id
 _SUPER_MAGIC = b"HICACHE\x01"
@@ -225,7 +228,11 @@ class RegionLog:
         ``progress(scanned_bytes, total_bytes, records_found)`` after each region."""
         firsts = []
         for region in range(self.regions):
-            header = self.device.pread(HEADER.size, self.region_start(region))
+            try:
+                header = self.device.pread(HEADER.size, self.region_start(region))
+            except OSError as exc:
+                self._unreadable(region, exc)
+                continue
             first = self._parse(header, -1)
             if first is not None:
                 firsts.append((first[3], region))
@@ -235,7 +242,11 @@ class RegionLog:
         view = memoryview(buf)
         for _, region in firsts:
             start = self.region_start(region)
-            got = self.device.preadv([buf], start)
+            try:
+                got = self.device.preadv([buf], start)
+            except OSError as exc:
+                self._unreadable(region, exc)
+                got = 0  # written over in its turn, as a region whose first header is damaged
             pos, seq = 0, 0
             while pos + HEADER.size <= got:
                 parsed = self._parse(view[pos : pos + HEADER.size], seq)
@@ -268,6 +279,11 @@ class RegionLog:
         # number up to as many above the last one walked as the arena holds: new records start
         # above them all, so that no later scan takes one of them for newer than what replaced it.
         self.next_seq += self.regions * (self.region_bytes // HEADER.size)
+
+    def _unreadable(self, region: int, exc: OSError) -> None:
+        """A region the scan cannot read (a bad block): its pages are lost, not the start."""
+        log.warning("region %d of %s cannot be read (%s): its pages are lost", region, self.path,
+                    exc.strerror or exc)
 
     def _parse(self, header, prev_seq: int):
         """(magic, name_len, size, seq, checksum, mtime) if ``header`` can start a record after
