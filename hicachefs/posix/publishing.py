@@ -160,7 +160,11 @@ class Publishing:
         if pending.failed:
             raise FsError(errno.EIO, "a write to this file failed; it is never published")
         draft = pending.filled_draft()
-        info = self.store.publish(draft, directory.page_name(key), pending.mtime_ns)
+        try:
+            info = self.store.publish(draft, directory.page_name(key), pending.mtime_ns)
+        except Exception as exc:  # the store gave the draft back: the file's bytes are gone
+            pending.failure = FsError(errno.EIO, f"publishing this file failed ({exc}); its bytes are gone")
+            raise
         directory.last_page_size = draft.size
         pending.directory.pending.pop(pending.name, None)
         pending.gone = True

@@ -10,8 +10,11 @@ import pytest
 
 from hicachefs.posix.errors import FsError
 from hicachefs.posix.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE
-from hicachefs.store import NeedsIO
-from namespace_alone import alone, settled
+from hicachefs.store import DeviceError, NeedsIO, PageStore, StoreConfig
+from hicachefs.store.ssd.device import FileDevice
+from hicachefs.store.ssd.ssd_tier import ARENA_NAME
+from hicachefs_testing.faults import Fault, FaultyDevice
+from namespace_alone import Alone, alone, settled
 
 
 @pytest.fixture
@@ -59,6 +62,28 @@ def test_a_file_whose_write_failed_is_never_published(ns):
     ns.close(fh)
     assert refused(ns.ns.rename, ns.pool, b".tmp", ns.pool, b"key", 0) == errno.EIO
     assert ns.lookup(b"key") is None and ns.store.statistics().pages == 0
+
+
+def test_a_temporary_file_whose_publish_failed_is_never_published_with_other_bytes(tmp_path):
+    """A rename whose publish fails in the store (a disk write under --write-through) loses the
+    file's bytes with it: a second rename must fail too, not publish zeros."""
+    device = FaultyDevice(FileDevice(tmp_path / ARENA_NAME))
+    store = PageStore(StoreConfig(memory_bytes=16 << 20, disk_dir=tmp_path, disk_bytes=64 << 20,
+                                  write_through=True), disk_device=device)
+    ns = Alone(store)
+    try:
+        inode, fh = ns.create(b".tmp")
+        data = os.urandom(64 << 10)
+        ns.write(fh, data)
+        ns.close(fh)
+        device.inject(Fault("pwritev", errno=errno.EIO))
+        with pytest.raises(DeviceError):
+            ns.ns.rename(ns.pool, b".tmp", ns.pool, b"key", 0)
+        device.clear()
+        assert refused(ns.ns.rename, ns.pool, b".tmp", ns.pool, b"key", 0) == errno.EIO
+        assert ns.lookup(b"key") is None
+    finally:
+        store.close()
 
 
 def test_published_pages_are_immutable(ns):
