@@ -150,6 +150,9 @@ class FetchHandle:
             return []
         index = bisect.bisect_right(starts, offset) - 1
         previous = self._taken()
+        # What this read holds is its own until it is answered: off the lease (and out of the
+        # shares' reach) while it waits on a lower tier, which may outlast the last lease.
+        reading: dict[int, PageReader] = {}
         pieces = []
         position, end = offset, offset + size
         try:
@@ -165,7 +168,7 @@ class FetchHandle:
                     reader = None
                 if reader is None:
                     break
-                self._held[index] = reader
+                reading[index] = reader
                 self._versions[index] = reader.info.version
                 take = min(end, start + reader.size) - position
                 pieces.append(reader.read(position - start, take))
@@ -174,6 +177,7 @@ class FetchHandle:
         finally:
             for reader in previous.values():
                 reader.close()
+            self._held = reading
             self._lease()
         return self.store.merged(pieces)
 

@@ -77,6 +77,54 @@ def test_two_reads_at_once_never_let_go_of_the_pages_the_other_answers_from(tmp_
         store.close()
 
 
+def test_a_read_that_waits_past_its_lease_keeps_the_pages_it_answers_from(tmp_path):
+    """A read takes a RAM page, then waits on a disk page longer than the last read's lease:
+    the lease's end must not let go of the RAM page already in its answer."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    device = HeldReads(FileDevice(disk / "hicachefs.arena"))
+    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=disk, disk_bytes=64 << 20), disk_device=device)
+    try:
+        store.put(f"{POOL}/on-disk", content(1, SIZE))
+        for i in range(40):  # more than RAM holds: the first page is demoted to disk
+            store.put(f"{POOL}/filler{i}", content(100 + i, SIZE))
+        store.put(f"{POOL}/a", content(2, SIZE))
+        store.put(f"{POOL}/b", content(3, SIZE))
+        leases = Leases(lease_s=0.2)
+        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), leases)
+        answered: list[bytes] = []
+
+        async def end_leases() -> None:  # the daemon's timer, faster
+            while True:
+                await trio.sleep(0.05)
+                leases.expire()
+
+        async def read_b_then_the_disk_page() -> None:
+            pieces = await handle.read(SIZE, 2 * SIZE)
+            answered.append(b"".join(bytes(piece) for piece in pieces))
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(end_leases)
+                await handle.write(0, f"{SIZE} {POOL}/a\n{SIZE} {POOL}/b\n{SIZE} {POOL}/on-disk\n".encode())
+                await handle.read(0, SIZE)  # a: the handle's lease begins
+                device.held = True
+                nursery.start_soon(read_b_then_the_disk_page)
+                await trio.to_thread.run_sync(device.entered.wait)
+                await trio.sleep(0.5)  # past the lease
+                for i in range(40):  # new pages take every RAM slot that nobody holds
+                    store.put(f"{POOL}/new{i}", content(200 + i, SIZE))
+                device.released.set()
+                while not answered:
+                    await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+        assert answered == [content(3, SIZE) + content(1, SIZE)]
+    finally:
+        store.close()
+
+
 def test_other_users_fetch_writes_and_reads_take_turns_and_the_store_clients_do_not():
     """A plain user's fetch writes and reads are each a turn in one lane, followed by a pause, so
     its processes cannot keep the daemon busy back to back; root's run at once."""
