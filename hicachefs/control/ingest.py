@@ -55,7 +55,7 @@ class Publisher(Protocol):
 
     def abandon_page(self, draft: Draft) -> None: ...
 
-    def publish_reserved(self, path: str, draft: Draft) -> bool: ...
+    def publish_reserved(self, path: str, draft: Draft, keep_existing: bool = False) -> bool: ...
 
     async def kernel_told(self) -> None:
         """Wait until the kernel knows what the pages published so far replaced."""
@@ -191,8 +191,8 @@ class IngestStream:
             self._draft.write(written, data[:take])
         if written + take == entry.size:
             draft, self._draft = self._draft, None
-            if not self._skipping:
-                self.publisher.publish_reserved(entry.path, draft)
+            if not self._skipping:  # (a page stored meanwhile is kept too: asked again at publish)
+                self.publisher.publish_reserved(entry.path, draft, self._keep_existing)
             self._next += 1
         return take
 

@@ -243,10 +243,10 @@ class Publishing:
         self.writing.change(-draft.size)
         self.store.abandon(draft)
 
-    def publish_reserved(self, path: str, draft: Draft) -> bool:
+    def publish_reserved(self, path: str, draft: Draft, keep_existing: bool = False) -> bool:
         """``publish_page`` for a draft of ``reserve_page``."""
         self.writing.change(-draft.size)
-        return self.publish_page(path, draft)
+        return self.publish_page(path, draft, keep_existing)
 
     def publish_page(self, path: str, draft: Draft, keep_existing: bool = False) -> bool:
         """Publish a filled draft under ``path``, replacing what the name held, as a rename

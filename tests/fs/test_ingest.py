@@ -147,6 +147,20 @@ def test_a_page_replaces_its_name_atomically_unless_kept(mounted, ingest):
     assert mounted.stats()["pages"] == 1
 
 
+def test_a_kept_page_is_kept_also_when_it_is_stored_while_the_batch_arrives(mounted, ingest):
+    """KEEP_EXISTING: a page of the name published by another writer after the batch's page
+    began to arrive, and before it ended, is kept too."""
+    (path, ours), = pages(1, 64 << 10, seed=3)
+    header = f"{len(ours)} {path}\n".encode()
+    written = os.pwrite(ingest, struct.pack("<8sIHH", b"HCFSPUT1", len(header), 1, KEEP_EXISTING) + header, 0)
+    written += os.pwrite(ingest, ours[: len(ours) // 2], written)  # the page's first half: not stored yet
+    theirs = content(4, 64 << 10)
+    publish(mounted.path / POOL, path.rsplit("/", 1)[1], theirs)  # another writer's, meanwhile
+    os.pwrite(ingest, ours[len(ours) // 2 :], written)
+    assert ingest_status(ingest) == (1, 0)
+    assert read_page(mounted.path / path) == theirs
+
+
 def test_only_writers_may_open_the_ingest_file(public_mount):
     mounted = public_mount
     result = as_nobody("/usr/bin/python3.11", "-c",
