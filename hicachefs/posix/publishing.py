@@ -73,7 +73,10 @@ class Publishing:
     # -- files being written ----------------------------------------------------------
 
     def get(self, inode: int) -> PendingFile | None:
-        return self._pending.get(inode)
+        """The file being written of ``inode``; None once it is published (kept here only while a
+        handle of its is open: the inode is the page's now, and asks of it are the page's)."""
+        pending = self._pending.get(inode)
+        return None if pending is None or pending.published is not None else pending
 
     def create(self, parent: Directory, text: str, visible: bool) -> PendingFile:
         pending = PendingFile(self.numbers.new(), parent, text, visible, self.store, self.writing)

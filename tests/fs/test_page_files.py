@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import stat
 import subprocess
@@ -62,6 +63,34 @@ def test_published_page_is_immutable(mounted):
     with pytest.raises(PermissionError):
         os.truncate(path, 0)
     assert read_page(path) == b"abc"
+
+
+def test_a_page_published_while_its_file_is_still_open_is_immutable_and_mappable(mounted):
+    """A reader still holds the temporary file open when it is renamed into a page: the page
+    is then as any other, whole, immutable and mappable."""
+    pool = mounted.page_dir()
+    data = content(7, 64 << 10)
+    with open(pool / ".t", "wb") as f:
+        f.write(data)
+    reader = os.open(pool / ".t", os.O_RDONLY)
+    try:
+        os.rename(pool / ".t", pool / "key")
+        with pytest.raises(PermissionError):
+            os.truncate(pool / "key", 0)
+        for flags in (os.O_WRONLY, os.O_RDONLY | os.O_TRUNC):
+            with pytest.raises(PermissionError):
+                os.open(pool / "key", flags)
+        assert (pool / "key").stat().st_size == len(data)
+        assert read_page(pool / "key") == data
+        fd = os.open(pool / "key", os.O_RDONLY)
+        try:
+            with mmap.mmap(fd, len(data), prot=mmap.PROT_READ) as mapped:
+                assert mapped[:] == data
+        finally:
+            os.close(fd)
+    finally:
+        os.close(reader)
+    assert mounted.stats()["ram_budget"]["shares"]["writing"]["held_bytes"] == 0
 
 
 def test_rename_onto_existing_key_replaces_it(mounted):
