@@ -18,8 +18,8 @@ import errno
 import os
 from typing import List, Sequence
 
-# Buffers one preadv may take (Linux: 1024).
-_MAX_BUFFERS = os.sysconf("SC_IOV_MAX")
+from . import vectored
+
 # The largest request the daemon takes (docs/contract.md, the fetch file): a larger one is refused whole.
 MAX_REQUEST = 4 << 20
 
@@ -52,12 +52,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _read_answer(fd: int, buffers: Sequence[Sequence[memoryview]], size: int) -> List[bool]:
-    """Read one request's answer into its pages' buffers, in preadvs of at most ``_MAX_BUFFERS``."""
+    """Read one request's answer into its pages' buffers, in preadvs of at most ``MAX_BUFFERS``
+    buffers and ``MAX_IO_BYTES`` bytes."""
     read = [False] * len(buffers)
     first = 0
     while first < len(buffers):
         last, count = first, 0
-        while last < len(buffers) and (count + len(buffers[last]) <= _MAX_BUFFERS or last == first):
+        while last < len(buffers) and ((count + len(buffers[last]) <= vectored.MAX_BUFFERS
+                                        and (last + 1 - first) * size <= vectored.MAX_IO_BYTES) or last == first):
             count += len(buffers[last])
             last += 1
         done = os.preadv(fd, [b for page in buffers[first:last] for b in page], first * size)

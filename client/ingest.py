@@ -22,14 +22,14 @@ import os
 import struct
 from typing import List, Optional, Sequence
 
+from . import vectored
+
 MAGIC = b"HCFSPUT1"
 _PREFIX = struct.Struct("<8sIHH")
 # Flag: the daemon leaves pages already published as they are.
 KEEP_EXISTING = 1
 # Pages in one batch at most (the count is a uint16).
 _MAX_PAGES = 0xFFFF
-# Buffers one pwritev may take (Linux: 1024).
-_MAX_BUFFERS = os.sysconf("SC_IOV_MAX")
 
 
 def encode_header(paths: Sequence[str], sizes: Sequence[int], flags: int = KEEP_EXISTING) -> bytes:
@@ -44,7 +44,7 @@ def publish_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memo
     outcome: List[Optional[OSError]] = [None] * len(paths)
     first = 0
     while first < len(paths):
-        last = _batch_end(buffers, first)
+        last = _batch_end(buffers, sizes, first)
         header = encode_header(paths[first:last], sizes[first:last])
         total = len(header) + sum(sizes[first:last])
         try:
@@ -68,12 +68,15 @@ def publish_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memo
     return outcome
 
 
-def _batch_end(buffers: Sequence[Sequence[memoryview]], first: int) -> int:
-    """The end of the longest run of pages from ``first`` whose buffers one pwritev takes."""
-    count, end = 0, first
+def _batch_end(buffers: Sequence[Sequence[memoryview]], sizes: Sequence[int], first: int) -> int:
+    """The end of the longest run of pages from ``first`` whose buffers one pwritev takes
+    (``vectored.MAX_BUFFERS`` buffers, ``vectored.MAX_IO_BYTES`` bytes)."""
+    count, total, end = 0, 0, first
     while end < len(buffers) and end - first < _MAX_PAGES and \
-            (count + len(buffers[end]) <= _MAX_BUFFERS or end == first):
+            ((count + len(buffers[end]) <= vectored.MAX_BUFFERS
+              and total + sizes[end] <= vectored.MAX_IO_BYTES) or end == first):
         count += len(buffers[end])
+        total += sizes[end]
         end += 1
     return end
 

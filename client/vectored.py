@@ -7,6 +7,12 @@ import ctypes
 import os
 from typing import Callable, List, Sequence
 
+#: Buffers one ``preadv``/``pwritev`` takes (Linux: 1024).
+MAX_BUFFERS = os.sysconf("SC_IOV_MAX")
+#: Bytes one ``preadv``/``pwritev`` of a run of pages moves at most: the kernel moves at most 2 GiB
+#: less a page per call (``MAX_RW_COUNT``), and a call it cut short would look like a page missing.
+MAX_IO_BYTES = 1 << 30
+
 
 def advance(buffers: Sequence[memoryview], done: int) -> List[memoryview]:
     """The buffers still to fill after the first ``done`` bytes."""
