@@ -107,7 +107,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
             refusals = requests.refusals.statistics()
             return DaemonStatistics(store.statistics(), dict(requests.errors), dict(requests.counts),
                                     namespace.pending_count(), notifier.statistics(), refusals.by_user,
-                                    refusals.not_logged)
+                                    refusals.not_logged, namespace.page_inodes())
 
         control = ControlFiles(store, statistics, metrics.render, effective)
         namespace = Namespace(store, control, notifier, config.temp_timeout_s, config.kernel_cache)

@@ -31,6 +31,7 @@ _HELP = {
     "free_bytes": "Capacity not taken up by pages, over all tiers.",
     "pages": "Pages stored; a page on two tiers counts once.",
     "pending_files": "Files being written that are not published yet.",
+    "page_inodes": "Published pages the daemon holds an inode for (the kernel has not forgotten them).",
     "misses": "Page reads of a name that no tier holds.",
     "published": "Pages published (a page the ingest file kept as it was is not counted).",
     "tier_capacity_bytes": "Bytes the tier can hold.",
@@ -89,6 +90,7 @@ def metric_families(facts: DaemonStatistics) -> list[Metric]:
         if field not in _TIER_SUMS:
             add(_NAMES.get(field, field), kind, value)
     add("pending_files", LEVEL, facts.pending_files)
+    add("page_inodes", LEVEL, facts.page_inodes)
     for field, kind, value in numbers(facts.kernel_cache):
         add(f"kernel_cache_{field}", kind, value)
     return list(families.values())

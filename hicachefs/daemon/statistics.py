@@ -19,7 +19,8 @@ class DaemonStatistics:
     their sender and kind (``posix/refusal_log.py``); ``errors_not_logged``: refusals that made no
     log line (past the first of each kind and user, one line in 10 s at most); ``requests``:
     FUSE requests answered, by operation; ``pending_files``: files being written that are not
-    published yet."""
+    published yet; ``page_inodes``: published pages the daemon holds an inode for (the kernel
+    looked them up or listed them and has not forgotten them)."""
 
     store: StoreStatistics
     errors: dict[str, int] = field(default_factory=dict)
@@ -28,9 +29,11 @@ class DaemonStatistics:
     kernel_cache: KernelCacheStatistics = field(default_factory=KernelCacheStatistics)
     errors_by_user: dict[str, dict[str, int]] = field(default_factory=dict)
     errors_not_logged: int = 0
+    page_inodes: int = 0
 
     def as_dict(self) -> dict:
         return {**self.store.as_dict(), "errors": dict(self.errors),
                 "errors_by_user": {uid: dict(kinds) for uid, kinds in self.errors_by_user.items()},
                 "errors_not_logged": self.errors_not_logged, "requests": dict(self.requests),
-                "pending_files": self.pending_files, "kernel_cache": as_dict(self.kernel_cache)}
+                "pending_files": self.pending_files, "page_inodes": self.page_inodes,
+                "kernel_cache": as_dict(self.kernel_cache)}

@@ -96,6 +96,18 @@ class PageNodes:
         if self._by_name.get((node.directory.inode, node.key)) is node:
             del self._by_name[(node.directory.inode, node.key)]
 
+    def __len__(self) -> int:
+        return len(self._by_inode)
+
+    def not_taken(self, inode: int) -> None:
+        """A listing offered the inode and the kernel did not take it: a node it holds no
+        lookup of is let go (a listing cut short left one for each entry its last reply
+        offered past the reader's buffer, until the page went and for good after)."""
+        node = self._by_inode.get(inode)
+        if node is not None and node.nlookup <= 0:
+            del self._by_inode[inode]
+            self._drop_name(node)
+
     def forget(self, inode: int, nlookup: int) -> bool:
         """The kernel dropped ``nlookup`` references; False if the inode is not a page's."""
         node = self._by_inode.get(inode)

@@ -167,6 +167,11 @@ class Namespace:
         node.nlookup += 1
         return self._page_stat(node.inode, info)
 
+    def not_taken(self, inodes: list[int]) -> None:
+        """A listing offered these inodes and the kernel did not take them."""
+        for inode in inodes:
+            self.nodes.not_taken(inode)
+
     def forget(self, inode: int, nlookup: int) -> None:
         if not self.nodes.forget(inode, nlookup):
             self.publishing.forget(inode, nlookup)
@@ -438,6 +443,10 @@ class Namespace:
 
     def pending_count(self) -> int:
         return self.publishing.count()
+
+    def page_inodes(self) -> int:
+        """Published pages the daemon holds an inode for."""
+        return len(self.nodes)
 
     # ---- internals -----------------------------------------------------------------
 

@@ -149,7 +149,8 @@ class Requests:
 
     async def readdir(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
         """Up to ``limit`` entries from position ``start``: (next position, name, attributes).
-        The kernel may take fewer: ``took`` says how many, so that they count as lookups."""
+        The kernel may take fewer: ``took`` says how many, so that they count as lookups, and
+        which inodes it was offered and did not take."""
         async with self.turn_of(self.namespace.handles.opener(fh)):
             return self._entries(fh, start, limit)
 
@@ -161,11 +162,12 @@ class Requests:
                 break
         return entries
 
-    async def took(self, fh: int, start: int, count: int) -> None:
+    async def took(self, fh: int, start: int, count: int, left: list[int]) -> None:
         for taken, (_, (_, describe)) in enumerate(self.handle(fh).listing(start)):
             if taken >= count:
                 break
             describe(True)
+        self.namespace.not_taken(left)
 
     async def releasedir(self, fh: int) -> None:
         self.namespace.handles.release(fh)

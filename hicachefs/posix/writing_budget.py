@@ -21,6 +21,7 @@ import errno
 from ..store.budget import Share
 from .errors import FsError
 
+
 class WritingBudget:
     """Bytes held by files being written (and the data plane's reservations), within the RAM
     budget's ``writing`` share (``store.budget``)."""

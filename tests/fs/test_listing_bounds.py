@@ -6,6 +6,7 @@ stayed exactly once."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -31,6 +32,10 @@ P99_LATENCY_S = 0.05
 #: Before item 1, each handle on a pool of 40,000 pages held some 44 MiB of entries.
 HANDLES = 20
 GROWTH_BOUND = 40 << 20
+#: getdents64's number on x86_64 and aarch64, and the least a readdirplus entry takes (the
+#: entry's attributes and its dirent with a name of 8 bytes or less).
+GETDENTS64 = {"x86_64": 217, "aarch64": 61}[os.uname().machine]
+MIN_DIRENTPLUS = 128 + 24 + 8
 
 
 @pytest.fixture
@@ -182,3 +187,30 @@ def test_a_plain_users_listing_requests_take_turns_in_their_lane_and_the_writers
         assert paced[0] >= 3 * OTHERS_PAUSE_S - 1e-3  # each of its readdirs waited for the pause after the last
     finally:
         store.close()
+
+
+def _getdents(fd: int, size: int) -> int:
+    """One getdents64 of ``size`` bytes on directory ``fd``: the bytes of entries it returned."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer = ctypes.create_string_buffer(size)
+    got = libc.syscall(GETDENTS64, fd, buffer, size)
+    if got < 0:
+        raise OSError(ctypes.get_errno(), "getdents64")
+    return got
+
+
+def test_a_listing_cut_short_holds_no_inodes_for_the_entries_the_kernel_did_not_take(mounted):
+    """A reader with a small buffer (4 KiB: the kernel's readdir request is as large, some 20
+    entries) takes a few of the entries a request answers; the daemon made an inode for each of
+    the ``ENTRIES_PER_REQUEST`` it offered, and those the kernel did not take stayed held with
+    no lookup, forgotten never (and kept after their pages went)."""
+    pool = mounted.page_dir()
+    attacks.fill_pool(mounted.path, str(pool.relative_to(mounted.path)), 2 * ENTRIES_PER_REQUEST)
+    assert mounted.stats()["page_inodes"] == 0  # ingest makes no inodes
+    fd = os.open(pool, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert _getdents(fd, 4096) > 0
+    finally:
+        os.close(fd)
+    held = mounted.stats()["page_inodes"]
+    assert 0 < held <= 4096 // MIN_DIRENTPLUS, held

@@ -21,8 +21,8 @@ from hicachefs_testing.workload import content
 from pages import publish, read_page
 
 LEVELS = ["hicachefs_capacity_bytes", "hicachefs_used_bytes", "hicachefs_free_bytes", "hicachefs_pages",
-          "hicachefs_pending_files", "hicachefs_tier_capacity_bytes", "hicachefs_tier_used_bytes",
-          "hicachefs_tier_pages"]
+          "hicachefs_pending_files", "hicachefs_page_inodes", "hicachefs_tier_capacity_bytes",
+          "hicachefs_tier_used_bytes", "hicachefs_tier_pages"]
 TOTALS = ["hicachefs_misses", "hicachefs_tier_hits", "hicachefs_tier_misses", "hicachefs_tier_evictions",
           "hicachefs_tier_demotions", "hicachefs_tier_promotions", "hicachefs_tier_written_bytes",
           "hicachefs_tier_read_bytes", "hicachefs_tier_io_errors", "hicachefs_tier_checksum_failures",
