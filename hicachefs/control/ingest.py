@@ -77,8 +77,6 @@ def parse_header(header: bytes, count: int, payload_start: int, max_size: int) -
     entries, position = [], payload_start
     for line in lines:
         size, path = size_and_path(line, "an ingest header")
-        if size == 0:
-            raise FsError(errno.EINVAL, "an ingest page has at least one byte")
         if size > max_size:
             raise FsError(errno.EFBIG, f"a page of {size} bytes is over the maximum page size")
         try:

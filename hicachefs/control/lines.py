@@ -13,8 +13,12 @@ from ..posix.errors import FsError
 
 def size_and_path(line: bytes, what: str) -> tuple[int, bytes]:
     """A line's page size and path (its bytes); EINVAL naming ``what`` when it is not a line of
-    decimal digits, one space and a path of at least one byte."""
+    decimal digits, one space and a path of at least one byte, or its size is 0 (a page has at
+    least one byte; fetch's ``0 <path>`` read reports are retired)."""
     size_text, _, path = line.partition(b" ")
     if not size_text.isdigit() or not path:
         raise FsError(errno.EINVAL, f"{what} line is not '<size> <path>'")
-    return int(size_text), path
+    size = int(size_text)
+    if size == 0:
+        raise FsError(errno.EINVAL, f"{what} line asks for a page of 0 bytes")
+    return size, path
