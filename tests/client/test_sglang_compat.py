@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -24,6 +26,17 @@ from test_backend import MODEL, indices, key
 def file_backend(tmp_path, **cfg) -> HiCacheFile:
     return HiCacheFile(storage_config(None, extra={"file_storage_path": str(tmp_path / "hicache_file")},
                                       **cfg))
+
+
+def test_the_contracts_encoders_load_without_torch():
+    """A tool that only encodes the contract's requests (an ingest header) imports neither torch
+    nor SGLang (some 4 s of a core). HiCacheFS loads when asked for, as SGLang's factory asks
+    (the next test)."""
+    script = ("import sys\nimport hicachefs_client.ingest\n"
+              "print([m for m in ('torch', 'sglang') if m in sys.modules])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"
 
 
 def test_factory_loads_it_through_dynamic(store_root):
