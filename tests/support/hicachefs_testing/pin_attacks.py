@@ -5,8 +5,9 @@ Why: a plain user may open the fetch file and any page, and see other writers' t
 each of those once let it forge reads, pin the RAM tier, or keep the reaper from freeing room.
 In turn, while another client times its small requests (``latency_probe``):
 
-- report floods: ``0 <path>`` lines and lines of the wrong size for a page nobody reads, from
-  several processes (``fetch-storm``): the page's ``user.hicachefs.hits`` must stay 0;
+- report floods: ``0 <path>`` lines (refused with EINVAL since reads are reported through the data
+  plane only) and lines of the wrong size for a page nobody reads, from several processes
+  (``fetch-storm``): the page's ``user.hicachefs.hits`` must stay 0;
 - many fetch handles each holding a page pinned (``held-fetches``), while root publishes twice
   the RAM tier (renames and ingest): none of root's writes may fail with ENOSPC (there is a
   disk tier below to demote to);
