@@ -162,7 +162,11 @@ class SharedTier(Tier):
         # count it again (a ghost that would make this host evict a real page for it).
         self._removed_here: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
         queued = queue_bytes if isinstance(queue_bytes, Share) else Share("write_behind", queue_bytes)
-        self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s)
+        # Pages offered here that were not written: an older version of one may still be on the
+        # tier, which this host (once its own copy is gone) and others would read for it.
+        self._unwritten: collections.OrderedDict[str, PageMeta] = collections.OrderedDict()  # under _lock
+        self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s,
+                                         lost=self._lost)
         try:
             self._guard.call(self._probe, timeout=deadline_s, probe=True)
             self._check_engine()
@@ -437,9 +441,66 @@ class SharedTier(Tier):
             self._count_failure(error)
             raise
         stored = _stored_size(page)
+        with self._lock:
+            self._unwritten.pop(page.name, None)  # this version replaced whatever was there
         self._presence.update(where.directory, where.key_hash, stored, True)
         self._journal.announce(True, stored, page.name)
         self._count(bytes_in=page.size)
+
+    def _lost(self, page: PageMeta) -> None:
+        """Write-behind did not write ``page``: until the file of its name is checked, this
+        host does not read it (it may hold an older version), and the maintenance thread
+        removes it if it holds another version (``_remove_other_version``)."""
+        with self._lock:
+            self._unwritten[page.name] = page
+            self._unwritten.move_to_end(page.name)
+            while len(self._unwritten) > REMOVED_REMEMBERED:
+                self._unwritten.popitem(last=False)
+        where = place(page.name)
+        self._presence.update(where.directory, where.key_hash, _stored_size(page), False)
+
+    def _check_unwritten(self, budget: int = 64) -> None:
+        with self._lock:
+            pages = [self._unwritten.popitem(last=False)[1] for _ in range(min(budget, len(self._unwritten)))]
+        for number, page in enumerate(pages):
+            if self._write_behind.pending(page.name):
+                continue  # a later version is on its way: it replaces the file
+            if self._guarded(self._remove_other_version, page) is None:
+                with self._lock:  # not checked (the filesystem failed): again later
+                    for later in pages[number:]:
+                        self._unwritten.setdefault(later.name, later)
+                return
+
+    def _remove_other_version(self, page: PageMeta) -> bool:
+        """Remove the file of ``page``'s name if it holds another version (one this host
+        replaced by ``page``, which never reached the tier); True once checked."""
+        where = place(page.name)
+        path = self._layout.page_path(where)
+        try:
+            opened = self._open_page(page.name, where)
+        except OSError as error:
+            if error.errno in _GONE:
+                return True
+            raise
+        except _Corrupt:
+            return True
+        if opened is None:
+            return True  # another format version's: not ours
+        try:
+            if opened.page.size == page.size and opened.page.checksum == page.checksum:
+                self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), True)
+                return True
+            if self._device.fstat(opened.fd).st_ino == self._device.stat(path).st_ino:
+                self._device.unlink(path)
+                self._journal.announce(False, _stored_size(opened.page), page.name)
+            self._note_removed(page.name)
+            self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), False)
+        except OSError as error:
+            if error.errno not in _GONE:
+                raise
+        finally:
+            self._close_quietly(opened.fd)
+        return True
 
     def _write_file(self, page: PageMeta, where: Place, payload: memoryview) -> None:
         temp = self._layout.temp_path(where, self._token, next(self._temp_numbers))
@@ -551,6 +612,8 @@ class SharedTier(Tier):
                 if now >= next_expire:
                     next_expire = now + 60.0
                     self._guarded(self._journal.expire, timeout=4 * self._deadline_s)
+                if self._unwritten:
+                    self._check_unwritten()
                 if now - self._fs_checked >= 5.0:
                     self._fs_checked = now
                     self._guarded(self._refresh_free_space)

@@ -5,13 +5,20 @@ a queue bounded in pages and bytes, or drops it (counted) when the queue is full
 cannot take writes now. The queue is also bounded in time: a page is admitted only while the
 queue ahead of it would be written within ``max_lag_s`` at the pace writes have been taking
 (a moving average), so a page that is taken reaches the shared tier within about that long of
-its publish even when publishing outruns the filesystem; the rest are dropped, not delayed. Worker threads take pages in order, copy each into a private buffer,
+its publish even when publishing outruns the filesystem; the rest are dropped, not delayed.
+Worker threads take pages in order, copy each into a private buffer,
 call ``release`` (the engine keeps the page's RAM slot pinned until then), check the copy
 against the page's checksum (the data plane's clients write RAM pages themselves: a page
 scribbled on in RAM is dropped and counted, never spread to other hosts), and only then write
 the copy. So a write stuck in a hung filesystem holds no engine memory, and the bytes it
 eventually writes can never be those of a slot reused meanwhile. ``release`` is called exactly
 once per offered page, whatever happens.
+
+Versions of one name land in the order they were offered: a queued page whose name was offered
+again is skipped (``superseded``), and one whose name another worker is writing waits for that
+write and is written next by the same worker. Two workers writing two versions at once could
+otherwise leave the older on the tier for good. A page offered and not written (dropped, failed)
+is told to ``lost``: an older version of its name may still lie on the tier.
 
 Thread-safe. ``close`` waits for the queue to drain up to a deadline, then drops the rest.
 """
@@ -63,6 +70,7 @@ class WriteBehindStatistics:
     dropped_queue_full: int = total()
     dropped_unavailable: int = total()
     dropped_corrupt: int = total()
+    superseded: int = total()
     write_seconds_avg: float = level(0.0)
     write_failures: int = total()
     lag_seconds: float = level(0.0)
@@ -71,11 +79,15 @@ class WriteBehindStatistics:
 
 class WriteBehind:
     def __init__(self, write: WriteFn, accepting: Callable[[], bool], workers: int = 2,
-                 max_pages: int = 256, queued: Share | None = None, max_lag_s: float = 1.0) -> None:
+                 max_pages: int = 256, queued: Share | None = None, max_lag_s: float = 1.0,
+                 lost: Callable[[PageMeta], None] | None = None) -> None:
         """``write(page, payload)`` writes one page (blocking, raising ``OSError``);
         ``accepting()`` says whether the tier takes writes now; ``queued``: the share of the RAM
-        tier the queued pages may hold pinned (256 MiB by default)."""
+        tier the queued pages may hold pinned (256 MiB by default); ``lost(page)``: told of each
+        offered page that was not written (dropped or failed; not one a later offer of its name
+        replaced), without this object's lock held; it must not block."""
         self._write = write
+        self._lost = lost
         self._accepting = accepting
         self.max_pages = max_pages
         self._bytes = queued or Share("write_behind", 256 << 20)
@@ -85,6 +97,12 @@ class WriteBehind:
         self._lock = threading.Condition()
         self._queue: collections.deque[_Queued] = collections.deque()
         self._in_progress = 0
+        # The latest offer of each name queued or being written, the names being written, and
+        # a later version of such a name waiting for that write (so versions land in order).
+        self._latest: dict[str, _Queued] = {}
+        self._writing: set[str] = set()
+        self._deferred: dict[str, _Queued] = {}
+        self.superseded = 0
         self._closed = False
         self.written = 0
         self.written_bytes = 0
@@ -111,10 +129,24 @@ class WriteBehind:
                 self.dropped_unavailable += 1
             else:
                 self._queue.append(item)
+                self._latest[page.name] = item
                 self._lock.notify()
                 return True
         _release(item)
+        self._tell_lost(page)
         return False
+
+    def pending(self, name: str) -> bool:
+        """Whether a version of ``name`` is queued or being written."""
+        with self._lock:
+            return name in self._latest
+
+    def _tell_lost(self, page: PageMeta) -> None:
+        if self._lost is not None:
+            try:
+                self._lost(page)
+            except Exception:
+                _log.exception("write-behind: telling of %s's loss failed", page.name)
 
     def drop_queued(self) -> int:
         """Drop every queued page (the tier became unavailable); return how many."""
@@ -122,23 +154,25 @@ class WriteBehind:
             items, self._queue = list(self._queue), collections.deque()
             self._bytes.give_back(sum(item.page.size for item in items))
             self.dropped_unavailable += len(items)
+            for item in items:
+                if self._latest.get(item.page.name) is item:
+                    del self._latest[item.page.name]
         for item in items:
             _release(item)
+            self._tell_lost(item.page)
         return len(items)
 
     def _serve(self) -> None:
         buffer = bytearray()
+        item = None
         while True:
-            with self._lock:
-                while not self._queue and not self._closed:
-                    self._lock.wait()
-                if not self._queue:
+            if item is None:
+                item = self._next()
+                if item is None:
                     return
-                item = self._queue.popleft()
-                self._bytes.give_back(item.page.size)
-                self._in_progress += 1
             size = item.page.size
             started = time.monotonic()
+            ok = corrupt = False
             try:
                 if len(buffer) < size:
                     buffer = bytearray(size)
@@ -146,15 +180,15 @@ class WriteBehind:
                 copy[:] = item.payload
                 _release(item)
                 if page_checksum(copy) != item.page.checksum:
-                    self._dropped_corrupt(item.page)
-                    continue
-                self._write(item.page, copy)
-                ok = True
+                    corrupt = True
+                    _log.warning("%s: its bytes in RAM fail its checksum; not written to the shared tier",
+                                 item.page.name)
+                else:
+                    self._write(item.page, copy)
+                    ok = True
             except OSError:
-                ok = False
                 buffer = bytearray()  # a write that timed out may still be reading it
             except Exception:  # a bug: keep the worker, lose the page, and say so
-                ok = False
                 buffer = bytearray()
                 _log.exception("write-behind of %s failed", item.page.name)
             finally:
@@ -162,7 +196,9 @@ class WriteBehind:
                     _release(item)
             with self._lock:
                 self._in_progress -= 1
-                if ok:
+                if corrupt:
+                    self.dropped_corrupt += 1
+                elif ok:
                     now = time.monotonic()
                     self.written += 1
                     self.written_bytes += size
@@ -171,14 +207,51 @@ class WriteBehind:
                     self._write_s = took if not self._write_s else 0.8 * self._write_s + 0.2 * took
                 else:
                     self.failed += 1
+                name = item.page.name
+                if self._latest.get(name) is item:
+                    del self._latest[name]
+                # A later version of the name waited for this write to end: it is written next,
+                # by this worker, so that it lands after it (never the older version last).
+                lost = None if ok else item.page
+                item = self._deferred.pop(name, None)
+                if item is None:
+                    self._writing.discard(name)
                 self._lock.notify_all()
+            if lost is not None:
+                self._tell_lost(lost)
 
-    def _dropped_corrupt(self, page: PageMeta) -> None:
-        _log.warning("%s: its bytes in RAM fail its checksum; not written to the shared tier", page.name)
-        with self._lock:
-            self._in_progress -= 1
-            self.dropped_corrupt += 1
-            self._lock.notify_all()
+    def _next(self) -> _Queued | None:
+        """The next page to write, None when closed. A page that a later offer of its name
+        replaced is skipped (released); one whose name another worker is writing waits for it."""
+        superseded = []
+        try:
+            with self._lock:
+                while True:
+                    while not self._queue and not self._closed:
+                        self._lock.wait()
+                    if not self._queue:
+                        return None
+                    item = self._queue.popleft()
+                    self._bytes.give_back(item.page.size)
+                    name = item.page.name
+                    if self._latest.get(name) is not item:
+                        superseded.append(item)  # a newer version of it is queued
+                        self.superseded += 1
+                        continue
+                    self._in_progress += 1
+                    if name in self._writing:
+                        earlier = self._deferred.get(name)
+                        if earlier is not None:
+                            self._in_progress -= 1
+                            superseded.append(earlier)
+                            self.superseded += 1
+                        self._deferred[name] = item
+                        continue
+                    self._writing.add(name)
+                    return item
+        finally:
+            for item in superseded:
+                _release(item)
 
     def statistics(self) -> WriteBehindStatistics:
         with self._lock:
@@ -189,7 +262,7 @@ class WriteBehind:
                 written_behind=self.written, written_behind_bytes=self.written_bytes,
                 dropped=self.dropped_queue_full + self.dropped_unavailable + self.dropped_corrupt,
                 dropped_queue_full=self.dropped_queue_full, dropped_unavailable=self.dropped_unavailable,
-                dropped_corrupt=self.dropped_corrupt,
+                dropped_corrupt=self.dropped_corrupt, superseded=self.superseded,
                 write_seconds_avg=round(self._write_s, 4), write_failures=self.failed,
                 lag_seconds=round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
                 last_lag_seconds=round(self.last_lag_s, 3))

@@ -1,0 +1,124 @@
+"""A page replaced or removed on this host never comes back from the shared tier: not its older
+version written behind last (two write-behind threads wrote both versions at once), not the
+older version a replacement that was never written behind left there (dropped or failed), and
+not a page removed while a read from the shared tier was under way."""
+
+import errno
+import time
+
+import pytest
+from pages import wait_until
+from shared_helpers import KiB, page_name, read_page
+
+from hicachefs.store import PageNotFound, PageStore, StoreConfig
+from hicachefs.store.pages import page_checksum
+from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.store.tier import PageMeta
+from hicachefs_testing.faults import Fault, FaultyDevice
+from hicachefs_testing.workload import content
+
+MiB = 1024 * KiB
+SIZE = 64 * KiB
+
+
+class SlowFor(DirectoryDevice):
+    """Writes of a page file whose payload starts with ``prefix`` take ``delay_s`` longer."""
+
+    def __init__(self, prefix: bytes, delay_s: float) -> None:
+        self.prefix, self.delay_s = prefix, delay_s
+
+    def pwritev(self, buffers, fd, offset):
+        if len(buffers) > 1 and bytes(buffers[1][: len(self.prefix)]) == self.prefix:
+            time.sleep(self.delay_s)
+        return super().pwritev(buffers, fd, offset)
+
+
+def settled(tier):
+    """Nothing queued or being written behind."""
+    behind = tier.statistics().write_behind
+    return behind.queue_pages == 0 and behind.writing == 0
+
+
+def version(name, seed):
+    data = content(seed, SIZE)
+    return PageMeta(name, SIZE, page_checksum(data), time.time_ns()), data
+
+
+# -- 1. write-behind writes two versions of one name on two threads: the older can land last ------
+
+def test_a_replaced_page_is_not_overwritten_on_the_shared_tier_by_its_older_version(tmp_path, make_tier):
+    name = page_name(1)
+    old, new = version(name, 1), version(name, 2)
+    a = make_tier(tmp_path / "shared", device=SlowFor(old[1][:64], 0.2))  # the old version's write is slow
+    b = make_tier(tmp_path / "shared")
+    assert a.offer(old[0], memoryview(old[1]), lambda: None)
+    assert a.offer(new[0], memoryview(new[1]), lambda: None)  # published after it: replaces it
+    wait_until(lambda: settled(a))
+    assert read_page(b, name) == new[1]  # the old version landed last: b read it
+
+
+@pytest.fixture
+def store_of(tmp_path):
+    stores = []
+
+    def make(device=None, memory=4 * MiB):
+        config = StoreConfig(memory_bytes=memory, max_page_size=1 * MiB, shared_dir=tmp_path / "shared")
+        stores.append(PageStore(config, shared_device=device))
+        return stores[-1]
+
+    yield make
+    for store in stores:
+        store.close()
+
+
+def read(store, name):
+    with store.open(name) as reader:
+        return bytes(reader.read(0, reader.size + 1))
+
+
+def evict_from_ram(store, name, first=1000):
+    """Publish other pages until ``name`` has left this host's RAM (RAM-only store)."""
+    i = first
+    while store.info(name) is not None and store.info(name).held_here:
+        store.put(page_name(i), content(i, SIZE))
+        i += 1
+        assert i < first + 10_000
+
+
+def test_same_host_never_reads_back_the_version_it_replaced(store_of):
+    """Host A replaces a page; its write-behind writes both versions at once, the older last.
+    Once A's RAM evicts the new version, A reads the old one back from the shared tier."""
+    a = store_of(SlowFor(content(1, SIZE)[:64], 0.3))  # the old version's write is slow
+    name = page_name(1)
+    a.put(name, content(1, SIZE))
+    a.put(name, content(2, SIZE))  # replaces it
+    shared = a._named[0]
+    time.sleep(0.05)
+    wait_until(lambda: settled(shared))
+    evict_from_ram(a, name)
+    assert read(a, name) == content(2, SIZE)
+
+
+# -- 2. a replacement that write-behind drops leaves the old version on the shared tier ------------
+
+def test_a_replacement_dropped_by_write_behind_does_not_bring_the_old_version_back(store_of):
+    """Host A's v1 is on the shared tier; the volume goes away while A replaces it with v2 (the
+    offer is dropped); the volume comes back; A's RAM evicts v2; A then reads v1."""
+    device = FaultyDevice(DirectoryDevice())
+    a = store_of(device)
+    shared = a._named[0]
+    name = page_name(1)
+    a.put(name, content(1, SIZE))
+    wait_until(lambda: shared.statistics().write_behind.written_behind == 1)
+    device.inject(Fault("open", errno=errno.EIO))  # the volume fails
+    for i in range(3):
+        a.put(page_name(500 + i), content(500 + i, SIZE))
+    wait_until(lambda: not shared.statistics().guard.available)
+    a.put(name, content(2, SIZE))  # replaced while the volume is gone: not written behind
+    device.clear()  # the volume is back
+    wait_until(lambda: shared.statistics().guard.available, timeout=10)
+    evict_from_ram(a, name)
+    try:
+        assert read(a, name) == content(2, SIZE)
+    except PageNotFound:
+        pass  # a miss is right: v2 was evicted and never reached the shared tier
