@@ -121,6 +121,10 @@ class PageStore:
         self._gone: list[str] = []
         self._gone_report = _GoneReport(self)  # holds no state of its own: one serves every operation
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
+        # Names being read from a named tier (how many reads), and those of them removed
+        # meanwhile: such a read must not bring its page back (under _lock).
+        self._named_reads: dict[str, int] = {}
+        self._removed_while_read: set[str] = set()
         self._misses = 0
         self._published = 0
         self._closed = False
@@ -632,6 +636,19 @@ class PageStore:
         """Find the page on a named tier, read and check it into a RAM slot and index it there
         (a promotion); None if it appeared locally meanwhile. Blocking. ``ahead``: for a read to
         come, so nothing is read when RAM has no room for it. ``size``: only a page of that size."""
+        with self._lock:
+            self._named_reads[name] = self._named_reads.get(name, 0) + 1
+        try:
+            return self._open_named_counted(name, ahead, size)
+        finally:
+            with self._lock:
+                left = self._named_reads.pop(name) - 1
+                if left:
+                    self._named_reads[name] = left
+                else:
+                    self._removed_while_read.discard(name)
+
+    def _open_named_counted(self, name: str, ahead: bool, size: int | None) -> PageReader | None:
         for tier in self._named:
             page = tier.find(name, reading=True) if tier.contains_many([name])[0] else None
             if page is None or (size is not None and page.size != size):
@@ -650,12 +667,13 @@ class PageStore:
                 continue
             with self._lock, self._reporting():
                 self._found.pop(name, None)
-                if self._ahead.cancelled(name) or self._index.find(name) >= 0:
+                removed = self._ahead.cancelled(name) or name in self._removed_while_read
+                if removed or self._index.find(name) >= 0:
                     # Removed while it was read (it stays removed), or published here meanwhile.
                     if slot is not None:
                         self._ram.retire(slot)
                         self._ram.unpin(slot)
-                    if self._ahead.cancelled(name):
+                    if removed and self._index.find(name) < 0:
                         raise PageNotFound(name)
                     return None
                 if slot is None:  # no room in RAM: a private copy for this reader only
@@ -702,6 +720,8 @@ class PageStore:
         with self._lock:
             self._found.pop(name, None)
             self._ahead.cancel(name)
+            if name in self._named_reads:
+                self._removed_while_read.add(name)
             row = self._index.find(name)
             if row < 0:
                 return False

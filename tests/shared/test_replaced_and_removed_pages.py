@@ -4,9 +4,11 @@ older version a replacement that was never written behind left there (dropped or
 not a page removed while a read from the shared tier was under way."""
 
 import errno
+import threading
 import time
 
 import pytest
+from held_calls import HOLD_TIMEOUT_S, HeldCall
 from pages import wait_until
 from shared_helpers import KiB, page_name, read_page
 
@@ -122,3 +124,37 @@ def test_a_replacement_dropped_by_write_behind_does_not_bring_the_old_version_ba
         assert read(a, name) == content(2, SIZE)
     except PageNotFound:
         pass  # a miss is right: v2 was evicted and never reached the shared tier
+
+
+# -- 3. rm while a read of a page only the shared tier holds is under way --------------------------
+
+def test_a_page_removed_while_an_open_reads_it_from_the_shared_tier_stays_removed(store_of):
+    """rm of a page only the shared tier holds, while an open reads it from there: once rm has
+    returned the page is gone from every tier, and the read does not bring it back into RAM."""
+    a = store_of()
+    device = DirectoryDevice()
+    b = store_of(device)
+    name = page_name(1)
+    a.put(name, content(1, SIZE))
+    wait_until(lambda: b._named_may_hold(name))
+    held = HeldCall(device, "close")  # the open's read is done, its file not closed yet
+    opened = {}
+
+    def open_it():
+        try:
+            opened["data"] = read(b, name)
+        except Exception as error:
+            opened["error"] = error
+
+    reader = threading.Thread(target=open_it)
+    reader.start()
+    assert held.entered.wait(HOLD_TIMEOUT_S)
+    assert b.delete(name)  # rm: from every tier
+    held.release()
+    reader.join(10)
+    assert not held.timed_out
+    # The rm returned: the page is gone from every tier, and stays gone.
+    assert b.exists_many([name]) == [False]
+    assert b.info(name) is None
+    with pytest.raises(PageNotFound):
+        b.open(name)
