@@ -212,3 +212,21 @@ def test_a_read_announced_to_find_comes_with_the_header_and_is_checked(tmp_path,
     assert found == page and b.read_into(found, 0, memoryview(bytearray(page.size))) is ReadResult.CORRUPT
     assert device.injected["preadv:flip"] == 1 and b.statistics().checksum_failures == 1
     assert b.find(page.name) is None and not os.path.exists(Layout(root).page_path(place(page.name)))
+
+
+@pytest.mark.parametrize("error", [FileNotFoundError, FileExistsError])
+def test_directories_another_host_makes_at_once_are_made_again(tmp_path, monkeypatch, error):
+    """GlusterFS, two hosts making one pool's directories at once: ENOENT for a parent both had
+    just made, or EEXIST for the directory while a stat of it still says ENOENT (FileExistsError
+    from makedirs with exist_ok; once in a two-host test). The write goes on after a pause."""
+    made = os.makedirs
+    failures = [error(errno.EEXIST if error is FileExistsError else errno.ENOENT, "racing host")]
+
+    def racing(path, exist_ok=False):
+        if failures:
+            raise failures.pop()
+        made(path, exist_ok=exist_ok)
+
+    monkeypatch.setattr(os, "makedirs", racing)
+    DirectoryDevice().makedirs(str(tmp_path / "a" / "b"))
+    assert (tmp_path / "a" / "b").is_dir() and not failures

@@ -66,12 +66,13 @@ class DirectoryDevice:
     def makedirs(self, path: str) -> None:
         """``os.makedirs``, tried again when another host makes the same directories at once:
         GlusterFS then answered ENOENT for a parent both had just made, until the kernel's
-        entry for it (1 s) expired."""
+        entry for it (1 s) expired, or EEXIST for the directory itself while a stat of it
+        still said ENOENT (which ``exist_ok`` does not forgive: FileExistsError)."""
         for pause in _MAKEDIRS_PAUSES_S:
             try:
                 os.makedirs(path, exist_ok=True)
                 return
-            except FileNotFoundError:
+            except (FileNotFoundError, FileExistsError):
                 time.sleep(pause)
         os.makedirs(path, exist_ok=True)
 
