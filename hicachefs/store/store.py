@@ -462,9 +462,10 @@ class PageStore:
     def remove(self, name: str) -> bool | NeedsIO:
         """Remove the page from the local tiers now (open readers keep it); whether it was
         there. When a named tier may hold it too, ``NeedsIO`` whose work removes it there as
-        well (``delete``), so that it does not come back from there."""
+        well (``delete``), so that it does not come back from there (a named tier that cannot
+        see its pages now removes it once it can: ``Tier.remove_later``)."""
         removed = self._remove_local(name)
-        if any(tier.contains_many([name])[0] for tier in self._named):
+        if any(not tier.remove_later(name) and tier.contains_many([name])[0] for tier in self._named):
             return NeedsIO(lambda: self._delete_named(name) or removed)
         return removed
 
@@ -732,6 +733,8 @@ class PageStore:
         """Remove the page's copies from the named tiers (blocking, idempotent)."""
         removed = False
         for tier in self._named:
+            if tier.remove_later(name):
+                continue
             page = tier.find(name) if tier.contains_many([name])[0] else None
             if page is not None:
                 tier.drop(page, 0)

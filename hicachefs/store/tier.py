@@ -149,6 +149,12 @@ class Tier(ABC):
         """The facts of the page ``name`` (blocking); ``reading``: a ``read_into`` follows."""
         return None
 
+    def remove_later(self, name: str) -> bool:
+        """The page ``name`` is removed while the tier cannot see its pages (unavailable): True
+        when the tier takes it to remove once it can (and answers it absent meanwhile); False
+        when it can see them now, so the caller removes it as usual. Never blocks."""
+        return False
+
     def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
         """A page was just published: keep a copy if this tier takes every page (never blocks).
         ``release`` is called once the payload is no longer needed (at once when refused)."""

@@ -4,6 +4,7 @@ older version a replacement that was never written behind left there (dropped or
 not a page removed while a read from the shared tier was under way."""
 
 import errno
+import os
 import threading
 import time
 
@@ -15,6 +16,7 @@ from shared_helpers import KiB, page_name, read_page
 from hicachefs.store import PageNotFound, PageStore, StoreConfig
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.store.shared.layout import Layout, place
 from hicachefs.store.tier import PageMeta
 from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs_testing.workload import content
@@ -158,3 +160,28 @@ def test_a_page_removed_while_an_open_reads_it_from_the_shared_tier_stays_remove
     assert b.info(name) is None
     with pytest.raises(PageNotFound):
         b.open(name)
+
+
+def test_a_page_removed_while_the_volume_is_away_stays_removed_once_it_is_back(store_of, tmp_path):
+    """rm while the shared volume is away removes the local copies at once, and the volume's
+    file once it is back: the page never answers again here, and no file is left for the
+    other hosts' sweeps to find."""
+    device = FaultyDevice(DirectoryDevice())
+    a = store_of(device)
+    shared = a._named[0]
+    name = page_name(1)
+    a.put(name, content(1, SIZE))
+    wait_until(lambda: shared.statistics().write_behind.written_behind == 1)
+    on_volume = Layout(tmp_path / "shared").page_path(place(name))
+    assert os.path.exists(on_volume)
+    device.inject(Fault("open", errno=errno.EIO))  # the volume fails
+    for i in range(3):
+        a.put(page_name(500 + i), content(500 + i, SIZE))
+    wait_until(lambda: not shared.statistics().guard.available)
+    assert a.remove(name) is True  # the RAM copy, at once
+    device.clear()  # the volume is back
+    wait_until(lambda: shared.statistics().guard.available, timeout=10)
+    assert a.exists_many([name]) == [False]
+    with pytest.raises(PageNotFound):
+        a.open(name)
+    wait_until(lambda: not os.path.exists(on_volume))

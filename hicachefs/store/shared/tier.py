@@ -165,6 +165,9 @@ class SharedTier(Tier):
         # Pages offered here that were not written: an older version of one may still be on the
         # tier, which this host (once its own copy is gone) and others would read for it.
         self._unwritten: collections.OrderedDict[str, PageMeta] = collections.OrderedDict()  # under _lock
+        # Pages removed here while the tier was unavailable: their files go once it is back,
+        # and until then they are absent here (``remove_later``).
+        self._removals: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
         self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s,
                                          lost=self._lost)
         try:
@@ -184,7 +187,11 @@ class SharedTier(Tier):
         if not self._guard.available:
             return [False] * len(names)
         try:
-            return self._presence.contains_many(names)
+            found = self._presence.contains_many(names)
+            if self._removals:
+                with self._lock:
+                    found = [held and name not in self._removals for name, held in zip(names, found)]
+            return found
         except Exception:  # a name the hash cannot take: a miss, as for any bad input
             _log.exception("shared tier: contains_many failed")
             return [False] * len(names)
@@ -194,6 +201,20 @@ class SharedTier(Tier):
         prefix such as ``model/format``), from memory: never blocks, never raises."""
         prefix = path + "/"
         return self._guard.available and any(d.startswith(prefix) for d in self._presence.directories())
+
+    def remove_later(self, name: str) -> bool:
+        """See ``Tier.remove_later``: a file of the name that lies on the volume when it comes
+        back is removed before the sweep could count it again (a later write of the name here
+        cancels that). At most ``REMOVED_REMEMBERED`` names wait; older ones come back."""
+        if self._guard.available:
+            return False
+        self._note_removed(name)
+        with self._lock:
+            self._removals[name] = None
+            self._removals.move_to_end(name)
+            while len(self._removals) > REMOVED_REMEMBERED:
+                self._removals.popitem(last=False)
+        return True
 
     def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
         """Queue ``page`` for write-behind; never blocks. ``release`` is called exactly once,
@@ -443,6 +464,7 @@ class SharedTier(Tier):
         stored = _stored_size(page)
         with self._lock:
             self._unwritten.pop(page.name, None)  # this version replaced whatever was there
+            self._removals.pop(page.name, None)
         self._presence.update(where.directory, where.key_hash, stored, True)
         self._journal.announce(True, stored, page.name)
         self._count(bytes_in=page.size)
@@ -470,6 +492,32 @@ class SharedTier(Tier):
                     for later in pages[number:]:
                         self._unwritten.setdefault(later.name, later)
                 return
+
+    def _apply_removals(self, budget: int = 64) -> None:
+        """Remove the files of pages removed here while the tier was away (``remove_later``)."""
+        with self._lock:
+            names = list(itertools.islice(self._removals, budget))
+        for name in names:
+            if self._guarded(self._remove_file, name) is None:
+                return  # the filesystem failed: again later
+            with self._lock:
+                self._removals.pop(name, None)
+
+    def _remove_file(self, name: str) -> bool:
+        """Remove the file of ``name`` if there is one, announced to the other hosts; True once
+        done. A later write of the name here, under way meanwhile, may go with it: a miss."""
+        where = place(name)
+        path = self._layout.page_path(where)
+        try:
+            stored = self._device.stat(path).st_size
+            self._device.unlink(path)
+        except OSError as error:
+            if error.errno in _GONE:
+                return True
+            raise
+        self._presence.update(where.directory, where.key_hash, stored, False)
+        self._journal.announce(False, stored, name)
+        return True
 
     def _remove_other_version(self, page: PageMeta) -> bool:
         """Remove the file of ``page``'s name if it holds another version (one this host
@@ -603,6 +651,8 @@ class SharedTier(Tier):
                         next_probe = now + self._retry_s
                         self._guarded(self._probe, probe=True)
                     continue
+                if self._removals:
+                    self._apply_removals()
                 self._close_stale(now)
                 if self._journal.pending():
                     self._guarded(self._journal.flush)
