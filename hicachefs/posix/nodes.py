@@ -135,6 +135,8 @@ class PendingFile:
         """Make a change; one that fails fails the file (see the class docstring)."""
         if self.failure is not None:
             raise self.failure.with_traceback(None)
+        if self.gone:  # published or discarded: what it held is given back, and stays so
+            raise FsError(errno.EPERM, "the file was published or discarded; pages are immutable")
         try:
             return change(*args)
         except Exception as exc:

@@ -186,3 +186,19 @@ def test_a_page_on_the_disk_tier_needs_io_to_open_and_may_be_cached_as_any_page(
     fh = made.ns.handles.add(handle)
     assert made.read(fh) == b"c" * (1 << 20)
     made.store.close()
+
+
+def test_a_truncate_of_a_file_already_discarded_holds_no_memory_forever(ns):
+    """A writer whose temporary file was removed (rm, or a rename onto a key-named file being
+    written) still holds its descriptor; an ftruncate through it fails (EPERM, as a write does)
+    and reserves no room that nothing would ever give back."""
+    inode, fh = ns.create(b".tmp")
+    ns.write(fh, b"x" * 4096)
+    ns.ns.unlink(ns.pool, b".tmp")  # rm by someone else; the writer still has it open
+    writing = ns.ns.publishing.writing
+    assert writing.held == 0
+    assert refused(lambda: ns.ns.setattr(inode, size=512 << 10)) == errno.EPERM
+    ns.close(fh)
+    ns.ns.forget(inode, 1)
+    assert ns.ns.pending_count() == 0
+    assert writing.held == 0, "the writing share keeps the bytes of a file that is gone"

@@ -82,3 +82,25 @@ def test_the_ram_budget_shares_add_up_to_at_most_the_tier_and_show_what_they_hol
     for path in held:
         os.unlink(path)
     assert mounted_64m.stats()["ram_budget"]["shares"]["writing"]["held_bytes"] == 0
+
+
+def test_an_ftruncate_after_rm_gives_the_writing_share_back(mount_factory):
+    """A writer's ftruncate after its temporary file was removed kept its bytes in the writing
+    share (and a RAM slot) for the daemon's life: 32 of them filled the share of a 64 MiB
+    mount, and every writer then got ENOSPC."""
+    mounted = mount_factory("--memory", "64M")
+    pool = mounted.page_dir()
+    for i in range(40):
+        fd = os.open(pool / f".t{i}", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.unlink(pool / f".t{i}")
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, 1 << 20)
+        finally:
+            os.close(fd)
+    assert mounted.stats()["ram_budget"]["shares"]["writing"]["held_bytes"] == 0
+    fd = os.open(pool / ".after", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, 1 << 20)
+    finally:
+        os.close(fd)
