@@ -145,7 +145,7 @@ class FetchHandle:
         if not self._read:  # the answer began: a write starts a new request
             self._read = True
             self._request = bytearray()
-        pages, starts = self._pages, self._starts
+        pages, starts, versions = self._pages, self._starts, self._versions
         if not pages or offset >= starts[-1] + pages[-1][1]:
             return []
         index = bisect.bisect_right(starts, offset) - 1
@@ -163,13 +163,13 @@ class FetchHandle:
                     if isinstance(reader, NeedsIO):  # on a lower tier: read it off the event loop
                         reader = await self._open_slowly(reader, pages[index][1])
                 start = starts[index]
-                if reader is not None and position > start and reader.info.version != self._versions.get(index):
+                if reader is not None and position > start and reader.info.version != versions.get(index):
                     reader.close()  # goes on with a page whose pin went, and it changed meanwhile
                     reader = None
                 if reader is None:
                     break
                 reading[index] = reader
-                self._versions[index] = reader.info.version
+                versions[index] = reader.info.version
                 take = min(end, start + reader.size) - position
                 pieces.append(reader.read(position - start, take))
                 position += take
@@ -177,8 +177,13 @@ class FetchHandle:
         finally:
             for reader in previous.values():
                 reader.close()
-            self._held = reading
-            self._lease()
+            if pages is self._pages:
+                self._held = reading
+                self._lease()
+            else:  # a write started a new request while this read waited: its pages are not that
+                pieces[:] = [bytes(piece) for piece in pieces]  # one's to hold (this answer copied)
+                for reader in reading.values():
+                    reader.close()
         return self.store.merged(pieces)
 
     def _taken(self) -> dict[int, PageReader]:

@@ -178,3 +178,40 @@ def test_a_page_read_on_after_its_pin_went_is_the_version_it_was_or_nothing(repl
         assert rest == (b"" if replaced else content(1, size)[1 << 20 :])
     finally:
         store.close()
+
+
+def test_a_request_written_while_a_read_of_the_last_one_waits_is_answered_with_its_own_pages(tmp_path):
+    """A read that waits on the disk tier, and a write meanwhile that starts a new request on the
+    same handle (two threads of one client on one descriptor): the new request's read answers
+    its own page, never one the old read left pinned at the same position."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    device = HeldReads(FileDevice(disk / "hicachefs.arena"))
+    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=disk, disk_bytes=64 << 20), disk_device=device)
+    try:
+        store.put(f"{POOL}/on-disk", content(1, SIZE))
+        for i in range(40):  # more than RAM holds: the first page is demoted to disk
+            store.put(f"{POOL}/filler{i}", content(100 + i, SIZE))
+        store.put(f"{POOL}/in-ram", content(2, SIZE))
+        store.put(f"{POOL}/wanted", content(3, SIZE))
+        assert store.info(f"{POOL}/on-disk").tier == "disk"
+        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), Leases())
+        answered: list[bytes] = []
+
+        async def main() -> None:
+            await handle.write(0, f"{SIZE} {POOL}/in-ram\n{SIZE} {POOL}/on-disk\n".encode())
+            device.held = True
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(handle.read, 0, 2 * SIZE)
+                await trio.to_thread.run_sync(device.entered.wait)
+                await handle.write(0, f"{SIZE} {POOL}/wanted\n".encode())  # a new request
+                device.held = False
+                device.released.set()
+            pieces = await handle.read(0, SIZE)
+            answered.append(b"".join(bytes(piece) for piece in pieces))
+
+        trio.run(main)
+        assert answered[0] == content(3, SIZE), "another page's bytes answered for 'wanted'"
+        handle.release()
+    finally:
+        store.close()
