@@ -64,6 +64,7 @@ class DirectoryTree:
     def remove(self, parent: Directory, child: Directory) -> None:
         del parent.children[child.path.rsplit("/", 1)[-1]]
         del self._by_path[child.path]
+        del self._by_inode[child.inode]  # its number is never used again: asks of it find nothing
         child.removed = True
         parent.mtime_ns = time.time_ns()
 

@@ -202,3 +202,17 @@ def test_a_truncate_of_a_file_already_discarded_holds_no_memory_forever(ns):
     ns.ns.forget(inode, 1)
     assert ns.ns.pending_count() == 0
     assert writing.held == 0, "the writing share keeps the bytes of a file that is gone"
+
+
+def test_directories_made_and_removed_again_are_not_kept_forever(ns):
+    """A client's clear() is an rm -r of its shard, and its next batch makes the pools again:
+    the daemon does not keep every directory it ever had."""
+    shard = ns.ns.lookup(ns.ns.lookup(ROOT_INODE, b"m").inode, b"f").inode
+    before = len(ns.ns.tree._by_inode)
+    for _ in range(100):
+        made = ns.ns.mkdir(shard, b"tp1of2").inode
+        ns.ns.mkdir(made, b"kv")
+        ns.ns.rmdir(made, b"kv")
+        ns.ns.rmdir(shard, b"tp1of2")
+    assert len(ns.ns.tree._by_inode) == before, "removed directories stay in the daemon's memory"
+    assert refused(ns.ns.getattr, made) == errno.ENOENT
