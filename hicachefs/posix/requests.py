@@ -73,6 +73,8 @@ class Requests:
         self.refusals = RefusalLog(log)
         #: Requests answered, by operation.
         self.counts: collections.Counter[str] = collections.Counter()
+        #: The entries the last readdir of each directory handle offered, for ``took``.
+        self._offered: dict[int, list] = {}
 
     def count(self, op: str) -> None:
         self.counts[op] += 1
@@ -155,21 +157,24 @@ class Requests:
             return self._entries(fh, start, limit)
 
     def _entries(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
-        entries = []
+        entries, offered = [], []
         for next_id, (name, describe) in self.handle(fh).listing(start):
             entries.append((next_id, name, describe(False)))
+            offered.append(describe)
             if len(entries) >= limit:
                 break
+        self._offered[fh] = offered
         return entries
 
     async def took(self, fh: int, start: int, count: int, left: list[int]) -> None:
-        for taken, (_, (_, describe)) in enumerate(self.handle(fh).listing(start)):
-            if taken >= count:
-                break
+        # The very entries offered, not a second listing: the store's other threads may have
+        # changed it in between (a page reclaimed shifts it), which counted the wrong ones.
+        for describe in self._offered.pop(fh, [])[:count]:
             describe(True)
         self.namespace.not_taken(left)
 
     async def releasedir(self, fh: int) -> None:
+        self._offered.pop(fh, None)
         self.namespace.handles.release(fh)
 
     # ---- files ---------------------------------------------------------------------

@@ -19,7 +19,7 @@ from hicachefs.posix.requests import Requests
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs_testing import attacks
 from hicachefs_testing.workload import content, publish
-from namespace_alone import Alone
+from namespace_alone import Alone, alone
 from pages import requests_of
 
 POOL_PAGES = 40_000
@@ -214,3 +214,27 @@ def test_a_listing_cut_short_holds_no_inodes_for_the_entries_the_kernel_did_not_
         os.close(fd)
     held = mounted.stats()["page_inodes"]
     assert 0 < held <= 4096 // MIN_DIRENTPLUS, held
+
+
+def test_readdir_counts_the_entries_the_kernel_took_even_when_the_store_changed_meanwhile():
+    """The entries the kernel took count as lookups, and the rest are let go, even when the
+    store's other threads change the listing between the reply and the count (a page
+    reclaimed on the disk tier): counting a second listing counted the wrong entries, keeping
+    one the kernel never took for good and leaving one it did take uncounted."""
+    ns = alone()
+    try:
+        for i in range(4):
+            ns.ns.forget(ns.publish(b"k%d" % i, b"page %d" % i), 1)  # the kernel forgot the files it wrote
+        assert ns.ns.page_inodes() == 0
+        requests = Requests(ns.ns)
+        fh = trio.run(requests.opendir, ns.pool)
+        entries = trio.run(requests.readdir, fh, 0, 256)
+        assert [name for _, name, _ in entries] == [b"k0", b"k1", b"k2", b"k3"]
+        taken = 3  # the kernel's buffer held three of them
+        ns.store.remove("m/f/tp0of1/kv/k0")  # meanwhile, another thread of the store drops k0
+        trio.run(requests.took, fh, 0, taken, [st.inode for _, _, st in entries[taken:]])
+        counts = {name: ns.ns.nodes.get(st.inode).nlookup if ns.ns.nodes.get(st.inode) else None
+                  for _, name, st in entries}
+        assert counts == {b"k0": 1, b"k1": 1, b"k2": 1, b"k3": None}, counts
+    finally:
+        ns.store.close()
