@@ -99,6 +99,8 @@ class PageIO:
         On a miss the buffers may hold part of the page; callers must not use them.
         """
         path = self.path(rel)
+        if self.plane is not None:
+            self.plane.commits.wait([rel])  # this process's commit of it under way: answered first
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:

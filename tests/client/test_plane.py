@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+import torch
 import xxhash
 
 import hicachefs_client.plane as plane_module
@@ -666,3 +667,38 @@ def test_a_page_a_write_batch_evicted_is_gone_from_the_kernel_when_the_batch_ret
         evicted = [k for k in first if writer.batch_exists([k]) == 0]  # the index's word
         assert not [k for k in evicted if os.path.exists(directory / k)]  # none still seen
     assert mount.stats()["tiers"]["memory"]["evictions"] >= PAGES
+
+
+def test_legacy_get_sees_a_page_whose_commit_is_under_way_in_this_process(mounted, monkeypatch):
+    """Every client of the mount in the same process sees a written page at once (contract,
+    "The commit is sent behind the call"), through ``get``/``batch_get`` too: SGLang's generic
+    page path reads a page file, which did not wait for this process's commits under way (a
+    miss for a page batch_set_v1 had just reported stored)."""
+    pages = 4
+    pool = MHAHostPool(pages=2 * pages)
+    writer = make_fs(mounted.path, pool)
+    first = [key("legacy", i) for i in range(pages)]
+    assert writer.batch_set_v1(first, indices(pool, range(pages))) == [True] * pages  # makes the pool
+    writer.settle()
+    released = threading.Event()
+    send = Plane._commit_behind
+
+    def held_back(plane, *args):  # the daemon's answer, delayed
+        released.wait(10)
+        return send(plane, *args)
+
+    monkeypatch.setattr(Plane, "_commit_behind", held_back)
+    second = [key("legacy", i) for i in range(pages, 2 * pages)]
+    assert writer.batch_set_v1(second, indices(pool, range(pages, 2 * pages))) == [True] * pages
+    reader = make_fs(mounted.path, MHAHostPool(pages=pages))
+    got = []
+    target = reader.mem_pool_host.get_dummy_flat_data_page()
+    reading = threading.Thread(target=lambda: got.append(reader.get(second[1], target)))
+    reading.start()
+    reading.join(0.3)
+    released.set()
+    reading.join(10)
+    assert got and got[0] is not None  # a read waits for it, as exists and batch_get_v1 do
+    assert got[0].view(torch.uint8).numpy().tobytes() == page_bytes(pool, pages + 1)
+    writer.close()
+    reader.close()
