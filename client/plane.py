@@ -288,6 +288,8 @@ class Plane:
                     return True
             except Unknown:
                 return None
+            except OSError:  # the disk file failed this read (a bad block): the daemon reads it
+                return None
             self.counters.add(plane_retries=1)
             found = self._locate(attachment, [rel])[0]
         return None  # it kept changing under the copies, or its bytes failed their checksum

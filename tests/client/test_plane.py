@@ -20,6 +20,7 @@ import torch
 import xxhash
 
 import hicachefs_client.plane as plane_module
+import hicachefs_client.plane_index as plane_index
 import hicachefs_client.plane_reports as plane_reports
 from hicachefs_client.page_io import PageIO
 from hicachefs_client.plane import MIN_AHEAD_BYTES, Plane
@@ -701,4 +702,37 @@ def test_legacy_get_sees_a_page_whose_commit_is_under_way_in_this_process(mounte
     assert got and got[0] is not None  # a read waits for it, as exists and batch_get_v1 do
     assert got[0].view(torch.uint8).numpy().tobytes() == page_bytes(pool, pages + 1)
     writer.close()
+    reader.close()
+
+
+def test_a_disk_page_the_plane_cannot_read_is_read_by_the_daemon_and_the_rest_of_the_run_by_the_plane(
+        mount_factory, tmp_path, monkeypatch):
+    """One page of the disk tier whose read fails in the client (EIO from the disk file) is
+    asked of the daemon, and the other pages of its run are still the plane's: the error used to
+    end the whole run, and every page of it was a miss."""
+    mount = mount_factory("--memory", "16M", "--disk", str(tmp_path / "disk"), "--disk-size", "256M")
+    shape = dict(head_num=8, head_dim=64)  # 128 KiB pages: 256 of them are twice the RAM tier
+    source = MHAHostPool(pages=256, **shape)
+    keys = [key("disk", i) for i in range(256)]
+    writer = make_fs(mount.path, source)
+    for first in range(0, 256, 32):
+        assert writer.batch_set_v1(keys[first:first + 32], indices(source, range(first, first + 32))) == [True] * 32
+    writer.close()
+    directory = mount.path / writer._dir_of("kv")
+    assert all(os.getxattr(directory / k, "user.hicachefs.tier") == b"disk" for k in keys[:8])
+    target = MHAHostPool(pages=8, **shape)
+    reader = make_fs(mount.path, target)
+    read_into = plane_index.read_into
+    failed = []
+
+    def failing(fd, buffers, offset):
+        if not failed:
+            failed.append(offset)
+            raise OSError(errno.EIO, "a bad block")
+        return read_into(fd, buffers, offset)
+
+    monkeypatch.setattr(plane_index, "read_into", failing)
+    assert reader.batch_get_v1(keys[:8], indices(target, range(8))) == [True] * 8
+    assert failed and all(page_bytes(target, i) == page_bytes(source, i) for i in range(8))
+    assert reader.statistics()["plane_reads"] == 7
     reader.close()
