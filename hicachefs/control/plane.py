@@ -57,6 +57,7 @@ from typing import Protocol
 from .. import names
 from ..store import Draft, PageStore, StoreError
 from ..store.budget import Share
+from ..store.ram.arena import size_class
 from ..posix.errors import FsError, errno_of
 from . import ingest
 from ..posix.writing_budget import WritingBudget
@@ -196,23 +197,24 @@ class PlaneHandle:
         the next batch, within the ``ahead`` share."""
         answers = []
         for size in sizes:
-            if ahead and not self.ahead.take(size):
+            cost = size_class(size)  # what the slot takes of the tier (64 bytes at least)
+            if ahead and not self.ahead.take(cost):
                 answers.append(-errno.ENOBUFS)
                 continue
             try:
-                self.budget.change(size)
+                self.budget.change(cost)
             except FsError as exc:
                 answers.append(-exc.errno)
                 continue
             try:
                 draft = self.store.reserve(size)
             except StoreError as exc:
-                self.budget.change(-size)
+                self.budget.change(-cost)
                 answers.append(-errno_of(exc))
                 continue
             if draft.shared_at is None:  # private memory: no slot a client can reach
                 self.store.abandon(draft)
-                self.budget.change(-size)
+                self.budget.change(-cost)
                 answers.append(-errno.ENOSPC)
                 continue
             self._reserved[draft.shared_at] = draft
@@ -222,7 +224,7 @@ class PlaneHandle:
         if ahead:  # what could not be had goes back to the ahead budget
             for size, answer in zip(sizes, answers):
                 if answer < 0 and answer != -errno.ENOBUFS:
-                    self.ahead.give_back(size)
+                    self.ahead.give_back(size_class(size))
         return struct.pack(f"<{len(answers)}q", *answers)
 
     def _take(self, offset: int) -> Draft | None:
@@ -230,7 +232,7 @@ class PlaneHandle:
         draft = self._reserved.pop(offset, None)
         if draft is not None and offset in self._ahead:
             self._ahead.discard(offset)
-            self.ahead.give_back(draft.size)
+            self.ahead.give_back(size_class(draft.size))
         return draft
 
     def _commit(self, flags: int, count: int, body: memoryview) -> bytes:
@@ -255,7 +257,7 @@ class PlaneHandle:
         draft = self._take(offset)
         if draft is None:
             return -errno.EBADF  # not a slot of this handle's (never reserved, or used up)
-        self.budget.change(-draft.size)
+        self.budget.change(-size_class(draft.size))
         if draft.size != size:
             self.store.abandon(draft)
             return -errno.EINVAL
@@ -273,7 +275,7 @@ class PlaneHandle:
         return PUBLISHED if published else KEPT
 
     def _give_back(self, draft: Draft) -> None:
-        self.budget.change(-draft.size)
+        self.budget.change(-size_class(draft.size))
         self.store.abandon(draft)
 
     @staticmethod

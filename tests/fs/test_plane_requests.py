@@ -1,0 +1,52 @@
+"""The plane file's requests in the daemon, without FUSE: a plane handle over a namespace and its
+store. What a writer reserves is bounded by what its slots take of the RAM tier, and what one
+request does on the event loop is bounded."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import trio
+
+from hicachefs.control import plane
+from hicachefs.posix.errors import FsError
+from hicachefs.store import PageStore, StoreConfig
+from namespace_alone import Alone
+
+POOL = "m/f/tp0of1/kv"
+
+
+def request(handle: plane.PlaneHandle, op: int, count: int, body: bytes) -> bytes:
+    trio.run(handle.write, 0, plane.REQUEST.pack(b"HCPQ", op, 0, count, len(body), 1) + body)
+    return trio.run(handle.read, 0, 1 << 26)[plane.ANSWER.size:]
+
+
+@pytest.fixture
+def alone():
+    store = PageStore(StoreConfig(memory_bytes=4 << 20))
+    yield Alone(store)
+    store.close()
+
+
+def test_tiny_reservations_hold_no_more_of_the_ram_tier_than_the_writing_share(alone):
+    """Each reservation takes a whole slot (64 bytes at least); a writer reserving 1-byte pages
+    must not take the published pages' half of the tier while the writing share says it
+    holds a sixty-fourth of that."""
+    store = alone.store
+    pages = [f"{POOL}/{i:064x}" for i in range(32)]
+    for i, name in enumerate(pages):  # half the tier (2 MiB of 4)
+        store.put(name, bytes([i]) * (64 << 10))
+    handle = plane.PlaneHandle(store, alone.ns.publishing, store.budget.share("reserved_ahead"))
+    writing = alone.ns.publishing.writing
+    count = 4096
+    for _ in range(12):  # 48 Ki one-byte pages: 3 MiB of slots
+        try:
+            request(handle, plane.RESERVE, count, struct.pack(f"<{count}I", *[1] * count))
+        except FsError:
+            break
+    assert writing.held <= writing.limit
+    assert store._ram.arena.used_bytes - 32 * (64 << 10) <= writing.limit  # what the slots take
+    assert all(store.info(name) is not None for name in pages), "reservations evicted published pages"
+    handle.release()
+    assert writing.held == 0
