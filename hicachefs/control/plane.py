@@ -81,6 +81,12 @@ MAX_REPORT = 4096
 MAX_REQUEST = 4096 * (_ENTRY.size + 5 * names.MAX_NAME_BYTES + 4 + _SIZE.size) + REQUEST.size + 4
 
 
+def _bounded(count: int, what: str) -> None:
+    """Pages one request may name (its work runs on the event loop, as a report's does)."""
+    if count > MAX_REPORT:
+        raise FsError(errno.EFBIG, f"{what} holds at most {MAX_REPORT} pages")
+
+
 class Publisher(ingest.Publisher, Protocol):
     """The namespace's publish rules, and what the files being written may hold."""
 
@@ -164,6 +170,7 @@ class PlaneHandle:
         if op == DIR:
             return _OFFSET.pack(self.store.plane_dir(self._directory(bytes(body))))
         if op == RESERVE:
+            _bounded(count, "a reserve")
             return self._reserve([_SIZE.unpack_from(body, 4 * i)[0] for i in range(count)])
         if op == COMMIT:
             return self._commit(flags, count, body)
@@ -236,18 +243,21 @@ class PlaneHandle:
         return draft
 
     def _commit(self, flags: int, count: int, body: memoryview) -> bytes:
-        outcomes = []
+        _bounded(count, "a commit")
+        entries = []
         unpack, entry_size, keep_existing = _ENTRY.unpack_from, _ENTRY.size, flags & KEEP_EXISTING
         make_pools = bool(flags & MAKE_POOLS)
         at = 0
-        for _ in range(count):
+        for _ in range(count):  # the whole request read before any page is published
             offset, checksum, size, length = unpack(body, at)
             start = at + entry_size
             at = start + length
-            path = str(body[start:at], "utf-8", "surrogateescape")
-            outcomes.append(self._publish(offset, checksum, size, path, keep_existing, make_pools))
+            entries.append((offset, checksum, size, str(body[start:at], "utf-8", "surrogateescape")))
         ahead = _SIZE.unpack_from(body, at)[0]
+        _bounded(ahead, "a commit's reservation ahead")
         sizes = list(struct.unpack_from(f"<{ahead}I", body, at + 4))
+        outcomes = [self._publish(offset, checksum, size, path, keep_existing, make_pools)
+                    for offset, checksum, size, path in entries]
         return struct.pack(f"<{count}i", *outcomes) + self._reserve(sizes, ahead=True)
 
     def _publish(self, offset: int, checksum: int, size: int, path: str, keep_existing: int,

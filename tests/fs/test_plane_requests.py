@@ -4,6 +4,7 @@ request does on the event loop is bounded."""
 
 from __future__ import annotations
 
+import errno
 import struct
 
 import pytest
@@ -50,3 +51,39 @@ def test_tiny_reservations_hold_no_more_of_the_ram_tier_than_the_writing_share(a
     assert all(store.info(name) is not None for name in pages), "reservations evicted published pages"
     handle.release()
     assert writing.held == 0
+
+
+def test_a_reserve_of_more_pages_than_a_commit_holds_is_refused_and_reserves_nothing(alone):
+    """A request's work on the event loop is bounded (as a report's is): a RESERVE of a million
+    sizes ran there for seconds, every other request of the mount waiting."""
+    store = alone.store
+    handle = plane.PlaneHandle(store, alone.ns.publishing, store.budget.share("reserved_ahead"))
+    count = plane.MAX_REPORT + 1
+    with pytest.raises(FsError) as refused:
+        request(handle, plane.RESERVE, count, struct.pack(f"<{count}I", *[64] * count))
+    assert refused.value.errno == errno.EFBIG
+    assert alone.ns.publishing.writing.held == 0 and store._ram.arena.used_bytes == 0
+    body = struct.pack(f"<I{count}I", count, *[64] * count)  # a commit reserving as many ahead
+    with pytest.raises(FsError) as refused:
+        request(handle, plane.COMMIT, 0, body)
+    assert refused.value.errno == errno.EFBIG
+    assert alone.ns.publishing.writing.held == 0 and store._ram.arena.used_bytes == 0
+    handle.release()
+
+
+def test_a_malformed_commit_publishes_nothing(alone):
+    """A commit whose body ends before what its entries say (a path running past it) fails with
+    EINVAL and publishes none of its pages, not those before the bad one."""
+    store = alone.store
+    handle = plane.PlaneHandle(store, alone.ns.publishing, store.budget.share("reserved_ahead"))
+    slots = struct.unpack("<2q", request(handle, plane.RESERVE, 2, struct.pack("<2I", 64, 64)))
+    assert all(slot >= 0 for slot in slots)
+    good = f"{POOL}/{'a' * 64}".encode()
+    body = plane._ENTRY.pack(slots[0], 0, 64, len(good)) + good
+    body += plane._ENTRY.pack(slots[1], 0, 64, 4096) + b"short"  # its path runs past the body
+    with pytest.raises(FsError) as refused:
+        request(handle, plane.COMMIT, 2, body)
+    assert refused.value.errno == errno.EINVAL
+    assert store.info(good.decode()) is None
+    handle.release()
+    assert alone.ns.publishing.writing.held == 0
