@@ -8,6 +8,7 @@ surfaces as DeviceError (EIO) or PageCorrupt, and RAM pages keep being served.
 from __future__ import annotations
 
 import errno
+import os
 import threading
 
 import pytest
@@ -196,5 +197,46 @@ def test_a_block_the_scan_cannot_read_loses_its_region_not_the_start(tmp_path, f
         assert 0 < len(held) < len(pages)
         assert all(read_all(store, name) == pages[name] for name in held)
         assert "region 1 of" in caplog.text and "cannot be read" in caplog.text
+    finally:
+        store.close()
+
+
+def test_a_removed_page_stays_removed_after_a_failed_write_at_the_wrap_and_a_crash(tmp_path):
+    """The ring wraps: the oldest region is reclaimed (its pages forgotten), then its first write
+    fails (EIO). Its old records still lay there whole, and a page removed since (only RAM had
+    it now) came back from them at the scan after a crash. The region's first header is erased
+    before its pages are forgotten, so no scan walks them."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    config = StoreConfig(memory_bytes=32 * MiB, disk_dir=disk, disk_bytes=8 * MiB + 4096,
+                         write_through=True, max_page_size=256 * KiB)
+    victim = page_name(0)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            device = FaultyDevice(FileDevice(disk / ARENA_NAME))
+            store = PageStore(config, disk_device=device)
+            log = store._tiers[1].log
+            store.put(victim, content(0, 256 * KiB))  # region 0's first record; in RAM as well
+            i = 1
+            while not (log.current == log.regions - 1 and log.tail + 260 * KiB > log.region_start(log.regions)):
+                store.put(page_name(i), content(i, 256 * KiB))
+                i += 1
+            device.inject(Fault("pwritev", errno=errno.EIO, count=1))
+            try:  # the ring wraps: region 0 is reclaimed, then its first write fails
+                store.put(page_name(i), content(i, 256 * KiB))
+            except DeviceError:
+                pass
+            assert store.info(victim) is not None  # still in RAM
+            assert store.delete(victim)
+            code = 0
+        finally:
+            os._exit(code)  # a crash: no close
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    store = PageStore(config)
+    try:
+        assert store.info(victim) is None, "a page removed before the crash came back"
     finally:
         store.close()

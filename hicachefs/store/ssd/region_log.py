@@ -308,7 +308,13 @@ class RegionLog:
         size = len(payload)
         length = record_length(len(name), size)
         if self.tail + length > self.region_start(self.current) + self.region_bytes:
-            self.current = (self.current + 1) % self.regions
+            following = (self.current + 1) % self.regions
+            # Erase the region's first header before its pages are forgotten: should the write
+            # below fail, no scan after a crash walks the old records of a reclaimed region (one
+            # of them may be a page removed or replaced since, while only RAM held it).
+            if self.device.pwrite(bytes(HEADER.size), self.region_start(following)) != HEADER.size:
+                raise OSError(errno.EIO, f"short write to {self.path} while reclaiming a region")
+            self.current = following
             self.tail = self.region_start(self.current)
             reclaim(self.tail, self.tail + self.region_bytes)
             self.used_bytes -= self.region_live[self.current]
