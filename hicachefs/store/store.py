@@ -790,24 +790,34 @@ class PageStore:
             self._ram.unpin(slot)
 
     def _write_down_for_restart(self) -> None:
+        """Write RAM-only pages down, the most recent ones as room allows. Writing reclaims the
+        oldest regions, which may hold the only lower copy of a page that is in RAM too (a
+        promoted one): such a page is RAM-only then, and is written down in a further pass."""
         below = self._tiers[1]
         budget = below.retention_bytes()
-        rows = [r for r in self._ram.oldest_first() if self._index.top_tier(r) == RAM
-                and not (self._index.loc[r, 1:] >= 0).any()]
-        keep = []
-        for row in reversed(rows):
-            size = int(self._index.size[row])
-            if not below.fits(self._index.name(row).encode(), size):
-                continue  # a page the disk tier cannot hold stays behind; the others go down
-            budget -= size + 4096
+        tried: set[int] = set()
+        while True:
+            rows = [r for r in self._ram.oldest_first() if r not in tried and self._index.top_tier(r) == RAM
+                    and not (self._index.loc[r, 1:] >= 0).any()]
+            keep = []
+            for row in reversed(rows):
+                size = int(self._index.size[row])
+                if not below.fits(self._index.name(row).encode(), size):
+                    continue  # a page the disk tier cannot hold stays behind; the others go down
+                budget -= size + 4096
+                if budget < 0:
+                    break
+                keep.append(row)
+            if not keep:
+                return
+            for row in reversed(keep):
+                tried.add(row)
+                if self._index.dir[row] >= 0 and not (self._index.loc[row, 1:] >= 0).any():
+                    view = self._ram.view(int(self._index.loc[row, RAM]), int(self._index.size[row]))
+                    if self._intact(row, view) and self._write_below(self._meta(row), view, RAM, row) is None:
+                        return  # the device fails: what is left stays unwritten
             if budget < 0:
-                break
-            keep.append(row)
-        for row in reversed(keep):
-            if self._index.dir[row] >= 0 and not (self._index.loc[row, 1:] >= 0).any():
-                view = self._ram.view(int(self._index.loc[row, RAM]), int(self._index.size[row]))
-                if self._intact(row, view) and self._write_below(self._meta(row), view, RAM, row) is None:
-                    break  # the device fails: what is left stays unwritten
+                return
 
     def _info(self, row: int) -> PageInfo:
         index = self._index

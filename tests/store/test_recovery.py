@@ -230,3 +230,38 @@ def test_foreign_file_is_refused_and_left_alone(tmp_path):
     with pytest.raises(StoreError, match="not a hicachefs disk arena"):
         PageStore(StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=32 * MiB))
     assert (tmp_path / ARENA_NAME).read_bytes() == b"precious data" * 1000
+
+
+def test_a_clean_close_keeps_a_promoted_page_whose_disk_copy_the_write_down_reclaims(tmp_path):
+    """A page read back into RAM (promoted) keeps its copy in the oldest region; the write-down
+    at a clean close wraps the ring onto that region, and the page, now in RAM only, was never
+    written: gone after the restart, though the disk tier had room for all of RAM."""
+    page = 256 * KiB
+    config = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path / "disk", disk_bytes=8 * MiB + 4096,
+                         max_page_size=page)
+    store = PageStore(config)
+    log = store._tiers[1].log
+    hot = page_name(0)
+    store.put(hot, content(0, page))
+    i = 1
+    while store.info(hot).tier != "disk":  # pushed down by newer pages
+        store.put(page_name(i), content(i, page))
+        i += 1
+    assert log.current == 0
+    read_all(store, hot)
+    read_all(store, hot)  # the second read promotes it: in RAM, its copy still in region 0
+    assert store.info(hot).tier == "memory"
+    while log.current != log.regions - 1:  # the disk fills up to its last region; hot stays in RAM
+        store.put(page_name(i), content(i, page))
+        read_all(store, hot)
+        i += 1
+    ram = store.statistics().tier("memory")
+    assert ram.used_bytes + ram.pages * 4096 < store._tiers[1].retention_bytes() // 2 + 2 * MiB  # room for all of RAM
+    assert store.info(hot).tier == "memory"
+    store.close()
+    store = PageStore(config)
+    try:
+        assert store.info(hot) is not None, "a RAM page was lost at a clean close with room to spare"
+        assert read_all(store, hot) == content(0, page)
+    finally:
+        store.close()
