@@ -8,6 +8,7 @@ Pure functions: thread-safe.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 from . import mount_options
@@ -24,7 +25,10 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not match:
         raise UsageError(f"bad size {text!r}: use a number with K, M, G or T, like 64G")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    size = float(match.group(1)) * _UNITS[match.group(2).upper()]
+    if not math.isfinite(size) or size >= 1 << 63:
+        raise UsageError(f"bad size {text!r}: too large")
+    return int(size)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -83,3 +83,17 @@ def test_memory_beyond_what_the_host_has_is_refused_up_front(tmp_path):
     assert result.stderr.startswith("hicachefs: --memory 10T is more than the ")
     assert result.stderr.endswith(" GiB of memory this host has available\n") and result.stderr.count("\n") == 1
     assert not mounting.is_mounted(mountpoint) and not log.exists()  # no daemon was started
+
+
+@pytest.mark.parametrize("flag", ["--memory", "--max-page-size", "--disk-size", "--shared-size"])
+def test_an_enormous_size_is_one_line(tmp_path, flag):
+    """A size of 400 digits became a float's infinity and a traceback (OverflowError)."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    extra = {"--disk-size": ["--disk", str(tmp_path / "d")],
+             "--shared-size": ["--shared", str(tmp_path / "s")]}.get(flag, [])
+    result = hicachefs("mount", str(mountpoint), *extra, flag, "9" * 400 + "G")
+    mounting.stop_if_mounted(mountpoint)
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "too large" in result.stderr
