@@ -60,6 +60,8 @@ def daemon_config(args: argparse.Namespace, mountpoint: Path) -> DaemonConfig:
     _check_fuse()
     log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
     if log_file is not None:
+        if mountpoint in Path(log_file).resolve().parents:
+            raise UsageError(f"--log-file {args.log_file} is inside the mountpoint: the mount would hide it")
         _check_log_file(log_file, args.log_file)
     return DaemonConfig(
         mountpoint=str(mountpoint),

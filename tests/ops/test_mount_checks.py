@@ -97,3 +97,16 @@ def test_an_enormous_size_is_one_line(tmp_path, flag):
     assert "Traceback" not in result.stderr
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "too large" in result.stderr
+
+
+def test_a_log_file_inside_the_mountpoint_is_refused(tmp_path):
+    """A log file in the mountpoint is hidden by the mount, and stays behind after it, so the
+    next mount of the same directory fails with 'not empty'."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    result = hicachefs("mount", str(mountpoint), "--memory", "32M", "--log-file", str(mountpoint / "log"))
+    mounted = mounting.is_mounted(mountpoint)
+    mounting.stop_if_mounted(mountpoint)
+    assert result.returncode == 2 and not mounted, result.stdout + result.stderr
+    assert "--log-file" in result.stderr and result.stderr.count("\n") == 1
+    assert list(mountpoint.iterdir()) == []
