@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     except deadline.NoAnswer as exc:  # stats, top: the daemon stopped answering
         print(f"hicachefs: {exc.about(mount_table.resolve(args.mountpoint))}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback
+        print("hicachefs: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader went away (``| head``); what is still buffered has nowhere to go.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

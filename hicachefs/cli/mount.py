@@ -57,6 +57,17 @@ def command(args: argparse.Namespace) -> int:
     finally:
         os.close(progress_write)
     progress = Display(progress_read)
+    try:
+        return _wait(child, config, progress)
+    except KeyboardInterrupt:  # Ctrl-C while waiting: the operator gave up on this mount
+        progress.close()
+        removed = _take_down(child, config.mountpoint)
+        print(f"hicachefs: interrupted; stopped the daemon (pid {child.pid}), {removed}", file=sys.stderr)
+        return 130
+
+
+def _wait(child: subprocess.Popen, config, progress: Display) -> int:
+    """Wait for the daemon's mount to answer; the command's exit status."""
     # Populating the RAM arena and scanning the disk tier take time in proportion to their size.
     timeout = MOUNT_TIMEOUT_S + (config.memory_bytes + config.disk_bytes) / (1 << 30)
     until = time.monotonic() + timeout

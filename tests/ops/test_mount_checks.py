@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -110,3 +112,33 @@ def test_a_log_file_inside_the_mountpoint_is_refused(tmp_path):
     assert result.returncode == 2 and not mounted, result.stdout + result.stderr
     assert "--log-file" in result.stderr and result.stderr.count("\n") == 1
     assert list(mountpoint.iterdir()) == []
+
+
+def test_ctrl_c_while_mount_waits_stops_its_daemon_in_one_line(tmp_path):
+    """Ctrl-C while ``hicachefs mount`` waits for the RAM fill: one line, status 130, and the
+    daemon it started stopped (it runs in a session of its own, so it went on, and mounted
+    seconds later, after a KeyboardInterrupt traceback)."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    command = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "4G"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemon = None
+    try:
+        time.sleep(1.5)  # the fill of 4 GiB takes some 10 s here
+        command.send_signal(signal.SIGINT)
+        _, err = command.communicate(timeout=60)
+        found = re.search(r"\(pid (\d+)\)", err)
+        daemon = int(found.group(1)) if found else None
+        assert "Traceback" not in err, err
+        assert command.returncode == 130 and err.count("\n") == 1, err
+        assert daemon is not None and mounting.wait_gone(daemon, 10)
+        assert not mounting.is_mounted(mountpoint)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+        if daemon is None:  # the command did not say which: a daemon left running mounts later
+            deadline = time.monotonic() + 20
+            while not mounting.is_mounted(mountpoint) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        mounting.stop_if_mounted(mountpoint)
