@@ -159,7 +159,7 @@ class Operations(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, name, entry(st, self.uid, self.gid), next_id):
                 break
             taken += 1
-        await self.requests.took(fh, start_id, taken, [st.inode for _, _, st in entries[taken:]])
+        await self.requests.took(fh, taken)
 
     @_replying
     async def releasedir(self, fh):

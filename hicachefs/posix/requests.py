@@ -22,6 +22,7 @@ import trio
 
 from ..store import NeedsIO, StoreError
 from .errors import FsError, errno_of
+from .listing import Describe
 from .namespace import Namespace, Room
 from .nodes import Stat
 from .refusal_log import RefusalLog
@@ -73,8 +74,9 @@ class Requests:
         self.refusals = RefusalLog(log)
         #: Requests answered, by operation.
         self.counts: collections.Counter[str] = collections.Counter()
-        #: The entries the last readdir of each directory handle offered, for ``took``.
-        self._offered: dict[int, list] = {}
+        #: The entries the last readdir of each directory handle offered, for ``took``: each
+        #: one's ``Describe`` and inode.
+        self._offered: dict[int, list[tuple[Describe, int]]] = {}
 
     def count(self, op: str) -> None:
         self.counts[op] += 1
@@ -152,26 +154,28 @@ class Requests:
     async def readdir(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
         """Up to ``limit`` entries from position ``start``: (next position, name, attributes).
         The kernel may take fewer: ``took`` says how many, so that they count as lookups, and
-        which inodes it was offered and did not take."""
+        the rest are let go."""
         async with self.turn_of(self.namespace.handles.opener(fh)):
             return self._entries(fh, start, limit)
 
     def _entries(self, fh: int, start: int, limit: int) -> list[tuple[int, bytes, Stat]]:
         entries, offered = [], []
         for next_id, (name, describe) in self.handle(fh).listing(start):
-            entries.append((next_id, name, describe(False)))
-            offered.append(describe)
+            st = describe(False)
+            entries.append((next_id, name, st))
+            offered.append((describe, st.inode))
             if len(entries) >= limit:
                 break
         self._offered[fh] = offered
         return entries
 
-    async def took(self, fh: int, start: int, count: int, left: list[int]) -> None:
+    async def took(self, fh: int, count: int) -> None:
         # The very entries offered, not a second listing: the store's other threads may have
         # changed it in between (a page reclaimed shifts it), which counted the wrong ones.
-        for describe in self._offered.pop(fh, [])[:count]:
+        offered = self._offered.pop(fh, [])
+        for describe, _ in offered[:count]:
             describe(True)
-        self.namespace.not_taken(left)
+        self.namespace.not_taken([inode for _, inode in offered[count:]])
 
     async def releasedir(self, fh: int) -> None:
         self._offered.pop(fh, None)

@@ -42,6 +42,19 @@ def written(mounted, pages=PAGES, prefix="plane"):
     return pool, keys
 
 
+def hold_back_commits(monkeypatch) -> threading.Event:
+    """Commits sent behind a write wait (the daemon's answer, delayed) until the event is set."""
+    released = threading.Event()
+    send = Plane._commit_behind
+
+    def held_back(plane, *args):
+        released.wait(10)
+        return send(plane, *args)
+
+    monkeypatch.setattr(Plane, "_commit_behind", held_back)
+    return released
+
+
 # Pages of small pieces (4 KiB: read with one preadv each) and of large ones (64 KiB: copied
 # from the arena's mapping).
 SHAPES = {"small pieces": {}, "large pieces": dict(head_num=8, head_dim=64)}
@@ -318,14 +331,7 @@ def test_a_write_returns_before_its_commit_and_this_process_sees_its_pages_at_on
     first = [key("behind", i) for i in range(PAGES)]
     assert writer.batch_set_v1(first, indices(pool, range(PAGES))) == [True] * PAGES  # its commit makes the pool
     writer.settle()
-    released = threading.Event()
-    send = Plane._commit_behind
-
-    def held_back(plane, *args):  # the daemon's answer, delayed
-        released.wait(10)
-        return send(plane, *args)
-
-    monkeypatch.setattr(Plane, "_commit_behind", held_back)
+    released = hold_back_commits(monkeypatch)
     second = [key("behind", i) for i in range(PAGES, 2 * PAGES)]
     published = mounted.stats()["published"]
     assert writer.batch_set_v1(second, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
@@ -550,14 +556,7 @@ def test_pages_whose_daemon_dies_before_their_commit_are_counted_and_nothing_han
     writer = make_fs(mount.path, pool)
     assert writer.batch_set_v1([key("dies", 0, i) for i in range(PAGES)], indices(pool, range(PAGES))) == [True] * PAGES
     writer.settle()
-    released = threading.Event()
-    send = Plane._commit_behind
-
-    def held_back(plane, *args):
-        released.wait(10)
-        return send(plane, *args)
-
-    monkeypatch.setattr(Plane, "_commit_behind", held_back)
+    released = hold_back_commits(monkeypatch)
     assert writer.batch_set_v1([key("dies", 1, i) for i in range(PAGES)], indices(pool, range(PAGES))) == [True] * PAGES
     mounting.kill(mount)
     released.set()
@@ -681,14 +680,7 @@ def test_legacy_get_sees_a_page_whose_commit_is_under_way_in_this_process(mounte
     first = [key("legacy", i) for i in range(pages)]
     assert writer.batch_set_v1(first, indices(pool, range(pages))) == [True] * pages  # makes the pool
     writer.settle()
-    released = threading.Event()
-    send = Plane._commit_behind
-
-    def held_back(plane, *args):  # the daemon's answer, delayed
-        released.wait(10)
-        return send(plane, *args)
-
-    monkeypatch.setattr(Plane, "_commit_behind", held_back)
+    released = hold_back_commits(monkeypatch)
     second = [key("legacy", i) for i in range(pages, 2 * pages)]
     assert writer.batch_set_v1(second, indices(pool, range(pages, 2 * pages))) == [True] * pages
     reader = make_fs(mounted.path, MHAHostPool(pages=pages))

@@ -40,89 +40,86 @@ class HeldReads:
         return getattr(self._device, name)
 
 
-def test_two_reads_at_once_never_let_go_of_the_pages_the_other_answers_from(tmp_path):
+@pytest.fixture
+def held_store(tmp_path):
+    """A store whose disk reads wait while its device is ``held``, with page ``on-disk`` on the
+    disk tier (RAM full of others)."""
     disk = tmp_path / "disk"
     disk.mkdir()
     device = HeldReads(FileDevice(disk / "hicachefs.arena"))
     store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=disk, disk_bytes=64 << 20), disk_device=device)
-    try:
-        store.put(f"{POOL}/on-disk", content(1, SIZE))
-        for i in range(40):  # more than RAM holds: the first page is demoted to disk
-            store.put(f"{POOL}/filler{i}", content(100 + i, SIZE))
-        store.put(f"{POOL}/in-ram", content(2, SIZE))
-        assert store.info(f"{POOL}/on-disk").tier == "disk" and store.info(f"{POOL}/in-ram").tier == "memory"
-        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), Leases())
-        answered: list[bytes] = []
-
-        async def read_first_two() -> None:  # a RAM page, then one read from the disk in a thread
-            pieces = await handle.read(0, 2 * SIZE)
-            answered.append(b"".join(bytes(piece) for piece in pieces))  # what would be replied
-
-        async def main() -> None:
-            request = f"{SIZE} {POOL}/in-ram\n{SIZE} {POOL}/on-disk\n{SIZE} {POOL}/filler39\n".encode()
-            await handle.write(0, request)
-            device.held = True
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(read_first_two)
-                await trio.to_thread.run_sync(device.entered.wait)
-                nursery.start_soon(handle.read, 2 * SIZE, SIZE)  # the third page, meanwhile
-                await trio.testing.wait_all_tasks_blocked()
-                for i in range(40):  # new pages take every RAM slot that nobody holds
-                    store.put(f"{POOL}/new{i}", content(200 + i, SIZE))
-                device.released.set()
-
-        trio.run(main)
-        assert answered == [content(2, SIZE) + content(1, SIZE)]
-    finally:
-        store.close()
+    store.put(f"{POOL}/on-disk", content(1, SIZE))
+    for i in range(40):  # more than RAM holds: the first page is demoted to disk
+        store.put(f"{POOL}/filler{i}", content(100 + i, SIZE))
+    yield store, device
+    store.close()
 
 
-def test_a_read_that_waits_past_its_lease_keeps_the_pages_it_answers_from(tmp_path):
+def test_two_reads_at_once_never_let_go_of_the_pages_the_other_answers_from(held_store):
+    store, device = held_store
+    store.put(f"{POOL}/in-ram", content(2, SIZE))
+    assert store.info(f"{POOL}/on-disk").tier == "disk" and store.info(f"{POOL}/in-ram").tier == "memory"
+    handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), Leases())
+    answered: list[bytes] = []
+
+    async def read_first_two() -> None:  # a RAM page, then one read from the disk in a thread
+        pieces = await handle.read(0, 2 * SIZE)
+        answered.append(b"".join(bytes(piece) for piece in pieces))  # what would be replied
+
+    async def main() -> None:
+        request = f"{SIZE} {POOL}/in-ram\n{SIZE} {POOL}/on-disk\n{SIZE} {POOL}/filler39\n".encode()
+        await handle.write(0, request)
+        device.held = True
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_first_two)
+            await trio.to_thread.run_sync(device.entered.wait)
+            nursery.start_soon(handle.read, 2 * SIZE, SIZE)  # the third page, meanwhile
+            await trio.testing.wait_all_tasks_blocked()
+            for i in range(40):  # new pages take every RAM slot that nobody holds
+                store.put(f"{POOL}/new{i}", content(200 + i, SIZE))
+            device.released.set()
+
+    trio.run(main)
+    assert answered == [content(2, SIZE) + content(1, SIZE)]
+
+
+def test_a_read_that_waits_past_its_lease_keeps_the_pages_it_answers_from(held_store):
     """A read takes a RAM page, then waits on a disk page longer than the last read's lease:
     the lease's end must not let go of the RAM page already in its answer."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    device = HeldReads(FileDevice(disk / "hicachefs.arena"))
-    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=disk, disk_bytes=64 << 20), disk_device=device)
-    try:
-        store.put(f"{POOL}/on-disk", content(1, SIZE))
-        for i in range(40):  # more than RAM holds: the first page is demoted to disk
-            store.put(f"{POOL}/filler{i}", content(100 + i, SIZE))
-        store.put(f"{POOL}/a", content(2, SIZE))
-        store.put(f"{POOL}/b", content(3, SIZE))
-        leases = Leases(lease_s=0.2)
-        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), leases)
-        answered: list[bytes] = []
+    store, device = held_store
+    store.put(f"{POOL}/a", content(2, SIZE))
+    store.put(f"{POOL}/b", content(3, SIZE))
+    leases = Leases(lease_s=0.2)
+    handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), leases)
+    answered: list[bytes] = []
 
-        async def end_leases() -> None:  # the daemon's timer, faster
-            while True:
-                await trio.sleep(0.05)
-                leases.expire()
+    async def end_leases() -> None:  # the daemon's timer, faster
+        while True:
+            await trio.sleep(0.05)
+            leases.expire()
 
-        async def read_b_then_the_disk_page() -> None:
-            pieces = await handle.read(SIZE, 2 * SIZE)
-            answered.append(b"".join(bytes(piece) for piece in pieces))
+    async def read_b_then_the_disk_page() -> None:
+        pieces = await handle.read(SIZE, 2 * SIZE)
+        answered.append(b"".join(bytes(piece) for piece in pieces))
 
-        async def main() -> None:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(end_leases)
-                await handle.write(0, f"{SIZE} {POOL}/a\n{SIZE} {POOL}/b\n{SIZE} {POOL}/on-disk\n".encode())
-                await handle.read(0, SIZE)  # a: the handle's lease begins
-                device.held = True
-                nursery.start_soon(read_b_then_the_disk_page)
-                await trio.to_thread.run_sync(device.entered.wait)
-                await trio.sleep(0.5)  # past the lease
-                for i in range(40):  # new pages take every RAM slot that nobody holds
-                    store.put(f"{POOL}/new{i}", content(200 + i, SIZE))
-                device.released.set()
-                while not answered:
-                    await trio.sleep(0.01)
-                nursery.cancel_scope.cancel()
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(end_leases)
+            await handle.write(0, f"{SIZE} {POOL}/a\n{SIZE} {POOL}/b\n{SIZE} {POOL}/on-disk\n".encode())
+            await handle.read(0, SIZE)  # a: the handle's lease begins
+            device.held = True
+            nursery.start_soon(read_b_then_the_disk_page)
+            await trio.to_thread.run_sync(device.entered.wait)
+            await trio.sleep(0.5)  # past the lease
+            for i in range(40):  # new pages take every RAM slot that nobody holds
+                store.put(f"{POOL}/new{i}", content(200 + i, SIZE))
+            device.released.set()
+            while not answered:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
 
-        trio.run(main)
-        assert answered == [content(3, SIZE) + content(1, SIZE)]
-    finally:
-        store.close()
+    trio.run(main)
+    assert answered == [content(3, SIZE) + content(1, SIZE)]
 
 
 def test_other_users_fetch_writes_and_reads_take_turns_and_the_store_clients_do_not():
@@ -180,38 +177,29 @@ def test_a_page_read_on_after_its_pin_went_is_the_version_it_was_or_nothing(repl
         store.close()
 
 
-def test_a_request_written_while_a_read_of_the_last_one_waits_is_answered_with_its_own_pages(tmp_path):
+def test_a_request_written_while_a_read_of_the_last_one_waits_is_answered_with_its_own_pages(held_store):
     """A read that waits on the disk tier, and a write meanwhile that starts a new request on the
     same handle (two threads of one client on one descriptor): the new request's read answers
     its own page, never one the old read left pinned at the same position."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    device = HeldReads(FileDevice(disk / "hicachefs.arena"))
-    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=disk, disk_bytes=64 << 20), disk_device=device)
-    try:
-        store.put(f"{POOL}/on-disk", content(1, SIZE))
-        for i in range(40):  # more than RAM holds: the first page is demoted to disk
-            store.put(f"{POOL}/filler{i}", content(100 + i, SIZE))
-        store.put(f"{POOL}/in-ram", content(2, SIZE))
-        store.put(f"{POOL}/wanted", content(3, SIZE))
-        assert store.info(f"{POOL}/on-disk").tier == "disk"
-        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), Leases())
-        answered: list[bytes] = []
+    store, device = held_store
+    store.put(f"{POOL}/in-ram", content(2, SIZE))
+    store.put(f"{POOL}/wanted", content(3, SIZE))
+    assert store.info(f"{POOL}/on-disk").tier == "disk"
+    handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), Leases())
+    answered: list[bytes] = []
 
-        async def main() -> None:
-            await handle.write(0, f"{SIZE} {POOL}/in-ram\n{SIZE} {POOL}/on-disk\n".encode())
-            device.held = True
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(handle.read, 0, 2 * SIZE)
-                await trio.to_thread.run_sync(device.entered.wait)
-                await handle.write(0, f"{SIZE} {POOL}/wanted\n".encode())  # a new request
-                device.held = False
-                device.released.set()
-            pieces = await handle.read(0, SIZE)
-            answered.append(b"".join(bytes(piece) for piece in pieces))
+    async def main() -> None:
+        await handle.write(0, f"{SIZE} {POOL}/in-ram\n{SIZE} {POOL}/on-disk\n".encode())
+        device.held = True
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handle.read, 0, 2 * SIZE)
+            await trio.to_thread.run_sync(device.entered.wait)
+            await handle.write(0, f"{SIZE} {POOL}/wanted\n".encode())  # a new request
+            device.held = False
+            device.released.set()
+        pieces = await handle.read(0, SIZE)
+        answered.append(b"".join(bytes(piece) for piece in pieces))
 
-        trio.run(main)
-        assert answered[0] == content(3, SIZE), "another page's bytes answered for 'wanted'"
-        handle.release()
-    finally:
-        store.close()
+    trio.run(main)
+    assert answered[0] == content(3, SIZE), "another page's bytes answered for 'wanted'"
+    handle.release()

@@ -57,3 +57,9 @@ def read_page(tier, name: str) -> bytes | None:
         return None
     out = bytearray(page.size)
     return bytes(out) if tier.read_into(page, 0, memoryview(out)) is ReadResult.OK else None
+
+
+def read_stored(store, name: str) -> bytes:
+    """The whole page ``name`` as the page store's ``open`` gives it (PageNotFound on a miss)."""
+    with store.open(name) as reader:
+        return bytes(reader.read(0, reader.size + 1))

@@ -4,7 +4,7 @@ finds there is fetched ahead into RAM, and a page removed meanwhile stays remove
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
 from pages import wait_until
-from shared_helpers import KiB, page_name
+from shared_helpers import KiB, page_name, read_stored
 
 from hicachefs.store import NeedsIO, PageNotFound, PageStore, StoreConfig
 from hicachefs.store.shared.device import DirectoryDevice
@@ -28,11 +28,6 @@ def hosts(tmp_path):
         store.close()
 
 
-def read(store, name):
-    with store.open(name) as reader:
-        return bytes(reader.read(0, reader.size + 1))
-
-
 def shared_on_b(a, b, names):
     """Publish on A and wait until B's exists query finds the pages (on the shared tier)."""
     for i, name in enumerate(names):
@@ -46,7 +41,7 @@ def test_pages_the_exists_query_finds_there_are_in_ram_before_their_read(hosts):
     shared_on_b(a, b, names)
     wait_until(lambda: b.statistics().fetch_ahead.fetched_ahead == len(names))
     assert all(b.info(name).tier == "memory" for name in names)
-    assert [read(b, name) for name in names] == [content(i, 64 * KiB) for i in range(len(names))]
+    assert [read_stored(b, name) for name in names] == [content(i, 64 * KiB) for i in range(len(names))]
     assert b.statistics().tier("shared").hits == len(names)  # each crossed once
 
 

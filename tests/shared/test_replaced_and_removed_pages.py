@@ -11,7 +11,7 @@ import time
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
 from pages import wait_until
-from shared_helpers import KiB, page_name, read_page
+from shared_helpers import KiB, MiB, page_name, read_page, read_stored
 
 from hicachefs.store import PageNotFound, PageStore, StoreConfig
 from hicachefs.store.pages import page_checksum
@@ -21,7 +21,6 @@ from hicachefs.store.tier import PageMeta
 from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs_testing.workload import content
 
-MiB = 1024 * KiB
 SIZE = 64 * KiB
 
 
@@ -75,11 +74,6 @@ def store_of(tmp_path):
         store.close()
 
 
-def read(store, name):
-    with store.open(name) as reader:
-        return bytes(reader.read(0, reader.size + 1))
-
-
 def evict_from_ram(store, name, first=1000):
     """Publish other pages until ``name`` has left this host's RAM (RAM-only store)."""
     i = first
@@ -100,7 +94,16 @@ def test_same_host_never_reads_back_the_version_it_replaced(store_of):
     time.sleep(0.05)
     wait_until(lambda: settled(shared))
     evict_from_ram(a, name)
-    assert read(a, name) == content(2, SIZE)
+    assert read_stored(a, name) == content(2, SIZE)
+
+
+def take_the_volume_away(store, device) -> None:
+    """The shared volume fails (every open EIO) until ``device.clear()``: writes behind fail and
+    the tier is marked unavailable."""
+    device.inject(Fault("open", errno=errno.EIO))
+    for i in range(3):
+        store.put(page_name(500 + i), content(500 + i, SIZE))
+    wait_until(lambda: not store._named[0].statistics().guard.available)
 
 
 # -- 2. a replacement that write-behind drops leaves the old version on the shared tier ------------
@@ -114,16 +117,13 @@ def test_a_replacement_dropped_by_write_behind_does_not_bring_the_old_version_ba
     name = page_name(1)
     a.put(name, content(1, SIZE))
     wait_until(lambda: shared.statistics().write_behind.written_behind == 1)
-    device.inject(Fault("open", errno=errno.EIO))  # the volume fails
-    for i in range(3):
-        a.put(page_name(500 + i), content(500 + i, SIZE))
-    wait_until(lambda: not shared.statistics().guard.available)
+    take_the_volume_away(a, device)
     a.put(name, content(2, SIZE))  # replaced while the volume is gone: not written behind
     device.clear()  # the volume is back
     wait_until(lambda: shared.statistics().guard.available, timeout=10)
     evict_from_ram(a, name)
     try:
-        assert read(a, name) == content(2, SIZE)
+        assert read_stored(a, name) == content(2, SIZE)
     except PageNotFound:
         pass  # a miss is right: v2 was evicted and never reached the shared tier
 
@@ -144,7 +144,7 @@ def test_a_page_removed_while_an_open_reads_it_from_the_shared_tier_stays_remove
 
     def open_it():
         try:
-            opened["data"] = read(b, name)
+            opened["data"] = read_stored(b, name)
         except Exception as error:
             opened["error"] = error
 
@@ -174,10 +174,7 @@ def test_a_page_removed_while_the_volume_is_away_stays_removed_once_it_is_back(s
     wait_until(lambda: shared.statistics().write_behind.written_behind == 1)
     on_volume = Layout(tmp_path / "shared").page_path(place(name))
     assert os.path.exists(on_volume)
-    device.inject(Fault("open", errno=errno.EIO))  # the volume fails
-    for i in range(3):
-        a.put(page_name(500 + i), content(500 + i, SIZE))
-    wait_until(lambda: not shared.statistics().guard.available)
+    take_the_volume_away(a, device)
     assert a.remove(name) is True  # the RAM copy, at once
     device.clear()  # the volume is back
     wait_until(lambda: shared.statistics().guard.available, timeout=10)

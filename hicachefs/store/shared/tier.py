@@ -59,9 +59,18 @@ _log = logging.getLogger(__name__)
 
 _GONE = (errno.ENOENT, errno.ESTALE)  # another host removed or replaced it: a plain miss
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-#: Names of the pages a host removed that it remembers (``_removed_here``): some 10 MB at most.
+#: Names a host remembers in each of its lists of pages (removed here, not written behind, to
+#: remove once the volume is back): some 10 MB each at most.
 REMOVED_REMEMBERED = 100_000
 _MiB = 1 << 20
+
+
+def _note_newest(names: collections.OrderedDict, name: str, value=None) -> None:
+    """Note ``name`` as the newest of ``names``, forgetting the oldest past ``REMOVED_REMEMBERED``."""
+    names[name] = value
+    names.move_to_end(name)
+    while len(names) > REMOVED_REMEMBERED:
+        names.popitem(last=False)
 
 
 def _stored_size(page: PageMeta) -> int:
@@ -210,10 +219,7 @@ class SharedTier(Tier):
             return False
         self._note_removed(name)
         with self._lock:
-            self._removals[name] = None
-            self._removals.move_to_end(name)
-            while len(self._removals) > REMOVED_REMEMBERED:
-                self._removals.popitem(last=False)
+            _note_newest(self._removals, name)
         return True
 
     def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
@@ -474,10 +480,7 @@ class SharedTier(Tier):
         host does not read it (it may hold an older version), and the maintenance thread
         removes it if it holds another version (``_remove_other_version``)."""
         with self._lock:
-            self._unwritten[page.name] = page
-            self._unwritten.move_to_end(page.name)
-            while len(self._unwritten) > REMOVED_REMEMBERED:
-                self._unwritten.popitem(last=False)
+            _note_newest(self._unwritten, page.name, page)
         where = place(page.name)
         self._presence.update(where.directory, where.key_hash, _stored_size(page), False)
 
@@ -750,10 +753,7 @@ class SharedTier(Tier):
 
     def _note_removed(self, name: str) -> None:
         with self._lock:
-            self._removed_here[name] = None
-            self._removed_here.move_to_end(name)
-            while len(self._removed_here) > REMOVED_REMEMBERED:
-                self._removed_here.popitem(last=False)
+            _note_newest(self._removed_here, name)
 
     def _removed_lately(self, name: str) -> bool:
         with self._lock:
