@@ -3,8 +3,9 @@
 Every check that can fail runs here, before anything is mounted: sizes against each other and
 against the host's memory and disk, the disk and shared directories (writable, not inside the
 mountpoint, an arena that is ours and free), the metrics address, FUSE itself, the log file.
-Each failure is a ``UsageError`` naming the first problem. Blocks for at most
-``SHARED_PROBE_TIMEOUT_S`` on a shared filesystem that does not answer.
+Each failure is a ``UsageError`` naming the first problem, and takes back the directories the
+checks made (a missing ``--disk`` or ``--shared`` and its parents): refused flags leave nothing
+behind. Blocks for at most ``SHARED_PROBE_TIMEOUT_S`` on a shared filesystem that does not answer.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from ..daemon.config import DaemonConfig
 from ..daemon.metrics_endpoint import check_can_listen, parse_listen_address
 from ..store import ArenaRefused, check_disk_dir
+from ..store.shared import engine_checks
 from .. import mount_table
 from .arguments import UsageError, parse_size
 from ..mount_table import Answer
@@ -51,18 +53,25 @@ def daemon_config(args: argparse.Namespace, mountpoint: Path) -> DaemonConfig:
     max_page = parse_size(args.max_page_size) if args.max_page_size else min(DEFAULT_MAX_PAGE, memory // 8)
     if not 0 < max_page <= memory // 8:
         raise UsageError(f"--max-page-size {args.max_page_size} must be above 0 and at most 1/8 of --memory")
-    disk_dir, disk_bytes = _disk_tier(args, max_page, mountpoint)
-    shared_dir, shared_bytes = _shared_tier(args, max_page, mountpoint)
-    if args.write_through and disk_dir is None:
-        raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
-    _check_temp_timeout(args.temp_timeout)
-    metrics_listen = None if args.metrics_listen is None else _metrics_listen(args.metrics_listen)
-    _check_fuse()
-    log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
-    if log_file is not None:
-        if mountpoint in Path(log_file).resolve().parents:
-            raise UsageError(f"--log-file {args.log_file} is inside the mountpoint: the mount would hide it")
-        _check_log_file(log_file, args.log_file)
+    made = _MadeDirectories()
+    try:
+        disk_dir, disk_bytes = _disk_tier(args, max_page, mountpoint, made)
+        shared_dir, shared_bytes, shared_warning = _shared_tier(args, max_page, mountpoint, made)
+        if args.write_through and disk_dir is None:
+            raise UsageError("--write-through needs a disk tier (--disk and --disk-size)")
+        _check_temp_timeout(args.temp_timeout)
+        metrics_listen = None if args.metrics_listen is None else _metrics_listen(args.metrics_listen)
+        _check_fuse()
+        log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
+        if log_file is not None:
+            if mountpoint in Path(log_file).resolve().parents:
+                raise UsageError(f"--log-file {args.log_file} is inside the mountpoint: the mount would hide it")
+            _check_log_file(log_file, args.log_file)
+    except UsageError:
+        made.take_back()
+        raise
+    if shared_warning is not None:  # (said once the mount is known to go ahead)
+        print(f"hicachefs: warning: {shared_warning}", file=sys.stderr)
     return DaemonConfig(
         mountpoint=str(mountpoint),
         memory_bytes=memory,
@@ -131,7 +140,30 @@ def _metrics_listen(address: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path) -> tuple[str | None, int]:
+class _MadeDirectories:
+    """The directories the checks made, deepest first, to be taken back if the mount is refused."""
+
+    def __init__(self) -> None:
+        self._made: list[Path] = []
+
+    @staticmethod
+    def missing(directory: Path) -> list[Path]:
+        """What ``mkdir -p directory`` would make, deepest first."""
+        return [path for path in (directory, *directory.parents) if not path.exists()]
+
+    def add(self, made: list[Path]) -> None:
+        self._made = made + self._made
+
+    def take_back(self) -> None:
+        for path in self._made:
+            try:
+                path.rmdir()  # only if still empty: nothing of anyone else's goes
+            except OSError:
+                pass
+
+
+def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
+               made: _MadeDirectories) -> tuple[str | None, int]:
     """The disk directory, made if missing, checked writable and free for this daemon: its
     arena, if any, is ours and held by no other daemon (the daemon checks again as it opens it)."""
     if (args.disk is None) != (args.disk_size is None):
@@ -145,7 +177,9 @@ def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path) -> tup
     if disk == mountpoint or mountpoint in disk.parents:
         raise UsageError(f"--disk {args.disk} is the mountpoint or inside it: the mount would hide the disk tier")
     try:
+        missing = made.missing(disk)
         disk.mkdir(parents=True, exist_ok=True)
+        made.add(missing)
         with tempfile.NamedTemporaryFile(dir=disk, prefix=".hicachefs-probe-"):
             pass
     except OSError as exc:
@@ -161,13 +195,16 @@ def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path) -> tup
     return str(disk), size
 
 
-def _shared_tier(args: argparse.Namespace, max_page: int, mountpoint: Path) -> tuple[str | None, int | None]:
-    """The shared directory, made if missing and checked writable. A filesystem that does not
-    answer in time is not an error: the tier starts unavailable and the daemon retries it."""
+def _shared_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
+                 made: _MadeDirectories) -> tuple[str | None, int | None, str | None]:
+    """The shared directory, made if missing and checked writable, its size, and what to warn of.
+    A filesystem that does not answer in time is not an error: the tier starts unavailable and
+    the daemon retries it. One on a local filesystem is not either (a single host may try the
+    tier so), but is warned of: it is what a distributed filesystem not mounted yet leaves."""
     if args.shared is None:
         if args.shared_size is not None:
             raise UsageError("--shared-size needs --shared")
-        return None, None
+        return None, None, None
     size = None if args.shared_size is None else parse_size(args.shared_size)
     if size is not None and size < max_page:
         raise UsageError(f"--shared-size {args.shared_size} is smaller than --max-page-size")
@@ -180,9 +217,12 @@ def _shared_tier(args: argparse.Namespace, max_page: int, mountpoint: Path) -> t
     if probe.is_alive():
         print(f"hicachefs: the shared filesystem at {args.shared} does not answer; the shared tier "
               "starts unavailable and is retried", file=sys.stderr)
-    elif probe.error is not None:
+        return str(shared), size, None
+    made.add(probe.made)
+    if probe.error is not None:
         raise UsageError(f"shared directory {args.shared} cannot be written: {probe.error.strerror}")
-    return str(shared), size
+    local = engine_checks.local_mount(str(shared))
+    return str(shared), size, None if local is None else f"--shared {engine_checks.local_warning(args.shared, local)}"
 
 
 class _ProbeWrite(threading.Thread):
@@ -192,10 +232,13 @@ class _ProbeWrite(threading.Thread):
         super().__init__(daemon=True)
         self.directory = directory
         self.error: OSError | None = None
+        self.made: list[Path] = []  # the directories it made, deepest first
 
     def run(self) -> None:
         try:
+            missing = _MadeDirectories.missing(self.directory)
             self.directory.mkdir(parents=True, exist_ok=True)
+            self.made = missing
             with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".hicachefs-probe-"):
                 pass
         except OSError as exc:

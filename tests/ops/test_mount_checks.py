@@ -142,3 +142,45 @@ def test_ctrl_c_while_mount_waits_stops_its_daemon_in_one_line(tmp_path):
             while not mounting.is_mounted(mountpoint) and time.monotonic() < deadline:
                 time.sleep(0.2)
         mounting.stop_if_mounted(mountpoint)
+
+
+def test_a_refused_mount_takes_back_the_directories_it_made(tmp_path):
+    """The checks make a missing --disk and --shared directory (and their parents) before they
+    know whether the mount goes ahead; a refused mount left them behind."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "theirs").write_bytes(b"x")
+    result = hicachefs("mount", str(mountpoint), "--memory", "32M", "--disk", str(tmp_path / "a" / "b" / "arena"),
+                       "--disk-size", "100T")
+    assert result.returncode == 2 and "--disk-size 100T is more than" in result.stderr, result.stderr
+    result = hicachefs("mount", str(mountpoint), "--memory", "32M", "--disk", str(kept / "new" / "arena"),
+                       "--disk-size", "64M", "--shared", str(tmp_path / "s" / "t"), "--metrics-listen", "not-a-port")
+    assert result.returncode == 2 and "--metrics-listen" in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not mounting.is_mounted(mountpoint)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["kept", "mnt"]
+    assert [path.name for path in kept.iterdir()] == ["theirs"]
+
+
+def test_a_shared_directory_on_a_local_filesystem_is_warned_of_and_mounts(tmp_path):
+    """A --shared directory on the host's own filesystem (the distributed one not mounted yet, a
+    typing slip) was taken silently, the pages it got reaching no other host."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    shared = tmp_path / "cephfs" / "hicache"  # as if /mnt/cephfs were not mounted
+    result = hicachefs("mount", str(mountpoint), "--memory", "32M", "--shared", str(shared),
+                       "--log-file", str(tmp_path / "daemon.log"))
+    try:
+        assert result.returncode == 0, result.stderr
+        warnings = [line for line in result.stderr.splitlines() if "local filesystem" in line]
+        assert len(warnings) == 1 and warnings[0].startswith(f"hicachefs: warning: --shared {shared} is on a local "
+                                                             "filesystem"), result.stderr
+        assert "no other host sees" in warnings[0]
+        assert "no other host sees" in (tmp_path / "daemon.log").read_text()
+        pool = mountpoint / "m" / "f" / "tp0of1" / "kv"
+        pool.mkdir(parents=True)
+        publish(pool, "ab" * 32, content("p", 4096))
+        assert read_page(pool / ("ab" * 32)) == content("p", 4096)
+    finally:
+        mounting.stop_if_mounted(mountpoint)

@@ -19,6 +19,7 @@ def test_each_engines_mounts_give_what_the_tier_needs(engine):
         assert settings is not None and settings.engine == engine.name
         assert {label: settings.caches_s[label] for label in NEEDED} == NEEDED
         assert not settings.writeback and settings.problems() == []
+        assert engine_checks.local_mount(str(view / "hc")) is None  # no local-filesystem warning
 
 
 def test_a_juicefs_mount_with_long_caches_and_writeback_is_named_in_one_warning(tmp_path, monkeypatch, caplog):

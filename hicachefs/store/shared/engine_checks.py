@@ -10,7 +10,9 @@ Any engine must give (docs/shared-tier.md, "What it needs from its filesystem"):
   another host can find a page whose bytes are not there, and a host that dies loses them.
 The first two cannot be seen from one host. The caches and write-back can, on the engines that
 say what they use: JuiceFS (the ``.config`` file at its mount root), GlusterFS (its client's
-command line) and NFS (its mount options); on others nothing is checked.
+command line) and NFS (its mount options); on others nothing is checked. What can be seen too is
+a directory on a local filesystem (``local_mount``): no other host sees it, which is what a
+distributed filesystem not mounted yet, or a typing slip, leaves.
 
 ``settings`` reads /proc and, for JuiceFS, a file on the shared filesystem: it blocks (the tier
 calls it through its guard). Pure otherwise; thread-safe.
@@ -25,6 +27,9 @@ from dataclasses import dataclass
 
 #: The longest a cache may keep what another host changed, for the 2 s visibility target.
 MAX_CACHE_S = 1.0
+#: Filesystems that live on this host alone: a shared tier there reaches no other host.
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "zfs", "vfat", "exfat",
+                               "tmpfs", "ramfs", "overlay"})
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,19 @@ def _glusterfs_client(mountpoint: str) -> list[str] | None:
         if argv and os.path.basename(argv[0]).startswith("glusterfs") and argv[-1] == mountpoint:
             return argv
     return None
+
+
+def local_mount(path: str) -> Mount | None:
+    """The mount ``path`` lies on if it is a local filesystem (``LOCAL_FILESYSTEMS``), else None."""
+    with open("/proc/self/mountinfo") as file:
+        mount = find_mount(os.path.realpath(path), file.read())
+    return mount if mount is not None and mount.fstype in LOCAL_FILESYSTEMS else None
+
+
+def local_warning(path: str, mount: Mount) -> str:
+    """What to tell of a shared directory on a local filesystem, in one line."""
+    return (f"{path} is on a local filesystem ({mount.fstype} at {mount.mountpoint}): no other host sees "
+            "the pages there (is the distributed filesystem mounted?)")
 
 
 def settings(path: str) -> Settings | None:

@@ -372,6 +372,10 @@ class SharedTier(Tier):
     def _check_engine(self) -> None:
         """Say once, in one line, what the filesystem's mount uses that the tier cannot work
         well with (``engine_checks``); raises ``OSError`` when the filesystem does not answer."""
+        local = self._guard.call(engine_checks.local_mount, str(self.root), timeout=self._deadline_s)
+        if local is not None:
+            _log.warning("shared tier %s", engine_checks.local_warning(str(self.root), local))
+            return
         settings = self._guard.call(engine_checks.settings, str(self.root), timeout=self._deadline_s)
         if settings is None:
             return
