@@ -76,13 +76,18 @@ def _hash_many(dir_ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
 
 def _key_ids(keys: list[str]) -> np.ndarray:
     """``_key_id`` of each key as an (n, 4) uint64 array; when every key is 64 lowercase hex
-    chars (real traffic) they are decoded in one call."""
-    text = "".join(keys)
-    try:
-        raw = bytes.fromhex(text)
-    except ValueError:
-        raw = b""
-    if len(raw) != 32 * len(keys) or raw.hex() != text:  # some key is not canonical hex
+    chars (real traffic) they are decoded in one call. (Every key's length is checked: keys of
+    63 and 65 hex chars side by side decode whole too, each to the wrong identity.)"""
+    raw = b""
+    if set(map(len, keys)) == {64}:
+        text = "".join(keys)
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            pass
+        if raw.hex() != text:  # some key is not canonical hex (upper case, spaces fromhex skips)
+            raw = b""
+    if len(raw) != 32 * len(keys):
         raw = b"".join([_key_id(key)[0] for key in keys])
     return np.frombuffer(raw, np.uint64).reshape(len(keys), 4)
 

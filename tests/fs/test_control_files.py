@@ -9,7 +9,7 @@ import os
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hicachefs_testing.workload import ask_exists, exists_handle
+from hicachefs_testing.workload import ask_exists, exists_handle, exists_raw
 from pages import as_nobody, fetch_pages, ingest_batch, ingest_status, publish, read_page
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -24,6 +24,21 @@ def test_exists_answers_many_paths_in_one_request(mounted):
     with exists_handle(mounted.path) as fd:
         answer = ask_exists(fd, paths)
     assert answer == "".join("1" if f"{i:064x}" in stored else "0" for i in range(10000))
+
+
+def test_exists_of_many_hex_keys_of_other_lengths_answers_for_each_key(mounted):
+    """Past 16 lines the keys are decoded together: keys of 63 and 65 hex digits side by side
+    (valid names) decoded whole, each to the wrong identity, so a stored page answered 0 and
+    pages never stored answered 1."""
+    pool = mounted.page_dir()
+    publish(pool, "a" * 63, b"x" * 100)
+    publish(pool, "a" * 64, b"y" * 100)
+    fillers = [f"{i:064x}" for i in range(15)]  # not stored
+    for keys, answer in ((["a" * 63, "b" * 65, *fillers], b"1" + b"0" * 16),
+                         (["a" * 65, "c" * 63, *fillers], b"0" * 17)):
+        request = "".join(f"{POOL}/{key}\n" for key in keys).encode()
+        assert exists_raw(mounted.path, request) == answer + b"\n"
+        assert [os.path.exists(pool / key) for key in keys] == [c == ord("1") for c in answer]
 
 
 def test_exists_handle_serves_many_requests_and_appends_writes(mounted):
