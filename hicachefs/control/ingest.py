@@ -67,7 +67,7 @@ class _Entry(NamedTuple):
     start: int  # stream offset of the page's first byte
 
 
-def parse_header(header: bytes, count: int, payload_start: int, max_size: int) -> list[_Entry]:
+def parse_header(header: bytes, count: int, payload_start: int) -> list[_Entry]:
     """The pages a header names, with their places in the stream; EINVAL when malformed."""
     lines = header.split(b"\n")
     if lines[-1] == b"":
@@ -77,8 +77,6 @@ def parse_header(header: bytes, count: int, payload_start: int, max_size: int) -
     entries, position = [], payload_start
     for line in lines:
         size, path = size_and_path(line, "an ingest header")
-        if size > max_size:
-            raise FsError(errno.EFBIG, f"a page of {size} bytes is over the maximum page size")
         try:
             text = path.decode("utf-8")
         except UnicodeDecodeError:
@@ -167,8 +165,7 @@ class IngestStream:
             self._keep_existing = bool(flags & KEEP_EXISTING)
         if len(self._prefix) >= _PREFIX.size and len(self._prefix) == _PREFIX.size + self._header_length():
             _, length, count, _ = _PREFIX.unpack_from(self._prefix)
-            self._entries = parse_header(bytes(self._prefix[_PREFIX.size:]), count,
-                                         _PREFIX.size + length, self.max_page_size)
+            self._entries = parse_header(bytes(self._prefix[_PREFIX.size:]), count, _PREFIX.size + length)
             self._prefix = bytearray()
         return take
 
@@ -182,6 +179,8 @@ class IngestStream:
         entry = self._entries[self._next]
         written = self._position - entry.start
         if written == 0:
+            if entry.size > self.max_page_size:  # it stops the batch here, as any page that cannot be published
+                raise FsError(errno.EFBIG, f"a page of {entry.size} bytes is over the maximum page size")
             self._draft = self._new_draft(entry)
             self._skipping = self._draft is None
         take = min(entry.size - written, len(data))

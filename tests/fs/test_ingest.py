@@ -95,6 +95,12 @@ def test_a_page_over_the_maximum_or_a_full_store_is_refused_cleanly(mount_factor
         with pytest.raises(OSError) as info:
             ingest_batch(fd, [(f"{POOL}/big", bytes(2 << 20))])
         assert info.value.errno == errno.EFBIG
+        # Past the first page it stops the batch there, as any page that cannot be published:
+        # the pages before it are published (the whole batch was refused, the header read).
+        before = pages(2, 4096, prefix="before")
+        assert ingest_batch(fd, [*before, (f"{POOL}/big", bytes(2 << 20))]) < 2 << 20
+        assert ingest_status(fd) == (2, errno.EFBIG)
+        assert all(read_page(mount.path / p) == d for p, d in before) and not (mount.path / POOL / "big").exists()
         # Files being written hold all the RAM they may: the next page gets ENOSPC at once,
         # and nothing published is lost.
         first = pages(4, 1 << 20)
