@@ -127,7 +127,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
             notifier.start()
             notify("READY=1")
             keep_start_up_objects()
-            trio.run(_serve, namespace, store, endpoint, config.mountpoint, early)
+            trio.run(_serve, namespace, store, endpoint, config.mountpoint, early, notifier)
         finally:
             notifier.stop()
             session.unmount()
@@ -174,7 +174,7 @@ class _GoneHandOver:
 
 
 async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoint | None,
-                 mountpoint: str, early: _EarlyStop) -> None:
+                 mountpoint: str, early: _EarlyStop, notifier: KernelNotifier) -> None:
     """Serve the mount and what runs beside it, until the session ends."""
     token = trio.lowlevel.current_trio_token()
     if endpoint is not None:
@@ -182,7 +182,7 @@ async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoi
 
     store.on_gone(_GoneHandOver(token, namespace))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, session.stop, early)
+        nursery.start_soon(_stop_on_signal, session.stop, early, notifier)
         nursery.start_soon(_reap_abandoned, namespace)
         nursery.start_soon(_end_pin_leases, namespace)
         if os.getuid() == 0:
@@ -214,10 +214,14 @@ class _EarlyStop:
             self.signum = signum
 
 
-async def _stop_on_signal(stop, early: _EarlyStop) -> None:
+async def _stop_on_signal(stop, early: _EarlyStop, notifier: KernelNotifier) -> None:
+    """On a stop signal, end the session: the kernel is told what it was to be told while
+    requests are still read (``kernel_notifier``: after, a notification could hang the mount)."""
     with trio.open_signal_receiver(*HANDLED_SIGNALS) as signals:
         signum = early.signum or await signals.__anext__()
         log.info("%s: finishing requests in flight, then unmounting", signal.Signals(signum).name)
+        notifier.close_session()
+        await notifier.delivered()
         stop()
         await trio.sleep_forever()  # still listening, so later stop signals are swallowed
 

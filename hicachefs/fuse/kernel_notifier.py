@@ -18,6 +18,14 @@ A request that changed what a name means without the kernel seeing it (a page pu
 the ingest file replacing another) is answered only once the kernel has been told (``delivered``):
 a reader told "replaced" by the writer must never find the old page in the kernel's cache after.
 
+A notification may wait for a lock of the kernel's that a request of another process holds (an
+invalidation of a name waits for its directory, which a lookup in flight holds), so nothing is
+sent once the daemon stops reading requests: that lookup would never be answered, the
+notification never return, and the mount would hang for good, its daemon unkillable. The
+session's end is announced first (``close_session``): what is queued then is still sent, while
+requests are still read; what comes after is dropped (the unmount that follows makes the kernel
+forget the mount's caches anyway); ``stop`` drops whatever is left unsent.
+
 Thread-safe: any thread may queue; the kernel calls happen in the worker thread only;
 ``delivered`` is awaited on the trio thread.
 """
@@ -74,13 +82,24 @@ class KernelNotifier:
         self._queued = 0  # notifications queued, ever
         self._sent = 0  # of those, sent to the kernel (or given up on)
         self._waiters: list[tuple[int, trio.Event, trio.lowlevel.TrioToken]] = []
+        self._closing = False  # the session is ending: nothing more is queued
+        self._stopping = False  # requests are no longer read: nothing more is sent
         self._thread = threading.Thread(target=self._run, name="kernel-notifier", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def close_session(self) -> None:
+        """Requests will soon no longer be read: what is queued from now on is dropped. Await
+        ``delivered`` then, while they still are, for what was queued before."""
+        with self._lock:
+            self._closing = True
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Send what is queued, then end the thread (it must run before the session closes)."""
+        """End the thread, dropping what it has not sent (requests are no longer read: see the
+        module docstring); it must run before the session closes."""
+        with self._lock:
+            self._closing = self._stopping = True
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout)
@@ -91,8 +110,8 @@ class KernelNotifier:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is not _STOP and item[0] == "push":
-                item[2].close()
+            if item is not _STOP:
+                self._drop(item)
         self._advance(sent=self._queued)  # nothing more will be sent: nobody waits for it
 
     async def delivered(self) -> None:
@@ -110,13 +129,23 @@ class KernelNotifier:
 
     def _put(self, item: tuple) -> None:
         with self._lock:  # counted and queued in one step: the thread sends them in that order
-            self._queued += 1
-            self._queue.put(item)
+            if not self._closing:
+                self._queued += 1
+                self._queue.put(item)
+                return
+        self._drop(item)
+
+    def _drop(self, item: tuple) -> None:
+        """A notification that will not be sent: a push gives its bytes back."""
+        if item[0] == "push":
+            with self._lock:
+                self.pushes.give_back(item[2].size)
+            item[2].close()
 
     def _advance(self, sent: int) -> None:
         """``sent`` notifications have reached the kernel: wake who waited for them."""
         with self._lock:
-            self._sent = sent
+            self._sent = sent = max(self._sent, sent)  # (``stop`` may have counted all already)
             ready = [w for w in self._waiters if w[0] <= sent]
             self._waiters = [w for w in self._waiters if w[0] > sent]
         for _, event, token in ready:
@@ -156,7 +185,10 @@ class KernelNotifier:
             item = self._queue.get()
             if item is _STOP:
                 return
-            self._send(*item)
+            if self._stopping:
+                self._drop(item)
+            else:
+                self._send(*item)
             sent += 1
             self._advance(sent)
 
