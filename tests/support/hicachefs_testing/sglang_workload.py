@@ -1,4 +1,4 @@
-"""Chat traffic for SGLang's cache, and the phases the tests, the demo and the README table run.
+"""Chat traffic for SGLang's cache, and the phases the tests and the demo (and its table) run.
 
 Conversations share a few system prompts and grow turn by turn. A conversation's tokens come
 from its own generator, so any server (any backend, any host) serving its next turn builds
