@@ -40,7 +40,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -854,22 +854,29 @@ class PageStore:
         """A RAM slot for ``size`` bytes, evicting least recently used pages until one frees.
         Evicting in strict LRU order may take out a few pages of other sizes first, as they
         are older; that is the order a user expects. Pages open for reading are passed over:
-        evicting them would free nothing and take the page from under its reader."""
+        evicting them would free nothing and take the page from under its reader. Nothing is
+        evicted when evicting every page left would not free a slot (each slab holds a reader's
+        or a draft's): the store stays as it was, and the caller goes another way."""
         while True:
             offset = self._ram.allocate(size)
             if offset is not None:
                 return offset
-            row = self._next_victim()
-            if row < 0:
+            victims: list[int] = []
+            needed = self._ram.freed_before_room(size, self._evictable_slots(victims))
+            if needed is None:
                 raise StoreFull(f"no room for a page of {size} bytes: the RAM tier is pinned by readers and drafts")
-            self._evict_from_ram(row)
+            for row in victims[:needed]:
+                self._evict_from_ram(row)
 
-    def _next_victim(self) -> int:
+    def _evictable_slots(self, rows: list[int]) -> Iterator[int]:
+        """The RAM slots of the pages that may be evicted, least recently used first; each
+        one's row is appended to ``rows`` as its slot is taken (lazily: the caller stops early)."""
         loc = self._index.loc
         for row in self._ram.victims():
-            if not self._ram.is_pinned(int(loc[row, RAM])):
-                return row
-        return -1
+            slot = int(loc[row, RAM])
+            if not self._ram.is_pinned(slot):
+                rows.append(row)
+                yield slot
 
     def _evict_from_ram(self, row: int) -> None:
         """Move the page out of RAM: down to a lower tier unless one holds it already, else

@@ -4,7 +4,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_helpers import KiB, MiB, page_name, read_all
 
-from hicachefs.store import PageStore, StoreConfig
+import pytest
+
+from hicachefs.store import PageStore, StoreConfig, StoreFull
 from hicachefs_testing.workload import content
 
 
@@ -29,6 +31,35 @@ def test_a_freed_slab_goes_to_the_size_that_needs_it(make_store):
         store.put(page_name(1000 + i), content(1000 + i, 1 * MiB))
     assert all(read_all(store, page_name(1000 + i)) == content(1000 + i, 1 * MiB) for i in range(4))
     assert store.statistics().tier("memory").evictions == 256
+
+
+def test_a_slot_no_eviction_can_free_evicts_nothing(make_store):
+    """A page of a new size needs a whole slab; with a reader in every slab none can empty.
+    The reserve evicted every other page of the RAM tier on its way to failing (with a disk
+    tier: demoted them all, then staged the page in private memory anyway)."""
+    for disk in (0, 64 * MiB):
+        store = make_store(memory=8 * MiB, disk=disk, max_page_size=1 * MiB)
+        names = [page_name(i) for i in range(16)]
+        for i, name in enumerate(names):  # 8 slabs of 1 MiB, two pages of 512 KiB in each
+            store.put(name, content(i, 512 * KiB))
+        readers = [store.try_open(name) for name in names[::2]]  # one in each slab
+        try:
+            if disk:
+                draft = store.reserve(1 * MiB)  # goes to the disk tier, RAM left as it was
+                assert draft.shared_at is None
+                store.abandon(draft)
+            else:
+                with pytest.raises(StoreFull):
+                    store.reserve(1 * MiB)
+            memory = store.statistics().tier("memory")
+            assert memory.evictions == memory.demotions == 0 and memory.pages == 16
+            draft = store.reserve(512 * KiB)  # a slot of their size: the oldest page not being read goes
+            store.abandon(draft)
+            left = [name for name in names if store.info(name) is None or store.info(name).tier != "memory"]
+            assert left == [names[1]]
+        finally:
+            for reader in readers:
+                reader.close()
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -25,7 +25,7 @@ import functools
 import heapq
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from hicachefs.store.ram.fill import fill
 from hicachefs.store.ram.liveness import LivenessWord
@@ -148,6 +148,21 @@ class Arena:
             partial.discard(number)
         self.used_bytes += slot_size
         return offset
+
+    def freed_before_room(self, size: int, offsets: Iterable[int]) -> int | None:
+        """How many of the used slots ``offsets`` (in the order they would be freed) must be
+        freed before ``allocate(size)`` finds a slot: one in a slab of that slot size, or every
+        used slot of another slab. None when freeing all of them would not do (each slab keeps
+        a slot that is not among them: a reader's, a draft's), so that nothing is freed in vain."""
+        slot_size = size_class(size)
+        freed: dict[int, int] = {}
+        for count, offset in enumerate(offsets, 1):
+            number = offset // self.slab_bytes
+            slab = self._slabs[number]
+            freed[number] = freed.get(number, 0) + 1
+            if slab.slot_size == slot_size or freed[number] == slab.used:
+                return count
+        return None
 
     def free(self, offset: int) -> None:
         """Return the slot at ``offset``; an emptied slab goes back to the free pool."""

@@ -80,6 +80,9 @@ class RamTier(TopTier):
     def allocate(self, size: int) -> int | None:
         return self.arena.allocate(size)
 
+    def freed_before_room(self, size: int, slots: Iterable[int]) -> int | None:
+        return self.arena.freed_before_room(size, slots)
+
     def view(self, offset: int, size: int) -> memoryview:
         return self.arena.view[offset : offset + size]
 
