@@ -55,9 +55,8 @@ import errno
 import struct
 from typing import Protocol
 from .. import names
-from ..store import Draft, PageStore, StoreError
+from ..store import Draft, PageStore, StoreError, size_class
 from ..store.budget import Share
-from ..store.ram.arena import size_class
 from ..posix.errors import FsError, errno_of
 from . import ingest
 from ..posix.writing_budget import WritingBudget

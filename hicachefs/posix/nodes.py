@@ -11,7 +11,7 @@ import errno
 import time
 from dataclasses import dataclass, field
 
-from ..store import Draft, PageInfo, PageStore
+from ..store import Draft, PageInfo, PageStore, size_class
 from .errors import FsError
 from .writing_budget import WritingBudget
 
@@ -76,7 +76,8 @@ class PendingFile:
 
     Its bytes go straight into a store draft once the size is known (``ftruncate`` before
     writing is the fast path), else into a growing staging buffer. Publishing hands them
-    to the store; until then nothing of it is visible as a page.
+    to the store; until then nothing of it is visible as a page. A draft counts against the
+    files being written at its slot's size (``size_class``), what it takes of the RAM tier.
 
     A failed write or ``ftruncate`` (over the maximum page size, no room) makes the file
     ``failed``: it can never become a page, so its bytes go back to the store at once, and
@@ -147,7 +148,7 @@ class PendingFile:
     def _truncate(self, size: int) -> None:
         if size > self.store.config.max_page_size:
             raise FsError(errno.EFBIG, f"{size} bytes is over the maximum page size")
-        self._charge(max(self.charged, size))  # first: ENOSPC here changes nothing
+        self._charge(max(self.charged, size_class(size) if size else 0))  # first: ENOSPC here changes nothing
         if self.draft is None and self.staging is None and size > 0:
             self.draft = self._reserve(size)
         elif self.draft is not None and size != self.draft.size:
@@ -166,7 +167,7 @@ class PendingFile:
             raise FsError(errno.EFBIG, f"write to {end} bytes is over the maximum page size")
         guess = self.directory.last_page_size
         placing = self.draft is None and self.staging is None and offset == 0 and 0 < end <= guess
-        self._charge(max(self.charged, guess if placing else end))  # a failure discards the file
+        self._charge(max(self.charged, size_class(guess) if placing else end))  # a failure discards the file
         if placing:
             # No size announced: pages of one pool are nearly always one size, so place the
             # page where the last one published here would go (copied out if it differs).
@@ -223,7 +224,7 @@ class PendingFile:
 
     def _settle(self) -> None:
         """Hold what the draft and the staging buffer hold now."""
-        self._charge((self.draft.size if self.draft is not None else 0)
+        self._charge((size_class(self.draft.size) if self.draft is not None else 0)
                      + (len(self.staging) if self.staging is not None else 0))
 
     def _reserve(self, size: int) -> Draft:

@@ -28,7 +28,7 @@ import time
 from typing import Protocol
 
 from .. import names
-from ..store import Draft, PageNotFound, PageReader, PageStore
+from ..store import Draft, PageNotFound, PageReader, PageStore, size_class
 from .errors import FsError
 from .handles import PendingHandle
 from .inodes import InodeNumbers, PageNodes
@@ -203,14 +203,14 @@ class Publishing:
 
     def reserve_page(self, path: str, size: int) -> Draft:
         """Room for the page ``path`` will name, once the path is known to be publishable,
-        counted against the files being written (ENOSPC past them) until it is published
-        (``publish_reserved``) or abandoned (``abandon_page``)."""
+        counted against the files being written at its slot's size (ENOSPC past them) until it
+        is published (``publish_reserved``) or abandoned (``abandon_page``)."""
         self._target(path)
-        self.writing.change(size)
+        self.writing.change(size_class(size))
         try:
             return self.store.reserve(size)
         except BaseException:
-            self.writing.change(-size)
+            self.writing.change(-size_class(size))
             raise
 
     def _target(self, path: str) -> tuple[Directory, str]:
@@ -243,12 +243,12 @@ class Publishing:
 
     def abandon_page(self, draft: Draft) -> None:
         """Drop a draft of ``reserve_page``."""
-        self.writing.change(-draft.size)
+        self.writing.change(-size_class(draft.size))
         self.store.abandon(draft)
 
     def publish_reserved(self, path: str, draft: Draft, keep_existing: bool = False) -> bool:
         """``publish_page`` for a draft of ``reserve_page``."""
-        self.writing.change(-draft.size)
+        self.writing.change(-size_class(draft.size))
         return self.publish_page(path, draft, keep_existing)
 
     def publish_page(self, path: str, draft: Draft, keep_existing: bool = False) -> bool:

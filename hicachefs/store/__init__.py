@@ -11,6 +11,7 @@ the CLI checks a disk directory before mounting with ``check_disk_dir``.
 from hicachefs.store.config import StoreConfig
 from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
 from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader, page_checksum
+from hicachefs.store.ram.arena import size_class
 from hicachefs.store.ssd.device import ArenaRefused
 from hicachefs.store.ssd.ssd_tier import check_disk_dir
 from hicachefs.store.statistics import StoreStatistics, TierStatistics
@@ -34,4 +35,5 @@ __all__ = [
     "TierStatistics",
     "check_disk_dir",
     "page_checksum",
+    "size_class",
 ]

@@ -216,3 +216,29 @@ def test_directories_made_and_removed_again_are_not_kept_forever(ns):
         ns.ns.rmdir(shard, b"tp1of2")
     assert len(ns.ns.tree._by_inode) == before, "removed directories stay in the daemon's memory"
     assert refused(ns.ns.getattr, made) == errno.ENOENT
+
+
+def test_tiny_files_being_written_hold_no_more_of_the_ram_tier_than_their_share():
+    """Files being written count at their slot's size (64 bytes at least), what their drafts
+    take of the RAM tier: 49,151 files of one byte were counted 49,152 bytes of a 2 MiB share,
+    held 3 MiB of slots, and evicted half the published pages, ENOSPC never coming."""
+    store = PageStore(StoreConfig(memory_bytes=4 << 20, max_page_size=1 << 20))
+    try:
+        ns = Alone(store)
+        for i in range(32):  # half the tier, the half the files being written leave
+            ns.publish(b"%064x" % i, bytes([i]) * (64 << 10))
+        writing = ns.ns.publishing.writing
+        refused = 0
+        for i in range(48 << 10):
+            inode, fh = ns.create(b".tiny-%d" % i)
+            try:
+                ns.ns.truncate(inode, 1)
+            except FsError as exc:
+                refused = exc.errno
+                break
+            finally:
+                ns.close(fh)
+        assert refused == errno.ENOSPC and writing.held <= writing.limit
+        assert all(store.info(f"m/f/tp0of1/kv/{i:064x}") is not None for i in range(32)), "published pages evicted"
+    finally:
+        store.close()
