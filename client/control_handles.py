@@ -183,7 +183,9 @@ class ControlHandles:
             try:
                 return os.open(f"{path}.{other}", os.O_RDWR | os.O_CLOEXEC)
             except FileNotFoundError:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # no daemon at all: raises, lanes kept
                 self._has_other_names = False  # a daemon that predates them
+                return fd
         return os.open(path, os.O_RDWR | os.O_CLOEXEC)
 
     def drop(self, handle: ControlHandle) -> None:

@@ -37,6 +37,11 @@ def encode_header(paths: Sequence[str], sizes: Sequence[int], flags: int = KEEP_
     return _PREFIX.pack(MAGIC, len(lines), len(paths), flags) + lines
 
 
+class HandleLost(OSError):
+    """The handle itself failed (its daemon is gone, or was restarted since it was opened), and
+    so did every page of the batch left: a new handle may publish them."""
+
+
 def publish_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                   sizes: Sequence[int]) -> List[Optional[OSError]]:
     """Publish page ``paths[i]`` from ``buffers[i]`` (``sizes[i]`` bytes in all), in as few
@@ -58,7 +63,8 @@ def publish_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memo
             continue
         status = _status(fd)
         if status is None:  # the handle itself fails (a daemon gone): so does every page left
-            error = raised if done < 0 else OSError(errno.EIO, "ingest write stopped short")
+            error = (HandleLost(raised.errno, raised.strerror) if done < 0
+                     else HandleLost(errno.EIO, "ingest write stopped short"))
             outcome[first:] = [error] * (len(paths) - first)
             break
         failed = first + status[0]

@@ -35,6 +35,9 @@ from .control_handles import CONTROL_DIR, EXISTS_FILE, FETCH_FILE, INGEST_FILE, 
 from .plane import Plane, Spread
 from .vectored import advance, read_into
 
+#: What a handle fails with once its daemon is gone (or was restarted since it was opened).
+HANDLE_LOST = frozenset({errno.ENOTCONN, errno.ECONNABORTED, errno.EBADF})
+
 logger = logging.getLogger(__name__)
 
 # The exists request is line-based; a path holding any character a reader might split lines on
@@ -186,6 +189,25 @@ class PageIO:
         self.counters.add(pages_written=1, bytes_written=size)
         return True
 
+    def _ingest_batch(self, rel_dir: str, paths: List[str], buffers: Sequence[Sequence[memoryview]],
+                      size: int) -> Optional[List[Optional[OSError]]]:
+        """One try of ``_ingest``: per page None or its error; None when the ingest file cannot
+        be used (none, or a path it cannot carry)."""
+        with self.handles.using(INGEST_FILE) as handle:
+            if handle is None or not _one_per_line(paths):
+                return None
+            outcome = ingest.publish_batch(handle.fd, paths, buffers, [size] * len(paths))
+            missing = [i for i, error in enumerate(outcome) if error is not None and error.errno == errno.ENOENT]
+            if missing and self._make_dirs(rel_dir):  # a new pool: make its directories, then again
+                again = ingest.publish_batch(handle.fd, [paths[i] for i in missing],
+                                             [buffers[i] for i in missing], [size] * len(missing))
+                for i, error in zip(missing, again):
+                    outcome[i] = error
+            if any(isinstance(error, ingest.HandleLost) or (error is not None and error.errno in HANDLE_LOST)
+                   for error in outcome):
+                self.handles.drop(handle)
+            return outcome
+
     def _make_dirs(self, rel_dir: str) -> bool:
         """Make ``rel_dir`` and its parents below the mount root. False if that must not be done.
 
@@ -238,18 +260,23 @@ class PageIO:
     def _fetch(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                size: int) -> List[bool]:
         """Read the pages through one fetch request (a file per page where the mount has no
-        fetch file)."""
-        with self.handles.using(FETCH_FILE) as handle:
-            if handle is None or not _one_per_line(rels):
-                return [self.read_page(rel, page, size) for rel, page in zip(rels, buffers)]
-            try:
-                read = fetch.fetch_batch(handle.fd, rels, buffers, size)
-            except OSError as exc:
-                self.handles.drop(handle)
-                self.failures.failure(error_kind(exc), f"fetch of {len(rels)} pages failed: "
-                                                       f"{exc.strerror or exc}")
-                self.counters.add(misses=len(rels))
-                return [False] * len(rels)
+        fetch file: a longer file is a miss there too, as the fetch file says). A handle lost
+        with its daemon (one restarted since) is replaced once."""
+        for attempt in (1, 2):
+            with self.handles.using(FETCH_FILE) as handle:
+                if handle is None or not _one_per_line(rels):
+                    return [self.read_page(rel, page, size, check_longer=True) for rel, page in zip(rels, buffers)]
+                try:
+                    read = fetch.fetch_batch(handle.fd, rels, buffers, size)
+                except OSError as exc:
+                    self.handles.drop(handle)
+                    if attempt == 1 and exc.errno in HANDLE_LOST:
+                        continue
+                    self.failures.failure(error_kind(exc), f"fetch of {len(rels)} pages failed: "
+                                                           f"{exc.strerror or exc}")
+                    self.counters.add(misses=len(rels))
+                    return [False] * len(rels)
+            break
         hits = sum(read)
         self.failures.success()
         self.counters.add(hits=hits, misses=len(rels) - hits, bytes_read=hits * size, batches_read=1)
@@ -284,20 +311,17 @@ class PageIO:
 
     def _ingest(self, rel_dir: str, keys: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                 size: int) -> List[bool]:
-        """``publish_pages`` through the ingest file."""
+        """``publish_pages`` through the ingest file. A handle lost with its daemon (one
+        restarted since) is replaced once, for the pages it did not publish."""
         paths = [f"{rel_dir}/{key}" for key in keys]
-        with self.handles.using(INGEST_FILE) as handle:
-            if handle is None or not _one_per_line(paths):
-                return self._publish_missing(rel_dir, keys, buffers, size)
-            outcome = ingest.publish_batch(handle.fd, paths, buffers, [size] * len(keys))
-            missing = [i for i, error in enumerate(outcome) if error is not None and error.errno == errno.ENOENT]
-            if missing and self._make_dirs(rel_dir):  # a new pool: make its directories, then again
-                again = ingest.publish_batch(handle.fd, [paths[i] for i in missing],
-                                             [buffers[i] for i in missing], [size] * len(missing))
-                for i, error in zip(missing, again):
-                    outcome[i] = error
-            if any(error is not None and error.errno in (errno.ENOTCONN, errno.EBADF) for error in outcome):
-                self.handles.drop(handle)
+        outcome = self._ingest_batch(rel_dir, paths, buffers, size)
+        if outcome is None:
+            return self._publish_missing(rel_dir, keys, buffers, size)
+        lost = [i for i, error in enumerate(outcome) if isinstance(error, ingest.HandleLost)]
+        if lost:
+            again = self._ingest_batch(rel_dir, [paths[i] for i in lost], [buffers[i] for i in lost], size)
+            for i, error in zip(lost, again or []):
+                outcome[i] = error
         published = 0
         for path, error in zip(paths, outcome):
             if error is None:

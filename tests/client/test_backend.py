@@ -235,6 +235,20 @@ def test_get_stats(store_root):
     assert fs.batch_exists(keys) == 3  # close() drops handles; later calls reopen them
 
 
+def test_a_longer_page_is_a_miss_also_when_read_by_its_own_file(hicachefs_mount):
+    """Without the plane, pages go through the fetch file, which answers a page of another size
+    as a miss; a key a fetch line cannot carry is read by its own file, and a longer file there
+    filled the buffers with its first bytes and was a hit."""
+    pool = MHAHostPool(pages=8)
+    fs = make_fs(hicachefs_mount, pool, extra={"data_plane": False})
+    size = fs._layout("kv").page_bytes
+    longer = torch.arange(size + 4096, dtype=torch.uint8)  # not a page of this pool
+    plain, odd = key("long", 0), "long\npage"
+    assert fs.set(plain, longer) and fs.set(odd, longer)
+    assert fs.batch_get_v1([plain], indices(pool, [0])) == [False]
+    assert fs.batch_get_v1([odd], indices(pool, [1])) == [False]
+
+
 def test_exists_file_is_used_on_a_mount_without_the_data_plane(hicachefs_mount):
     pool = MHAHostPool(pages=16)
     fs = make_fs(hicachefs_mount, pool, extra={"data_plane": False})

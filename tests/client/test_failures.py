@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 
 import pytest
 
@@ -64,6 +65,54 @@ def test_daemon_killed_then_remounted(mount_factory, caplog):
         finally:
             mounting.stop(second)
     assert fs.statistics()["errors"].get("MOUNT_GONE", 0) >= 1
+
+
+def test_the_first_calls_after_a_quick_restart_are_served_without_the_plane(mount_factory):
+    """Each thread keeps its handles on the control files; after a daemon was killed and
+    remounted with no call in between, the first fetch and ingest of each thread went to the
+    dead connection and their batches were lost (ECONNABORTED even kept the ingest handle for
+    the next batch)."""
+    first = mount_factory("--memory", "64M")
+    pool = MHAHostPool(pages=64)
+    fs = make_fs(first.path, pool, extra={"data_plane": False})
+    keys = [key("quick", i) for i in range(8)]
+    assert fs.batch_set_v1(keys, indices(pool, range(8))) == [True] * 8
+    assert fs.batch_get_v1(keys, indices(pool, range(8, 16))) == [True] * 8
+    os.kill(first.pid, signal.SIGKILL)
+    assert mounting.wait_gone(first.pid, 10)
+    mounting.unmount_path(first.path)
+    mount_factory("--memory", "64M", path=first.path)
+    assert fs.batch_set_v1(keys, indices(pool, range(8))) == [True] * 8
+    assert fs.batch_get_v1(keys, indices(pool, range(16, 24))) == [True] * 8
+    assert [page_bytes(pool, 16 + i) for i in range(8)] == [page_bytes(pool, i) for i in range(8)]
+
+
+def test_control_files_of_their_own_are_used_once_the_mount_comes_up(mount_factory, tmp_path):
+    """A client made before the mount (or called while it was down) took the missing
+    ``.hicachefs/exists.N`` for a daemon without such files, and every thread queued on the one
+    shared control file of each kind for the rest of the process."""
+    root = tmp_path / "mnt"
+    root.mkdir()
+    pool = MHAHostPool(pages=16)
+    fs = make_fs(root, pool, extra={"data_plane": False})
+    keys = [key("lane", i) for i in range(4)]
+    assert fs.batch_exists(keys) == 0  # a bare directory
+    mount_factory("--memory", "64M", path=root)
+    time.sleep(1.1)  # past the client's retry interval
+    assert fs.batch_set_v1(keys, indices(pool, range(4))) == [True] * 4
+    assert fs.batch_exists(keys) == 4
+    assert fs.batch_get_v1(keys, indices(pool, range(4, 8))) == [True] * 4
+    control = [os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) for fd in os.listdir("/proc/self/fd")
+               if _link(fd).startswith(f"{root}/.hicachefs/")]
+    assert sorted(name.partition(".")[0] for name in control) == ["exists", "fetch", "ingest"]
+    assert all("." in name for name in control), control
+
+
+def _link(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
 
 
 def test_page_too_large_is_refused_once(mount_factory, caplog):
