@@ -52,7 +52,7 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 READ_AHEAD_KB = 8192
 
 def setup_logging(config: DaemonConfig) -> None:
-    handler = logging.FileHandler(config.log_file) if config.log_file else logging.StreamHandler()
+    handler = logging.FileHandler(config.log_file, errors="backslashreplace") if config.log_file else logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -132,6 +132,10 @@ class Operations(pyfuse3.Operations):
         return entry(st, self.uid, self.gid)
 
     @_replying
+    async def access(self, inode, mode, ctx):
+        return await self.requests.access(inode, mode, ctx.uid)
+
+    @_replying
     async def statfs(self, ctx):
         return statvfs(await self.requests.statfs())
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -121,6 +122,20 @@ class Namespace:
             return not self.control.is_request_file(inode) and (
                 self.control.writers_only(inode) or bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)))
         return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC))
+
+    def access(self, inode: int, mode: int, uid: int) -> bool:
+        """access(2): what an open or a change by ``uid`` would be allowed (no
+        ``default_permissions``: the kernel asks here)."""
+        st = self.getattr(inode)  # ENOENT for what is gone
+        writer = self.may_change(uid)
+        control = is_control(inode)
+        if mode & os.X_OK and not stat.S_ISDIR(st.mode):
+            return False
+        if mode & os.W_OK and not writer and not (control and self.control.is_request_file(inode)):
+            return False
+        if control and not writer and self.control.writers_only(inode):
+            return False
+        return True
 
     def caches_misses(self, parent_inode: int) -> bool:
         """Whether the kernel may remember that a name is missing in this directory. Not in a
@@ -246,6 +261,8 @@ class Namespace:
 
     def rmdir(self, parent_inode: int, name: bytes) -> None:
         parent = self._writable_dir(parent_inode)
+        if parent is self.tree.root and name == names.CONTROL_DIR.encode():
+            raise FsError(errno.EPERM, "the control directory cannot be removed")
         text = name.decode("utf-8", "surrogateescape")
         child = parent.children.get(text)
         if child is None:
@@ -376,16 +393,18 @@ class Namespace:
         removed = False if page is None else self.store.remove(page)
         self.nodes.detach(parent, text)
         if isinstance(removed, NeedsIO):
-            return removed.then(lambda gone: self._unlinked(gone))
-        return self._unlinked(removed)
+            return removed.then(lambda gone: self._unlinked(parent, gone))
+        return self._unlinked(parent, removed)
 
     @staticmethod
-    def _unlinked(removed: bool) -> None:
+    def _unlinked(parent: Directory, removed: bool) -> None:
         if not removed:
             raise FsError(errno.ENOENT, "no such page")
+        parent.mtime_ns = time.time_ns()
 
     def rename(self, old_parent: int, old: bytes, new_parent: int, new: bytes, flags: int) -> None | NeedsIO:
-        """Publish a temporary file under its key, or move a page; directories are not moved."""
+        """Publish a temporary file under its key, move a file still being written under its key
+        (it is published at its last close, as created), or move a page; directories are not moved."""
         source_dir = self._writable_dir(old_parent)
         target_dir = self._writable_dir(new_parent)
         old_text = old.decode("utf-8", "surrogateescape")
@@ -400,8 +419,12 @@ class Namespace:
             raise FsError(errno.EINVAL, "exchanging pages is not supported")
         if flags & RENAME_NOREPLACE and (self._has_page(target_dir, new_text) or new_text in target_dir.pending):
             raise FsError(errno.EEXIST, "target exists")
+        if source_dir is target_dir and old_text == new_text:
+            return None  # onto itself: nothing changes (the kernel does not ask; a caller may)
         pending = source_dir.pending.get(old_text)
         if pending is not None:
+            if pending.visible and pending.writers > 0:  # published at its last close, as created
+                return self._move_pending(pending, target_dir, new_text)
             self.publishing.publish(pending, target_dir, new_text)
             return None
         source = self.tree.page_name(source_dir, old_text)
@@ -412,6 +435,20 @@ class Namespace:
             return moved.then(lambda info: self._moved(source_dir, old_text, target_dir, new_text))
         return self._moved(source_dir, old_text, target_dir, new_text)
 
+    def _move_pending(self, pending: PendingFile, target: Directory, new: str) -> None | NeedsIO:
+        """A file created under a key, still being written, takes another name: what that name
+        held goes, and the file is published there at its last writer's close."""
+        self.publishing.displace(target, new)
+        page = self.tree.page_name(target, new)
+        removed = self.store.remove(page) if self._has_page(target, new) else None
+        old = self.nodes.detach(target, new)
+        if old is not None:
+            self.notices.forget_attributes(old.inode)
+        del pending.directory.pending[pending.name]
+        pending.directory, pending.name = target, new
+        target.pending[new] = pending
+        return removed.then(lambda gone: None) if isinstance(removed, NeedsIO) else None
+
     def _moved(self, source: Directory, old: str, target: Directory, new: str) -> None:
         """The page now lives under its new name (the same version): the kernel's inode for it
         follows it there, and what the name held before is replaced."""
@@ -420,6 +457,7 @@ class Namespace:
         node = self.nodes.named(source, old)
         if node is not None:
             self.nodes.move(node, target, new)
+        source.mtime_ns = target.mtime_ns = time.time_ns()
 
     def pages_gone(self, gone: list[str]) -> None:
         """The store dropped these pages on its own (eviction, a failed checksum): the kernel
@@ -472,7 +510,7 @@ class Namespace:
 
     @staticmethod
     def _pending_stat(pending: PendingFile) -> Stat:
-        return Stat(pending.inode, FILE_MODE, pending.size, 1, pending.mtime_ns, pending.mtime_ns)
+        return Stat(pending.inode, FILE_MODE, pending.size, 0 if pending.gone else 1, pending.mtime_ns, pending.mtime_ns)
 
 
 __all__ = ["ROOT_INODE", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "Namespace", "Room"]

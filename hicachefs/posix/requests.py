@@ -131,8 +131,13 @@ class Requests:
 
     async def setattr(self, inode: int, uid: int, size: int | None, mode: int | None,
                       owner: int | None, group: int | None) -> Stat:
+        if not self.namespace.may_change(uid) and (mode, owner, group) != (None, None, None):
+            raise FsError(errno.EPERM, "only root and the daemon's user may change the store")
         self.namespace.check_writer(uid)
         return self.namespace.setattr(inode, size=size, mode=mode, uid=owner, gid=group)
+
+    async def access(self, inode: int, mode: int, uid: int) -> bool:
+        return self.namespace.access(inode, mode, uid)
 
     async def statfs(self) -> Room:
         return self.namespace.room()

@@ -1,0 +1,108 @@
+"""What the mount answers the POSIX calls that shell tools and scripts make and decide on:
+access(2) for a plain user, rmdir of the control directory, a rename of a file still being
+written under its key, the link count of a removed file still open, the directories' mtime
+after rm and mv, chmod and chown by a plain user, and a temporary name that is not UTF-8 in
+the daemon's log."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import pytest
+
+from pages import as_nobody, publish, wait_until
+
+
+def test_access_tells_a_plain_user_the_truth(public_mount):
+    """No ``access`` handler and no ``default_permissions``: the kernel gets ENOSYS once and from
+    then on answers every access(2) 'allowed', so ``test -w`` says a plain user may write a page,
+    a pool, and open ``ingest`` (all of which then fail with EACCES)."""
+    pool = public_mount.page_dir()
+    page = publish(pool, "k", b"x" * 100)
+    ingest = public_mount.path / ".hicachefs" / "ingest"
+    for path in (page, pool):
+        assert as_nobody("test", "-w", str(path)).returncode != 0, f"nobody: test -w {path} says writable"
+    assert as_nobody("test", "-r", str(ingest)).returncode != 0, "nobody: test -r ingest says readable"
+    # what the access answers promise indeed fails:
+    assert as_nobody("touch", str(page)).returncode != 0
+    assert as_nobody("cat", str(ingest)).returncode != 0
+
+
+def test_rmdir_of_control_directory_is_not_enoent(mounted):
+    control = mounted.path / ".hicachefs"
+    assert control.is_dir()
+    with pytest.raises(OSError) as info:
+        os.rmdir(control)
+    assert info.value.errno != errno.ENOENT, "rmdir says an existing directory does not exist"
+
+
+def test_rename_of_a_key_named_file_being_written_does_not_cut_off_its_writer(mounted):
+    """contract.md: a file created under its key 'follows POSIX: it is published at its last
+    close for writing, with what was written'. A rename of it while open publishes it at once,
+    short, and its writer's next writes fail with EPERM."""
+    pool = mounted.page_dir()
+    fd = os.open(pool / "k", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"abc")
+        os.rename(pool / "k", pool / "k2")
+        os.write(fd, b"def")  # EPERM here today
+    finally:
+        os.close(fd)
+    assert (pool / "k2").read_bytes() == b"abcdef"
+
+
+def test_unlinked_file_being_written_shows_no_links(mounted):
+    """fstat of an open file being written, after rm (or a replace of its name): st_nlink
+    stays 1, as if the name still led to it (pages show 0, as POSIX has it)."""
+    pool = mounted.page_dir()
+    fd = os.open(pool / ".t", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"abc")
+        os.unlink(pool / ".t")
+        assert not (pool / ".t").exists()
+        assert os.fstat(fd).st_nlink == 0
+    finally:
+        os.close(fd)
+
+
+def test_removing_or_moving_a_page_changes_its_directories_mtime(mounted):
+    """Publishing a page moves its pool's mtime, rm and mv of a page do not (POSIX: unlink and
+    rename update the parents' mtime; make, rsync and backup tools rely on it)."""
+    pool, other = mounted.page_dir(), mounted.page_dir("model", "bfloat16-page_first-64", "tp0of1", "kv2")
+    publish(pool, "a", b"1" * 10)
+    publish(pool, "b", b"2" * 10)
+    before, before_other = os.stat(pool).st_mtime_ns, os.stat(other).st_mtime_ns
+    time.sleep(0.02)
+    os.unlink(pool / "a")
+    assert os.stat(pool).st_mtime_ns > before, "rm of a page left its directory's mtime"
+    before = os.stat(pool).st_mtime_ns
+    time.sleep(0.02)
+    os.rename(pool / "b", other / "b")
+    assert os.stat(pool).st_mtime_ns > before, "mv of a page out left the source directory's mtime"
+    assert os.stat(other).st_mtime_ns > before_other, "mv of a page in left the target directory's mtime"
+
+
+def test_reaping_a_temporary_file_with_a_non_utf8_name_logs_no_traceback(mount_factory):
+    """Temporary names may be any bytes (check_temporary); the reaper logs the name, a str
+    with surrogates, which the log file's UTF-8 stream cannot encode: '--- Logging error ---'
+    and a traceback land in the daemon log, and the line itself is lost."""
+    mount = mount_factory("--memory", "64M", "--temp-timeout", "1")
+    pool = mount.page_dir()
+    name = os.fsencode(pool) + b"/.\xff\xfe"
+    os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    wait_until(lambda: not os.path.exists(name), timeout=10)
+    wait_until(lambda: "discarding abandoned" in mount.log_text() or "Logging error" in mount.log_text(), timeout=10)
+    assert "Logging error" not in mount.log_text()
+
+
+def test_plain_user_chmod_and_chown_fail_with_eperm(public_mount):
+    """POSIX (and every local filesystem): chmod/chown by a user who does not own the file fail
+    with EPERM, as the contract says for changes root may not make either; here EACCES."""
+    pool = public_mount.page_dir()
+    page = publish(pool, "k", b"x" * 10)
+    for command in (("chmod", "444", str(page)), ("chown", "0", str(page)), ("chmod", "755", str(pool))):
+        result = as_nobody(*command)
+        assert result.returncode != 0
+        assert "Operation not permitted" in result.stderr, (command, result.stderr)
