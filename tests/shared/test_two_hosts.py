@@ -225,7 +225,9 @@ def test_a_corrupt_file_on_the_shared_tier_is_caught_and_never_served(two_hosts,
         f.write(bytes([byte[0] ^ 0x40]))
     target = MHAHostPool(pages=2)
     reader = client(b, target)
-    assert wait_for(lambda: reader.batch_exists(names) == 2, 2.0)
+    # (How soon another host sees a page is bench_shared.py's to measure: beside the suite's
+    # other lane on 2 cores, JuiceFS once took over 2 s.)
+    assert wait_for(lambda: reader.batch_exists(names) == 2, 10.0)
     assert reader.batch_get_v1(names, indices(target, range(2))) == [False, True]
     stats = b.stats()["tiers"]["shared"]
     assert stats["checksum_failures"] == 1
