@@ -39,14 +39,19 @@ threading.Event().wait()
 """
 
 
-def _abort(mountpoint: Path, connection: int) -> None:
-    """Free a hung FUSE connection (only when the test failed), through fusectl."""
+def _abort(connection: int) -> None:
+    """Free a hung FUSE connection (only when the test failed), through fusectl, mounted for
+    that and unmounted again if it was not."""
     connections = Path("/sys/fs/fuse/connections")
-    if not any(connections.iterdir()):
-        subprocess.run(["mount", "-t", "fusectl", "none", str(connections)], capture_output=True)
-    abort = connections / str(connection) / "abort"
-    if abort.exists():
-        abort.write_text("1")
+    mounted_here = not any(connections.iterdir()) and subprocess.run(
+        ["mount", "-t", "fusectl", "none", str(connections)], capture_output=True).returncode == 0
+    try:
+        abort = connections / str(connection) / "abort"
+        if abort.exists():
+            abort.write_text("1")
+    finally:
+        if mounted_here:
+            subprocess.run(["umount", str(connections)], capture_output=True)
 
 
 def _stop_while_replacing(mount_factory) -> str | None:
@@ -83,7 +88,7 @@ def _stop_while_replacing(mount_factory) -> str | None:
         stop.set()
         log = mount.log_text()
         if not ended:
-            _abort(mount.path, connection)  # leave nothing hung behind
+            _abort(connection)  # leave nothing hung behind
         looker.kill()
         looker.wait(10)
         for writer in writers:
