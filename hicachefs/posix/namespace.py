@@ -441,9 +441,7 @@ class Namespace:
         self.publishing.displace(target, new)
         page = self.tree.page_name(target, new)
         removed = self.store.remove(page) if self._has_page(target, new) else None
-        old = self.nodes.detach(target, new)
-        if old is not None:
-            self.notices.forget_attributes(old.inode)
+        self.publishing.retire_old(target, new)
         del pending.directory.pending[pending.name]
         pending.directory, pending.name = target, new
         target.pending[new] = pending

@@ -173,7 +173,7 @@ class Publishing:
         pending.gone = True
         pending.published = info
         self.displace(directory, key)
-        self._retire_old(directory, key)
+        self.retire_old(directory, key)
         node = PageNode(pending.inode, directory, key, info, pending.nlookup)
         if node.nlookup > 0:  # the kernel knows the file's inode: it is the page's now
             self.nodes.adopt(node)
@@ -265,7 +265,7 @@ class Publishing:
         directory.last_page_size = draft.size
         directory.mtime_ns = time.time_ns()
         known = self.displace(directory, key)
-        if self._retire_old(directory, key) or known:  # the kernel did not see this replace
+        if self.retire_old(directory, key) or known:  # the kernel did not see this replace
             self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
         return True
 
@@ -280,7 +280,7 @@ class Publishing:
         self.unlink(directory, key)
         return True
 
-    def _retire_old(self, directory: Directory, key: str) -> bool:
+    def retire_old(self, directory: Directory, key: str) -> bool:
         """The name now holds another page: the inode of the page it held is retired, and the
         kernel fetches that inode's attributes again. Whether there was one."""
         old = self.nodes.detach(directory, key)

@@ -857,26 +857,30 @@ class PageStore:
         evicting them would free nothing and take the page from under its reader. Nothing is
         evicted when evicting every page left would not free a slot (each slab holds a reader's
         or a draft's): the store stays as it was, and the caller goes another way."""
+        room_possible = False  # known that evicting frees a slot at last
         while True:
             offset = self._ram.allocate(size)
             if offset is not None:
                 return offset
-            victims: list[int] = []
-            needed = self._ram.freed_before_room(size, self._evictable_slots(victims))
-            if needed is None:
+            victims = self._evictable()
+            row, slot = next(victims, (-1, -1))
+            if row >= 0 and not (room_possible or self._ram.serves(slot, size)):
+                # A slot of another size helps once its whole slab is free: asked once, of them all.
+                room_possible = self._ram.frees_room(size, [slot, *(other for _, other in victims)])
+                if not room_possible:
+                    row = -1  # no eviction would do
+            if row < 0:
                 raise StoreFull(f"no room for a page of {size} bytes: the RAM tier is pinned by readers and drafts")
-            for row in victims[:needed]:
-                self._evict_from_ram(row)
+            self._evict_from_ram(row)
 
-    def _evictable_slots(self, rows: list[int]) -> Iterator[int]:
-        """The RAM slots of the pages that may be evicted, least recently used first; each
-        one's row is appended to ``rows`` as its slot is taken (lazily: the caller stops early)."""
+    def _evictable(self) -> Iterator[tuple[int, int]]:
+        """(row, RAM slot) of the pages that may be evicted, least recently used first (lazily:
+        stop before changing the RAM tier)."""
         loc = self._index.loc
         for row in self._ram.victims():
             slot = int(loc[row, RAM])
             if not self._ram.is_pinned(slot):
-                rows.append(row)
-                yield slot
+                yield row, slot
 
     def _evict_from_ram(self, row: int) -> None:
         """Move the page out of RAM: down to a lower tier unless one holds it already, else

@@ -106,17 +106,24 @@ def take_the_volume_away(store, device) -> None:
     wait_until(lambda: not store._named[0].statistics().guard.available)
 
 
+def _one_page_written_behind(store_of):
+    """A store whose shared volume can be taken away, and its one page, written behind: (store,
+    its device, its shared tier, the page's name)."""
+    device = FaultyDevice(DirectoryDevice())
+    store = store_of(device)
+    shared = store._named[0]
+    name = page_name(1)
+    store.put(name, content(1, SIZE))
+    wait_until(lambda: shared.statistics().write_behind.written_behind == 1)
+    return store, device, shared, name
+
+
 # -- 2. a replacement that write-behind drops leaves the old version on the shared tier ------------
 
 def test_a_replacement_dropped_by_write_behind_does_not_bring_the_old_version_back(store_of):
     """Host A's v1 is on the shared tier; the volume goes away while A replaces it with v2 (the
     offer is dropped); the volume comes back; A's RAM evicts v2; A then reads v1."""
-    device = FaultyDevice(DirectoryDevice())
-    a = store_of(device)
-    shared = a._named[0]
-    name = page_name(1)
-    a.put(name, content(1, SIZE))
-    wait_until(lambda: shared.statistics().write_behind.written_behind == 1)
+    a, device, shared, name = _one_page_written_behind(store_of)
     take_the_volume_away(a, device)
     a.put(name, content(2, SIZE))  # replaced while the volume is gone: not written behind
     device.clear()  # the volume is back
@@ -166,12 +173,7 @@ def test_a_page_removed_while_the_volume_is_away_stays_removed_once_it_is_back(s
     """rm while the shared volume is away removes the local copies at once, and the volume's
     file once it is back: the page never answers again here, and no file is left for the
     other hosts' sweeps to find."""
-    device = FaultyDevice(DirectoryDevice())
-    a = store_of(device)
-    shared = a._named[0]
-    name = page_name(1)
-    a.put(name, content(1, SIZE))
-    wait_until(lambda: shared.statistics().write_behind.written_behind == 1)
+    a, device, shared, name = _one_page_written_behind(store_of)
     on_volume = Layout(tmp_path / "shared").page_path(place(name))
     assert os.path.exists(on_volume)
     take_the_volume_away(a, device)

@@ -149,20 +149,23 @@ class Arena:
         self.used_bytes += slot_size
         return offset
 
-    def freed_before_room(self, size: int, offsets: Iterable[int]) -> int | None:
-        """How many of the used slots ``offsets`` (in the order they would be freed) must be
-        freed before ``allocate(size)`` finds a slot: one in a slab of that slot size, or every
-        used slot of another slab. None when freeing all of them would not do (each slab keeps
-        a slot that is not among them: a reader's, a draft's), so that nothing is freed in vain."""
+    def serves(self, offset: int, size: int) -> bool:
+        """Whether the used slot at ``offset`` is of the slot size ``size`` takes (freed, it is one)."""
+        return self._slabs[offset // self.slab_bytes].slot_size == size_class(size)
+
+    def frees_room(self, size: int, offsets: Iterable[int]) -> bool:
+        """Whether freeing the used slots ``offsets`` lets ``allocate(size)`` find a slot: one
+        of them is of that slot size, or they are every used slot of a slab. Not when each slab
+        keeps a slot that is not among them (a reader's, a draft's): then nothing need be freed."""
         slot_size = size_class(size)
         freed: dict[int, int] = {}
-        for count, offset in enumerate(offsets, 1):
+        for offset in offsets:
             number = offset // self.slab_bytes
             slab = self._slabs[number]
             freed[number] = freed.get(number, 0) + 1
             if slab.slot_size == slot_size or freed[number] == slab.used:
-                return count
-        return None
+                return True
+        return False
 
     def free(self, offset: int) -> None:
         """Return the slot at ``offset``; an emptied slab goes back to the free pool."""

@@ -80,8 +80,11 @@ class RamTier(TopTier):
     def allocate(self, size: int) -> int | None:
         return self.arena.allocate(size)
 
-    def freed_before_room(self, size: int, slots: Iterable[int]) -> int | None:
-        return self.arena.freed_before_room(size, slots)
+    def serves(self, slot: int, size: int) -> bool:
+        return self.arena.serves(slot, size)
+
+    def frees_room(self, size: int, slots: Iterable[int]) -> bool:
+        return self.arena.frees_room(size, slots)
 
     def view(self, offset: int, size: int) -> memoryview:
         return self.arena.view[offset : offset + size]

@@ -122,10 +122,15 @@ def _glusterfs_client(mountpoint: str) -> list[str] | None:
     return None
 
 
+def _mount_of(path: str) -> Mount | None:
+    """The mount ``path`` lies on, from this process's /proc/self/mountinfo."""
+    with open("/proc/self/mountinfo") as file:
+        return find_mount(os.path.realpath(path), file.read())
+
+
 def local_mount(path: str) -> Mount | None:
     """The mount ``path`` lies on if it is a local filesystem (``LOCAL_FILESYSTEMS``), else None."""
-    with open("/proc/self/mountinfo") as file:
-        mount = find_mount(os.path.realpath(path), file.read())
+    mount = _mount_of(path)
     return mount if mount is not None and mount.fstype in LOCAL_FILESYSTEMS else None
 
 
@@ -138,8 +143,7 @@ def local_warning(path: str, mount: Mount) -> str:
 def settings(path: str) -> Settings | None:
     """What the engine under ``path`` uses; None for a filesystem it cannot tell about, or
     settings it cannot read (JuiceFS's ``.config`` is root's alone)."""
-    with open("/proc/self/mountinfo") as file:
-        mount = find_mount(os.path.realpath(path), file.read())
+    mount = _mount_of(path)
     try:
         return _settings_of(mount) if mount is not None else None
     except (ValueError, TypeError, AttributeError):
