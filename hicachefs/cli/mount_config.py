@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 
 from ..daemon.config import DaemonConfig
-from ..daemon.metrics_endpoint import check_can_listen, parse_listen_address
-from ..store import ArenaRefused, check_disk_dir
+from ..daemon.listen_address import check_can_listen, parse_listen_address
+from ..store import ArenaRefused
 from ..store.shared import engine_checks
 from .. import mount_table
 from .arguments import UsageError, parse_size
@@ -184,6 +184,8 @@ def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
             pass
     except OSError as exc:
         raise UsageError(f"disk directory {args.disk} cannot be written: {exc.strerror}") from None
+    from ..store import check_disk_dir  # the disk tier's code, numpy with it: only a --disk mount needs it
+
     try:
         check_disk_dir(disk)
     except ArenaRefused as exc:

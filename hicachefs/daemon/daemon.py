@@ -17,7 +17,6 @@ hold yet is filled by 1 MiB requests in flight together rather than 128 KiB ones
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import gc
 import json
@@ -66,7 +65,7 @@ def keep_freed_memory() -> None:
     it in again: 256 page faults per MiB written, which on the development VM (whose kernel
     hands out memory it has not touched before slowly) made a 1 MiB WRITE cost 450 us of the
     daemon's CPU instead of under 200."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc = ctypes.CDLL(None)  # the C library this process runs on (no ldconfig looked up)
     m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameters (malloc.h)
     libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum: blocks up to 32 MiB from the heap
     libc.mallopt(m_trim_threshold, (1 << 31) - 1)  # and never give the heap's top back

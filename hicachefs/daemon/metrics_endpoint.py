@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import logging
 import queue
 import socket
@@ -36,11 +35,11 @@ from collections.abc import Callable
 import trio
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
+from .listen_address import bound_socket, parse_listen_address
 from .metrics import registry_of
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOST = "127.0.0.1"
 #: Connections answered at once. A scrape costs milliseconds, and one Prometheus server (two in
 #: an HA pair) scrapes an endpoint once per interval: four leave room for a person's curl.
 SERVERS = 4
@@ -59,51 +58,6 @@ BACKLOG = 1024
 _SHORT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-def parse_listen_address(text: str) -> tuple[str, int]:
-    """'HOST:PORT', '[IPv6]:PORT', ':PORT' or 'PORT' -> (host, port); a missing host is loopback.
-
-    Raises ValueError with a one-line reason. The host must be an IP address or a name that
-    resolves on this machine.
-    """
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep:
-        host, port_text = "", text.strip()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"{text!r}: write an IPv6 address in brackets, like [::1]:9100")
-    host = host or DEFAULT_HOST
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"{text!r}: the port must be a number from 1 to 65535")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        try:
-            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except OSError:
-            raise ValueError(f"{text!r}: {host} is not an IP address or a known host name") from None
-    return host, int(port_text)
-
-
-def check_can_listen(host: str, port: int) -> None:
-    """Bind and release the address, so a port in use is reported before anything is mounted.
-    Raises OSError."""
-    _bound_socket(host, port).close()
-
-
-def _bound_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to the address (SO_REUSEADDR: a restart need not wait out TIME_WAIT)."""
-    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    bound = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        bound.bind(address)
-    except BaseException:
-        bound.close()
-        raise
-    return bound
-
-
 class MetricsEndpoint:
     """The HTTP server, its threads, and the bridge from them to the trio loop."""
 
@@ -112,7 +66,7 @@ class MetricsEndpoint:
         self._statistics = statistics
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._registry = registry_of(self._statistics_from_loop)
-        self._listener = _bound_socket(*parse_listen_address(address))
+        self._listener = bound_socket(*parse_listen_address(address))
         self._listener.listen(BACKLOG)
         self._closing = False
         self._slots = threading.BoundedSemaphore(SERVERS + WAITING)
