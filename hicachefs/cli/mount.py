@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -47,6 +48,10 @@ def command(args: argparse.Namespace) -> int:
         daemon.setup_logging(config)
         return daemon.run(config)
     progress_read, progress_write = os.pipe()  # the daemon tells how rebuilding the disk index goes
+    # A Ctrl-C while the daemon is being started is kept until this command can stop it: raised
+    # in between, it left the new daemon running, and mounting, without a word.
+    interrupted = []
+    ctrl_c = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
         with open(config.log_file, "ab") as log:
             child = subprocess.Popen(
@@ -54,10 +59,13 @@ def command(args: argparse.Namespace) -> int:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                 pass_fds=(progress_write,),
             )
+        progress = Display(progress_read)
     finally:
         os.close(progress_write)
-    progress = Display(progress_read)
+        signal.signal(signal.SIGINT, ctrl_c)
     try:
+        if interrupted:
+            raise KeyboardInterrupt
         return _wait(child, config, progress)
     except KeyboardInterrupt:  # Ctrl-C while waiting: the operator gave up on this mount
         progress.close()

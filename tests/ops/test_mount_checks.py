@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -114,30 +115,62 @@ def test_a_log_file_inside_the_mountpoint_is_refused(tmp_path):
     assert list(mountpoint.iterdir()) == []
 
 
+def _daemon_of(pid: int, timeout: float) -> int:
+    """The daemon that ``hicachefs mount`` (process ``pid``) started, waited for."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in children.read_text().split():
+            try:
+                if b"hicachefs.daemon" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+            except FileNotFoundError:  # a helper that ended (ldconfig, run by ctypes)
+                continue
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} started no daemon within {timeout} s")
+
+
+def _signal_pending(pid: int, signum: int) -> bool:
+    """Whether ``signum`` waits to be delivered to process ``pid`` (a stopped one keeps it)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    pending = int(re.search(r"^ShdPnd:\s*([0-9a-f]+)", status, re.M)[1], 16)
+    return bool(pending & (1 << (signum - 1)))
+
+
 def test_ctrl_c_while_mount_waits_stops_its_daemon_in_one_line(tmp_path):
-    """Ctrl-C while ``hicachefs mount`` waits for the RAM fill: one line, status 130, and the
+    """Ctrl-C while ``hicachefs mount`` waits for its daemon: one line, status 130, and the
     daemon it started stopped (it runs in a session of its own, so it went on, and mounted
-    seconds later, after a KeyboardInterrupt traceback)."""
+    seconds later, after a KeyboardInterrupt traceback). The daemon is held stopped from its
+    start until the command has signalled it, so that the command is surely still waiting
+    (a fill of 4 GiB took 10 s here at times, 1 s at others)."""
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
-    command = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "4G"],
+    command = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "64M"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     daemon = None
     try:
-        time.sleep(1.5)  # the fill of 4 GiB takes some 10 s here
+        daemon = _daemon_of(command.pid, 30)
+        os.kill(daemon, signal.SIGSTOP)
+        assert not mounting.is_mounted(mountpoint)
         command.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while not _signal_pending(daemon, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _signal_pending(daemon, signal.SIGTERM), "the command did not stop its daemon"
+        os.kill(daemon, signal.SIGCONT)
         _, err = command.communicate(timeout=60)
-        found = re.search(r"\(pid (\d+)\)", err)
-        daemon = int(found.group(1)) if found else None
         assert "Traceback" not in err, err
         assert command.returncode == 130 and err.count("\n") == 1, err
-        assert daemon is not None and mounting.wait_gone(daemon, 10)
+        assert f"(pid {daemon})" in err, err
+        assert mounting.wait_gone(daemon, 10)
         assert not mounting.is_mounted(mountpoint)
     finally:
+        if daemon is not None and mounting.alive(daemon):
+            os.kill(daemon, signal.SIGCONT)  # a test that failed above left it stopped
         if command.poll() is None:
             command.kill()
             command.wait()
-        if daemon is None:  # the command did not say which: a daemon left running mounts later
+        if daemon is not None and not mounting.wait_gone(daemon, 0):  # it goes on and mounts
             deadline = time.monotonic() + 20
             while not mounting.is_mounted(mountpoint) and time.monotonic() < deadline:
                 time.sleep(0.2)
