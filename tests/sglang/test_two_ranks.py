@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from hicachefs_testing.sglang_cache import Backend, CacheSetup, page_keys
-from hicachefs_testing.sglang_ranks import PageDrop, run_ranks
+from hicachefs_testing import mounting
+from hicachefs_testing.sglang_ranks import PageDrop, RankCase, run_ranks
 from hicachefs_testing.sglang_workload import ChatWorkload
 from sglang_runs import HYBRID_POOLS, HYBRID_WORKLOAD, MAMBA_HYBRID, MHA, SMALL_POOLS
 
@@ -33,13 +34,32 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> dict:
+    """Each case served by the same two rank processes (SGLang's imports cost each some 8 s of
+    a core), each case over a mount of its own; per case, each rank's ``RankRun``."""
+    workdir = tmp_path_factory.mktemp("two-ranks")
+    mounts, cases = [], []
+    try:
+        for name, (setup, workload, lost_pages, _) in CASES.items():
+            mounts.append(mounting.start(workdir / f"mnt-{name}", workdir / f"daemon-{name}.log", ["--memory", "256M"]))
+            pool, keys = lost_pages(setup, workload)
+            cases.append(RankCase(setup, Backend("hicachefs", str(mounts[-1].path)), workload,
+                                  (PageDrop(1, "warm", pool, tuple(keys)),)))
+        runs = run_ranks(cases, 2, workdir)
+    finally:
+        for mount in mounts:
+            mounting.stop(mount)
+    failures = [line for mount in mounts for line in mounting.unexpected_log_lines(mount)]
+    assert not failures, "a daemon logged errors:\n" + "\n".join(failures)
+    return dict(zip(CASES, runs))
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_two_ranks_load_what_every_rank_has(mount_factory, tmp_path, case):
+def test_two_ranks_load_what_every_rank_has(served, case):
     setup, workload, lost_pages, exists = CASES[case]
-    pool, keys = lost_pages(setup, workload)
-    mount = mount_factory("--memory", "256M")
-    ranks = run_ranks(setup, Backend("hicachefs", str(mount.path)), workload, 2, tmp_path,
-                      [PageDrop(1, "warm", pool, tuple(keys))])
+    _, keys = lost_pages(setup, workload)
+    ranks = served[case]
     for rank in ranks:
         assert rank.failures == [] and rank.warnings == [] and rank.client_errors == {}
         assert rank.wrong_handed_over == rank.wrong_read == rank.wrong_on_device == 0
