@@ -9,7 +9,9 @@ import pytest
 
 from hicachefs_testing import attacks
 from hicachefs_testing.workload import content
+from hicachefs_client import fetch as fetch_request
 from hicachefs_client.fetch import fetch_batch
+from hicachefs_client.ingest import publish_batch
 from pages import as_nobody, fetch_pages, publish, read_page, requests_of
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -90,16 +92,26 @@ def test_a_request_over_the_maximum_fails_whole_and_so_does_the_read_that_follow
 
 
 def test_the_client_splits_a_batch_whose_request_is_over_the_maximum(mounted, fetch):
-    """A batch of 20,000 pages asked in one call (the first missing, the last stored): no page
-    is ever reported read with another page's bytes."""
-    stored_pages = stored(mounted, 8, 64)
-    missing = [f"{POOL}/{'k' * 180}{i:08d}" for i in range(20_000)]
-    paths = missing + [path for path, _ in stored_pages]
-    assert len("".join(f"64 {p}\n" for p in paths)) > 4 << 20
+    """A batch of 20,000 pages asked in one call, over the 4 MiB of lines a request holds, with
+    pages missing here and there and on both sides of where it is split: every page is read
+    with its own bytes, and every missing one is reported missing."""
+    paths = [f"{POOL}/{'k' * 180}{i:08d}" for i in range(20_000)]
+    split = fetch_request.MAX_REQUEST // len(f"64 {paths[0]}\n")  # the first request's pages
+    assert split < len(paths)
+    missing = set(range(0, len(paths), 1000)) | {split - 1, split + 1}
+    stored_paths = [path for i, path in enumerate(paths) if i not in missing]
+    data = {path: content(i, 64) for i, path in enumerate(paths)}
+    mounted.page_dir()  # POOL
+    handle = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
+    try:
+        assert publish_batch(handle, stored_paths, [[memoryview(data[p])] for p in stored_paths],
+                             [64] * len(stored_paths)) == [None] * len(stored_paths)
+    finally:
+        os.close(handle)
     buffers = [[memoryview(bytearray(64))] for _ in paths]
     read = fetch_batch(fetch, paths, buffers, 64)
-    assert read == [False] * len(missing) + [True] * len(stored_pages)
-    assert [bytes(b[0]) for b in buffers[len(missing):]] == [data for _, data in stored_pages]
+    assert [i for i, whole in enumerate(read) if not whole] == sorted(missing)
+    assert all(bytes(buffers[i][0]) == data[path] for i, path in enumerate(paths) if i not in missing)
 
 
 def test_any_user_may_read_through_the_fetch_file(public_mount):
