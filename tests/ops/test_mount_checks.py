@@ -145,12 +145,16 @@ def test_ctrl_c_while_mount_waits_stops_its_daemon_in_one_line(tmp_path):
     (a fill of 4 GiB took 10 s here at times, 1 s at others)."""
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
-    command = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "64M"],
+    command = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "64M",
+                                "--log-file", str(tmp_path / "daemon.log")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     daemon = None
     try:
         daemon = _daemon_of(command.pid, 30)
         os.kill(daemon, signal.SIGSTOP)
+        # Stopped once it is scheduled: a SIGTERM before that kills it outright (a busy host).
+        while Path(f"/proc/{daemon}/stat").read_text().rsplit(") ", 1)[1][0] != "T":
+            time.sleep(0.001)
         assert not mounting.is_mounted(mountpoint)
         command.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 30
