@@ -199,6 +199,18 @@ class Operations(pyfuse3.Operations):
         await self.requests.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx.uid)
 
     @_replying
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        await self.requests.make_link_or_node("hard link")
+
+    @_replying
+    async def symlink(self, parent_inode, name, target, ctx):
+        await self.requests.make_link_or_node("symbolic link")
+
+    @_replying
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        await self.requests.make_link_or_node("special file")
+
+    @_replying
     async def readlink(self, inode, ctx):
         return await self.requests.readlink(inode)
 

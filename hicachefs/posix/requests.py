@@ -225,6 +225,12 @@ class Requests:
         self.namespace.check_writer(uid)
         await settled(self.namespace.rename(old_parent, old, new_parent, new, flags))
 
+    async def make_link_or_node(self, what: str) -> None:
+        """``ln``, ``ln -s``, ``mkfifo``, ``mknod``: only pages and directories live in the tree
+        (a page is published whole under its one name), for anyone (it was ENOSYS, which ``ln``
+        reported as 'Function not implemented')."""
+        raise FsError(errno.EPERM, f"no {what} in a hicachefs mount: it holds pages and directories only")
+
     async def readlink(self, inode: int) -> bytes:
         return self.namespace.readlink(inode)
 
