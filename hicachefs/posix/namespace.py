@@ -443,6 +443,7 @@ class Namespace:
         removed = self.store.remove(page) if self._has_page(target, new) else None
         self.publishing.retire_old(target, new)
         del pending.directory.pending[pending.name]
+        pending.directory.mtime_ns = target.mtime_ns = time.time_ns()
         pending.directory, pending.name = target, new
         target.pending[new] = pending
         return removed.then(lambda gone: None) if isinstance(removed, NeedsIO) else None

@@ -1,7 +1,7 @@
 """What the mount answers the POSIX calls that shell tools and scripts make and decide on:
 access(2) for a plain user, rmdir of the control directory, a rename of a file still being
 written under its key, the link count of a removed file still open, the directories' mtime
-after rm and mv, chmod and chown by a plain user, and a temporary name that is not UTF-8 in
+after rm and mv (of a page and of a file being written), chmod and chown by a plain user, and a temporary name that is not UTF-8 in
 the daemon's log."""
 
 from __future__ import annotations
@@ -82,6 +82,22 @@ def test_removing_or_moving_a_page_changes_its_directories_mtime(mounted):
     os.rename(pool / "b", other / "b")
     assert os.stat(pool).st_mtime_ns > before, "mv of a page out left the source directory's mtime"
     assert os.stat(other).st_mtime_ns > before_other, "mv of a page in left the target directory's mtime"
+
+
+def test_moving_a_file_being_written_changes_its_directories_mtime(mounted):
+    """As a page's: mv of a file still being written under its key, to another pool."""
+    pool, other = mounted.page_dir(), mounted.page_dir("model", "bfloat16-page_first-64", "tp0of1", "kv2")
+    fd = os.open(pool / "k", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"x" * 10)
+        before, before_other = os.stat(pool).st_mtime_ns, os.stat(other).st_mtime_ns
+        time.sleep(0.02)
+        os.rename(pool / "k", other / "k")
+        assert os.stat(pool).st_mtime_ns > before, "mv of a file being written left the source directory's mtime"
+        assert os.stat(other).st_mtime_ns > before_other, "... and the target directory's"
+    finally:
+        os.close(fd)
+    assert (other / "k").read_bytes() == b"x" * 10
 
 
 def test_reaping_a_temporary_file_with_a_non_utf8_name_logs_no_traceback(mount_factory):
