@@ -531,6 +531,8 @@ class Plane:
         in the arena when it has one (no request more), else read from the handle. None when
         the handle fails (it is dropped: the daemon then gives back what it held)."""
         state = self._state(attachment, handle) if op != MAILBOX else None
+        if handle.fd < 0:  # its first contact with this daemon failed (it was opened at one gone): dropped
+            return None
         return self._send(attachment, handle, state, op, flags, count, body, answer_bytes)
 
     def _send(self, attachment: Attachment, handle: ControlHandle, state: Optional[_HandleState], op: int,
@@ -569,9 +571,14 @@ class Plane:
         body = b"".join(struct.pack("<IQ", row, gen) for token, row, gen in reads if token == attachment.token)
         if not body:
             return
-        with self.handles.using(PLANE_FILE) as handle:
-            if handle is not None:
-                self._request(attachment, handle, REPORT, 0, len(body) // 12, body, 4)
+        for _ in range(2):  # a handle opened at a daemon that is gone fails before the report is sent
+            with self.handles.using(PLANE_FILE) as handle:
+                if handle is None:
+                    return
+                state = self._state(attachment, handle)
+                if handle.fd >= 0:
+                    self._send(attachment, handle, state, REPORT, 0, len(body) // 12, body, 4)
+                    return
 
     def close(self) -> None:
         self.settle()

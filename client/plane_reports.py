@@ -38,6 +38,7 @@ class Reports:
         self._due = threading.Condition(self._lock)
         self._reads: List[Noted] = []
         self._thread: Optional[threading.Thread] = None
+        self._asked = 0  # ``start`` calls: one made while the thread decides to end keeps it
         forks.renew_in_child(self)
 
     def forked(self) -> None:
@@ -52,25 +53,35 @@ class Reports:
         noted = [(token, row, gen) for row, gen in reads]
         with self._lock:
             self._reads += noted
+            self._running()  # a forked child's first reads, or the thread just ended
             if len(self._reads) >= MAX_REPORT:
                 self._due.notify()
 
     def start(self) -> None:
+        """The plane attached: the thread runs (to let go of the attachment once its daemon is
+        gone, even with nothing to report)."""
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="hicachefs-plane", daemon=True)
-                self._thread.start()
+            self._asked += 1
+            self._running()
+
+    def _running(self) -> None:
+        """Start the thread if none runs (under the lock)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="hicachefs-plane", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         while True:
             with self._lock:
                 self._due.wait_for(lambda: len(self._reads) >= MAX_REPORT, REPORT_INTERVAL_S)
                 reads, self._reads = self._reads[:MAX_REPORT], self._reads[MAX_REPORT:]
+                asked = self._asked
             if reads:
                 self.plane.report(reads)
             held = self.plane.let_go_if_gone()
             with self._lock:
-                if not held and not self._reads:
+                # Ends with nothing to hold or send, unless the plane attached again meanwhile.
+                if not held and not self._reads and self._asked == asked:
                     self._thread = None
                     return
 
