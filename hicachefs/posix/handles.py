@@ -85,7 +85,9 @@ class PendingHandle:
             return pending.read(offset, size)
         if pending.published is None:
             raise FsError(errno.EIO, "the file was removed or replaced before it was published")
-        with await find_version(pending.store, pending.published.name, pending.published.version) as reader:
+        published = pending.published
+        name = published.name if pending.node is None else pending.node.current_name(published.name)
+        with await find_version(pending.store, name, published.version) as reader:
             return bytes(reader.read(offset, size))  # a copy: the pin ends here
 
     async def write(self, offset: int, data: bytes) -> int:

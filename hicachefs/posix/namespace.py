@@ -362,7 +362,7 @@ class Namespace:
         an inode's data is always its own version's: an open that finds the name holding
         another version raced a replace (``racing_opens``)."""
         if not node.retired and reader.info.version == node.info.version:
-            return PageHandle(self.store, self.leases, reader, self.kernel_cache, bounded)
+            return PageHandle(self.store, self.leases, reader, self.kernel_cache, bounded, node)
         if not node.retired:
             self.nodes.retire(node)
             self.notices.forget_attributes(node.inode)

@@ -69,6 +69,11 @@ class PageNode:
     def name(self) -> str | None:
         return None if self.retired else self.directory.page_name(self.key)
 
+    def current_name(self, opened_as: str) -> str:
+        """Where an open file of this page finds its version again: its name now (a rename moves
+        the node), or the name it was opened under once the name no longer leads to it."""
+        return self.name or opened_as
+
 
 @dataclass(eq=False, slots=True)
 class PendingFile:
@@ -85,8 +90,8 @@ class PendingFile:
     short one, and the writer's retry must see why). A failed ``ftruncate`` counts too: the
     file does not have the size its writer gave it (``cp`` of a sparse file sets its size so).
 
-    Once published, ``published`` is the page it became: handles still open on the file read
-    that page.
+    Once published, ``published`` is the page it became, and ``node`` its inode, which follows
+    the page's renames: handles still open on the file read that page, under its name of now.
 
     Its handles count apart: ``writers`` (opened for writing: create, ``O_WRONLY``, ``O_RDWR``)
     and ``readers`` (read-only: any user may open a file being written that ``ls`` shows).
@@ -116,6 +121,7 @@ class PendingFile:
     gone: bool = False
     failure: Exception | None = None  # what made a write fail, raised again for later writes
     published: PageInfo | None = None
+    node: PageNode | None = None  # the page's inode once published (if the kernel held the file's)
     charged: int = 0  # bytes held against the budget
 
     @property

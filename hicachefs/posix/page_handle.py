@@ -34,6 +34,7 @@ import trio
 from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
 from ..store.budget import Share
 from .errors import FsError
+from .nodes import PageNode
 
 #: Seconds a handle keeps its page pinned after its last read: far longer than any one reader
 #: takes to read a page (a 64 MiB page reads in well under a second), short enough that
@@ -143,13 +144,16 @@ class PageHandle:
     """An open published page. See the module docstring."""
 
     __slots__ = ("store", "leases", "reader", "name", "version", "size", "pinned_until", "queued", "cacheable",
-                 "bounded")
+                 "bounded", "node")
 
     def __init__(self, store: PageStore, leases: Leases, reader: PageReader, cacheable: bool = False,
-                 bounded: bool = False) -> None:
+                 bounded: bool = False, node: PageNode | None = None) -> None:
         """``cacheable``: whether the kernel may keep the page's data (see ``Namespace``);
-        ``bounded``: its pins count against the leases' byte budget (see the module docstring)."""
+        ``bounded``: its pins count against the leases' byte budget (see the module docstring);
+        ``node``: the page's inode, which follows its renames (the version is found again
+        under the name it has then, not the one it was opened under)."""
         self.store = store
+        self.node = node
         self.cacheable = cacheable
         self.bounded = bounded
         self.leases = leases
@@ -189,7 +193,8 @@ class PageHandle:
         self.unpin()
 
     async def _find_again(self) -> PageReader:
-        return await find_version(self.store, self.name, self.version)
+        name = self.name if self.node is None else self.node.current_name(self.name)
+        return await find_version(self.store, name, self.version)
 
 
 async def find_version(store: PageStore, name: str, version: tuple[str, int]) -> PageReader:

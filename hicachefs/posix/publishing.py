@@ -177,6 +177,7 @@ class Publishing:
         node = PageNode(pending.inode, directory, key, info, pending.nlookup)
         if node.nlookup > 0:  # the kernel knows the file's inode: it is the page's now
             self.nodes.adopt(node)
+            pending.node = node
             self._push(node.inode, info.name)
         pending.nlookup = 0
         self._drop_if_unused(pending)
