@@ -36,7 +36,7 @@ from ..posix.namespace import Namespace
 from ..fuse import session
 from ..fuse.operations import Operations
 from ..posix.requests import Requests
-from ..store import PageStore, StoreError
+from ..store import Gone, PageStore, StoreError
 from . import metrics
 from .config import DaemonConfig
 from .metrics_endpoint import MetricsEndpoint
@@ -150,9 +150,9 @@ class _GoneHandOver:
         self._token, self._namespace = token, namespace
         self._trio_thread = threading.get_ident()  # made on it
         self._lock = threading.Lock()
-        self._names: list[str] = []
+        self._names: list[Gone] = []
 
-    def __call__(self, names: list[str]) -> None:
+    def __call__(self, names: list[Gone]) -> None:
         if threading.get_ident() == self._trio_thread:
             self._namespace.pages_gone(names)
             return

@@ -458,15 +458,19 @@ class Namespace:
             self.nodes.move(node, target, new)
         source.mtime_ns = target.mtime_ns = time.time_ns()
 
-    def pages_gone(self, gone: list[str]) -> None:
-        """The store dropped these pages on its own (eviction, a failed checksum): the kernel
-        forgets their names, and the inodes it knows for them stop naming pages."""
-        for name in gone:
+    def pages_gone(self, gone: list[tuple[str, tuple[str, int]]]) -> None:
+        """The store dropped these pages (name, version) on its own (eviction, a failed
+        checksum): the kernel forgets their names, and the inodes it knows for them stop naming
+        pages. A report that comes after the name was given another page leaves that page's
+        inode alone (reports made on the store's threads reach the event loop later). Called
+        with the store's lock held: it must not call the store."""
+        for name, version in gone:
             path, _, key = name.rpartition("/")
             directory = self.tree.at(path)
-            node = None if directory is None else self.nodes.detach(directory, key)
-            if node is None:  # the kernel holds nothing for that name (no lookup made it a node)
+            node = None if directory is None else self.nodes.named(directory, key)
+            if node is None or node.info.version != version:  # no inode for that version
                 continue
+            self.nodes.retire(node)
             self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
             self.notices.forget_inode(node.inode)
 

@@ -16,6 +16,7 @@ import importlib
 _EXPORTS = {
     "ArenaRefused": "ssd.device",
     "DeviceError": "errors",
+    "Gone": "store",
     "Draft": "pages",
     "NeedsIO": "pages",
     "PageCorrupt": "errors",
@@ -47,6 +48,7 @@ def __getattr__(name: str):
 __all__ = [  # noqa: F822 (defined by __getattr__)
     "ArenaRefused",
     "DeviceError",
+    "Gone",
     "Draft",
     "NeedsIO",
     "PageCorrupt",

@@ -75,7 +75,9 @@ _INDEX_PAGE_BYTES = 128 << 10
 #: Pages ``list_dir`` returns by default: a readdir reply's worth or so.
 LISTING_BATCH = 64
 
-GoneListener = Callable[[list[str]], None]
+#: A page that left the store: its name and the version that left (``PageInfo.version``).
+Gone = tuple[str, tuple[str, int]]
+GoneListener = Callable[[list[Gone]], None]
 
 
 class PlaneFiles(NamedTuple):
@@ -118,7 +120,7 @@ class PageStore:
         self._index = PageIndex(tiers=len(self._tiers), described=self._described(),
                                 capacity=min(max(config.memory_bytes // _INDEX_PAGE_BYTES, 1024), 1 << 20))
         self._listeners: list[GoneListener] = []
-        self._gone: list[str] = []
+        self._gone: list[Gone] = []
         self._gone_report = _GoneReport(self)  # holds no state of its own: one serves every operation
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
         # Names being read from a named tier (how many reads), and those of them removed
@@ -152,8 +154,9 @@ class PageStore:
                          named=bool(self._named), pid=os.getpid())
 
     def on_gone(self, listener: GoneListener) -> None:
-        """Call ``listener(names)`` with pages that left the store on its own initiative. It is
-        called with the store's lock held: it must be quick and must not call the store."""
+        """Call ``listener(gone)`` with the pages (name and version) that left the store on its
+        own initiative. It is called with the store's lock held: it must be quick and must not
+        call the store."""
         self._listeners.append(listener)
 
     def merged(self, pieces: list) -> list:
@@ -965,8 +968,9 @@ class PageStore:
 
     def _forget(self, row: int) -> None:
         """The page left its last tier on the store's own initiative: tell the listeners."""
-        self._gone.append(self._index.name(row))
-        self._index.remove(row)
+        index = self._index
+        self._gone.append((index.name(row), (checksum_text(int(index.checksum[row])), int(index.mtime[row]))))
+        index.remove(row)
 
     def _reporting(self) -> _GoneReport:
         return self._gone_report
@@ -1013,7 +1017,7 @@ class _Recovered:
 
 
 class _GoneReport:
-    """Hands the names gathered in ``_gone`` during one locked operation to the listeners."""
+    """Hands the pages gathered in ``_gone`` during one locked operation to the listeners."""
 
     __slots__ = ("store",)
 
@@ -1026,6 +1030,6 @@ class _GoneReport:
     def __exit__(self, *exc) -> None:
         store = self.store
         if store._gone:
-            names, store._gone = store._gone, []
+            gone, store._gone = store._gone, []
             for listener in store._listeners:
-                listener(names)
+                listener(gone)
