@@ -2,9 +2,9 @@
 # Set up (idempotent), then run the whole test suite. CI runs exactly this.
 # Without arguments, the suite in three pytest runs on two lanes at once: the namespace, the
 # client and the store on one lane; operations, reliability and SGLang's own cache, then the shared
-# tier's tests (on GlusterFS and JuiceFS volumes), on the other (about 7 minutes each here). Most of the suite waits
-# (mounts, daemons, timeouts) and uses about half a core, so two lanes on two cores take the time
-# of the longer one. Each run's output is printed whole once its lane is done. With arguments,
+# tier's tests (on GlusterFS and JuiceFS volumes), on the other (5.5-6 minutes each here, the two
+# together keeping the 2 cores about three-quarters busy: much of the suite waits on mounts,
+# daemons and timeouts). Each run's output is printed whole once its lane is done. With arguments,
 # one run of pytest with them. Every run runs whatever the others did; a line for each at the
 # end says how it went, and the exit status is non-zero if any failed.
 set -euo pipefail
