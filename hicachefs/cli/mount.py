@@ -49,9 +49,12 @@ def command(args: argparse.Namespace) -> int:
         return daemon.run(config)
     progress_read, progress_write = os.pipe()  # the daemon tells how rebuilding the disk index goes
     # A Ctrl-C while the daemon is being started is kept until this command can stop it: raised
-    # in between, it left the new daemon running, and mounting, without a word.
+    # in between, it left the new daemon running, and mounting, without a word. (Where SIGINT is
+    # ignored, as for a command a script started in the background, it stays ignored.)
     interrupted = []
-    ctrl_c = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    if ctrl_c is signal.default_int_handler:
+        signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
         with open(config.log_file, "ab") as log:
             child = subprocess.Popen(

@@ -145,9 +145,12 @@ def test_ctrl_c_while_mount_waits_stops_its_daemon_in_one_line(tmp_path):
     (a fill of 4 GiB took 10 s here at times, 1 s at others)."""
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
+    # As from a terminal: a test run in the background (test.sh's lanes) ignores SIGINT, and so
+    # would the command it starts.
     command = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "64M",
                                 "--log-file", str(tmp_path / "daemon.log")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     daemon = None
     try:
         daemon = _daemon_of(command.pid, 30)
