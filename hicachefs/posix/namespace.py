@@ -210,16 +210,18 @@ class Namespace:
 
     def setattr(self, inode: int, *, size: int | None = None, mode: int | None = None,
                 uid: int | None = None, gid: int | None = None) -> Stat:
-        """A truncate, or a chmod/chown/utime. Pages and directories keep the daemon's owner and
-        their mode: a change to what they already are succeeds (tar x and cp -a restore both),
-        and times are the store's (setting them is accepted and changes nothing)."""
+        """A truncate, or a chmod/chown/utime. Everything keeps the daemon's owner and its mode,
+        and times are the store's (setting them is accepted and changes nothing). Directories
+        and files being written take a change and stay as they are, so that tar x and cp -a of
+        a tree another user owns, which restore both, exit 0; a published page, immutable,
+        refuses one (EPERM), and takes only what it already is."""
         if size is not None:
             return self.truncate(inode, size)
         current = self.getattr(inode)
         changes = ((mode is not None and stat.S_IMODE(mode) != stat.S_IMODE(current.mode))
                    or (uid is not None and uid != self.uid) or (gid is not None and gid != self.gid))
-        if changes and self.publishing.get(inode) is None:
-            raise FsError(errno.EPERM, "published pages and directories keep their owner and mode")
+        if changes and self.publishing.get(inode) is None and not self.tree.is_directory(inode):
+            raise FsError(errno.EPERM, "published pages are immutable: they keep their owner and mode")
         return current
 
     def readlink(self, inode: int) -> bytes:

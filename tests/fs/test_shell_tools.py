@@ -77,8 +77,8 @@ def test_rm_evicts_and_rm_r_removes_a_tree(mounted):
 
 def test_tar_of_a_pool_extracts_into_another_mount_and_exits_0(mount_factory, tmp_path):
     """tar x (as root) sets each directory's and page's owner and mode to what they already are;
-    those no-op changes succeed, so the restore exits 0. Changes that would change something
-    are still refused."""
+    those no-op changes succeed, so the restore exits 0. A change to a published page is still
+    refused; a directory takes one and stays as it is."""
     source = mount_factory("--memory", "64M")
     pool_parts = ("m", "bfloat16-page_first-64", "tp0of1", "kv")
     pages = {f"{i:064x}": content(i, 256 << 10) for i in range(6)}
@@ -101,11 +101,38 @@ def test_tar_of_a_pool_extracts_into_another_mount_and_exits_0(mount_factory, tm
         os.chmod(path, mode)
         os.chown(path, os.getuid(), os.getgid())
         os.utime(path)
-    for call, args in ((os.chmod, (pool, 0o700)), (os.chmod, (page, 0o644)), (os.chown, (page, 1234, -1)),
-                       (os.chown, (target.path / "m", -1, 1234))):
-        with pytest.raises(PermissionError):
+    for call, args in ((os.chmod, (page, 0o644)), (os.chown, (page, 1234, -1))):
+        with pytest.raises(PermissionError):  # a published page is immutable
             call(*args)
+    os.chmod(pool, 0o700)  # a directory takes a change and stays as it is
+    os.chown(target.path / "m", -1, 1234)
     assert stat.S_IMODE(os.stat(pool).st_mode) == 0o755 and os.stat(page).st_uid == os.getuid()
+    assert os.stat(target.path / "m").st_gid == os.getgid()
+
+
+def test_tar_x_and_cp_a_of_a_tree_another_user_owns_exit_0(mounted, tmp_path):
+    """A pool tree a service user wrote (SGLang's file backend, say), with a private directory:
+    tar x and cp -a restore its owner and modes on the directories at the end, and exited 2 and
+    1 (EPERM for each directory); the pages and directories stay the daemon's user's, 0444 and
+    0755. Found by a review helper."""
+    tree = tmp_path / "own"
+    pool = tree.joinpath("mo", "f", "tp0of1", "kv")
+    pool.mkdir(parents=True)
+    data = os.urandom(5000)
+    (pool / "o1").write_bytes(data)
+    for path in (tree / "mo", *tree.joinpath("mo").rglob("*")):
+        os.chown(path, 1000, 1000)
+    (tree / "mo" / "f").chmod(0o700)
+    sh("tar", "-C", str(tree), "-cf", str(tmp_path / "own.tar"), "mo")
+    for command in (["tar", "-C", str(mounted.path), "-xf", str(tmp_path / "own.tar")],
+                    ["cp", "-a", str(tree / "mo"), str(mounted.path / "mo2")]):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, (command[0], result.stderr)
+    for top in ("mo", "mo2"):
+        copied = mounted.path / top / "f" / "tp0of1" / "kv"
+        assert read_page(copied / "o1") == data
+        assert stat.S_IMODE(os.stat(copied / "o1").st_mode) == 0o444
+        assert (os.stat(copied).st_uid, stat.S_IMODE(os.stat(mounted.path / top / "f").st_mode)) == (os.getuid(), 0o755)
 
 
 def test_df_and_du_agree_for_write_through_pages(mount_factory, tmp_path):
