@@ -184,3 +184,26 @@ def test_a_long_fill_of_the_ram_tier_says_how_far_it_has_come(off_a_terminal, ca
     assert reporter_log(caplog) == ["filling the RAM tier's 10.0 GiB of memory before the mount serves",
                       "filling memory: 10% done, about 9 s left", "filling memory: 60% done, about 4 s left",
                       "filled the RAM tier's 10.0 GiB of memory in 10.0 s"]
+
+
+def test_a_start_with_another_disk_size_says_that_the_disk_tiers_pages_are_dropped(mount_factory, tmp_path):
+    """A changed --disk-size formats the arena anew (operations.md): the mount said only 'the
+    arena is new', as on a first start, so a mistyped size emptied the disk tier without a word.
+    Found by a review helper."""
+    ssd = tmp_path / "ssd"
+    mount = mount_factory("--memory", "32M", "--disk", str(ssd), "--disk-size", "128M", "--write-through")
+    publish(mount.page_dir(), "k", content(1, 4096))
+    assert hicachefs("umount", str(mount.path)).returncode == 0
+    log = tmp_path / "again.log"
+    result = hicachefs("mount", str(mount.path), "--memory", "32M", "--disk", str(ssd), "--disk-size", "64M",
+                       "--log-file", str(log))
+    again = mounting.Mount(mount.path, log, [])
+    try:
+        assert result.returncode == 0, result.stderr
+        again.pid = int(re.search(r"\(pid (\d+),", result.stdout)[1])
+        said = ("the arena was made with --disk-size 134,217,728 bytes, not 67,108,864: its pages are dropped")
+        assert said in result.stdout.splitlines()[0], result.stdout
+        assert said in log.read_text() and " WARNING " in log.read_text()
+        assert not (mount.path / "model" / "bfloat16-page_first-64" / "tp0of1" / "kv" / "k").exists()
+    finally:
+        mounting.stop(again)

@@ -133,7 +133,7 @@ class RegionLog:
         self.device = device
         self.path = device.path
         self.file_bytes = file_bytes
-        self.formatted = False  # True when this open made a new arena
+        self.formatted: str | None = None  # why this open made a new arena, if it did
         self._clean_token: bytes | None = None
         self._open_or_format(file_bytes, region_bytes)
         self.regions = (file_bytes - _SUPER_BYTES) // self.region_bytes
@@ -149,12 +149,20 @@ class RegionLog:
         version (its pages are cache, dropping them is safe); refuse any other file, unchanged."""
         check_ours(self.device)
         raw = self.device.pread(_SUPER.size, 0)
+        why = "the arena is new"
         if len(raw) == _SUPER.size:
             _, version, _, old_bytes, old_region, file_id = _SUPER.unpack(raw)
             if version == _VERSION and old_bytes == file_bytes and self.device.size() == file_bytes:
                 self.region_bytes, self.file_id = old_region, file_id
                 self._clean_token = self._read_clean_mark()
                 return
+            if version != _VERSION:
+                why = f"the arena was written by another version of hicachefs ({version}): its pages are dropped"
+            elif old_bytes != file_bytes:
+                why = (f"the arena was made with --disk-size {old_bytes:,} bytes, not {file_bytes:,}: "
+                       "its pages are dropped")
+            else:
+                why = "the arena was cut short (a start that died): its pages are dropped"
         # A new file id makes records of any earlier file invalid without wiping it. The
         # superblock is written before the file is sized, so that a start that dies meanwhile
         # leaves a file that the next start knows for ours (and reinitialises, its size being off).
@@ -167,7 +175,9 @@ class RegionLog:
         except OSError as e:
             raise StoreError(f"cannot preallocate {file_bytes} bytes for {self.path}: {e}") from e
         self.device.fsync()
-        self.formatted = True
+        self.formatted = why
+        if why != "the arena is new":
+            log.warning("%s formatted anew: %s", self.path, why)
 
     # -- the clean mark ----------------------------------------------------------------
 

@@ -117,7 +117,7 @@ class SsdTier(Tier):
         report = progress or (lambda _: None)
         try:
             if self.log.formatted:
-                raise snapshot.SnapshotInvalid("the arena is new")
+                raise snapshot.SnapshotInvalid(self.log.formatted)
             loaded = snapshot.read(self.directory, self.log)
         except snapshot.SnapshotInvalid as exc:
             reason = str(exc)
