@@ -176,6 +176,8 @@ def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
     disk = Path(args.disk).resolve()
     if disk == mountpoint or mountpoint in disk.parents:
         raise UsageError(f"--disk {args.disk} is the mountpoint or inside it: the mount would hide the disk tier")
+    if disk.exists() and not disk.is_dir():
+        raise UsageError(f"--disk {args.disk} is not a directory")
     try:
         missing = made.missing(disk)
         disk.mkdir(parents=True, exist_ok=True)

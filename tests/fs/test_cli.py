@@ -28,6 +28,7 @@ def hicachefs(*args: str) -> subprocess.CompletedProcess:
     (["--write-through"], "needs a disk tier"),
     (["--bogus"], "unrecognized"),
     (["--disk", "/proc/hicachefs", "--disk-size", "1G"], "cannot be written"),
+    (["--disk", "/etc/passwd", "--disk-size", "1G"], "--disk /etc/passwd is not a directory"),
     (["--temp-timeout", "0.001"], "--temp-timeout 0.001 is below the minimum of 1 second"),
     (["-o", "temp_timeout=0.5"], "--temp-timeout 0.5 is below the minimum of 1 second"),
     (["--temp-timeout", "61"], "--temp-timeout 61 is above the maximum of 60 seconds"),
