@@ -52,8 +52,8 @@ def command(args: argparse.Namespace) -> int:
     # in between, it left the new daemon running, and mounting, without a word. (Where SIGINT is
     # ignored, as for a command a script started in the background, it stays ignored.)
     interrupted = []
-    ctrl_c = signal.getsignal(signal.SIGINT)
-    if ctrl_c is signal.default_int_handler:
+    deferred = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if deferred:
         signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
         with open(config.log_file, "ab") as log:
@@ -63,10 +63,15 @@ def command(args: argparse.Namespace) -> int:
                 pass_fds=(progress_write,),
             )
         progress = Display(progress_read)
+    except BaseException:
+        if deferred:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise
     finally:
         os.close(progress_write)
-        signal.signal(signal.SIGINT, ctrl_c)
     try:
+        if deferred:  # from here a Ctrl-C raises where it is caught below
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if interrupted:
             raise KeyboardInterrupt
         return _wait(child, config, progress)
