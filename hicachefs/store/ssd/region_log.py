@@ -162,7 +162,9 @@ class RegionLog:
                 why = (f"the arena was made with --disk-size {old_bytes:,} bytes, not {file_bytes:,}: "
                        "its pages are dropped")
             else:
-                why = "the arena was cut short (a start that died): its pages are dropped"
+                why = (f"the arena's file is {self.device.size():,} bytes, not the {file_bytes:,} its "
+                       "superblock says (a start that died while making it, or a change by hand): what it "
+                       "held is dropped")
         # A new file id makes records of any earlier file invalid without wiping it. The
         # superblock is written before the file is sized, so that a start that dies meanwhile
         # leaves a file that the next start knows for ours (and reinitialises, its size being off).
