@@ -968,9 +968,9 @@ class PageStore:
 
     def _forget(self, row: int) -> None:
         """The page left its last tier on the store's own initiative: tell the listeners."""
-        index = self._index
-        self._gone.append((index.name(row), (checksum_text(int(index.checksum[row])), int(index.mtime[row]))))
-        index.remove(row)
+        page = self._meta(row)
+        self._gone.append((page.name, page.version))
+        self._index.remove(row)
 
     def _reporting(self) -> _GoneReport:
         return self._gone_report

@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from hicachefs.store.pages import checksum_text
 from hicachefs.store.statistics import TierCounters, TierStatistics
 
 if TYPE_CHECKING:
@@ -37,6 +38,11 @@ class PageMeta(NamedTuple):
     size: int
     checksum: int
     mtime_ns: int
+
+    @property
+    def version(self) -> tuple[str, int]:
+        """``PageInfo.version`` of this page."""
+        return checksum_text(self.checksum), self.mtime_ns
 
 
 class ReadResult(enum.Enum):

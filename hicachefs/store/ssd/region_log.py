@@ -149,7 +149,7 @@ class RegionLog:
         version (its pages are cache, dropping them is safe); refuse any other file, unchanged."""
         check_ours(self.device)
         raw = self.device.pread(_SUPER.size, 0)
-        why = "the arena is new"
+        dropped = None  # why an arena of ours that held pages is formatted anew
         if len(raw) == _SUPER.size:
             _, version, _, old_bytes, old_region, file_id = _SUPER.unpack(raw)
             if version == _VERSION and old_bytes == file_bytes and self.device.size() == file_bytes:
@@ -157,12 +157,12 @@ class RegionLog:
                 self._clean_token = self._read_clean_mark()
                 return
             if version != _VERSION:
-                why = f"the arena was written by another version of hicachefs ({version}): its pages are dropped"
+                dropped = f"the arena was written by another version of hicachefs ({version}): its pages are dropped"
             elif old_bytes != file_bytes:
-                why = (f"the arena was made with --disk-size {old_bytes:,} bytes, not {file_bytes:,}: "
+                dropped = (f"the arena was made with --disk-size {old_bytes:,} bytes, not {file_bytes:,}: "
                        "its pages are dropped")
             else:
-                why = (f"the arena's file is {self.device.size():,} bytes, not the {file_bytes:,} its "
+                dropped = (f"the arena's file is {self.device.size():,} bytes, not the {file_bytes:,} its "
                        "superblock says (a start that died while making it, or a change by hand): what it "
                        "held is dropped")
         # A new file id makes records of any earlier file invalid without wiping it. The
@@ -177,9 +177,9 @@ class RegionLog:
         except OSError as e:
             raise StoreError(f"cannot preallocate {file_bytes} bytes for {self.path}: {e}") from e
         self.device.fsync()
-        self.formatted = why
-        if why != "the arena is new":
-            log.warning("%s formatted anew: %s", self.path, why)
+        self.formatted = dropped or "the arena is new"
+        if dropped:
+            log.warning("%s formatted anew: %s", self.path, dropped)
 
     # -- the clean mark ----------------------------------------------------------------
 
