@@ -490,7 +490,7 @@ class PageStore:
             if isinstance(reader, PageReader):
                 with reader:
                     info = self.put(new, reader.view(), reader.info.mtime_ns)
-                self._remove_local(old)
+                self._remove_local(old, reader.meta.version)
                 return info
         return NeedsIO(lambda: self.move(old, new))
 
@@ -498,7 +498,9 @@ class PageStore:
         """``rename``'s blocking form. Raises PageNotFound when there is no page ``old``."""
         with self.open(old) as reader:
             info = self.put(new, reader.view(), reader.info.mtime_ns)
-        self.delete(old)
+        # Only the version moved leaves the old name: one published there meanwhile stays.
+        if self._remove_local(old, reader.meta.version) is not None:
+            self._delete_named(old)
         return info
 
     def list_dir(self, dir_path: str, after: int = 0, limit: int = LISTING_BATCH) -> list[tuple[int, PageInfo]]:
@@ -720,8 +722,14 @@ class PageStore:
     def _named_may_hold(self, name: str) -> bool:
         return any(tier.contains_many([name])[0] for tier in self._named)
 
-    def _remove_local(self, name: str) -> bool:
+    def _remove_local(self, name: str, version: tuple[str, int] | None = None) -> bool | None:
+        """Remove the page from the local tiers; whether there was one. ``version``: only that
+        version of it (a rename's source); None, removing nothing, when the name holds another."""
         with self._lock:
+            if version is not None:
+                row = self._index.find(name)
+                if row >= 0 and self._meta(row).version != version:
+                    return None
             self._found.pop(name, None)
             self._ahead.cancel(name)
             if name in self._named_reads:

@@ -80,3 +80,33 @@ def test_threads_agree_with_a_model(make_store):
     memory = store.statistics().tier("memory")
     assert memory.used_bytes <= memory.capacity_bytes
     assert memory.demotions > 0 and memory.promotions > 0
+
+
+def test_a_page_published_under_the_old_name_while_a_rename_runs_is_kept(make_store):
+    """A rename of a page on the disk tier runs in a worker thread (``move``): it read the old
+    page, published it under the new name, then deleted the old name, whatever it held by then.
+    A page another writer published under the old name meanwhile (a plane commit, answered
+    'published') was deleted with it, and neither version was left under that name."""
+    store = make_store(memory=1 * MiB, disk=64 * MiB, max_page_size=64 * KiB)
+    old, new = page_name(0), page_name(1)
+    store.put(old, _page(1, 1000))
+    for i in range(2, 40):  # push the old page down to the disk tier
+        store.put(page_name(i), _page(i, 60 * KiB))
+    assert store.info(old).tier == "disk"
+    put = store.put
+
+    def put_then_race(name, data, mtime_ns=None):
+        info = put(name, data, mtime_ns)
+        if name == new:  # another writer publishes the old name after the move copied it
+            put(old, _page(2, 1000))
+        return info
+
+    store.put = put_then_race
+    work = store.rename(old, new)
+    work.finish(work.work())
+    store.put = put
+    with store.open(new) as reader:
+        assert bytes(reader.view()) == _page(1, 1000)
+    assert store.info(old) is not None, "the page published under the old name meanwhile was deleted"
+    with store.open(old) as reader:
+        assert bytes(reader.view()) == _page(2, 1000)
