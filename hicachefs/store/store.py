@@ -253,9 +253,12 @@ class PageStore:
                     self._locate(row, *lower)
                 self._ram.admit(row, page.size)
             self._published += 1
-            offered = [self._pinned_reader(row, slot) for _ in self._named] if slot is not None else []
-        for tier, copy in zip(self._named, offered):  # outside the lock: a refused offer releases at once
-            tier.offer(page, copy.view(), copy.close)
+            # What each named tier writes behind: the RAM slot, pinned until written; a page staged
+            # in private memory offers that memory, which nobody else holds or changes.
+            offered = ([(copy.view(), copy.close) for copy in (self._pinned_reader(row, slot) for _ in self._named)]
+                       if slot is not None else [(draft.buffer, _nothing) for _ in self._named])
+        for tier, (payload, release) in zip(self._named, offered):  # outside the lock: a refused offer releases at once
+            tier.offer(page, payload, release)
         return page, RAM if slot is not None else lower[0]
 
     def abandon(self, draft: Draft) -> None:
@@ -982,6 +985,10 @@ class PageStore:
 
     def _reporting(self) -> _GoneReport:
         return self._gone_report
+
+
+def _nothing() -> None:
+    """The release of a private staging buffer: it goes with its last reference."""
 
 
 def _with_pages(facts: TierStatistics, pages: int) -> TierStatistics:

@@ -63,3 +63,35 @@ def test_a_page_removed_while_it_is_fetched_does_not_come_back(hosts):
     with pytest.raises(PageNotFound):
         b.open(name)
     assert b.statistics().fetch_ahead.fetched_ahead == 0
+
+
+def written_behind(store) -> bool:
+    behind = store.statistics().tier("shared").write_behind
+    return behind.queue_pages == 0 and behind.writing == 0
+
+
+def test_a_page_staged_past_ram_is_written_behind_too(tmp_path):
+    """A page published while readers hold every RAM slot is staged in private memory and goes
+    to the disk tier; it must reach the shared tier as a page published in RAM does, or other
+    hosts miss it for good."""
+    shared = tmp_path / "shared"
+    a = PageStore(StoreConfig(memory_bytes=8 * MiB, disk_bytes=64 * MiB, disk_dir=tmp_path / "disk",
+                              max_page_size=1 * MiB, shared_dir=shared))
+    b = PageStore(StoreConfig(memory_bytes=16 * MiB, max_page_size=1 * MiB, shared_dir=shared))
+    readers = []
+    try:
+        held = [page_name(100 + i) for i in range(32)]
+        for i, name in enumerate(held):  # 8 MiB of RAM in 1 MiB slabs of 256 KiB slots
+            a.put(name, content(100 + i, 256 * KiB))
+        readers = [a.open(name) for name in held]
+        wait_until(lambda: written_behind(a))  # the queue has room again
+        name, data = page_name(1), content(1, 256 * KiB)
+        a.put(name, data)
+        assert a.info(name).tier == "disk"
+        wait_until(lambda: b.exists_many([name]) == [True])
+        assert read_stored(b, name) == data
+    finally:
+        for reader in readers:
+            reader.close()
+        a.close()
+        b.close()
