@@ -13,7 +13,7 @@ The shares (``SHARES``), each a fraction of ``--memory``:
   ``pins_of_others`` (users other than root and the daemon's) 1/8;
 - ``kernel_pushes``: new pages queued for the kernel's page cache (pinned until pushed), 1/16;
 - ``write_behind``: pages queued to be copied to the shared tier, 1/8 (at most 1 GiB).
-Those that are not inside another add up to 15/16 of the tier.
+Those that are not inside another add up to 14/16 of the tier.
 
 Each holder takes and gives back through its ``Share``, and refuses (ENOSPC, ENOBUFS) or lets
 go (pins) past it, as its module says; ``statistics`` shows every share's limit and what it
