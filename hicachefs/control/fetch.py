@@ -74,7 +74,7 @@ class FetchHandle:
         self.queued = False
         self._request = bytearray()
         self._lines = 0  # newlines in the request
-        self._pages: list[tuple[str, int]] | None = None  # set by the first read
+        self._pages: list[tuple[str | None, int]] | None = None  # set by the first read
         self._read = False  # the request was read: a write starts a new one
         self._starts: list[int] = []
         self._parsed = 0  # request bytes parsed into _pages
@@ -237,15 +237,22 @@ class FetchHandle:
             if not line:
                 continue
             size, path = size_and_path(line, "a fetch request")
+            try:
+                name = path.decode("utf-8")
+            except UnicodeDecodeError:  # names no page (the store's names are text): a miss
+                name = None
             starts.append(position)
-            pages.append((path.decode("utf-8", "surrogateescape"), size))
+            pages.append((name, size))
             position += size
         self._parsed = end
         return end < len(request)
 
-    def _open(self, name: str, size: int) -> PageReader | None | NeedsIO:
-        """The page pinned for reading from RAM; None if it cannot be served as asked;
-        ``NeedsIO`` when it is on a lower tier (``_open_slowly``)."""
+    def _open(self, name: str | None, size: int) -> PageReader | None | NeedsIO:
+        """The page pinned for reading from RAM; None if it cannot be served as asked (or
+        ``name`` is None: its path was not UTF-8); ``NeedsIO`` when it is on a lower tier
+        (``_open_slowly``)."""
+        if name is None:
+            return None
         try:
             reader = self.store.try_open(name, size=size)
         except PageNotFound:

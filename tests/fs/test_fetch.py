@@ -142,3 +142,16 @@ def test_a_plain_user_cannot_forge_reads(public_mount):
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["EINVAL"] * 20 + ["refused"]
     assert os.getxattr(mounted.path / path, "user.hicachefs.hits") == b"0"
+
+
+def test_a_line_whose_path_is_not_utf8_is_a_missing_page_not_a_failed_read(mounted, fetch):
+    """A path that is not UTF-8 names no page: the read ends short at its start, with the pages
+    before it served (it failed whole with EIO, the daemon logging an unexpected error)."""
+    pages = stored(mounted, 2, 4096)
+    request = (f"4096 {pages[0][0]}\n".encode() + f"4096 {POOL}/".encode() + b"\xff\xfe\n"
+               + f"4096 {pages[1][0]}\n".encode())
+    os.write(fetch, request)
+    assert os.pread(fetch, 3 * 4096, 0) == pages[0][1]  # short at the page that is none
+    assert os.pread(fetch, 4096, 2 * 4096) == pages[1][1]  # and the batch goes on after it
+    assert "unexpectedly" not in mounted.log_text()
+
