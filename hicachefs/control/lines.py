@@ -10,6 +10,10 @@ import errno
 
 from ..posix.errors import FsError
 
+#: The most digits a size may have: 2**64 has 20 (no page is larger; ``int`` of a size with
+#: more than Python's 4,300 digits raised ValueError, a read's or write's unexpected EIO).
+_MOST_DIGITS = 20
+
 
 def size_and_path(line: bytes, what: str) -> tuple[int, bytes]:
     """A line's page size and path (its bytes); EINVAL naming ``what`` when it is not a line of
@@ -18,6 +22,8 @@ def size_and_path(line: bytes, what: str) -> tuple[int, bytes]:
     size_text, _, path = line.partition(b" ")
     if not size_text.isdigit() or not path:
         raise FsError(errno.EINVAL, f"{what} line is not '<size> <path>'")
+    if len(size_text) > _MOST_DIGITS:  # no page is that large, and int() refuses 4,300 digits
+        raise FsError(errno.EINVAL, f"{what} line's size has more than {_MOST_DIGITS} digits")
     size = int(size_text)
     if size == 0:
         raise FsError(errno.EINVAL, f"{what} line asks for a page of 0 bytes")

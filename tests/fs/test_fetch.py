@@ -155,3 +155,19 @@ def test_a_line_whose_path_is_not_utf8_is_a_missing_page_not_a_failed_read(mount
     assert os.pread(fetch, 4096, 2 * 4096) == pages[1][1]  # and the batch goes on after it
     assert "unexpectedly" not in mounted.log_text()
 
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["small", "parsed-in-steps"])
+def test_a_size_of_too_many_digits_fails_the_read_with_einval_and_ends_the_request(mounted, fetch, large):
+    """A size too long for int() (Python's 4,300 digits) is a malformed line like any other:
+    EINVAL, and the request ends. It failed with EIO and a logged traceback, and the handle kept
+    the lines parsed before it: the next read answered them as if they were a request."""
+    (path, data), = stored(mounted, 1, 4096)
+    good = f"4096 {path}\n".encode()
+    os.write(fetch, good * (3000 if large else 1) + b"9" * 5000 + f" {path}\n".encode())
+    with pytest.raises(OSError) as failed:
+        os.pread(fetch, 4096, 0)
+    assert failed.value.errno == errno.EINVAL
+    assert os.pread(fetch, 4096, 0) == b""  # nothing of that request is answered
+    assert fetch_pages(fetch, [(path, 4096)]) == data  # and the handle takes a new one
+    assert "unexpectedly" not in mounted.log_text()

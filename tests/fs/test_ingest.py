@@ -122,6 +122,8 @@ def test_a_page_over_the_maximum_or_a_full_store_is_refused_cleanly(mount_factor
     (struct.pack("<8sIHH", b"HCFSPUT1", 12, 2, 0), b"1 a/b/c/d/e\n"),  # two pages announced, one line
     (struct.pack("<8sIHH", b"HCFSPUT1", 12, 1, 0), b"0 a/b/c/d/e\n"),  # an empty page
     (struct.pack("<8sIHH", b"HCFSPUT1", 12, 1, 0), b"x a/b/c/d/e\n"),  # no size
+    # a size longer than int() takes (4,300 digits): EIO and a logged traceback, it was
+    (struct.pack("<8sIHH", b"HCFSPUT1", 5011, 1, 0), b"9" * 5000 + b" a/b/c/d/e\n"),
 ])
 def test_a_malformed_batch_is_refused_and_publishes_nothing(mounted, ingest, prefix, header):
     with pytest.raises(OSError) as info:
