@@ -203,3 +203,44 @@ def test_a_request_written_while_a_read_of_the_last_one_waits_is_answered_with_i
     trio.run(main)
     assert answered[0] == content(3, SIZE), "another page's bytes answered for 'wanted'"
     handle.release()
+
+
+def test_a_read_of_many_small_pages_lets_other_requests_run_between_its_pages():
+    """A READ of 1 MiB of small pages opens thousands of them: it held the daemon's one thread
+    for all of them (16,384 pages of 64 bytes: 0.3 s, during which every other client's request
+    waited). Other requests now run between runs of its pages."""
+    store = PageStore(StoreConfig(memory_bytes=16 << 20))
+    try:
+        count, size = 4096, 64
+        for i in range(count):
+            store.put(f"{POOL}/s{i}", content(i, size))
+        opened = [0]
+        try_open = store.try_open
+
+        def counting(*args, **kwargs):
+            opened[0] += 1
+            return try_open(*args, **kwargs)
+
+        store.try_open = counting
+        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), Leases())
+        seen: list[int] = []
+        answered: list[bytes] = []
+
+        async def other_requests() -> None:
+            while not answered:
+                seen.append(opened[0])
+                await trio.sleep(0)
+
+        async def main() -> None:
+            await handle.write(0, b"".join(f"{size} {POOL}/s{i}\n".encode() for i in range(count)))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other_requests)
+                pieces = await handle.read(0, count * size)
+                answered.append(b"".join(bytes(piece) for piece in pieces))
+
+        trio.run(main)
+        assert answered == [b"".join(content(i, size) for i in range(count))]
+        assert any(0 < n < count for n in seen), "nothing else ran while the read opened its pages"
+        handle.release()
+    finally:
+        store.close()
