@@ -102,7 +102,7 @@ class IngestStream:
         self._draft: Draft | None = None
         self._keep_existing = False
         self._skipping = False  # the page being received is kept as it is: its bytes pass by
-        self._failure: FsError | StoreError | None = None
+        self._failure: FsError | None = None
 
     def write(self, offset: int, data: bytes) -> int:
         if offset == 0:
@@ -129,7 +129,9 @@ class IngestStream:
         """A page failed after ``used`` bytes of the write: accept those (a short write) when
         a page of the batch was published, else fail the write."""
         self.close()
-        self._failure = exc
+        # A copy: the raised one's traceback holds the write's data (a MiB) for as long as the
+        # handle keeps it, and a cycle through this stream beyond its close.
+        self._failure = FsError(errno_of(exc), exc.strerror if isinstance(exc, FsError) else str(exc))
         if used and self._next:
             return used
         raise exc

@@ -174,3 +174,31 @@ def test_only_writers_may_open_the_ingest_file(public_mount):
     result = as_nobody("/usr/bin/python3.11", "-c",
                        f"import os; os.open({str(mounted.path / '.hicachefs' / 'ingest')!r}, os.O_WRONLY)")
     assert result.returncode != 0 and "Permission denied" in result.stderr
+
+
+def _rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) >> 10 for line in status if line.startswith("VmRSS"))
+
+
+def test_a_failed_batch_does_not_keep_the_write_that_failed(mounted):
+    """A page that fails stops the batch; the handle keeps why (for its status read), not the
+    failing write's bytes: the error kept its traceback, whose frames held the write (a MiB), so
+    64 handles whose batch failed held 64 MiB of the daemon's memory, and kept it after they
+    closed until a full garbage collection (a cycle through the handle)."""
+    page = os.urandom(1 << 20)
+    before = _rss_mib(mounted.pid)
+    handles = []
+    try:
+        for i in range(64):
+            fd = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
+            handles.append(fd)
+            header = f"{len(page)} {POOL}-missing/k{i}\n".encode()  # no such pool: ENOENT
+            os.pwrite(fd, struct.pack("<8sIHH", b"HCFSPUT1", len(header), 1, 0) + header, 0)
+            with pytest.raises(FileNotFoundError):
+                os.pwrite(fd, page, 16 + len(header))
+            assert ingest_status(fd) == (0, errno.ENOENT)
+        assert _rss_mib(mounted.pid) - before < 24
+    finally:
+        for fd in handles:
+            os.close(fd)
