@@ -318,7 +318,15 @@ class HiCacheFS(HiCacheStorage):
                 buffers = [zero_copy[j] for j in chunks[c]]
             else:
                 buffers = [layout.copy_write_buffers(starts[i]) for i in chunk]
-            done = self.io.publish_pages(directory, [keys[i] for i in chunk], buffers, layout.page_bytes)
+                whole = [j for j, page in enumerate(buffers) if len(page[0]) == layout.page_bytes]
+                if len(whole) < len(chunk):  # not a page: it fails alone (sent, it would shift the rest)
+                    self._refusals.failure("WRONG_PAGE_SIZE", f"{name}: get_data_page gave a flat page of "
+                                           f"another size than the pool's {layout.page_bytes} bytes",
+                                           level=logging.ERROR)
+                    self.counters.add(write_failures=len(chunk) - len(whole))
+                    chunk, buffers = [chunk[j] for j in whole], [buffers[j] for j in whole]
+            done = self.io.publish_pages(directory, [keys[i] for i in chunk], buffers, layout.page_bytes) \
+                if chunk else []
             for i, ok in zip(chunk, done):
                 results[i] = ok
             return all(done)

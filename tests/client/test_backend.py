@@ -380,3 +380,37 @@ def test_page_starts_are_every_pages_first_index(indices_of):
 
     assert PageLayout(pool).page_starts(indices_of(), 4) == [32, 48, 64, 80]
     assert PageLayout(pool).page_starts(indices_of(), 3) is None  # 64 indices are not 3 pages
+
+
+class _WrongSizePages(MHAHostPool):
+    """A pool whose flat page at some host indices is not a whole page (half of one, or one
+    and a half): what ``get_data_page`` gives must be checked against the page size."""
+
+    wrong = {}
+
+    def get_data_page(self, index, flat=True):
+        page = super().get_data_page(index, flat)
+        if index in self.wrong:
+            return torch.cat([page, page])[: int(page.numel() * self.wrong[index])]
+        return page
+
+
+@pytest.mark.parametrize("data_plane", [True, False])
+def test_a_flat_page_of_another_size_is_not_stored(store_root, data_plane):
+    """A copied page (``layer_first``) whose flat page is short or long fails alone: before,
+    the ingest file took the next page's bytes to fill a short page (a stored page with
+    foreign bytes, reported stored), and a plain directory got a file no read accepts."""
+    pool = _WrongSizePages(layout="layer_first", pages=8)
+    pool.wrong = {1 * pool.page_size: 0.5, 3 * pool.page_size: 1.5}
+    fs = make_fs(store_root, pool, extra={"data_plane": data_plane})
+    keys = [key("wrong size", data_plane, i) for i in range(5)]
+    assert fs.batch_set_v1(keys, indices(pool, range(5))) == [True, False, True, False, True]
+    fs.settle()
+    reader_pool = MHAHostPool(layout="layer_first", pages=8)
+    reader_pool.zero()
+    reader = make_fs(store_root, reader_pool, extra={"data_plane": data_plane})
+    assert reader.batch_get_v1(keys, indices(reader_pool, range(5))) == [True, False, True, False, True]
+    for page in (0, 2, 4):
+        assert page_bytes(reader_pool, page) == page_bytes(pool, page)
+    assert reader.batch_exists(keys) == 1
+    assert fs.statistics()["write_failures"] == 2
