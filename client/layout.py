@@ -7,7 +7,8 @@ order (docs/contract.md: byte-compatible with SGLang's file backend). Two ways t
   for MHA, one piece for MLA) as pointers into the pool's tensors; each becomes a memoryview of
   the numpy view of that tensor's storage, and preadv/pwritev move bytes straight in and out.
   Once a batch's pieces show each piece's pointer moving by a fixed stride per host index, as
-  SGLang's strided pools do, pages not seen yet are placed by that rule instead of asking.
+  SGLang's strided pools do, pages not seen yet are placed by that rule instead of asking. A
+  pool whose pages move in its buffer (``stores_page_envelope``) is asked on every call.
   The piece order is checked once against ``get_data_page`` on a page whose bytes can tell the
   order apart; a pool that fails the check (or whose pointers fall outside its tensors) uses:
 - a copy, for every other layout (``layer_first`` interleaves layers, so one page is not a
@@ -104,6 +105,9 @@ class PageLayout:
         self._strided: Optional[List[Tuple[int, int, int]]] = None
         self._verified = False
         self._inconclusive = 0
+        # A pool whose host pages move in its buffer (SGLang's page-envelope pools: a table
+        # places each page, and compaction changes it between calls) is asked every call.
+        self._pages_move = bool(getattr(pool, "stores_page_envelope", False))
 
     # ---------------------------------------------------------------- indices
 
@@ -128,9 +132,12 @@ class PageLayout:
         """Per page, memoryviews of its pieces in file order; None to use the copy path.
         A host page's pieces never move, so they are kept for the next call (the last
         ``_KEPT_PAGE_VIEWS`` pages'); a page not kept is placed by the pool's strides once they
-        are known, else asked of the pool (with the batch's other pages not kept)."""
+        are known, else asked of the pool (with the batch's other pages not kept). A pool whose
+        pages move (``_pages_move``) is asked for every page of every call."""
         if not self.zero_copy or not starts:
             return None
+        if self._pages_move:
+            return self._ask_zero_copy_buffers(starts)
         with self._lock:
             kept = [self._page_views.get(start) for start in starts]
         missing = [start for start, views in zip(starts, kept) if views is None]
@@ -194,7 +201,7 @@ class PageLayout:
             pages.append(views)
         if not self._verified and not self._check_order(starts[0], pages[0]):
             return None
-        if self._strided is None:
+        if self._strided is None and not self._pages_move:
             self._strided = _strides(starts, ptrs, sizes, per_page)
         return pages
 

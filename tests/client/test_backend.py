@@ -414,3 +414,70 @@ def test_a_flat_page_of_another_size_is_not_stored(store_root, data_plane):
         assert page_bytes(reader_pool, page) == page_bytes(pool, page)
     assert reader.batch_exists(keys) == 1
     assert fs.statistics()["write_failures"] == 2
+
+
+class _MovingPages(MHAHostPool):
+    """Like SGLang's ``UnifiedPageEnvelopeHostPool``: host indices name logical pages, which
+    sit in physical pages of the buffer through a table (``physical``) that allocation orders
+    as it goes and compaction changes between calls (``move``); ``stores_page_envelope``."""
+
+    stores_page_envelope = True
+
+    def __init__(self, physical):
+        super().__init__(layout="page_first_direct", pages=len(physical))
+        self.physical = list(physical)
+
+    def _at(self, index):
+        return self.physical[index // self.page_size] * self.page_size
+
+    def get_data_page(self, index, flat=True):
+        return super().get_data_page(self._at(index), flat)
+
+    def set_from_flat_data_page(self, index, data_page):
+        super().set_from_flat_data_page(self._at(index), data_page)
+
+    def get_page_buffer_meta(self, indices):
+        starts = indices.tolist()[::self.page_size]
+        return super().get_page_buffer_meta(torch.cat([self.page_indices(self._at(s) // self.page_size)
+                                                        for s in starts]))
+
+    def move(self, physical):
+        """Compaction: every logical page keeps its bytes in its new physical page; the pages
+        left are zeroed."""
+        pages = [self.get_data_page(p * self.page_size).clone() for p in range(len(self.physical))]
+        self.kv_buffer.zero_()
+        self.physical = list(physical)
+        for p, page in enumerate(pages):
+            self.set_from_flat_data_page(p * self.page_size, page)
+
+
+def test_pages_that_move_in_their_pool_are_asked_for_every_call(store_root):
+    """A pool whose logical pages sit where a table puts them (SGLang's unified page-envelope
+    host pools) is asked where its pages are on every call: a stride learnt from two pages, or
+    pieces kept from an earlier call (before a compaction moved the pages), pointed at other
+    pages, whose bytes were then stored under these keys and read into them."""
+    pool = _MovingPages([0, 1, 5, 2, 7, 3, 6, 4])
+    fs = make_fs(store_root, pool)
+    keys = [key("moving", i) for i in range(10)]
+    stored = {}
+
+    def store(which, pages):
+        for k, page in zip(which, pages):
+            stored[k] = page_bytes(pool, page)
+        assert fs.batch_set_v1(which, indices(pool, pages)) == [True] * len(which)
+
+    store(keys[:2], [0, 1])  # a stride to learn: logical 0, 1 in physical 0, 1
+    store(keys[2:6], [2, 3, 4, 5])
+    pool.move([8, 6, 0, 1, 2, 5, 7, 3])
+    store(keys[6:10], [0, 1, 6, 7])
+    fs.settle()
+    assert fs._layout("kv").zero_copy  # straight into the pool's buffer, where it says
+
+    target = _MovingPages([3, 0, 1, 2, 4, 5, 6, 7])
+    target.zero()
+    reader = make_fs(store_root, target)
+    assert reader.batch_get_v1(keys[:2], indices(target, [1, 2])) == [True] * 2
+    target.move([7, 1, 0, 3, 8, 2, 4, 6])
+    assert reader.batch_get_v1(keys[2:], indices(target, [0, 1, 2, 3, 4, 5, 6, 7])) == [True] * 8
+    for k, page in zip(keys[2:], range(8)):
+        assert page_bytes(target, page) == stored[k], page
