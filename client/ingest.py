@@ -68,8 +68,10 @@ def publish_batch(fd: int, paths: Sequence[str], buffers: Sequence[Sequence[memo
             outcome[first:] = [error] * (len(paths) - first)
             break
         failed = first + status[0]
-        if failed < last:
-            outcome[failed] = OSError(status[1] or errno.EIO, os.strerror(status[1] or errno.EIO))
+        if failed >= last:  # every page was published (the write only looked short): on from the next
+            first = last
+            continue
+        outcome[failed] = OSError(status[1] or errno.EIO, os.strerror(status[1] or errno.EIO))
         first = failed + 1
     return outcome
 

@@ -46,3 +46,28 @@ def test_a_batch_larger_than_one_call_moves_is_stored_and_read_whole(mounted, mo
     finally:
         os.close(handle)
     assert [bytes(b) for b in buffers] == pages
+
+
+def test_a_write_reported_short_after_its_pages_arrived_skips_no_page(mounted, monkeypatch):
+    """A batch's write that returns short although the daemon published every page of it (its
+    status says so) goes on with the next page: it skipped that page and reported it stored."""
+    monkeypatch.setattr(vectored, "MAX_IO_BYTES", 2 * SIZE, raising=False)  # batches of 2 pages
+    pwritev, calls = os.pwritev, []
+
+    def short_once(fd, buffers, offset):
+        done = pwritev(fd, buffers, offset)
+        calls.append(done)
+        return done - 1 if len(calls) == 1 else done
+
+    monkeypatch.setattr(os, "pwritev", short_once)
+    pool = mounted.page_dir()
+    paths = [f"{pool.relative_to(mounted.path)}/{i:064x}" for i in range(4)]
+    pages = [content(i, SIZE) for i in range(4)]
+    handle = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
+    try:
+        outcome = ingest.publish_batch(handle, paths, [[memoryview(p)] for p in pages], [SIZE] * 4)
+    finally:
+        os.close(handle)
+    stored = [(mounted.path / path).exists() and (mounted.path / path).read_bytes() == page
+              for path, page in zip(paths, pages)]
+    assert [error is None for error in outcome] == stored == [True] * 4
