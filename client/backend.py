@@ -188,7 +188,8 @@ class HiCacheFS(HiCacheStorage):
                 logger.info("hicachefs client: pool %s -> %s (%d bytes per page, %s)", name,
                             self._pool_dir(name, self._layouts[name].format),
                             self._layouts[name].page_bytes,
-                            "zero copy" if self._layouts[name].zero_copy else "copied")
+                            "zero copy" if self._layouts[name].zero_copy
+                            else "a marker: its pages hold no bytes" if self._layouts[name].marker else "copied")
             return self._layouts[name]
 
     def _pool_dir(self, name: str, fmt: str) -> str:

@@ -15,6 +15,11 @@ order (docs/contract.md: byte-compatible with SGLang's file backend). Two ways t
   run of pieces in file order): ``get_data_page(flat=True)`` for writing, and a flat page
   buffer then ``set_from_flat_data_page`` for reading.
 
+A pool whose pages hold no bytes (DeepSeek V4's logical anchor: its pages only say that a
+prefix was stored, the bytes being in the group's other pools) keeps a marker page of one byte
+per page, a page being one byte at least (docs/contract.md); reading one puts nothing into the
+pool.
+
 Thread-safe: the per-pool facts are computed once under a lock; page buffers are per call.
 
 The calls SGLang makes per batch use no torch operation on the way: each lets go of the
@@ -46,6 +51,9 @@ _KEPT_PAGE_VIEWS = 16384
 
 # Inconclusive order checks (pages whose pieces are all alike) before trusting the structure.
 _MAX_INCONCLUSIVE_CHECKS = 32
+
+# What a page of a pool whose pages hold no bytes is stored as.
+MARKER = b"\x01"
 
 # Attributes of SGLang host pools that hold their page storage.
 _BUFFER_ATTRS = ("kv_buffer", "k_buffer", "v_buffer", "temporal_buffer", "conv_buffer",
@@ -93,12 +101,15 @@ class PageLayout:
         self.index_step = int(getattr(pool, "logical_page_size", self.page_size) or self.page_size)
         dummy = pool.get_dummy_flat_data_page()
         self.page_bytes = int(dummy.numel() * dummy.element_size())
+        self.marker = self.page_bytes == 0  # its pages are stored as MARKER (module docstring)
+        if self.marker:
+            self.page_bytes = len(MARKER)
         self.format = format_segment(getattr(pool, "dtype", dummy.dtype), str(pool.layout),
                                      self.page_size, getattr(pool, "storage_format_tag", None))
         self._lock = threading.Lock()
         self._regions: Optional[List[_Region]] = None
         self._local = threading.local()
-        self.zero_copy = str(pool.layout) in ZERO_COPY_LAYOUTS and \
+        self.zero_copy = not self.marker and str(pool.layout) in ZERO_COPY_LAYOUTS and \
             hasattr(pool, "get_page_buffer_meta")
         self._page_views: "collections.OrderedDict[int, List[memoryview]]" = collections.OrderedDict()
         # Per piece (pointer at host index 0, pointer stride per host index, size), once learnt.
@@ -207,11 +218,15 @@ class PageLayout:
 
     def copy_write_buffers(self, start: int) -> List[memoryview]:
         """The page's bytes from ``get_data_page(flat=True)`` (a copy when not contiguous)."""
+        if self.marker:
+            return [memoryview(MARKER)]
         return [tensor_bytes(self.pool.get_data_page(start, flat=True))]
 
     def copy_read_buffers(self, count: int) -> Tuple[List[List[memoryview]], Callable[[int, int], None]]:
         """``count`` flat page buffers (this thread's own, per pool, kept for its next call) and
         the call ``store(j, start)`` that puts buffer ``j`` into the page at host index ``start``."""
+        if self.marker:  # read to know it is there; nothing goes into the pool
+            return [[memoryview(bytearray(len(MARKER)))] for _ in range(count)], lambda j, start: None
         pages = getattr(self._local, "pages", None)
         if pages is None:
             pages = self._local.pages = []

@@ -155,3 +155,37 @@ def test_batch_exists_v2_matches_hicache_file(store_root, tmp_path, policies):
             assert ours.batch_exists_v2(keys, None) == expected
             assert ours.batch_exists(keys) == expected.kv_hit_pages
     assert len(seen) >= 6  # the patterns reach many different answers
+
+
+@pytest.mark.parametrize("data_plane", [True, False])
+def test_a_pool_of_pages_without_bytes_is_stored_as_hicache_file_stores_it(store_root, tmp_path, data_plane):
+    """DeepSeek V4's KV anchor is SGLang's ``LogicalHostPool``: its pages hold no bytes (the
+    group's other pools hold them) and only say that a prefix was stored. HiCacheFile stores
+    an empty file per page; a page here is one byte at least, so each is a one-byte marker.
+    Before, every call failed (a division by its page size of 0): V4 never hit storage."""
+    from hicachefs_testing import sglang_cpu
+
+    sglang_cpu.install()  # (the import chain below reaches torchvision)
+    from sglang.srt.mem_cache.memory_pool_host import LogicalHostPool
+
+    pool = LogicalHostPool(64 * 8, 64)
+    keys = [key("logical anchor", data_plane, i) for i in range(4)]
+    host = pool.alloc(64 * 4)
+    reference = file_backend(tmp_path, mla=True)
+    reference.register_mem_host_pool_v2(pool, PoolName.KV)
+    stored_by_sglang = PoolTransfer(name=PoolName.KV, host_indices=host[: 64 * 3], keys=keys[:3])
+    assert reference.batch_set_v2([stored_by_sglang]) == {PoolName.KV: [True] * 3}
+    fs = HiCacheFS(storage_config(store_root, mla=True, extra={"data_plane": data_plane}), {})
+    fs.register_mem_pool_host(pool)
+    assert fs.batch_exists(keys) == 0
+    assert fs.batch_set_v1(keys[:2], host[: 64 * 2]) == [True] * 2
+    third = PoolTransfer(name=PoolName.KV, host_indices=host[64 * 2 : 64 * 3], keys=keys[2:3])
+    assert fs.batch_set_v2([third]) == {PoolName.KV: [True]}
+    assert fs.batch_exists(keys) == 3
+    assert fs.batch_get_v1(keys, host) == [True, True, True, False]
+    fs.settle()
+    stored = [p for p in store_root.rglob("*") if p.is_file() and p.name in keys]
+    assert sorted(p.name for p in stored) == sorted(keys[:3]) and {p.stat().st_size for p in stored} == {1}
+    reader = HiCacheFS(storage_config(store_root, mla=True, extra={"data_plane": data_plane}), {})
+    reader.register_mem_pool_host(LogicalHostPool(64 * 8, 64))
+    assert reader.batch_exists(keys) == 3
