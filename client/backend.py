@@ -514,11 +514,17 @@ class HiCacheFS(HiCacheStorage):
             return False
         if not self.shard.writes(KV):
             return True
+        data = tensor_bytes(value)
+        layout = self._layout(KV)
+        if layout is not None and len(data) != layout.page_bytes:  # no read takes it, and it blocks the page
+            self._refusals.failure("WRONG_PAGE_SIZE", f"set() was given {len(data)} bytes; the pool's "
+                                   f"pages hold {layout.page_bytes}", level=logging.ERROR)
+            self.counters.add(write_failures=1)
+            return False
         directory = self._dir_of(KV)
         if self.io.exists_in(directory, [key])[0]:
             self.counters.add(pages_skipped=1)
             return True
-        data = tensor_bytes(value)
         return self.io.publish_page(directory, key, [data], len(data))
 
     def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,

@@ -130,6 +130,19 @@ def test_legacy_get_set(store_root):
     assert fs.get(k[0], torch.zeros(3, dtype=pool.dtype)) is None  # wrong size: a miss
 
 
+def test_set_refuses_a_tensor_that_is_not_a_page_of_the_pool(store_root):
+    """A tensor of another size than the pool's pages, stored, would answer exists for good,
+    never be read (a miss at every size check), and keep the right page from being stored."""
+    pool = MLAHostPool(layout="layer_first")
+    fs = make_fs(store_root, pool, mla=True)
+    page = pool.get_data_page(2 * pool.page_size, flat=True)
+    assert fs.set(key("short"), page[:-1]) is False
+    assert fs.batch_exists([key("short")]) == 0
+    assert fs.set(key("short"), page) is True
+    assert torch.equal(fs.get(key("short")).view(torch.uint8), page.view(torch.uint8))
+    assert fs.statistics()["write_failures"] == 1
+
+
 def test_v2_named_pools(store_root):
     kv = MHAHostPool()
     mamba = MLAHostPool(page_size=1, pages=32, layer_num=3, kv_cache_dim=40, dtype=torch.float32)
@@ -242,9 +255,13 @@ def test_a_longer_page_is_a_miss_also_when_read_by_its_own_file(hicachefs_mount)
     pool = MHAHostPool(pages=8)
     fs = make_fs(hicachefs_mount, pool, extra={"data_plane": False})
     size = fs._layout("kv").page_bytes
-    longer = torch.arange(size + 4096, dtype=torch.uint8)  # not a page of this pool
+    longer = os.urandom(size + 4096)  # not a page of this pool (set() refuses it: written as a file)
     plain, odd = key("long", 0), "long\npage"
-    assert fs.set(plain, longer) and fs.set(odd, longer)
+    directory = hicachefs_mount / fs._dir_of("kv")
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in (plain, odd):
+        (directory / f".{name[:8]}").write_bytes(longer)
+        os.rename(directory / f".{name[:8]}", directory / name)
     assert fs.batch_get_v1([plain], indices(pool, [0])) == [False]
     assert fs.batch_get_v1([odd], indices(pool, [1])) == [False]
 
