@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .. import deadline, mount_table
 from .arguments import UsageError
-from .mount_config import check_mountpoint, daemon_config
+from .mount_config import check_mountpoint, daemon_config, hold_mountpoint
 from .recovery_display import Display
 
 MOUNT_TIMEOUT_S = 60.0
@@ -34,14 +34,26 @@ STOP_TIMEOUT_S = 10.0
 def command(args: argparse.Namespace) -> int:
     mountpoint = Path(mount_table.resolve(args.mountpoint))
     dead_mount = check_mountpoint(mountpoint, args.mountpoint, dead_ok=True)
-    config = daemon_config(args, mountpoint)
-    if dead_mount:
-        try:
-            mount_table.remove(config.mountpoint)
-        except OSError as exc:
-            raise UsageError(f"cannot remove the dead mount at {args.mountpoint}: {exc.strerror}") from None
-        print(f"hicachefs: removed the dead mount at {config.mountpoint} (its daemon was gone)")
-        check_mountpoint(mountpoint, args.mountpoint)
+    # Held until the mount answers (or, in the foreground, the daemon ends): a second mount
+    # command of this mountpoint meanwhile passed every check and stacked a mount over this one.
+    hold = None if dead_mount else hold_mountpoint(mountpoint, args.mountpoint)
+    try:
+        config = daemon_config(args, mountpoint)
+        if dead_mount:
+            try:
+                mount_table.remove(config.mountpoint)
+            except OSError as exc:
+                raise UsageError(f"cannot remove the dead mount at {args.mountpoint}: {exc.strerror}") from None
+            print(f"hicachefs: removed the dead mount at {config.mountpoint} (its daemon was gone)")
+            check_mountpoint(mountpoint, args.mountpoint)
+            hold = hold_mountpoint(mountpoint, args.mountpoint)
+        return _mount(args, config)
+    finally:
+        if hold is not None:
+            os.close(hold)
+
+
+def _mount(args: argparse.Namespace, config) -> int:
     if args.foreground:
         from ..daemon import daemon  # pyfuse3 and trio: only the foreground form runs them here
 

@@ -11,6 +11,7 @@ behind. Blocks for at most ``SHARED_PROBE_TIMEOUT_S`` on a shared filesystem tha
 from __future__ import annotations
 
 import argparse
+import fcntl
 import math
 import os
 import re
@@ -105,6 +106,29 @@ def check_mountpoint(mountpoint: Path, given: str, dead_ok: bool = False) -> boo
     if any(mountpoint.iterdir()):
         raise UsageError(f"mountpoint {given} is not empty")
     return False
+
+
+def hold_mountpoint(mountpoint: Path, given: str) -> int:
+    """Lock the (checked, unmounted) mountpoint directory against another ``hicachefs mount``
+    of it until the caller closes the returned descriptor: two commands at once both passed
+    ``check_mountpoint`` before either had mounted, and the second mount stacked over the
+    first. The lock is on the directory under the mount, which a later command only reaches
+    while nothing is mounted; one that finished mounting meanwhile is refused by the check."""
+    try:
+        fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"mountpoint {given} cannot be opened: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UsageError(f"mountpoint {given} is being mounted by another hicachefs mount") from None
+    try:
+        check_mountpoint(mountpoint, given)
+    except UsageError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _check_memory_available(memory: int, given: str) -> None:

@@ -224,3 +224,46 @@ def test_a_shared_directory_on_a_local_filesystem_is_warned_of_and_mounts(tmp_pa
         assert read_page(pool / ("ab" * 32)) == content("p", 4096)
     finally:
         mounting.stop_if_mounted(mountpoint)
+
+
+def _mounts_at(path: Path) -> int:
+    target = os.path.realpath(path)
+    with open("/proc/self/mounts") as mounts:
+        return sum(line.split()[1] == target for line in mounts)
+
+
+def test_a_second_mount_while_the_first_is_starting_is_refused(tmp_path):
+    """Two ``hicachefs mount`` of one mountpoint at once (a script run twice, fstab and the
+    systemd unit): both passed the checks before either had mounted, both said 'mounted', and
+    the second mount stacked over the first, whose pages nobody could reach any more; a
+    ``hicachefs umount`` then waited 10 s and aborted. The first daemon is held stopped before
+    it mounts, so that the second command surely comes while the first is starting."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    first = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "32M",
+                              "--log-file", str(tmp_path / "first.log")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemon = None
+    try:
+        daemon = _daemon_of(first.pid, 30)
+        os.kill(daemon, signal.SIGSTOP)
+        second = hicachefs("mount", str(mountpoint), "--memory", "32M", "--log-file", str(tmp_path / "second.log"))
+        os.kill(daemon, signal.SIGCONT)
+        out, err = first.communicate(timeout=60)
+        assert first.returncode == 0, err
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.stderr == f"hicachefs: mountpoint {mountpoint} is being mounted by another hicachefs mount\n"
+        assert _mounts_at(mountpoint) == 1
+    finally:
+        if daemon is not None and mounting.alive(daemon):
+            os.kill(daemon, signal.SIGCONT)
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        for _ in range(3):  # what mounted, stacked ones too, top first
+            mounting.stop_if_mounted(mountpoint)
+        if daemon is not None and mounting.alive(daemon):  # under a stacked mount, out of reach
+            os.kill(daemon, signal.SIGTERM)
+            mounting.wait_gone(daemon, 20)
+        for _ in range(3):
+            mounting.unmount_path(mountpoint)
