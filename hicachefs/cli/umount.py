@@ -41,7 +41,14 @@ def command(args: argparse.Namespace) -> int:
                                                  f"with {errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror})")
         return _remove(mountpoint, f"removed the dead mount at {mountpoint} (its daemon was gone)",
                        f"cannot remove the dead mount at {mountpoint}")
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except PermissionError:
+        print(f"hicachefs: {mountpoint}: not permitted to stop its daemon (pid {pid}); "
+              "only root and the daemon's user may", file=sys.stderr)
+        return 1
+    except ProcessLookupError:  # it ended since it answered; its mount goes with it, or is dead
+        pass
     signalled = time.monotonic()
     while time.monotonic() < signalled + UMOUNT_TIMEOUT_S:
         mounted = mount_table.filesystem_type(mountpoint) is not None

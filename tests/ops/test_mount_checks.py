@@ -267,3 +267,34 @@ def test_a_second_mount_while_the_first_is_starting_is_refused(tmp_path):
             mounting.wait_gone(daemon, 20)
         for _ in range(3):
             mounting.unmount_path(mountpoint)
+
+
+def test_umount_by_a_plain_user_is_one_line_and_leaves_the_mount(tmp_path):
+    """Only root and the daemon's user may stop the daemon. A plain user's ``hicachefs umount``
+    got a PermissionError traceback from the SIGTERM it tried to send."""
+    import shutil
+    import tempfile
+
+    from hicachefs_testing.attacks import NOBODY, SYSTEM_PYTHON
+    import hicachefs
+
+    reachable = Path(tempfile.mkdtemp(prefix="hicachefs-umount-"))  # tmp_path is in a 0700 directory
+    try:
+        os.chmod(reachable, 0o755)
+        shutil.copytree(Path(hicachefs.__file__).parent, reachable / "code" / "hicachefs",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        (reachable / "mnt").mkdir()
+        mount = mounting.start(reachable / "mnt", tmp_path / "daemon.log", ["--memory", "32M"])
+        try:
+            result = subprocess.run([SYSTEM_PYTHON, "-s", "-m", "hicachefs.cli", "umount", str(mount.path)],
+                                    env={"PYTHONPATH": str(reachable / "code")}, cwd=reachable / "code",
+                                    user=NOBODY, group=NOBODY,
+                                    capture_output=True, text=True, timeout=60)
+            assert "Traceback" not in result.stderr, result.stderr
+            assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+            assert f"pid {mount.pid}" in result.stderr and "not permitted" in result.stderr, result.stderr
+            assert mounting.is_mounted(mount.path) and mounting.alive(mount.pid)
+        finally:
+            mounting.stop(mount)
+    finally:
+        shutil.rmtree(reachable)
