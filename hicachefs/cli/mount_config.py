@@ -295,6 +295,10 @@ def _check_log_file(path: str, given: str | None) -> None:
 def _check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise UsageError("/dev/fuse is missing: load the fuse module (modprobe fuse)")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        # libfuse opens it itself before it would try fusermount3: no mount for this user.
+        raise UsageError("/dev/fuse cannot be opened by this user (only root may mount here): "
+                         "run as root, or let users open /dev/fuse")
     if shutil.which("fusermount3") is None:
         raise UsageError("fusermount3 is missing: install the fuse3 package")
 

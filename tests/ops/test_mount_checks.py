@@ -298,3 +298,36 @@ def test_umount_by_a_plain_user_is_one_line_and_leaves_the_mount(tmp_path):
             mounting.stop(mount)
     finally:
         shutil.rmtree(reachable)
+
+
+@pytest.mark.skipif(os.stat("/dev/fuse").st_mode & 0o006 == 0o006, reason="any user may open /dev/fuse here")
+def test_mount_by_a_user_who_cannot_open_dev_fuse_is_one_line(tmp_path):
+    """Where /dev/fuse is root's only (mode 0600, as in containers), libfuse cannot mount for
+    anyone else, not even through fusermount3. The command's check looked only for the file,
+    so the daemon started, failed, and the user got 'the daemon exited with status 1: daemon
+    failed' and a log holding a RuntimeError traceback."""
+    import shutil
+    import tempfile
+
+    from hicachefs_testing.attacks import NOBODY, SYSTEM_PYTHON
+    import hicachefs
+
+    reachable = Path(tempfile.mkdtemp(prefix="hicachefs-devfuse-"))  # tmp_path is in a 0700 directory
+    try:
+        os.chmod(reachable, 0o755)
+        shutil.copytree(Path(hicachefs.__file__).parent, reachable / "code" / "hicachefs",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("mnt", "logs"):
+            (reachable / name).mkdir()
+            os.chown(reachable / name, NOBODY, NOBODY)
+        result = subprocess.run([SYSTEM_PYTHON, "-s", "-m", "hicachefs.cli", "mount", str(reachable / "mnt"),
+                                 "--memory", "32M", "--log-file", str(reachable / "logs" / "log")],
+                                env={"PYTHONPATH": str(reachable / "code")}, cwd=reachable / "code",
+                                user=NOBODY, group=NOBODY, capture_output=True, text=True, timeout=60)
+        mounted = mounting.is_mounted(reachable / "mnt")
+        mounting.stop_if_mounted(reachable / "mnt")
+        assert not mounted
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stdout + result.stderr
+        assert "/dev/fuse" in result.stderr, result.stderr
+    finally:
+        shutil.rmtree(reachable)
