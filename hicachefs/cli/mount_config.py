@@ -103,7 +103,11 @@ def check_mountpoint(mountpoint: Path, given: str, dead_ok: bool = False) -> boo
         raise UsageError(f"mountpoint {given} is already a mount point ({fstype}{how})")
     if not mountpoint.is_dir():
         raise UsageError(f"mountpoint {given} is not an existing directory")
-    if any(mountpoint.iterdir()):
+    try:
+        empty = not any(mountpoint.iterdir())
+    except OSError as exc:
+        raise UsageError(f"mountpoint {given} cannot be read: {exc.strerror}") from None
+    if not empty:
         raise UsageError(f"mountpoint {given} is not empty")
     return False
 

@@ -331,3 +331,33 @@ def test_mount_by_a_user_who_cannot_open_dev_fuse_is_one_line(tmp_path):
         assert "/dev/fuse" in result.stderr, result.stderr
     finally:
         shutil.rmtree(reachable)
+
+
+def test_a_mountpoint_the_user_cannot_list_is_one_line(tmp_path):
+    """A mountpoint directory its user may not read (mode 0311, root's): the emptiness check
+    listed it and the command died with a PermissionError traceback."""
+    import shutil
+    import tempfile
+
+    from hicachefs_testing.attacks import NOBODY, SYSTEM_PYTHON
+    import hicachefs
+
+    reachable = Path(tempfile.mkdtemp(prefix="hicachefs-unlisted-"))  # tmp_path is in a 0700 directory
+    try:
+        os.chmod(reachable, 0o755)
+        shutil.copytree(Path(hicachefs.__file__).parent, reachable / "code" / "hicachefs",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        (reachable / "mnt").mkdir(mode=0o311)
+        os.chmod(reachable / "mnt", 0o311)
+        result = subprocess.run([SYSTEM_PYTHON, "-s", "-m", "hicachefs.cli", "mount", str(reachable / "mnt"),
+                                 "--memory", "32M", "--log-file", os.devnull],
+                                env={"PYTHONPATH": str(reachable / "code")}, cwd=reachable / "code",
+                                user=NOBODY, group=NOBODY, capture_output=True, text=True, timeout=60)
+        mounted = mounting.is_mounted(reachable / "mnt")
+        mounting.stop_if_mounted(reachable / "mnt")
+        assert not mounted
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert f"mountpoint {reachable / 'mnt'} cannot be read" in result.stderr, result.stderr
+    finally:
+        shutil.rmtree(reachable)
