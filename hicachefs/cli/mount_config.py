@@ -204,9 +204,9 @@ def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
     disk = Path(args.disk).resolve()
     if disk == mountpoint or mountpoint in disk.parents:
         raise UsageError(f"--disk {args.disk} is the mountpoint or inside it: the mount would hide the disk tier")
-    if disk.exists() and not disk.is_dir():
-        raise UsageError(f"--disk {args.disk} is not a directory")
     try:
+        if disk.exists() and not disk.is_dir():
+            raise UsageError(f"--disk {args.disk} is not a directory")
         missing = made.missing(disk)
         disk.mkdir(parents=True, exist_ok=True)
         made.add(missing)
@@ -220,6 +220,8 @@ def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
         check_disk_dir(disk)
     except ArenaRefused as exc:
         raise UsageError(f"--disk {args.disk}: {exc}") from None
+    except OSError as exc:  # one root may not open either (immutable), or another user's
+        raise UsageError(f"--disk {args.disk}: {exc.filename} cannot be opened: {exc.strerror}") from None
     existing = sum(f.stat().st_size for f in disk.glob("*.arena"))
     free = shutil.disk_usage(disk).free
     if size > free + existing:

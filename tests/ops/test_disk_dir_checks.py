@@ -124,3 +124,24 @@ def test_the_daemon_itself_refuses_an_arena_another_process_holds(tmp_path):
     errors = [line for line in log.read_text().splitlines() if " ERROR " in line or "Traceback" in line]
     assert len(errors) == 1 and errors[0].endswith(
         f"cannot open the store: {disk / ARENA_NAME} is in use by another hicachefs daemon (pid {os.getpid()})")
+
+
+def test_an_arena_that_cannot_be_opened_is_one_line_and_left_as_it_was(tmp_path):
+    """An arena that even root may not open for writing (immutable, ``chattr +i``): the check
+    that it is ours opened it and died with a PermissionError traceback."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    arena = disk / ARENA_NAME
+    arena.write_bytes(b"\0" * 4096)
+    if subprocess.run(["chattr", "+i", str(arena)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here")
+    try:
+        mountpoint, log = tmp_path / "mnt", tmp_path / "log"
+        mountpoint.mkdir()
+        result = mount_command(mountpoint, disk, log)
+        assert "Traceback" not in result.stderr, result.stderr
+        line = refused(result, mountpoint, log)
+        assert f"{arena} cannot be opened: Operation not permitted" in line, line
+    finally:
+        subprocess.run(["chattr", "-i", str(arena)], capture_output=True)
+    assert arena.read_bytes() == b"\0" * 4096
