@@ -101,9 +101,9 @@ def check_mountpoint(mountpoint: Path, given: str, dead_ok: bool = False) -> boo
             return True
         how = {Answer.DEAD: " whose daemon is gone", Answer.SILENT: " whose daemon does not answer"}.get(answer, "")
         raise UsageError(f"mountpoint {given} is already a mount point ({fstype}{how})")
-    if not mountpoint.is_dir():
-        raise UsageError(f"mountpoint {given} is not an existing directory")
     try:
+        if not mountpoint.is_dir():
+            raise UsageError(f"mountpoint {given} is not an existing directory")
         empty = not any(mountpoint.iterdir())
     except OSError as exc:
         raise UsageError(f"mountpoint {given} cannot be read: {exc.strerror}") from None

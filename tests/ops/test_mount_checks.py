@@ -333,9 +333,11 @@ def test_mount_by_a_user_who_cannot_open_dev_fuse_is_one_line(tmp_path):
         shutil.rmtree(reachable)
 
 
-def test_a_mountpoint_the_user_cannot_list_is_one_line(tmp_path):
-    """A mountpoint directory its user may not read (mode 0311, root's): the emptiness check
-    listed it and the command died with a PermissionError traceback."""
+@pytest.mark.parametrize("where", ["a directory of mode 0311", "under a directory of mode 0700"])
+def test_a_mountpoint_the_user_cannot_list_is_one_line(tmp_path, where):
+    """A mountpoint directory its user may not read (mode 0311, root's), or not even reach:
+    the checks listed it, or asked whether it is a directory, and the command died with a
+    PermissionError traceback."""
     import shutil
     import tempfile
 
@@ -347,17 +349,18 @@ def test_a_mountpoint_the_user_cannot_list_is_one_line(tmp_path):
         os.chmod(reachable, 0o755)
         shutil.copytree(Path(hicachefs.__file__).parent, reachable / "code" / "hicachefs",
                         ignore=shutil.ignore_patterns("__pycache__"))
-        (reachable / "mnt").mkdir(mode=0o311)
-        os.chmod(reachable / "mnt", 0o311)
-        result = subprocess.run([SYSTEM_PYTHON, "-s", "-m", "hicachefs.cli", "mount", str(reachable / "mnt"),
+        mountpoint = reachable / "mnt" if "0311" in where else reachable / "closed" / "mnt"
+        mountpoint.mkdir(parents=True)
+        os.chmod(mountpoint if "0311" in where else mountpoint.parent, 0o311 if "0311" in where else 0o700)
+        result = subprocess.run([SYSTEM_PYTHON, "-s", "-m", "hicachefs.cli", "mount", str(mountpoint),
                                  "--memory", "32M", "--log-file", os.devnull],
                                 env={"PYTHONPATH": str(reachable / "code")}, cwd=reachable / "code",
                                 user=NOBODY, group=NOBODY, capture_output=True, text=True, timeout=60)
-        mounted = mounting.is_mounted(reachable / "mnt")
-        mounting.stop_if_mounted(reachable / "mnt")
+        mounted = mounting.is_mounted(mountpoint)
+        mounting.stop_if_mounted(mountpoint)
         assert not mounted
         assert "Traceback" not in result.stderr, result.stderr
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-        assert f"mountpoint {reachable / 'mnt'} cannot be read" in result.stderr, result.stderr
+        assert f"mountpoint {mountpoint} cannot be read" in result.stderr, result.stderr
     finally:
         shutil.rmtree(reachable)
