@@ -346,13 +346,16 @@ class Namespace:
         second_try = self.racing.second_try(pid, node.directory.inode, node.key)
         if node.retired and not second_try:
             raise self.racing.stale(pid, node.directory.inode, node.key)
+        bounded = not self.may_change(uid)
+        own = self._own_version(node) if node.retired else None
+        if own is not None:
+            return PageHandle(self.store, self.leases, own, self.kernel_cache, bounded, node)
         try:
             opened = self.store.try_open(node.directory.page_name(node.key))
         except PageNotFound:
             if second_try:
                 raise FsError(errno.ENOENT, "page no longer stored") from None
             raise self.racing.stale(pid, node.directory.inode, node.key) from None
-        bounded = not self.may_change(uid)
         if isinstance(opened, NeedsIO):
             return opened.then(lambda reader: self._page_handle(node, reader, pid, second_try, bounded))
         return self._page_handle(node, opened, pid, second_try, bounded)
@@ -371,7 +374,24 @@ class Namespace:
         if not second_try:
             reader.close()
             raise self.racing.stale(pid, node.directory.inode, node.key)
+        own = self._own_version(node)
+        if own is not None:
+            reader.close()
+            return PageHandle(self.store, self.leases, own, self.kernel_cache, bounded, node)
         return PageHandle(self.store, self.leases, reader, False, bounded)
+
+    def _own_version(self, node: PageNode) -> PageReader | None:
+        """The retired inode's own page, for the second try of an open that landed on it again
+        (another replace raced the kernel's new lookup, or ``/proc/PID/fd/N``): another open
+        file of the inode that still pins that version shares its pin. Served the name's page
+        instead, past the kernel's cache, the open's private mappings filled the inode's cache
+        with that page, which those open files then read, and a shorter one cut the inode's
+        size under their shared mappings (SIGBUS)."""
+        for handle in self.handles.open_handles():
+            if (isinstance(handle, PageHandle) and handle.node is node and handle.reader is not None
+                    and handle.version == node.info.version):
+                return handle.reader.duplicate()
+        return None
 
     def truncate(self, inode: int, size: int) -> Stat:
         pending = self.publishing.get(inode)

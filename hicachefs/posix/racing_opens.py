@@ -10,10 +10,11 @@ any.
 The second try can race another replace too (measured on the development VM with two readers
 and a writer replacing one name every 3 ms: 6 % of second tries did, 0.6 % of all opens). So a
 process answered ESTALE for a name is remembered, and its next open of that name still opens
-when the name holds another version than the inode stands for: the name's page, read past the
-kernel's cache (the inode's cached data and size are its own version's, which other readers may
-have open). Such an open cannot be mapped with ``mmap`` (FUSE maps only files opened without
-direct I/O); every other open of a page can.
+when the name holds another version than the inode stands for: the inode's own version when
+another open file of it still pins that (``Namespace._own_version``), else the name's page, read
+past the kernel's cache (the inode's cached data and size are its own version's). Such an open
+of the name's page cannot be mapped shared (FUSE maps only files opened without direct I/O);
+every other open of a page can.
 
 Not thread-safe: the daemon's trio thread only.
 """

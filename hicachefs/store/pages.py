@@ -3,6 +3,7 @@ answer that says a request needs blocking I/O."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -159,6 +160,23 @@ class PageReader:
     def view(self) -> memoryview:
         """The whole page (valid until ``close``)."""
         return self._view[: self.size]
+
+    def duplicate(self) -> PageReader:
+        """Another reader of the same bytes; they stay pinned until both are closed."""
+        release = self._release
+        if release is None:
+            raise ValueError("the reader is closed")
+        lock, left = threading.Lock(), [2]
+
+        def one() -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                release()
+
+        self._release = one
+        return PageReader(self.info, self.meta, self._view, one, self.in_ram)
 
     def close(self) -> None:
         release, self._release = self._release, None

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from hicachefs_testing.workload import content, exists_query, labelled_content
-from pages import publish, read_page, write_all
+from pages import ingest_batch, publish, read_page, write_all
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
 KiB, MiB = 1 << 10, 1 << 20
@@ -179,3 +179,42 @@ def test_opens_racing_replaces_of_their_name_find_one_whole_version(mounted):
     assert opens > 100 and generation > 100
     assert [(c["torn"], c["errors"]) for c in counts] == [(0, 0), (0, 0)]
     assert sum(c["whole"] for c in counts) == opens
+
+
+@pytest.mark.parametrize("how", ["rename", "ingest", "rm"])
+def test_a_reopen_of_a_replaced_pages_open_file_reads_that_files_own_page(mounted, how):
+    """``/proc/self/fd/N`` opens the inode of an open file again: the kernel's second try lands
+    on that inode, not on the name's new page. It used to be served the name's current page
+    past the kernel's cache, under the old inode's size; mapped privately, its faults filled the
+    old inode's cache with the new page, which the file opened before the replace then read."""
+    pool = mounted.page_dir()
+    old, new = content(1, 64 * KiB), content(2, 128 * KiB)
+    publish(pool, "k", old)
+    fd = os.open(pool / "k", os.O_RDONLY)
+    try:
+        assert read_through(fd, MiB) == old
+        if how == "rename":
+            publish(pool, "k", new)
+        elif how == "ingest":
+            ingest = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
+            try:
+                assert ingest_batch(ingest, [(f"{POOL}/k", new)]) > 0
+            finally:
+                os.close(ingest)
+        else:
+            os.unlink(pool / "k")
+        again = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+        try:
+            assert os.fstat(again).st_size == len(old)
+            assert read_through(again, MiB) == old
+            with mmap.mmap(again, 0, prot=mmap.PROT_READ) as shared:
+                assert shared[:] == old
+            with mmap.mmap(again, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as private:
+                assert private[:] == old
+        finally:
+            os.close(again)
+        assert read_through(fd, MiB) == old
+    finally:
+        os.close(fd)
+    if how != "rm":
+        assert read_elsewhere(pool / "k") == new
