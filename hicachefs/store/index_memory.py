@@ -34,11 +34,10 @@ import numpy as np
 MAGIC = b"HCFSIDX1"
 VERSION = 1
 HEADER_BYTES = 4096
-#: magic, version, header bytes, the daemon's token; then the u64 fields at ``OFFSET``.
+#: magic, version, header bytes, the daemon's token; then one u64 for each of ``FIELDS``, in order.
 PREFIX = struct.Struct("<8sII16s")
 FIELDS = ("state", "table_gen", "capacity", "slots", "rows_at", "table_at", "arena_ino", "arena_bytes",
           "disk_dev", "disk_ino", "named", "pid")
-OFFSET = {name: PREFIX.size + 8 * i for i, name in enumerate(FIELDS)}
 LIVE, MOVED, CLOSED = 0, 1, 2
 ROW = np.dtype([("gen", "<u8"), ("hash", "<u8"), ("key", "<u8", (4,)), ("dir", "<i4"), ("size", "<u4"),
                 ("checksum", "<u8"), ("ram", "<i8"), ("disk", "<i8")])
