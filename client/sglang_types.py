@@ -22,7 +22,6 @@ try:  # pragma: no branch - which arm runs depends on the environment
         raise ImportError("HICACHEFS_CLIENT_WITHOUT_SGLANG is set")
     from sglang.srt.mem_cache.hicache_storage import (
         HiCacheStorage,
-        HiCacheStorageExtraInfo,
         PoolHitPolicy,
         PoolName,
         PoolTransfer,
@@ -75,11 +74,6 @@ except Exception as exc:  # ImportError, or a broken SGLang install
         @classmethod
         def empty(cls) -> "PoolTransferResult":
             return cls(0, {})
-
-    @dataclass
-    class HiCacheStorageExtraInfo:  # type: ignore[no-redef]
-        prefix_keys: Optional[List[str]] = None
-        extra_info: Optional[dict] = None
 
     class HiCacheStorage:  # type: ignore[no-redef]
         """The method set SGLang's HiCacheStorage declares, for use without SGLang."""
