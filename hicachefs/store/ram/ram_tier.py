@@ -17,7 +17,7 @@ Not thread-safe: the store's lock guards every call. Nothing here blocks.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from hicachefs.store.ram.arena import Arena
 from hicachefs.store.errors import StoreError, StoreFull
