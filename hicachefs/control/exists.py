@@ -62,7 +62,6 @@ class ExistsHandle:
         self.account.hold(0)
 
     async def write(self, offset: int, data: bytes) -> int:
-        data = bytes(data)  # a worker's write arrives as a view of its message
         if self._failure is not None:
             raise FsError(self._failure.errno, f"{self._failure.strerror}; read to end the request")
         if self._answer is not None:  # a write after a read starts a new request
