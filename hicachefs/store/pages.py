@@ -98,8 +98,8 @@ class Draft:
 
     @property
     def shared_at(self) -> int | None:
-        """Where its bytes lie in the memory the store shares with worker processes (its RAM
-        slot's offset in the arena the data plane's clients write into too); None for private memory."""
+        """Where its bytes lie in the memory the store shares with the data plane's clients (its
+        RAM slot's offset in the arena they write into too); None for private memory."""
         return self._offset
 
     def mark_filled(self, checksum: int | None = None) -> None:
