@@ -4,7 +4,7 @@ control files: a file being written, a directory being listed.
 Every handle has the same face: ``read``/``write`` coroutines (a handle may wait for a worker
 thread or pause between steps), ``release``, and ``cacheable`` (whether the kernel may keep its
 data: only a published page's). Published pages' handles are in ``page_handle.py``, the control
-files' in ``control.py``. Not thread-safe: the daemon's trio thread only.
+files' in the ``control`` package. Not thread-safe: the daemon's trio thread only.
 """
 
 from __future__ import annotations
