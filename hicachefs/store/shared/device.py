@@ -18,6 +18,8 @@ import time
 from typing import NamedTuple
 
 _MAKEDIRS_PAUSES_S = (0.05, 0.25, 1.0)
+#: The errnos of a file another host removed or replaced: a plain miss, not a failure.
+GONE = (errno.ENOENT, errno.ESTALE)
 
 
 class Entry(NamedTuple):
@@ -88,7 +90,7 @@ class DirectoryDevice:
                 try:
                     stat = item.stat(follow_symlinks=False)
                 except OSError as error:
-                    if error.errno in (errno.ENOENT, errno.ESTALE):
+                    if error.errno in GONE:
                         continue  # removed since the listing (another host evicted it)
                     raise
                 entries.append(Entry(item.name, item.is_dir(follow_symlinks=False), stat.st_size, stat.st_mtime_ns))

@@ -34,11 +34,11 @@ import threading
 import time
 from typing import NamedTuple
 
+from hicachefs.store.shared.device import GONE
 from hicachefs.store.shared.layout import Layout
 
 _ALIGN = 4096
 _CHUNK = 1 << 20
-_GONE = (errno.ENOENT, errno.ESTALE)
 
 
 class Announcement(NamedTuple):
@@ -211,7 +211,7 @@ class Journal:
         try:
             fd = self._open_direct(name)
         except OSError as error:
-            if error.errno in _GONE:
+            if error.errno in GONE:
                 self._sources.pop(name, None)
                 return 0
             raise
@@ -230,7 +230,7 @@ class Journal:
                 if got < _CHUNK or used == 0 or consumed >= self._poll_bytes:
                     return consumed
         except OSError as error:
-            if error.errno in _GONE:
+            if error.errno in GONE:
                 self._sources.pop(name, None)
                 return consumed
             raise
@@ -255,7 +255,7 @@ class Journal:
                 self._device.unlink(os.path.join(self._layout.journal, entry.name))
                 removed += 1
             except OSError as error:
-                if error.errno not in _GONE:
+                if error.errno not in GONE:
                     raise
         return removed
 

@@ -17,7 +17,6 @@ and raises ``OSError``.
 from __future__ import annotations
 
 import collections
-import errno
 import heapq
 import os
 import threading
@@ -27,11 +26,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hicachefs.store.shared.device import GONE
 from hicachefs.store.shared.layout import FANOUT_NAMES, Layout, fanout_name, key_hash
 from hicachefs.store.shared.presence import PresenceIndex
 from hicachefs.typed_stats import level, total
-
-_GONE = (errno.ENOENT, errno.ESTALE)
 
 
 class Candidate(NamedTuple):
@@ -97,7 +95,7 @@ class Sweeper:
         except OSError as error:
             if fanout:
                 self._presence.abort_listing(relative)
-            if error.errno not in _GONE or not relative:
+            if error.errno not in GONE or not relative:
                 raise  # retried at the next step
             self._presence.forget(relative)
             entries = None
@@ -155,7 +153,7 @@ class Sweeper:
             self._device.unlink(path)
             self.temp_removed += 1
         except OSError as error:
-            if error.errno not in _GONE:
+            if error.errno not in GONE:
                 raise
 
     def _finish_cycle(self) -> None:

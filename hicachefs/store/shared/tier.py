@@ -42,7 +42,7 @@ from pathlib import Path
 
 from hicachefs.store.shared import engine_checks
 from hicachefs.store.shared import format as page_format
-from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.store.shared.device import GONE, DirectoryDevice
 from hicachefs.store.shared.guard import CallGuard, GuardStatistics, Refused
 from hicachefs.store.shared.journal import Journal
 from hicachefs.store.shared.layout import Layout, Place, place
@@ -57,7 +57,6 @@ from hicachefs.store.tier import PageMeta, ReadResult, Tier
 
 _log = logging.getLogger(__name__)
 
-_GONE = (errno.ENOENT, errno.ESTALE)  # another host removed or replaced it: a plain miss
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 #: Names a host remembers in each of its lists of pages (removed here, not written behind, to
 #: remove once the volume is back): some 10 MB each at most.
@@ -239,10 +238,10 @@ class SharedTier(Tier):
         ahead_bytes = self._payload_sizes.get(pool, 0) if reading else 0
         try:
             opened = self._guard.call(self._open_page, name, where, ahead_bytes,
-                                      timeout=self._data_deadline(ahead_bytes), expected=_GONE,
+                                      timeout=self._data_deadline(ahead_bytes), expected=GONE,
                                       discard=self._discard_opened)
         except OSError as error:
-            if error.errno in _GONE:
+            if error.errno in GONE:
                 self._presence.update(where.directory, where.key_hash, 0, False)
             else:
                 self._count_failure(error)
@@ -272,7 +271,7 @@ class SharedTier(Tier):
             opened = None
         try:
             payload = self._guard.call(self._read_page, page, where, opened,
-                                       timeout=self._data_deadline(page.size), expected=_GONE)
+                                       timeout=self._data_deadline(page.size), expected=GONE)
         except Refused as error:
             if opened is not None:  # the read never ran: its file is still ours to close
                 self._defer_close(opened.fd)
@@ -280,7 +279,7 @@ class SharedTier(Tier):
             self._count(misses=1)
             return ReadResult.MISMATCH
         except OSError as error:
-            if error.errno in _GONE:
+            if error.errno in GONE:
                 self._presence.update(where.directory, where.key_hash, _stored_size(page), False)
             else:
                 self._count_failure(error)
@@ -311,9 +310,9 @@ class SharedTier(Tier):
         self._journal.announce(False, stored, page.name)
         try:
             self._guard.call(self._device.unlink, self._layout.page_path(where),
-                             timeout=self._deadline_s, expected=_GONE)
+                             timeout=self._deadline_s, expected=GONE)
         except OSError as error:
-            if error.errno not in _GONE:
+            if error.errno not in GONE:
                 self._count_failure(error)
 
     def fits(self, name: bytes, size: int) -> bool:
@@ -451,7 +450,7 @@ class SharedTier(Tier):
                 self._device.unlink(path)
                 self._journal.announce(False, size, name)
         except OSError as error:
-            if error.errno not in _GONE:
+            if error.errno not in GONE:
                 self._count(io_errors=1)
         self._presence.update(where.directory, where.key_hash, size, False)
 
@@ -519,7 +518,7 @@ class SharedTier(Tier):
             stored = self._device.stat(path).st_size
             self._device.unlink(path)
         except OSError as error:
-            if error.errno in _GONE:
+            if error.errno in GONE:
                 return True
             raise
         self._presence.update(where.directory, where.key_hash, stored, False)
@@ -534,7 +533,7 @@ class SharedTier(Tier):
         try:
             opened = self._open_page(page.name, where)
         except OSError as error:
-            if error.errno in _GONE:
+            if error.errno in GONE:
                 return True
             raise
         except _Corrupt:
@@ -551,7 +550,7 @@ class SharedTier(Tier):
             self._note_removed(page.name)
             self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), False)
         except OSError as error:
-            if error.errno not in _GONE:
+            if error.errno not in GONE:
                 raise
         finally:
             self._close_quietly(opened.fd)
@@ -622,7 +621,7 @@ class SharedTier(Tier):
             try:
                 self._device.unlink(self._layout.page_path(where))
             except OSError as error:
-                if error.errno not in _GONE:
+                if error.errno not in GONE:
                     candidates.appendleft(candidate)
                     raise
                 removed = False  # another host evicted it first
