@@ -398,7 +398,7 @@ def ranks_table(results: List[Result], found: Checks, memcpy_together: Dict[int,
     most = counts[-1]
     head = (f"{'case':<22}{'op':<12}{'backend':<13}" + "".join(f"{f'{n} GB/s':>8}" for n in counts)
             + "".join(f"{f'x{n}':>7}" for n in counts[1:]) + f"{'vs HF':>7}{'daemon':>8}"
-            + f"  target (x2: aggregate at 2 ranks over 1)")
+            + "  target (x2: aggregate at 2 ranks over 1)")
     lines = [head, "-" * len(head)]
     for case, op in _ordered(ranked, lambda r: True):
         for backend in (HICACHEFS, FILE):
