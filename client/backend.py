@@ -302,19 +302,19 @@ class HiCacheFS(HiCacheStorage):
                 results[i] = True
             return results
         directory = self._pool_dir(name, layout.format)
-        todo = wanted  # pages already stored are kept as they are (``PageIO.publish_pages``)
-        zero_copy = layout.zero_copy_buffers([starts[i] for i in todo])
-        chunks = self._chunks(len(todo), layout.page_bytes, self.write_threads.threads, zero_copy is None)
+        # Pages already stored are kept as they are (``PageIO.publish_pages``): all are sent.
+        zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
+        chunks = self._chunks(len(wanted), layout.page_bytes, self.write_threads.threads, zero_copy is None)
         if zero_copy is not None and self.io.plane_attached():  # one commit, the copies spread
             spread = lambda copy, runs: self.write_threads.run(functools.partial(self._run_of_pages, copy), runs)  # noqa: E731
-            done = self.io.publish_pages(directory, [keys[i] for i in todo], zero_copy, layout.page_bytes,
+            done = self.io.publish_pages(directory, [keys[i] for i in wanted], zero_copy, layout.page_bytes,
                                          spread, len(chunks))
-            for i, ok in zip(todo, done):
+            for i, ok in zip(wanted, done):
                 results[i] = ok
             return results
 
         def write(c: int) -> bool:
-            chunk = [todo[j] for j in chunks[c]]
+            chunk = [wanted[j] for j in chunks[c]]
             if zero_copy is not None:
                 buffers = [zero_copy[j] for j in chunks[c]]
             else:
