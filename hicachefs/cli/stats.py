@@ -16,14 +16,20 @@ from .. import deadline
 from .arguments import UsageError
 
 
-def command(args: argparse.Namespace) -> int:
-    path = Path(args.mountpoint, ".hicachefs", "stats")
+def read_stats(mountpoint: Path) -> dict:
+    """The mount's stats file, parsed; UsageError when it cannot be read or is not hicachefs
+    statistics (not a hicachefs mount, the daemon gone)."""
+    path = Path(mountpoint, ".hicachefs", "stats")
     try:
-        facts = json.loads(deadline.read_bytes(path))
+        return json.loads(deadline.read_bytes(path))
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
     except ValueError:
         raise UsageError(f"{path} is not hicachefs statistics") from None
+
+
+def command(args: argparse.Namespace) -> int:
+    facts = read_stats(args.mountpoint)
     if args.json:
         print(json.dumps(facts, indent=2, sort_keys=True))
         return 0

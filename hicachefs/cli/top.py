@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .. import deadline
 from .arguments import UsageError
+from .stats import read_stats
 
 #: Per-tier counters shown as rates.
 _TIER_RATES = ("bytes_in", "bytes_out", "hits", "evictions", "demotions", "promotions")
@@ -49,10 +48,6 @@ class _Console(Console):
         raise BrokenPipeError(errno.EPIPE, "the output was closed")
 
 
-class StatsUnreadable(Exception):
-    """The mount's stats file cannot be read or parsed (not a hicachefs mount, daemon gone)."""
-
-
 @dataclass(frozen=True)
 class Sample:
     facts: dict
@@ -60,13 +55,7 @@ class Sample:
 
 
 def read_sample(mountpoint: Path) -> Sample:
-    path = mountpoint / ".hicachefs" / "stats"
-    try:
-        return Sample(json.loads(deadline.read_bytes(path)), time.monotonic())
-    except OSError as exc:
-        raise StatsUnreadable(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError:
-        raise StatsUnreadable(f"{path} is not hicachefs statistics") from None
+    return Sample(read_stats(mountpoint), time.monotonic())
 
 
 def _delta(before: dict, after: dict, key: str) -> int:
@@ -172,15 +161,12 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError("--count must be at least 1")
     if not 0.1 <= args.interval <= 3600:
         raise UsageError("--interval must be from 0.1 to 3600 seconds")
-    try:
-        return show(Path(args.mountpoint), args.count, args.interval)
-    except StatsUnreadable as exc:
-        raise UsageError(str(exc)) from None
+    return show(Path(args.mountpoint), args.count, args.interval)
 
 
 def show(mountpoint: Path, count: int | None, interval: float) -> int:
-    """Show views until ``count`` have been printed, or until Ctrl-C. Raises StatsUnreadable,
-    or deadline.NoAnswer."""
+    """Show views until ``count`` have been printed, or until Ctrl-C. Raises UsageError (the
+    stats file unreadable, ``stats.read_stats``) or deadline.NoAnswer."""
     console = _Console(highlight=False)
     plain = count is not None or not console.is_terminal
     if plain:
