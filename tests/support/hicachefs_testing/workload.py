@@ -35,7 +35,6 @@ from hicachefs_testing.plain_user import exists_answer, send_exists
 
 HEADER_BYTES = 64
 _MAGIC = b"HCRT"
-PAGE_GLOB_DEPTH = 4  # model/format/shard/pool
 
 
 def content(seed: int | str, size: int) -> bytes:
