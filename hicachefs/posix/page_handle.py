@@ -5,9 +5,9 @@ A reader keeps the bytes it opened even when the page is evicted, replaced or un
 pin is a lease, though: ``PIN_LEASE_S`` after its last read the handle lets the slot go and keeps
 only the page's name and version. Its next read finds that version again (on whichever tier it
 now is) and pins it anew, or, when the version is no longer stored, fails with EIO, which the
-contract allows. So a descriptor kept open for the kernel's page cache (a client keeps page
-files open between reads, which then never reach the daemon) pins nothing in the store, and no
-user can hold the RAM tier by holding files open.
+contract allows. So a descriptor kept open for the kernel's page cache (a program may keep a
+page file open between reads, which then never reach the daemon) pins nothing in the store, and
+no user can hold the RAM tier by holding files open.
 
 Nor by reading them: reads that reach the daemon (``O_DIRECT`` ones do) renew a lease, so all
 handles hold at most the RAM budget's ``pins`` share pinned between them, and those of users who
