@@ -29,9 +29,7 @@ _EXPORTS = {
     "StoreError": "errors",
     "StoreFull": "errors",
     "StoreStatistics": "statistics",
-    "TierStatistics": "statistics",
     "check_disk_dir": "ssd.ssd_tier",
-    "page_checksum": "pages",
     "size_class": "ram.arena",
 }
 
@@ -61,8 +59,6 @@ __all__ = [  # noqa: F822 (defined by __getattr__)
     "StoreError",
     "StoreFull",
     "StoreStatistics",
-    "TierStatistics",
     "check_disk_dir",
-    "page_checksum",
     "size_class",
 ]
