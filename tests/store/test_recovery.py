@@ -212,6 +212,53 @@ def test_a_damaged_header_never_brings_back_an_older_version_after_the_next_cras
         store.close()
 
 
+def test_a_damaged_header_never_lets_a_later_scan_walk_records_of_an_earlier_session(tmp_path):
+    """Each scan after a crash starts numbering records well above the newest it walked, so the
+    numbers have gaps. Region 2 was filled over two sessions (a gap between them), then its first
+    header went bad: the next scan skips it, and numbers new records from above region 1's newest
+    only, below the second session's records still lying in region 2. Those were walked as live
+    after the ring reused region 2 and the next crash: a replaced page came back as its old
+    version, a version with a higher number than its replacement."""
+    config = StoreConfig(memory_bytes=64 * MiB, disk_dir=tmp_path, disk_bytes=8 * MiB + 4096,
+                         max_page_size=2 * MiB, write_through=True)
+    size = 100 * KiB  # ten records a region (8 regions of 1 MiB)
+    region_bytes = 1 * MiB
+    victim = page_name(28)
+
+    def puts(numbers):
+        def work(store: PageStore) -> None:
+            for i in numbers:
+                store.put(page_name(i), content(i, size))
+        return work
+
+    crash_after(config, puts(range(0, 15)))  # region 0 full, region 1 half
+    crash_after(config, puts(range(15, 23)))  # region 1 full, region 2: three records
+    crash_after(config, puts(range(23, 30)))  # region 2 full (the victim 6th of these 7)
+    with open(tmp_path / ARENA_NAME, "r+b") as arena:  # bit rot in region 2's first record's magic
+        arena.seek(4096 + 2 * region_bytes)
+        byte = arena.read(1)
+        arena.seek(4096 + 2 * region_bytes)
+        arena.write(bytes([byte[0] ^ 0xFF]))
+
+    def fourth(store: PageStore) -> None:
+        assert store.info(victim) is None  # its region was skipped
+        store.put(page_name(100), content(100, size))  # region 2 reused from its start
+        store.put(victim, content(1028, size))  # the victim's new version
+        store.put(page_name(101), content(101, size))
+        assert read_all(store, victim) == content(1028, size)
+
+    crash_after(config, fourth)
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "scan"
+        assert read_all(store, victim) == content(1028, size), "a replaced page came back as its old version"
+        for i in range(30):
+            if store.info(page_name(i)) is not None and page_name(i) != victim:
+                assert i < 20, f"page {i} came back from a region the ring reused"
+    finally:
+        store.close()
+
+
 def test_arena_of_another_size_is_reinitialised(tmp_path):
     config = _write_and_close(tmp_path, {"d/a": b"abc"})
     bigger = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=48 * MiB)

@@ -2,7 +2,7 @@
 as a ring, of self-describing records (CacheLib Navy's block cache, simplified).
 
 File layout: a 4 KiB superblock (magic, version, file size, region size, a random file id;
-at byte 512 the clean mark), then ``regions`` regions of ``region_bytes``. A record is a
+at byte 512 the clean mark; at byte 1024 the sequence number limit), then ``regions`` regions of ``region_bytes``. A record is a
 56-byte header, the page name (UTF-8), the payload; records start 64-byte aligned. The header
 holds a magic (live or dead), the file id, a global sequence number, the payload length and
 xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
@@ -14,7 +14,10 @@ Recovery needs no other database: regions are sorted by the sequence number of t
 record and walked; a region's walk ends at the first record whose header does not check,
 whose file id differs (left over from an earlier file of another size), or whose sequence
 number is not larger than the one before (left over from the region's previous use). Live
-records whose payload checks are reported; the others are counted as corrupt.
+records whose payload checks are reported; the others are counted as corrupt. That last rule
+needs every new record numbered above every record in the file, also those no scan could walk
+(past a damaged header): writing keeps a limit above the numbers it hands out in the superblock,
+raised durably a million at a time, and a scan numbers new records from there.
 
 The clean mark says that the arena has not changed since the last clean close, and names the
 index snapshot that close wrote (a random token, see ``snapshot.py``): a start may then load
@@ -60,6 +63,11 @@ _VERSION = 1
 _CLEAN = struct.Struct("<8s16sQ")  # magic, snapshot token, xxh3_64 of the two
 _CLEAN_MAGIC = b"HCclean1"
 _CLEAN_AT = 512  # a sector of its own: written alone, it cannot tear the superblock's fields
+_LIMIT = struct.Struct("<8sQQ")  # magic, sequence number limit, xxh3_64 of the two
+_LIMIT_MAGIC = b"HCseqlim"
+_LIMIT_AT = 1024  # a sector of its own too
+#: How far past the next sequence number the limit is raised, each time writing reaches it.
+_LIMIT_STEP = 1 << 20
 
 HEADER = struct.Struct("<4sHHQQQQqI4x")  # magic, name len, reserved, file id, seq, size, checksum, mtime, hcheck
 LIVE = b"HCr1"
@@ -135,6 +143,7 @@ class RegionLog:
         self.file_bytes = file_bytes
         self.formatted: str | None = None  # why this open made a new arena, if it did
         self._clean_token: bytes | None = None
+        self._seq_limit = 0  # every record in the file has a lower sequence number (0: unknown)
         self._open_or_format(file_bytes, region_bytes)
         self.regions = (file_bytes - _SUPER_BYTES) // self.region_bytes
         self.capacity = self.regions * self.region_bytes
@@ -155,6 +164,7 @@ class RegionLog:
             if version == _VERSION and old_bytes == file_bytes and self.device.size() == file_bytes:
                 self.region_bytes, self.file_id = old_region, file_id
                 self._clean_token = self._read_clean_mark()
+                self._seq_limit = self._read_seq_limit()
                 return
             if version != _VERSION:
                 dropped = f"the arena was written by another version of hicachefs ({version}): its pages are dropped"
@@ -191,6 +201,26 @@ class RegionLog:
         if magic != _CLEAN_MAGIC or check != xxhash.xxh3_64_intdigest(raw[:-8]):
             return None
         return token
+
+    def _read_seq_limit(self) -> int:
+        raw = self.device.pread(_LIMIT.size, _LIMIT_AT)
+        if len(raw) != _LIMIT.size:
+            return 0
+        magic, limit, check = _LIMIT.unpack(raw)
+        if magic != _LIMIT_MAGIC or check != xxhash.xxh3_64_intdigest(raw[:-8]):
+            return 0
+        return limit
+
+    def _raise_seq_limit(self) -> None:
+        """Record, durably, a sequence number above every one this log writes before it asks
+        again: a scan numbers new records from there at least (see ``scan``)."""
+        limit = self.next_seq + _LIMIT_STEP
+        raw = bytearray(_LIMIT.pack(_LIMIT_MAGIC, limit, 0))
+        _LIMIT.pack_into(raw, 0, _LIMIT_MAGIC, limit, xxhash.xxh3_64_intdigest(raw[:-8]))
+        if self.device.pwrite(raw, _LIMIT_AT) != _LIMIT.size:
+            raise OSError(errno.EIO, f"short write of the superblock of {self.path}")
+        self.device.fsync()
+        self._seq_limit = limit
 
     def clean_token(self) -> bytes | None:
         """The token of the snapshot the last clean close wrote, while nothing has been written
@@ -287,10 +317,13 @@ class RegionLog:
             if progress is not None:
                 progress(done, total, found)
         view.release()
-        # Past a damaged header the walk stops, and the records beyond it may carry any sequence
-        # number up to as many above the last one walked as the arena holds: new records start
-        # above them all, so that no later scan takes one of them for newer than what replaced it.
-        self.next_seq += self.regions * (self.region_bytes // HEADER.size)
+        # Past a damaged header the walk stops, and so does it at a region whose first header is
+        # damaged: the records beyond may carry any sequence number written so far. New records
+        # start above them all, so that no later scan walks on from a new record into one of them
+        # (taking it for newer than what replaced it): above the limit that writing keeps ahead
+        # of itself in the superblock, and (for an arena written before it was kept) above the
+        # last one walked by as many as the arena holds.
+        self.next_seq = max(self.next_seq + self.regions * (self.region_bytes // HEADER.size), self._seq_limit)
 
     def _unreadable(self, region: int, exc: OSError) -> None:
         """A region the scan cannot read (a bad block): its pages are lost, not the start."""
@@ -317,6 +350,8 @@ class RegionLog:
         """Write a live record and return its offset. When the current region is full, the next
         one is reclaimed first: ``reclaim(start, end)`` must forget every record in that range."""
         self._mark_dirty()
+        if self.next_seq >= self._seq_limit:
+            self._raise_seq_limit()
         size = len(payload)
         length = record_length(len(name), size)
         if self.tail + length > self.region_start(self.current) + self.region_bytes:
