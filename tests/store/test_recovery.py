@@ -272,6 +272,30 @@ def test_arena_of_another_size_is_reinitialised(tmp_path):
     assert config.disk_bytes == 32 * MiB
 
 
+@pytest.mark.parametrize("region_bytes", [0, 1 << 40], ids=["zero", "past the file"])
+def test_a_damaged_region_size_in_the_superblock_reinitialises_the_arena(tmp_path, caplog, region_bytes):
+    """The superblock's region size went bad (it has no checksum): the start died of a
+    ZeroDivisionError or a MemoryError (or cut the file into regions no writer made). An arena of
+    ours is cache: it is formatted anew, and the store starts and works."""
+    config = _write_and_close(tmp_path, {"d/a": b"abc"})
+    with open(tmp_path / ARENA_NAME, "r+b") as arena:
+        arena.seek(24)  # magic, version, reserved, file bytes; then the region bytes
+        arena.write(region_bytes.to_bytes(8, "little"))
+    store = PageStore(config)
+    try:
+        assert store.info("d/a") is None
+        assert "superblock is damaged" in caplog.text
+        store.put("d/b", b"b" * 100)
+        assert read_all(store, "d/b") == b"b" * 100
+    finally:
+        store.close()
+    store = PageStore(config)
+    try:
+        assert read_all(store, "d/b") == b"b" * 100
+    finally:
+        store.close()
+
+
 def test_foreign_file_is_refused_and_left_alone(tmp_path):
     (tmp_path / ARENA_NAME).write_bytes(b"precious data" * 1000)
     with pytest.raises(StoreError, match="not a hicachefs disk arena"):

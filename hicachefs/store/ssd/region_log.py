@@ -161,12 +161,17 @@ class RegionLog:
         dropped = None  # why an arena of ours that held pages is formatted anew
         if len(raw) == _SUPER.size:
             _, version, _, old_bytes, old_region, file_id = _SUPER.unpack(raw)
-            if version == _VERSION and old_bytes == file_bytes and self.device.size() == file_bytes:
+            # (a region size that no start writes: the field is damaged, and the regions with it)
+            sane = old_region >= 4096 and old_region % 4096 == 0 and _SUPER_BYTES + old_region <= file_bytes
+            if version == _VERSION and old_bytes == file_bytes and self.device.size() == file_bytes and sane:
                 self.region_bytes, self.file_id = old_region, file_id
                 self._clean_token = self._read_clean_mark()
                 self._seq_limit = self._read_seq_limit()
                 return
-            if version != _VERSION:
+            if version == _VERSION and not sane:
+                dropped = (f"its superblock is damaged (a region size of {old_region:,} bytes): "
+                           "what it held is dropped")
+            elif version != _VERSION:
                 dropped = f"the arena was written by another version of hicachefs ({version}): its pages are dropped"
             elif old_bytes != file_bytes:
                 dropped = (f"the arena was made with --disk-size {old_bytes:,} bytes, not {file_bytes:,}: "
