@@ -31,7 +31,7 @@ RAM_TARGETS = {
     "RAM 256 KiB x8": {FIRST: 2.0},
     "RAM 768 KiB x32": {FIRST: 2.0},
     "RAM 1 MiB x128": {WRITE: 2.0, FIRST: 2.0},
-    "RAM 8 MiB x128": {WRITE: 2.0},
+    "RAM 8 MiB x128": {WRITE: 2.0, FIRST: 2.0},
 }
 #: Issue 28: plane first reads of 1 MiB pages reach this fraction of memcpy into the pool.
 MEMCPY_TARGETS = {("RAM 1 MiB x128", FIRST): 0.8}
