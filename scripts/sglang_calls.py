@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import sys
@@ -104,19 +105,19 @@ def run_hicachefs(memory: str, extra: dict, setup: CacheSetup, workload: ChatWor
             mounting.stop(mount)
 
 
-def run_file(setup: CacheSetup, workload: ChatWorkload):
+def run_file(setup: CacheSetup, workload: ChatWorkload, file_extra: dict):
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
-        return run(Backend("file", str(Path(shm) / "hicache_file")), setup, workload)
+        return run(Backend("file", str(Path(shm) / "hicache_file"), file_extra), setup, workload)
 
 
-def one_shape(name: str, memory: str, extra: dict, runs: int) -> None:
+def one_shape(name: str, memory: str, extra: dict, runs: int, file_extra: dict) -> None:
     what, setup, workload = SHAPES[name]
     ours, theirs, counters = [], [], {}
     for turn in range(runs):
         for backend in (("hicachefs", "file") if turn % 2 == 0 else ("file", "hicachefs")):
             gc.collect()  # the last run's server (its pools, hundreds of MB) is freed now, not in a call of this one
             if backend == "file":
-                theirs.append(run_file(setup, workload)[0])
+                theirs.append(run_file(setup, workload, file_extra)[0])
                 continue
             stats, got = run_hicachefs(memory, extra, setup, workload)
             ours.append(stats)
@@ -125,6 +126,7 @@ def one_shape(name: str, memory: str, extra: dict, runs: int) -> None:
                     counters[counter] = counters.get(counter, 0) + value
     ours, theirs = pooled(ours), pooled(theirs)
     print(f"\n{what} ({name}), {runs} runs of each backend pooled; HiCacheFS extra_config {extra or '{}'} over the client's defaults; "
+          f"HiCacheFile extra_config {file_extra or '{}'} over its defaults; "
           f"through the data plane: {counters.get('plane_reads', 0)} of {counters.get('hits', 0)} pages "
           f"read, {counters.get('plane_writes', 0)} of {counters.get('pages_written', 0)} written; "
           f"{os.cpu_count()} CPUs, load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
@@ -151,6 +153,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=4, help="runs of each backend, pooled (default 4)")
     parser.add_argument("--no-plane", action="store_true",
                         help="HiCacheFS with extra_config data_plane false (the control files)")
+    parser.add_argument("--file-extra", type=json.loads, default={},
+                        help="more extra_config keys for HiCacheFile, JSON (e.g. "
+                             "'{\"enable_metadata_cache\": true}'); default: its defaults")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("sglang_calls.py needs root (a FUSE mount)", file=sys.stderr)
@@ -160,7 +165,7 @@ def main() -> int:
     print(f"SGLang's controller over HiCacheFS (a hicachefs mount, --memory {args.memory}) and "
           f"HiCacheFile (tmpfs), same run, torch threads {TORCH_THREADS}")
     for name in (SHAPES if args.shape == "both" else (args.shape,)):
-        one_shape(name, args.memory, extra, args.runs)
+        one_shape(name, args.memory, extra, args.runs, args.file_extra)
     return 0
 
 
