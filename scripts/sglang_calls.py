@@ -22,6 +22,13 @@ does not swing with one call's luck). Prints a Markdown table per shape: per met
 the batch sizes SGLang used, pages asked and hit, p50 and mean time per call of each backend,
 and HiCacheFile's time over HiCacheFS's (above 1: HiCacheFS is faster). Run as root: it mounts
 hicachefs in a temporary directory (``--memory``, default 512M) and removes it.
+
+What a call's time holds: the backend method alone, as the controller calls it. So HiCacheFS's
+``batch_get_v1``/``batch_set_v1`` include their copies into and out of the host pool, while
+HiCacheFile's ``batch_get``/``batch_set`` leave out the generic path's own part, run by the
+controller around them (the staging pages and ``set_from_flat_data_page`` of a prefetch, the
+``get_data_page`` copies of a backup); and ``batch_set_v1`` returns before its commit is
+answered (the client's commit-behind thread sends it), which ``bench.py`` times and this does not.
 """
 
 from __future__ import annotations
