@@ -16,7 +16,7 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
 # The runs, by lane: "name|pytest arguments" (arguments split at spaces).
-lane_a=("the namespace, the client and the store|tests/client tests/fs tests/store tests/test_mounting.py tests/test_name_rules.py")
+lane_a=("the namespace, the client and the store|tests/client tests/fs tests/store tests/scripts tests/test_mounting.py tests/test_name_rules.py")
 lane_b=("operations, reliability and SGLang|tests/ops tests/reliability tests/sglang"
         "the shared tier|tests/shared")
 
