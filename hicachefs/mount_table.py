@@ -80,6 +80,19 @@ def _topmost(path: str | os.PathLike) -> tuple[str, str] | None:
     return found
 
 
+def device(path: str | os.PathLike) -> str | None:
+    """The ``major:minor`` of the topmost mount at ``path``, or None: tells one mount at a path
+    from a later one at the same path."""
+    found = _topmost(path)
+    return None if found is None else found[1]
+
+
+def device_mounted(device: str) -> bool:
+    """Whether a mount of ``device`` (``major:minor``) is still in this namespace: one detached
+    by a lazy unmount is gone from it at once, though its FUSE connection lives on."""
+    return any(found == device for _, _, found in _entries())
+
+
 def filesystem_type(path: str | os.PathLike) -> str | None:
     """The type of the topmost mount at ``path`` (like ``fuse.hicachefs``), or None."""
     found = _topmost(path)

@@ -7,7 +7,9 @@ PROGRESS_FD (``recovery_reporter``). SIGTERM, SIGINT and SIGHUP end the loop aft
 in flight (``fuse.session.stop``); then the mount is removed and the store closed, which writes
 the RAM tier down to disk and the disk tier's index snapshot (further stop signals are ignored
 meanwhile). An unmount from outside (``umount``,
-``fusermount3 -u``) ends the loop the same way. Under systemd (``Type=notify``) the daemon
+``fusermount3 -u``) ends the loop the same way, and so does a lazy one (``umount -l``), which
+the kernel does not tell the daemon of while files are open on the mount: it is looked for in
+the mount table every second. Under systemd (``Type=notify``) the daemon
 reports ready once the mount is live.
 
 As root, the mount's readahead is raised once it is live, so that a page the kernel does not
@@ -214,15 +216,45 @@ class _EarlyStop:
 
 
 async def _stop_on_signal(stop, early: _EarlyStop, notifier: KernelNotifier) -> None:
-    """On a stop signal, end the session: the kernel is told what it was to be told while
-    requests are still read (``kernel_notifier``: after, a notification could hang the mount)."""
+    """On a stop signal, or once the mount was unmounted lazily from outside (``_detached``),
+    end the session: the kernel is told what it was to be told while requests are still read
+    (``kernel_notifier``: after, a notification could hang the mount)."""
     with trio.open_signal_receiver(*HANDLED_SIGNALS) as signals:
-        signum = early.signum or await signals.__anext__()
-        log.info("%s: finishing requests in flight, then unmounting", signal.Signals(signum).name)
+        why = signal.Signals(early.signum).name if early.signum else None
+        if why is None:
+            async with trio.open_nursery() as waiting:
+                async def on_signal() -> None:
+                    nonlocal why
+                    why = signal.Signals(await signals.__anext__()).name
+                    waiting.cancel_scope.cancel()
+
+                async def on_detach() -> None:
+                    nonlocal why
+                    await _detached()
+                    why = "unmounted from outside while files were still open on it"
+                    waiting.cancel_scope.cancel()
+
+                waiting.start_soon(on_signal)
+                waiting.start_soon(on_detach)
+        log.info("%s: finishing requests in flight, then unmounting", why)
         notifier.close_session()
         await notifier.delivered()
         stop()
         await trio.sleep_forever()  # still listening, so later stop signals are swallowed
+
+
+#: How often the daemon looks whether its mount was unmounted lazily (``session.detached``).
+DETACH_CHECK_S = 1.0
+
+
+async def _detached() -> None:
+    """Return once the mount is no longer in the mount table while the session goes on: a lazy
+    unmount (``umount -l``, ``fusermount3 -uz``) keeps the connection for as long as a file is
+    open on it, and SGLang's ranks keep theirs open for good, so this daemon would serve a
+    tree nobody reaches by path, its clients would store pages there, and it would hold the
+    --disk arena against the next mount."""
+    while not session.detached():
+        await trio.sleep(DETACH_CHECK_S)
 
 
 async def _reap_abandoned(namespace: Namespace) -> None:

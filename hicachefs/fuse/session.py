@@ -10,7 +10,11 @@ import os
 
 import pyfuse3
 
+from .. import mount_table
 from .operations import Operations
+
+#: The mount this session made (``major:minor``, as the mount table says), and where.
+_mounted: tuple[str, str | None] | None = None
 
 
 def mount(operations: Operations, mountpoint: str, options: set[str]) -> None:
@@ -21,6 +25,15 @@ def mount(operations: Operations, mountpoint: str, options: set[str]) -> None:
     if os.getuid() == 0:
         options.add("allow_other")
     pyfuse3.init(operations, mountpoint, options)
+    global _mounted
+    _mounted = (mountpoint, mount_table.device(mountpoint))
+
+
+def detached() -> bool:
+    """Whether this session's mount is no longer in the mount table: unmounted lazily (``umount
+    -l``) while files were open on it, which keeps the connection, and this daemon, serving a
+    tree nobody can reach by path any more."""
+    return _mounted is not None and _mounted[1] is not None and not mount_table.device_mounted(_mounted[1])
 
 
 async def serve() -> None:
