@@ -47,4 +47,8 @@ def stop() -> None:
 
 
 def unmount() -> None:
-    pyfuse3.close(unmount=True)
+    """End the session, and unmount its mount if it is still the one at its path: libfuse's
+    unmount is a lazy ``umount2`` of the path, which after a lazy unmount from outside would
+    take down whatever was mounted there since (the next daemon's mount)."""
+    ours = _mounted is None or _mounted[1] is None or mount_table.device(_mounted[0]) == _mounted[1]
+    pyfuse3.close(unmount=ours)
