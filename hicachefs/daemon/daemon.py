@@ -32,6 +32,7 @@ from pathlib import Path
 
 import trio
 
+from .. import mount_table
 from ..control.files import ControlFiles
 from ..fuse.kernel_notifier import KernelNotifier
 from ..posix.namespace import Namespace
@@ -116,6 +117,12 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
         operations = Operations(requests)
         if config.metrics_listen:  # bound before mounting: a port in use fails the start
             endpoint = MetricsEndpoint(config.metrics_listen, statistics)
+        # A last look: another mount made at the path since the command's checks (by a daemon
+        # started another way, or by mount(8)) would be hidden under this one, serving nobody.
+        taken = mount_table.filesystem_type(config.mountpoint)
+        if taken is not None:
+            log.error("cannot mount: mountpoint %s is already a mount point (%s)", config.mountpoint, taken)
+            return 1
         session.mount(operations, config.mountpoint, set(config.fuse_options))
         # From here on a stop signal never kills the process: one that comes before the loop
         # listens (the mount is live already) is kept for it, and one after it is swallowed (a

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import signal
@@ -75,6 +76,26 @@ def test_mount_over_a_live_mount_is_refused(mounted):
     result = hicachefs("mount", str(mounted.path), "--memory", "32M")
     assert result.returncode == 2
     assert result.stderr == f"hicachefs: mountpoint {mounted.path} is already a mount point (fuse.hicachefs)\n"
+
+
+def test_a_daemon_whose_mount_raced_another_refuses_instead_of_stacking(mounted, tmp_path):
+    """A daemon that finds its path mounted since its command's checks (by a daemon started
+    another way, or by mount(8)) refuses instead of mounting on top: the mount below would serve
+    nobody while it held its memory and its clients' files."""
+    config = json.loads((mounted.path / ".hicachefs" / "config").read_text())
+    del config["pid"]
+    config["log_file"] = str(tmp_path / "late.log")
+    late = subprocess.Popen([sys.executable, "-m", "hicachefs.daemon", json.dumps(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        late.wait(30)
+    except subprocess.TimeoutExpired:  # it mounted on top and serves: stop it (by its pid)
+        late.terminate()
+        late.wait(60)
+        pytest.fail("a second daemon mounted on top of the live mount")
+    assert late.returncode == 1
+    assert f"mountpoint {mounted.path} is already a mount point" in (tmp_path / "late.log").read_text()
+    assert json.loads((mounted.path / ".hicachefs" / "config").read_text())["pid"] == mounted.pid
 
 
 def test_memory_beyond_what_the_host_has_is_refused_up_front(tmp_path):
