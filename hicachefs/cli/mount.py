@@ -12,6 +12,8 @@ mount answers: at most ``MOUNT_TIMEOUT_S`` and a second per GiB of the tiers.
 from __future__ import annotations
 
 import argparse
+import errno
+import functools
 import json
 import os
 import signal
@@ -110,7 +112,7 @@ def _wait(child: subprocess.Popen, config, progress: Display) -> int:
             return 1
         if mount_table.filesystem_type(config.mountpoint) == mount_table.FSTYPE:
             try:
-                live = deadline.call(control.exists)
+                live = deadline.call(functools.partial(_served_by, control)) == child.pid
             except deadline.NoAnswer as exc:
                 progress.close()
                 print(f"hicachefs: {exc.about(config.mountpoint)} once mounted; see {config.log_file}",
@@ -132,6 +134,21 @@ def _wait(child: subprocess.Popen, config, progress: Display) -> int:
     print(f"hicachefs: the mount did not come up within {timeout:.0f} s; see {config.log_file}",
           file=sys.stderr)
     return 1
+
+
+def _served_by(control: Path) -> int | None:
+    """The pid of the daemon that serves the mount whose config file is ``control``; None while
+    it has none (not mounted yet). Another daemon's mount there is not this command's: two
+    commands run at once took the first daemon's mount each for their own, and the second said
+    "mounted" naming a daemon that then failed, or mounted on top."""
+    try:
+        return json.loads(control.read_bytes())["pid"]
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _take_down(child: subprocess.Popen, mountpoint: str) -> str:

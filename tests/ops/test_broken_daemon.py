@@ -53,12 +53,12 @@ def test_umount_aborts_and_removes_a_mount_whose_daemon_answers_its_config_with_
 #: it would from a daemon that mounted but answers wrongly.
 _CONFIG_LOOK_FAILS = """
 import errno, pathlib
-_exists = pathlib.Path.exists
+_read_bytes = pathlib.Path.read_bytes
 def _failing(self, *args, **kwargs):
     if self.name == "config" and self.parent.name == ".hicachefs":
         raise OSError(errno.EIO, "Input/output error")
-    return _exists(self, *args, **kwargs)
-pathlib.Path.exists = _failing
+    return _read_bytes(self, *args, **kwargs)
+pathlib.Path.read_bytes = _failing
 """
 
 

@@ -98,6 +98,30 @@ def test_a_daemon_whose_mount_raced_another_refuses_instead_of_stacking(mounted,
     assert json.loads((mounted.path / ".hicachefs" / "config").read_text())["pid"] == mounted.pid
 
 
+def test_two_mounts_of_one_path_at_once_mount_it_once(tmp_path):
+    path = tmp_path / "mnt"
+    path.mkdir()
+    commands = [subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(path), "--memory", "32M",
+                                  "--log-file", str(tmp_path / f"daemon{i}.log")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = [command.communicate(timeout=120) for command in commands]
+    daemons = [int(pid) for out, _ in results for pid in re.findall(r"\(pid (\d+),", out)]
+    try:
+        stacked = [line for line in Path("/proc/self/mounts").read_text().splitlines()
+                   if line.split()[1] == str(path)]
+        assert len(stacked) == 1, results
+        assert sorted(command.returncode for command in commands) == [0, 1], results
+        refused = [err for command, (_, err) in zip(commands, results) if command.returncode == 1][0]
+        assert refused.startswith("hicachefs: the daemon exited with status 1: cannot mount: ") and \
+            refused.count("\n") == 1, refused
+    finally:
+        for pid in daemons:  # every daemon that said it mounted, by its pid
+            os.kill(pid, signal.SIGTERM)
+            mounting.wait_gone(pid, 60)
+        while mounting.is_mounted(path):
+            mounting.unmount_path(path)
+
+
 def test_memory_beyond_what_the_host_has_is_refused_up_front(tmp_path):
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
