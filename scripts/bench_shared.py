@@ -56,7 +56,8 @@ from lib.bench_sglang import reader, timed_call, warm_up, writer  # noqa: E402
 
 from hicachefs.store.shared import SharedTier  # noqa: E402
 from hicachefs.store.shared.layout import Layout, place  # noqa: E402
-from hicachefs.store.tier import PageMeta, ReadResult  # noqa: E402
+from hicachefs.store.pages import PageMeta  # noqa: E402
+from hicachefs.store.tier import ReadResult  # noqa: E402
 from hicachefs_testing import mounting  # noqa: E402
 from hicachefs_testing.engine import Engine, EngineDidNotStart  # noqa: E402
 from hicachefs_testing.engines import ENGINES  # noqa: E402

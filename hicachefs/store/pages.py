@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, NamedTuple
 
 import xxhash
 
 from hicachefs.store.errors import StoreError
 
-if TYPE_CHECKING:
-    from hicachefs.store.tier import PageMeta
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +39,20 @@ def page_checksum(data) -> int:
 
 def checksum_text(value: int) -> str:
     return f"xxh3_64:{value:016x}"
+
+
+class PageMeta(NamedTuple):
+    """What identifies one version of a page: its name, size, xxh3_64 checksum, publish time."""
+
+    name: str
+    size: int
+    checksum: int
+    mtime_ns: int
+
+    @property
+    def version(self) -> tuple[str, int]:
+        """``PageInfo.version`` of this page."""
+        return checksum_text(self.checksum), self.mtime_ns
 
 
 class NeedsIO:

@@ -53,10 +53,10 @@ from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageT
 from hicachefs.store.fetch_ahead import FetchAhead, FetchAheadStatistics
 from hicachefs.store.index import PageColumns, PageIndex
 from hicachefs.store.index_memory import Described
-from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageReader, checksum_text, page_checksum
+from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageMeta, PageReader, checksum_text, page_checksum
 from hicachefs.store.statistics import StoreStatistics, TierStatistics, summed
 from hicachefs.typed_stats import part
-from hicachefs.store.tier import PageMeta, ReadResult, RecoveryListener, Tier, TopTier
+from hicachefs.store.tier import ReadResult, RecoveryListener, Tier, TopTier
 
 log = logging.getLogger(__name__)
 

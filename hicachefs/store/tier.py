@@ -24,25 +24,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from hicachefs.store.pages import checksum_text
+from hicachefs.store.pages import PageMeta
 from hicachefs.store.statistics import TierCounters, TierStatistics
 
 if TYPE_CHECKING:
     from hicachefs.store.index import PageColumns
-
-
-class PageMeta(NamedTuple):
-    """What identifies one version of a page: its name, size, xxh3_64 checksum, publish time."""
-
-    name: str
-    size: int
-    checksum: int
-    mtime_ns: int
-
-    @property
-    def version(self) -> tuple[str, int]:
-        """``PageInfo.version`` of this page."""
-        return checksum_text(self.checksum), self.mtime_ns
 
 
 class ReadResult(enum.Enum):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import xxhash
 
-from hicachefs.store.tier import PageMeta
+from hicachefs.store.pages import PageMeta
 from hicachefs_testing.workload import content
 from pages import wait_until
 

@@ -17,7 +17,7 @@ from hicachefs.store import PageNotFound, PageStore, StoreConfig
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import Layout, place
-from hicachefs.store.tier import PageMeta
+from hicachefs.store.pages import PageMeta
 from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs_testing.workload import content
 

@@ -16,7 +16,8 @@ from shared_helpers import KiB, make_page, read_page, wait_for_sweeps
 
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.layout import Layout, place
-from hicachefs.store.tier import PageMeta, ReadResult
+from hicachefs.store.pages import PageMeta
+from hicachefs.store.tier import ReadResult
 
 #: Real network round trips on a shared, busy machine: a longer deadline than the local tests'.
 ON_ENGINE = dict(FAST, deadline_s=1.0)

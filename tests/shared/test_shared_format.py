@@ -8,7 +8,7 @@ from shared_helpers import POOL, make_page, page_name
 
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.layout import Layout, page_name as name_of_file, place
-from hicachefs.store.tier import PageMeta
+from hicachefs.store.pages import PageMeta
 
 
 @pytest.mark.parametrize("name", [page_name(1), "m/f/s/p/ключ-ü", "flat-key", f"{POOL}/{'k' * 200}"])

@@ -9,7 +9,8 @@ from hicachefs.store.ram.eviction import LruPolicy
 from hicachefs.store.ram.ram_tier import RamTier
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.ssd.ssd_tier import SsdTier
-from hicachefs.store.tier import PageMeta, ReadResult
+from hicachefs.store.pages import PageMeta
+from hicachefs.store.tier import ReadResult
 from hicachefs_testing.workload import content
 
 

@@ -23,7 +23,8 @@ from hicachefs.store.ram.arena import Arena
 from hicachefs.store.errors import StoreError, StoreFull
 from hicachefs.store.ram.eviction import LruPolicy
 from hicachefs.store.statistics import TierCounters
-from hicachefs.store.tier import PageMeta, ReadResult, RecoveryListener, RecoveryProgress, TopTier
+from hicachefs.store.pages import PageMeta
+from hicachefs.store.tier import ReadResult, RecoveryListener, RecoveryProgress, TopTier
 
 
 #: A start that fills the RAM tier within this says nothing of it (a small --memory).

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import xxhash
 
-from hicachefs.store.tier import PageMeta
+from hicachefs.store.pages import PageMeta
 
 MAGIC = b"HCsp"
 VERSION = 1

@@ -53,7 +53,8 @@ from hicachefs.store.shared.write_behind import WriteBehind, WriteBehindStatisti
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.statistics import TierCounters, TierStatistics
 from hicachefs.typed_stats import level, part, total
-from hicachefs.store.tier import PageMeta, ReadResult, Tier
+from hicachefs.store.pages import PageMeta
+from hicachefs.store.tier import ReadResult, Tier
 
 _log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from hicachefs.store.budget import Share
 from hicachefs.store.pages import page_checksum
-from hicachefs.store.tier import PageMeta
+from hicachefs.store.pages import PageMeta
 from hicachefs.typed_stats import level, total
 
 _log = logging.getLogger(__name__)

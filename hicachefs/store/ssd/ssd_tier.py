@@ -34,8 +34,8 @@ from hicachefs.store.ssd.device import FileDevice
 from hicachefs.store.index import PageColumns
 from hicachefs.store.ssd.region_log import RegionLog, check_ours, payload_offset, record_length
 from hicachefs.store.statistics import TierCounters
-from hicachefs.store.tier import (PageMeta, ReadResult, RecoveryListener, RecoveryProgress, RecoverySink, Tier,
-                                  TierEvents)
+from hicachefs.store.pages import PageMeta
+from hicachefs.store.tier import ReadResult, RecoveryListener, RecoveryProgress, RecoverySink, Tier, TierEvents
 
 log = logging.getLogger(__name__)
 
