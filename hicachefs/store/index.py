@@ -33,10 +33,11 @@ Not thread-safe: the store's lock guards every call.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import struct
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import NamedTuple
@@ -482,6 +483,20 @@ class PageIndex:
         self._odd_keys.pop(row, None)
         self._free_rows.append(row)
         return cursor
+
+    @contextlib.contextmanager
+    def replacing(self) -> Iterator[None]:
+        """A page is swapped for a new one of its name (``remove(..., keep_place=True)``, then
+        ``add``): meanwhile the name is in no row of the table, so ``table_gen`` is odd, as
+        during a rebuild, and the data plane's readers ask the daemon rather than take that
+        for a miss (a replace is atomic, as a rename). The memory marked is the one in use
+        now (``add`` may move the index; the old memory is then ``MOVED`` anyway)."""
+        memory = self.memory
+        memory.rebuilding()
+        try:
+            yield
+        finally:
+            memory.rebuilt()
 
     def pages_in(self, tier: int) -> PageColumns:
         """The rows located in ``tier``, as columns (copies), with only the directories they use."""

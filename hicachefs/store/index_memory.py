@@ -12,7 +12,8 @@ What a reader may rely on (the daemon's side of the seqlock):
   also when the row is freed and reused, so a reader that finds the same even ``gen`` before
   and after copying a page read the row's page, whole;
 - a RAM slot or a disk record is reused only after the rows that pointed there changed ``gen``;
-- ``table_gen`` is odd while the table is rebuilt in place (a probe then may miss a page);
+- ``table_gen`` is odd while the table is rebuilt in place, and while a page is replaced (a
+  probe then may miss a page);
 - the daemon moves the index to new memory when it grows: it sets ``state`` to ``MOVED`` in the
   old memory before it changes anything in the new one, so a reader that finds ``LIVE`` after
   its copy may trust what it read; ``CLOSED`` says the daemon is stopping.

@@ -34,6 +34,7 @@ lock keeps the ring's append order and the index in step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -242,13 +243,17 @@ class PageStore:
                 raise
             if lower is not None:  # making room below may have reclaimed the old page's row
                 old = self._index.find(name)
-            place = self._drop(old, keep_place=True) if old >= 0 else 0  # listed where the old one was
-            self._found.pop(name, None)
-            if slot is None:
-                row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower, cursor=place,
-                                      offset=self._tiers[lower[0]].byte_offset(lower[1], len(name.encode())))
-            else:
-                row = self._index.add(name, page.size, checksum, page.mtime_ns, RAM, slot, cursor=place, offset=slot)
+            # A replace: the data plane's readers take a miss meanwhile as unsure, not as "not held".
+            with self._index.replacing() if old >= 0 else contextlib.nullcontext():
+                place = self._drop(old, keep_place=True) if old >= 0 else 0  # listed where the old one was
+                self._found.pop(name, None)
+                if slot is None:
+                    row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower, cursor=place,
+                                          offset=self._tiers[lower[0]].byte_offset(lower[1], len(name.encode())))
+                else:
+                    row = self._index.add(name, page.size, checksum, page.mtime_ns, RAM, slot, cursor=place,
+                                          offset=slot)
+            if slot is not None:
                 if lower is not None:
                     self._locate(row, *lower)
                 self._ram.admit(row, page.size)

@@ -101,6 +101,32 @@ def test_every_change_of_a_page_fails_a_copy_made_before_it(store, tmp_path, cha
         assert change != "demote" or (again.ram < 0 and again.disk >= 0)
 
 
+def test_a_page_being_replaced_is_never_a_miss_to_a_reader(store, tmp_path):
+    """A replace is atomic, as a rename: a reader that looks the page up while the store swaps
+    its row (the old one gone from the table, the new one not yet in) finds the old page, the
+    new one, or is told to ask the daemon (None), never that the page is not held (False),
+    which the client answers as a miss."""
+    name, key = f"{DIRECTORY}/{'f' * 64}", "f" * 64
+    store.put(name, content(7, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    dir_id = store.plane_dir(DIRECTORY)
+    index = store._index
+    add, seen = index.add, []
+
+    def add_looked_up(*args, **kwargs):
+        seen.extend(attachment.locate(dir_id, [key]) + attachment.locate(dir_id, [key], rows=False)
+                    + attachment.locate(dir_id, [key], prefix=True))
+        return add(*args, **kwargs)
+
+    index.add = add_looked_up
+    try:
+        store.put(name, content(8, SIZE))
+    finally:
+        del index.add
+    assert len(seen) == 3 and False not in seen, seen
+    assert read(attachment, store, key)[1] == content(8, SIZE)
+
+
 @pytest.mark.parametrize("piece", [SIZE, 4 << 10], ids=["one piece, from the mapping", "pieces of 4 KiB, preadv"])
 def test_a_reader_stalled_mid_copy_while_its_slot_gets_another_page_never_takes_it(store, tmp_path, monkeypatch, piece):
     name = f"{DIRECTORY}/{'d' * 64}"
