@@ -169,16 +169,18 @@ class Attachment:
         asks only whether it is held); False when the index does not hold it and no other tier
         may; None when only the daemon can say (a table rebuilt meanwhile, a row being changed,
         a tier other hosts write) or the key is no string. The table's ``table_gen`` is read
-        once before the batch and once after it: a miss counts only if the table did not change.
+        once before the batch and once after it: a miss counts only if the table was not being
+        changed and did not change.
         ``prefix``: the keys after the first one not held are not probed, and answered False
         (who asks how many keys from the first are held needs no more)."""
         places = self._places.get(dir_id)
         if places is None or len(places) > MAX_PLACES:
             places = self._places[dir_id] = {}
         m, head_of, tail_of, slot_of = self._map, _HEAD.unpack_from, _TAIL.unpack_from, _SLOT.unpack_from
+        # Read before the probes: a miss counts only if the table was not being changed (odd:
+        # rebuilt, or a page replaced) nor changed meanwhile. A hit needs no such check: its
+        # row holds the key, and the row's ``gen`` vouches for the copy.
         table_gen = _GEN.unpack_from(m, _TABLE_GEN_AT)[0]
-        if table_gen & 1:
-            return [None] * len(keys)  # the table is being rebuilt
         mask, table_at, rows_at, row_bytes = self.mask, self.table_at, self.rows_at, _ROW.size
         absent = None if self.named else False
         found: List[Found | bool | None] = []
@@ -217,11 +219,13 @@ class Attachment:
         return self._misses_checked(found, table_gen) if absent is False else found
 
     def _misses_checked(self, found: List[Found | bool | None], table_gen: int) -> List[Found | bool | None]:
-        """``found``, with its misses made unsure (None) if the table was rebuilt meanwhile, or
-        this memory is no longer the index's (it moved as the index grew: pages added since are
-        not in it)."""
+        """``found``, with its misses made unsure (None) if the table was being changed when the
+        probes began (``table_gen`` odd: rebuilt in place, or a page replaced) or changed
+        meanwhile, or this memory is no longer the index's (it moved as the index grew: pages
+        added since are not in it)."""
         m = self._map
-        if _GEN.unpack_from(m, _TABLE_GEN_AT)[0] != table_gen or _GEN.unpack_from(m, _STATE_AT)[0] != LIVE:
+        if (table_gen & 1 or _GEN.unpack_from(m, _TABLE_GEN_AT)[0] != table_gen
+                or _GEN.unpack_from(m, _STATE_AT)[0] != LIVE):
             return [None if f is False else f for f in found]
         return found
 

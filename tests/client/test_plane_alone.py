@@ -127,6 +127,21 @@ def test_a_page_being_replaced_is_never_a_miss_to_a_reader(store, tmp_path):
     assert read(attachment, store, key)[1] == content(8, SIZE)
 
 
+def test_while_the_table_changes_a_hit_stands_and_a_miss_is_unsure(store, tmp_path):
+    """A hit's row holds its key and its ``gen`` vouches for the copy, whatever the table does;
+    a miss probed while the table is rebuilt or a page replaced (``table_gen`` odd) is unsure."""
+    store.put(f"{DIRECTORY}/{'a' * 64}", content(1, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    dir_id = store.plane_dir(DIRECTORY)
+    store._index.memory.rebuilding()
+    try:
+        held, missing = attachment.locate(dir_id, ["a" * 64, "b" * 64])
+    finally:
+        store._index.memory.rebuilt()
+    assert held is not None and held.size == SIZE and missing is None
+    assert attachment.locate(dir_id, ["b" * 64]) == [False]
+
+
 @pytest.mark.parametrize("piece", [SIZE, 4 << 10], ids=["one piece, from the mapping", "pieces of 4 KiB, preadv"])
 def test_a_reader_stalled_mid_copy_while_its_slot_gets_another_page_never_takes_it(store, tmp_path, monkeypatch, piece):
     name = f"{DIRECTORY}/{'d' * 64}"
