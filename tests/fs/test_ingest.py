@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import stat
 import struct
+import weakref
 
 import pytest
 
+from hicachefs.control.ingest import IngestStream
+from hicachefs.posix.errors import FsError
+from hicachefs.store import PageStore, StoreConfig
 from hicachefs_testing.workload import content, fill_writing_share
+from namespace_alone import Alone
 from pages import as_nobody, ingest_batch, ingest_status, publish, read_page, requests_of, wait_until
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -176,29 +182,26 @@ def test_only_writers_may_open_the_ingest_file(public_mount):
     assert result.returncode != 0 and "Permission denied" in result.stderr
 
 
-def _rss_mib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) >> 10 for line in status if line.startswith("VmRSS"))
+class _Write(bytearray):
+    """A write's bytes that can be watched for being let go (a weak reference)."""
 
 
-def test_a_failed_batch_does_not_keep_the_write_that_failed(mounted):
+def test_a_failed_batch_does_not_keep_the_write_that_failed():
     """A page that fails stops the batch; the handle keeps why (for its status read), not the
-    failing write's bytes: the error kept its traceback, whose frames held the write (a MiB), so
-    64 handles whose batch failed held 64 MiB of the daemon's memory, and kept it after they
-    closed until a full garbage collection (a cycle through the handle)."""
-    page = os.urandom(1 << 20)
-    before = _rss_mib(mounted.pid)
-    handles = []
+    failing write's bytes: it kept the raised error, whose traceback's frames held the write (a
+    MiB a handle: 64 handles whose batch failed held 64 MiB of the daemon's memory)."""
+    store = PageStore(StoreConfig(memory_bytes=16 << 20))
+    stream = IngestStream(Alone(store).ns.publishing, 1 << 20)
+    header = b"4096 m/f/tp0of1/missing/k\n"  # no such pool: ENOENT
+    data = _Write(struct.pack("<8sIHH", b"HCFSPUT1", len(header), 1, 0) + header + bytes(4096))
+    watched = weakref.ref(data)
     try:
-        for i in range(64):
-            fd = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
-            handles.append(fd)
-            header = f"{len(page)} {POOL}-missing/k{i}\n".encode()  # no such pool: ENOENT
-            os.pwrite(fd, struct.pack("<8sIHH", b"HCFSPUT1", len(header), 1, 0) + header, 0)
-            with pytest.raises(FileNotFoundError):
-                os.pwrite(fd, page, 16 + len(header))
-            assert ingest_status(fd) == (0, errno.ENOENT)
-        assert _rss_mib(mounted.pid) - before < 24
-    finally:
-        for fd in handles:
-            os.close(fd)
+        stream.write(0, data)
+    except FsError as exc:
+        assert exc.errno == errno.ENOENT
+    else:
+        pytest.fail("a page into a missing pool was taken")
+    del data
+    gc.collect()
+    assert watched() is None, "the handle keeps the write that failed"
+    assert stream.status() == b"0 %d\n" % errno.ENOENT
