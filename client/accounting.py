@@ -12,6 +12,10 @@ from typing import Dict
 
 logger = logging.getLogger(__name__)
 
+# Kinds that are a lasting fact of this user, not of the mount's health: only root and the
+# daemon's user may change the store (docs/contract.md), so a plain user's every write fails so.
+LASTING_KINDS = frozenset({"EACCES", "EPERM"})
+
 
 def error_kind(exc: BaseException) -> str:
     """``ENOTCONN``, ``ENOSPC``... for an OSError, else the exception's class name."""
@@ -37,7 +41,9 @@ class FailureLog:
     def failure(self, kind: str, message: str, *, level: int = logging.WARNING,
                 sticky: bool = False) -> None:
         """Count a failure; log it if its kind is new. A ``sticky`` kind is a lasting fact
-        (no exists file, a page of the wrong size): logged once for good, never "recovered"."""
+        (no exists file, a page of the wrong size): logged once for good, never "recovered".
+        ``LASTING_KINDS`` always are."""
+        sticky = sticky or kind in LASTING_KINDS
         with self._lock:
             self._counts[kind] = self._counts.get(kind, 0) + 1
             if sticky:

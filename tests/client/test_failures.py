@@ -191,3 +191,44 @@ def test_an_unexpected_exception_is_a_failure_counted_and_logged_never_raised(pl
         assert call(fs, [key("bug", 0), key("bug", 1)], pool) == answered
     assert fs.statistics()["errors"] == {"INTERNAL_RuntimeError": 1}
     assert len(_messages(caplog, "a bug in the client")) == 1
+
+
+_PLAIN_USER_CLIENT = """
+import logging, sys
+sys.path.insert(0, {tests!r})
+from test_backend import indices, key, make_fs
+from hicachefs_testing.host_pools import MHAHostPool
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
+pool = MHAHostPool(pages=8)
+fs = make_fs({root!r}, pool)
+stored, mine = [key("public", "stored")], [key("public", "mine", i) for i in range(2)]
+for _ in range(6):
+    assert fs.batch_set_v1(mine, indices(pool, range(2))) == [False, False]
+    assert fs.batch_get_v1(stored, indices(pool, [4])) == [True]
+    assert fs.batch_exists(stored + mine) == 1
+    assert fs.set(mine[0], pool.get_data_page(0)) is False
+print("counted", fs.statistics()["errors"].get("EACCES", 0))
+"""
+
+
+def test_a_plain_user_s_refused_writes_are_logged_once(public_mount):
+    """Only root and the daemon's user may change the store: a plain user's every write fails
+    with EACCES, a lasting fact. It was logged anew after each read that worked ("the mount works
+    again"): a warning per batch written, and the ingest file opened again every second."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pool = MHAHostPool(pages=8)
+    root_fs = make_fs(public_mount.path, pool)
+    assert root_fs.batch_set_v1([key("public", "stored")], indices(pool, [0])) == [True]
+    root_fs.settle()
+    script = _PLAIN_USER_CLIENT.format(tests=str(Path(__file__).parent), root=str(public_mount.path))
+    result = subprocess.run([sys.executable, "-c", script], user=65534, group=65534, capture_output=True,
+                            text=True, timeout=120, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                                         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                                                         "HOME": "/tmp", "XDG_CACHE_HOME": "/tmp"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert int(result.stdout.split("counted ")[1]) >= 12  # every refused write still counted
+    refused = [line for line in result.stdout.splitlines() if "EACCES" in line]
+    assert len(refused) == 1, "\n".join(refused)
