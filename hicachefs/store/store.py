@@ -353,10 +353,11 @@ class PageStore:
         index = self._index
         index.hits[row] += 1
         index.atime[row] = now
+        size = int(index.size[row])  # the reader copied the page out of the tier itself
         if index.loc[row, RAM] >= 0:
-            self._ram.touch(row)
+            self._ram.hit(row, size)
         else:
-            self._tiers[index.top_tier(row)].count_hit()
+            self._tiers[index.top_tier(row)].count_hit(size)
 
     # -- the data plane ----------------------------------------------------------------
 

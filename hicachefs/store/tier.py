@@ -169,9 +169,11 @@ class Tier(ABC):
         """A lookup found the name on no tier."""
         self.counters.misses += 1
 
-    def count_hit(self) -> None:
-        """A page of this tier was read without its help (the data plane's clients read it)."""
+    def count_hit(self, size: int) -> None:
+        """A page of this tier (``size`` bytes) was read without its help (the data plane's
+        clients read it): a hit, and its bytes read out of the tier."""
         self.counters.hits += 1
+        self.counters.bytes_out += size
 
     def statistics(self) -> TierStatistics:
         return TierStatistics(name=self.name, capacity_bytes=self.capacity_bytes, used_bytes=self.used_bytes,

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hicachefs_testing import mounting
 from hicachefs_testing.workload import content
-from pages import publish, read_page
+from pages import publish, read_page, wait_until
 
 LEVELS = ["hicachefs_capacity_bytes", "hicachefs_used_bytes", "hicachefs_free_bytes", "hicachefs_pages",
           "hicachefs_pending_files", "hicachefs_page_inodes", "hicachefs_tier_capacity_bytes",
@@ -114,6 +114,35 @@ def test_metrics_endpoint_serves_what_the_file_shows(mount_factory, tmp_path):
     assert sample(from_endpoint, "hicachefs_tier_pages", tier="disk") == mount.stats()["tiers"]["disk"]["pages"]
     publish(mount.page_dir(), "one-more", b"x" * 4096)
     assert sample(families(scrape(address)), "hicachefs_pages") == PAGES + 1  # live, not a snapshot
+
+
+def test_reads_through_the_data_plane_count_their_bytes_out(mount_factory, tmp_path):
+    """A read made through the data plane counted a hit but no bytes read out of its tier, so
+    ``read_bytes`` (``top``'s "out" per second) stayed at 0 for SGLang's reads, whatever they read."""
+    from hicachefs_client.page_io import PageIO
+
+    mount = mount_factory("--memory", "16M", "--disk", str(tmp_path / "ssd"), "--disk-size", "64M")
+    size, pool, io = 1 << 20, "m/f/tp0of1/kv", PageIO(str(mount.path))
+    keys = [f"{i:064x}" for i in range(PAGES)]  # more than RAM holds: the oldest move to the disk
+    try:
+        for i in range(0, PAGES, 4):
+            assert io.publish_pages(pool, keys[i:i + 4], [[memoryview(bytes([i + j]) * size)] for j in range(4)],
+                                    size) == [True] * 4
+        io.plane.settle()
+        before = mount.stats()["tiers"]
+        from_ram, from_disk = keys[-6:], keys[:2]  # the newest, and the oldest (moved down first)
+        assert before["disk"]["pages"] >= len(from_disk)
+        rels = [f"{pool}/{k}" for k in from_ram + from_disk]
+        assert io.read_pages(rels, [[memoryview(bytearray(size))] for _ in rels], size) == [True] * len(rels)
+        io.plane.reports.send_now()
+        wait_until(lambda: mount.stats()["hits"] == len(rels), timeout=5)
+    finally:
+        io.close()
+    after = mount.stats()["tiers"]
+    assert after["memory"]["hits"] - before["memory"]["hits"] == len(from_ram)
+    assert after["disk"]["hits"] - before["disk"]["hits"] == len(from_disk)
+    assert after["memory"]["bytes_out"] - before["memory"]["bytes_out"] == len(from_ram) * size
+    assert after["disk"]["bytes_out"] - before["disk"]["bytes_out"] == len(from_disk) * size
 
 
 @pytest.mark.parametrize("form", ["PORT", ":PORT"])
