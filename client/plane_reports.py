@@ -7,7 +7,9 @@ Thread-safe.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from typing import List, Optional, Protocol, Tuple
 
 from . import forks
@@ -17,6 +19,9 @@ Noted = Tuple[bytes, int, int]  # a read as noted: the token of the daemon it wa
 #: Reads are reported this often (seconds), or at this many.
 REPORT_INTERVAL_S = 0.5
 MAX_REPORT = 4096
+#: At the interpreter's exit, what is left is sent for at most this long (a daemon that does
+#: not answer must not hold the process).
+EXIT_SEND_S = 2.0
 
 
 class Reporter(Protocol):
@@ -40,6 +45,7 @@ class Reports:
         self._thread: Optional[threading.Thread] = None
         self._asked = 0  # ``start`` calls: one made while the thread decides to end keeps it
         forks.renew_in_child(self)
+        _ALL.add(self)  # the reporter thread dies with the interpreter: its exit sends the rest
 
     def forked(self) -> None:
         """In a forked child: the reads noted are the parent's to report, its thread stayed behind."""
@@ -91,3 +97,31 @@ class Reports:
             reads, self._reads = self._reads, []
         for start in range(0, len(reads), MAX_REPORT):
             self.plane.report(reads[start : start + MAX_REPORT])
+
+
+#: Every live ``Reports``, sent at the interpreter's exit (a process that never calls ``close``).
+_ALL: "weakref.WeakSet[Reports]" = weakref.WeakSet()
+
+
+def _send_at_exit() -> None:
+    """Send the reads left unreported: a process may end without ``close`` (SGLang's ranks do),
+    and the reporter is a daemon thread, which dies with the interpreter. On a thread of its
+    own, waited for at most ``EXIT_SEND_S``."""
+    pending = [reports for reports in list(_ALL) if reports._reads]
+    if not pending:
+        return
+
+    def send() -> None:
+        for reports in pending:
+            reports.send_now()
+
+    sender = threading.Thread(target=send, name="hicachefs-plane-exit", daemon=True)
+    try:
+        sender.start()
+    except RuntimeError:  # Python 3.12+ starts no thread at the interpreter's shutdown
+        send()
+        return
+    sender.join(EXIT_SEND_S)
+
+
+atexit.register(_send_at_exit)

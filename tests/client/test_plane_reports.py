@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -120,3 +122,33 @@ def test_reads_of_a_forked_child_are_reported_while_it_runs(mounted, monkeypatch
         os.close(ready_r)
         os.close(ready_w)
         io.close()
+
+
+_READ_AND_EXIT = """
+import sys
+import hicachefs_client.plane_reports as plane_reports
+from hicachefs_client.page_io import PageIO
+plane_reports.REPORT_INTERVAL_S = 60.0  # only the exit can send them
+io = PageIO(sys.argv[1])
+rels = sys.argv[2:]
+assert io.read_pages(rels, [[memoryview(bytearray(%d))] for _ in rels], %d) == [True] * len(rels)
+assert io.plane_attached()
+""" % (SIZE, SIZE)
+
+
+def test_reads_of_a_process_that_exits_without_close_are_reported(mounted):
+    """A client whose process ends without ``close`` (SGLang's ranks exit so) had its last reads,
+    up to half a second's or 4,096 of them, waiting for the reporter thread: a daemon thread, it
+    died with the interpreter and the reads were never counted (hits, recency), though the mount
+    worked."""
+    io = PageIO(str(mounted.path))
+    try:
+        rels = _pages(io, 1)
+    finally:
+        io.close()
+    before = mounted.stats()["hits"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _READ_AND_EXIT, str(mounted.path), *rels], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    wait_until(lambda: mounted.stats()["hits"] == before + len(rels), timeout=3)
