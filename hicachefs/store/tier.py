@@ -216,11 +216,7 @@ class TopTier(Tier):
 
     @abstractmethod
     def hit(self, row: int, size: int) -> None:
-        """The page was read from here: it is the most recently used."""
-
-    @abstractmethod
-    def touch(self, row: int) -> None:
-        """The page was read without this tier's help (the kernel's cache, the data plane)."""
+        """The page was read from here (also by a data-plane client, from its report): it is the most recently used."""
 
     @abstractmethod
     def release(self, row: int, slot: int, demoted: bool) -> None:

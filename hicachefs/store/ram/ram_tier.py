@@ -122,10 +122,6 @@ class RamTier(TopTier):
         self.counters.hits += 1
         self.counters.bytes_out += size
 
-    def touch(self, row: int) -> None:
-        self.policy.touch(row)
-        self.counters.hits += 1
-
     def release(self, row: int, slot: int, demoted: bool) -> None:
         self.policy.forget(row)
         self.retire(slot)
