@@ -184,3 +184,21 @@ def test_a_page_removed_while_the_volume_is_away_stays_removed_once_it_is_back(s
     with pytest.raises(PageNotFound):
         a.open(name)
     wait_until(lambda: not os.path.exists(on_volume))
+
+
+# -- 4. rm while the page's write-behind is still queued or being written ---------------------------
+
+def test_a_page_removed_while_it_is_written_behind_does_not_come_back_from_the_shared_tier(store_of, tmp_path):
+    """rm of a page whose write-behind has not landed yet (the volume is slow): once rm has
+    returned, the page must not reappear on the shared tier when that write lands, here or on
+    other hosts."""
+    a = store_of(SlowFor(content(1, SIZE)[:64], 0.3))  # its write-behind is under way for 0.3 s
+    name = page_name(1)
+    a.put(name, content(1, SIZE))
+    time.sleep(0.05)
+    assert a.delete(name)  # rm
+    shared = a._named[0]
+    wait_until(lambda: settled(shared))
+    time.sleep(0.2)
+    assert a.exists_many([name]) == [False]
+    assert not os.path.exists(Layout(tmp_path / "shared").page_path(place(name)))

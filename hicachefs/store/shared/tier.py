@@ -178,7 +178,7 @@ class SharedTier(Tier):
         # and until then they are absent here (``remove_later``).
         self._removals: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
         self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s,
-                                         lost=self._lost)
+                                         lost=self._lost, removed=self._removed_while_written)
         try:
             self._guard.call(self._probe, timeout=deadline_s, probe=True)
             self._check_engine()
@@ -214,7 +214,11 @@ class SharedTier(Tier):
     def remove_later(self, name: str) -> bool:
         """See ``Tier.remove_later``: a file of the name that lies on the volume when it comes
         back is removed before the sweep could count it again (a later write of the name here
-        cancels that). At most ``REMOVED_REMEMBERED`` names wait; older ones come back."""
+        cancels that). At most ``REMOVED_REMEMBERED`` names wait; older ones come back.
+
+        Called for every removal of a page here: write-behind of the name that has not landed
+        yet is cancelled either way, so the removed page does not reach the tier after it."""
+        self._write_behind.cancel(name)
         if self._guard.available:
             return False
         self._note_removed(name)
@@ -487,6 +491,43 @@ class SharedTier(Tier):
             _note_newest(self._unwritten, page.name, page)
         where = place(page.name)
         self._presence.update(where.directory, where.key_hash, _stored_size(page), False)
+
+    def _removed_while_written(self, page: PageMeta) -> None:
+        """Write-behind wrote ``page`` after the page was removed here: remove that file now
+        (or once the volume is back), so the removal holds here and on the other hosts."""
+        self._note_removed(page.name)
+        if self._guarded(self._remove_version, page) is None:
+            with self._lock:
+                _note_newest(self._removals, page.name)
+
+    def _remove_version(self, page: PageMeta) -> bool:
+        """Remove the file of ``page``'s name if it holds that very version; True once checked."""
+        where = place(page.name)
+        path = self._layout.page_path(where)
+        try:
+            opened = self._open_page(page.name, where)
+        except OSError as error:
+            if error.errno in GONE:
+                return True
+            raise
+        except _Corrupt:
+            return True
+        if opened is None:
+            return True
+        try:
+            if opened.page != page:
+                return True  # another version landed since: not the removed page
+            if self._device.fstat(opened.fd).st_ino == self._device.stat(path).st_ino:
+                self._device.unlink(path)
+                self._journal.announce(False, _stored_size(opened.page), page.name)
+            self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), False)
+            self._forget_recent(page.name)
+        except OSError as error:
+            if error.errno not in GONE:
+                raise
+        finally:
+            self._close_quietly(opened.fd)
+        return True
 
     def _check_unwritten(self, budget: int = 64) -> None:
         with self._lock:

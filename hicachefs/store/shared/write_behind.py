@@ -43,13 +43,14 @@ WriteFn = Callable[[PageMeta, memoryview], None]
 
 
 class _Queued:
-    __slots__ = ("page", "payload", "release", "offered")
+    __slots__ = ("page", "payload", "release", "offered", "cancelled")
 
     def __init__(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> None:
         self.page = page
         self.payload = payload
         self.release = release
         self.offered = time.monotonic()
+        self.cancelled = False  # the page was removed while it was being written
 
 
 def _release(item: _Queued) -> None:
@@ -80,14 +81,18 @@ class WriteBehindStatistics:
 class WriteBehind:
     def __init__(self, write: WriteFn, accepting: Callable[[], bool], workers: int = 2,
                  max_pages: int = 256, queued: Share | None = None, max_lag_s: float = 1.0,
-                 lost: Callable[[PageMeta], None] | None = None) -> None:
+                 lost: Callable[[PageMeta], None] | None = None,
+                 removed: Callable[[PageMeta], None] | None = None) -> None:
         """``write(page, payload)`` writes one page (blocking, raising ``OSError``);
         ``accepting()`` says whether the tier takes writes now; ``queued``: the share of the RAM
         tier the queued pages may hold pinned (256 MiB by default); ``lost(page)``: told of each
         offered page that was not written (dropped or failed; not one a later offer of its name
-        replaced), without this object's lock held; it must not block."""
+        replaced), without this object's lock held; it must not block. ``removed(page)``: told
+        of a page written although ``cancel`` removed its name while it was being written (the
+        file just written must go), from the worker thread, without the lock held."""
         self._write = write
         self._lost = lost
+        self._removed = removed
         self._accepting = accepting
         self.max_pages = max_pages
         self._bytes = queued or Share("write_behind", 256 << 20)
@@ -100,7 +105,7 @@ class WriteBehind:
         # The latest offer of each name queued or being written, the names being written, and
         # a later version of such a name waiting for that write (so versions land in order).
         self._latest: dict[str, _Queued] = {}
-        self._writing: set[str] = set()
+        self._writing: dict[str, _Queued] = {}
         self._deferred: dict[str, _Queued] = {}
         self.superseded = 0
         self._closed = False
@@ -140,6 +145,23 @@ class WriteBehind:
         """Whether a version of ``name`` is queued or being written."""
         with self._lock:
             return name in self._latest
+
+    def cancel(self, name: str) -> None:
+        """The page ``name`` was removed: no version of it offered so far may reach the tier.
+        Queued versions are skipped, one waiting for a write of its name is dropped, and one
+        being written is handed to ``removed`` once it is written. Never blocks."""
+        with self._lock:
+            self._latest.pop(name, None)  # queued versions: superseded when their turn comes
+            deferred = self._deferred.pop(name, None)
+            if deferred is not None:
+                self._in_progress -= 1
+                self.superseded += 1
+            writing = self._writing.get(name)
+            if writing is not None:
+                writing.cancelled = True
+            self._lock.notify_all()
+        if deferred is not None:
+            _release(deferred)
 
     def _tell_lost(self, page: PageMeta) -> None:
         if self._lost is not None:
@@ -212,13 +234,21 @@ class WriteBehind:
                     del self._latest[name]
                 # A later version of the name waited for this write to end: it is written next,
                 # by this worker, so that it lands after it (never the older version last).
-                lost = None if ok else item.page
+                lost = None if ok or item.cancelled else item.page
+                unwrite = item.page if ok and item.cancelled else None
                 item = self._deferred.pop(name, None)
                 if item is None:
-                    self._writing.discard(name)
+                    self._writing.pop(name, None)
+                else:
+                    self._writing[name] = item
                 self._lock.notify_all()
             if lost is not None:
                 self._tell_lost(lost)
+            if unwrite is not None and self._removed is not None:
+                try:
+                    self._removed(unwrite)
+                except Exception:
+                    _log.exception("write-behind: removing %s, removed while written, failed", unwrite.name)
 
     def _next(self) -> _Queued | None:
         """The next page to write, None when closed. A page that a later offer of its name
@@ -247,7 +277,7 @@ class WriteBehind:
                             self.superseded += 1
                         self._deferred[name] = item
                         continue
-                    self._writing.add(name)
+                    self._writing[name] = item
                     return item
         finally:
             for item in superseded:
