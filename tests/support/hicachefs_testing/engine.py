@@ -83,8 +83,20 @@ class Engine:
 
     @classmethod
     def run_script(cls, action: str, directory: Path, timeout: float) -> None:
-        done = subprocess.run([str(SCRIPTS / cls.script), action, str(directory)], capture_output=True, text=True,
-                              timeout=timeout)
+        # Its own process group, so that a script past its time is stopped with everything it
+        # started and still waits for (a mount, a server coming up); daemons it left running
+        # are stopped by "down", by the PIDs they recorded.
+        process = subprocess.Popen([str(SCRIPTS / cls.script), action, str(directory)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            message = f"{cls.script} {action} {directory} ran past {timeout:g} s"
+            raise EngineDidNotStart(message) if action == "up" else RuntimeError(message) from None
+        done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines() or [f"exited {done.returncode}"]
             raise EngineDidNotStart(lines[-1]) if action == "up" else RuntimeError(
