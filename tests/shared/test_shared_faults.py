@@ -230,3 +230,25 @@ def test_directories_another_host_makes_at_once_are_made_again(tmp_path, monkeyp
     monkeypatch.setattr(os, "makedirs", racing)
     DirectoryDevice().makedirs(str(tmp_path / "a" / "b"))
     assert (tmp_path / "a" / "b").is_dir() and not failures
+
+
+@pytest.mark.parametrize("fault", [Fault("unlink", errno=errno.EIO, count=1), Fault("unlink", delay_s=HANG_S, count=1)],
+                         ids=["failed", "hung"])
+def test_a_page_whose_removal_failed_does_not_come_back_with_the_next_sweep(tmp_path, make_tier, fault):
+    """rm of a page while the volume fails or hangs its unlink: once the volume answers again,
+    the file goes, and the page does not answer present again from the sweep."""
+    root = tmp_path / "shared"
+    tier, device = faulty_tier(make_tier, root)
+    page, data = make_page(1)
+    tier.write(page, data)
+    found = tier.find(page.name)
+    device.inject(fault)
+    start = time.monotonic()
+    tier.drop(found, 0)  # rm
+    assert time.monotonic() - start < PROMPT_S
+    wait_until(lambda: tier.statistics().guard.available, timeout=10)
+    cycles = tier.statistics().sweep.sweep_cycles
+    wait_until(lambda: tier.statistics().sweep.sweep_cycles >= cycles + 2, timeout=10)
+    assert tier.contains_many([page.name]) == [False]
+    wait_until(lambda: not os.path.exists(Layout(root).page_path(place(page.name))), timeout=5)
+    assert read_page(tier, page.name) is None and tier.contains_many([page.name]) == [False]

@@ -306,7 +306,8 @@ class SharedTier(Tier):
         return 0
 
     def drop(self, page: PageMeta, location: int) -> None:
-        """Remove the page's file; idempotent, never raises. Blocks up to the deadline."""
+        """Remove the page's file; idempotent, never raises. Blocks up to the deadline; a file
+        the filesystem failed to remove is removed later (``remove_later``)."""
         where = place(page.name)
         self._forget_recent(page.name)
         stored = _stored_size(page)
@@ -319,6 +320,11 @@ class SharedTier(Tier):
         except OSError as error:
             if error.errno not in GONE:
                 self._count_failure(error)
+                # The file may still be there: removed once the volume answers (as for a
+                # removal while it is away), and absent here meanwhile, or the next sweep
+                # would count the removed page again.
+                with self._lock:
+                    _note_newest(self._removals, page.name)
 
     def fits(self, name: bytes, size: int) -> bool:
         return self._limit is None or page_format.HEADER_BYTES + len(name) + size <= self._limit
