@@ -755,9 +755,7 @@ class PageStore:
         for tier in self._named:
             if tier.remove_later(name):
                 continue
-            page = tier.find(name) if tier.contains_many([name])[0] else None
-            if page is not None:
-                tier.drop(page, 0)
+            if tier.contains_many([name])[0] and tier.remove(name):
                 removed = True
         return removed
 

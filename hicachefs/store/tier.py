@@ -147,6 +147,15 @@ class Tier(ABC):
         when it can see them now, so the caller removes it as usual. Never blocks."""
         return False
 
+    def remove(self, name: str) -> bool:
+        """Remove the page ``name`` from this named tier (blocking, idempotent); whether there
+        was one."""
+        page = self.find(name)
+        if page is None:
+            return False
+        self.drop(page, 0)
+        return True
+
     def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
         """A page was just published: keep a copy if this tier takes every page (never blocks).
         ``release`` is called once the payload is no longer needed (at once when refused)."""

@@ -202,3 +202,27 @@ def test_a_page_removed_while_it_is_written_behind_does_not_come_back_from_the_s
     time.sleep(0.2)
     assert a.exists_many([name]) == [False]
     assert not os.path.exists(Layout(tmp_path / "shared").page_path(place(name)))
+
+
+@pytest.mark.parametrize("fault", [Fault("open", delay_s=2.0, count=1), Fault("open", errno=errno.EIO, count=1)],
+                         ids=["hung", "failed"])
+def test_a_page_whose_lookup_failed_during_its_removal_stays_removed(store_of, tmp_path, fault):
+    """rm of a page only the shared tier holds, while the volume hangs or fails the lookup rm
+    makes of it first: the page must not answer again once the volume is back."""
+    a = store_of()
+    device = FaultyDevice(DirectoryDevice())
+    b = store_of(device)
+    name = page_name(1)
+    a.put(name, content(1, SIZE))
+    wait_until(lambda: b._named_may_hold(name))
+    device.inject(fault)
+    b.delete(name)  # rm
+    shared = b._named[0]
+    wait_until(lambda: shared.statistics().guard.available, timeout=10)
+    for _ in range(2):  # two sweeps of the whole volume (the file is still there, or not)
+        cycles = shared.statistics().sweep.sweep_cycles
+        shared._sweep_wanted = True
+        wait_until(lambda: shared.statistics().sweep.sweep_cycles > cycles, timeout=10)
+    assert b.exists_many([name]) == [False]
+    with pytest.raises(PageNotFound):
+        b.open(name)

@@ -279,3 +279,13 @@ def test_temporary_files_of_dead_writers_are_removed(tmp_path, make_tier):
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
     wait_until(lambda: not os.path.exists(stale))
     assert os.path.exists(fresh) and tier.find(page.name) == page
+
+
+def test_removing_a_page_another_host_removed_already_forgets_it(tmp_path, make_tier):
+    a = make_tier(tmp_path / "shared")
+    page, data = make_page(1)
+    a.write(page, data)
+    os.unlink(Layout(tmp_path / "shared").page_path(place(page.name)))  # another host's rm, not heard of yet
+    assert a.contains_many([page.name]) == [True]
+    assert not a.remove(page.name)
+    assert a.contains_many([page.name]) == [False]

@@ -326,6 +326,48 @@ class SharedTier(Tier):
                 with self._lock:
                     _note_newest(self._removals, page.name)
 
+    def remove(self, name: str) -> bool:
+        """Remove the file of page ``name`` (one of this format version); whether there was one.
+        Blocks up to two deadlines. When the filesystem fails or hangs, the page cannot be
+        looked at: it is taken as removed, absent here meanwhile, and its file is removed once
+        the volume answers (``remove_later``), so it never comes back with a sweep."""
+        try:
+            # Its lookup and its unlink: the two deadlines a find and a drop would have had.
+            page = self._guard.call(self._remove_named, name, timeout=2 * self._deadline_s, expected=GONE)
+        except OSError as error:
+            if error.errno in GONE:  # another host removed it already
+                where = place(name)
+                self._presence.update(where.directory, where.key_hash, 0, False)
+                return False
+            self._count_failure(error)
+            self._note_removed(name)
+            with self._lock:
+                _note_newest(self._removals, name)
+            return True
+        return page
+
+    def _remove_named(self, name: str) -> bool:
+        where = place(name)
+        path = self._layout.page_path(where)
+        self._forget_recent(name)
+        try:
+            opened = self._open_page(name, where)
+        except _Corrupt:
+            return True  # removed as damaged
+        if opened is None:
+            return False  # another format version's: not ours
+        stored = _stored_size(opened.page)
+        self._close_quietly(opened.fd)
+        try:
+            self._device.unlink(path)
+        except OSError as error:
+            if error.errno not in GONE:
+                raise
+        self._note_removed(name)
+        self._presence.update(where.directory, where.key_hash, stored, False)
+        self._journal.announce(False, stored, name)
+        return True
+
     def fits(self, name: bytes, size: int) -> bool:
         return self._limit is None or page_format.HEADER_BYTES + len(name) + size <= self._limit
 
