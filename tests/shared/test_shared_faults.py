@@ -252,3 +252,21 @@ def test_a_page_whose_removal_failed_does_not_come_back_with_the_next_sweep(tmp_
     assert tier.contains_many([page.name]) == [False]
     wait_until(lambda: not os.path.exists(Layout(root).page_path(place(page.name))), timeout=5)
     assert read_page(tier, page.name) is None and tier.contains_many([page.name]) == [False]
+
+
+def test_a_full_filesystem_does_not_make_a_journal_file_per_failed_append(tmp_path, make_tier):
+    """While the volume is full, each flush of the journal fails with ENOSPC; the journal keeps
+    its file for the next try instead of starting a new one every tick (thousands of empty
+    files, each of which every other host lists and opens)."""
+    root = tmp_path / "shared"
+    tier, device = faulty_tier(make_tier, root)
+    page, data = make_page(1)
+    tier.write(page, data)
+    wait_until(lambda: tier.statistics().journal_pending == 0)
+    device.inject(Fault("write", errno=errno.ENOSPC))
+    tier.drop(tier.find(page.name), 0)  # an announcement that cannot be appended
+    time.sleep(1.0)  # some 50 ticks
+    assert tier.statistics().journal_pending == 1
+    assert len(os.listdir(Layout(root).journal)) <= 2
+    device.clear()
+    wait_until(lambda: tier.statistics().journal_pending == 0)

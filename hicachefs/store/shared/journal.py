@@ -39,6 +39,11 @@ from hicachefs.store.shared.layout import Layout
 
 _ALIGN = 4096
 _CHUNK = 1 << 20
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class _Unwritten(OSError):
+    """An append the filesystem refused whole (full): the file is unchanged."""
 
 
 class Announcement(NamedTuple):
@@ -125,12 +130,20 @@ class Journal:
             data = b"".join(lines)
             try:
                 fd = self._writable()
-                written = self._device.write(data, fd)
+                try:
+                    written = self._device.write(data, fd)
+                except OSError as error:
+                    if error.errno in _FULL:
+                        # Nothing was appended: the file stays as it was, kept for the next
+                        # try (a new file per failed try would leave thousands of them).
+                        raise _Unwritten(error.errno, error.strerror) from error
+                    raise
                 if written != len(data):
                     raise OSError(errno.EIO, f"journal append wrote {written} of {len(data)} bytes")
                 self._device.fsync(fd)  # what other hosts see of it (close-to-open)
-            except OSError:
-                self._drop_file()
+            except OSError as error:
+                if not isinstance(error, _Unwritten):
+                    self._drop_file()
                 with self._pending_lock:
                     if len(self._pending) + len(lines) <= 65536:
                         self._pending[:0] = lines
