@@ -289,3 +289,19 @@ def test_removing_a_page_another_host_removed_already_forgets_it(tmp_path, make_
     assert a.contains_many([page.name]) == [True]
     assert not a.remove(page.name)
     assert a.contains_many([page.name]) == [False]
+
+
+def test_a_directory_whose_last_page_was_removed_is_no_longer_said_to_hold_pages(tmp_path, make_tier):
+    """rm -r of a model's pages: the tier stops answering that it holds pages under it (else the
+    mount shows the removed directory again until the next sweep)."""
+    a = make_tier(tmp_path / "shared", sweep_interval_s=600)
+    b = make_tier(tmp_path / "shared", sweep_interval_s=600)
+    pages = [make_page(i) for i in range(3)]
+    for page, data in pages:
+        a.write(page, data)
+    wait_until(lambda: b.has_directory("m"))
+    assert a.has_directory("m") and a.has_directory("m/bf16-page_first-64")
+    for page, _ in pages:
+        a.drop(a.find(page.name), 0)
+    assert not a.has_directory("m") and not a.has_directory("m/bf16-page_first-64")
+    wait_until(lambda: not b.has_directory("m"))

@@ -202,6 +202,7 @@ def test_rm_r_on_a_removes_the_pages_on_b(two_hosts, engine_root):
     assert wait_for(lambda: not any(path.exists() for path in paths), 2.0)
     assert client(b, MHAHostPool(pages=4)).batch_exists(names) == 0
     assert not [p for p in (engine_root[0] / "hc" / model).rglob("*") if p.is_file()]  # gone from the volume
+    assert not (a.path / model).exists()  # and the removed directory does not show again
 
 
 def publish_on_pages(host: mounting.Mount, names: list[str], seed: int) -> MHAHostPool:

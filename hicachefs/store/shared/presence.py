@@ -138,6 +138,11 @@ class PresenceIndex:
         with self._lock:
             return list(self._directories)
 
+    def held_directories(self) -> list[str]:
+        """The directories known to hold pages now (those whose last page went are left out)."""
+        with self._lock:
+            return [name for name, entry in self._directories.items() if entry.pages > 0]
+
     def totals(self) -> tuple[int, int]:
         """(pages, bytes) known on the tier. O(directories), not O(pages)."""
         with self._lock:
