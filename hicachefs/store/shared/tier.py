@@ -550,31 +550,8 @@ class SharedTier(Tier):
 
     def _remove_version(self, page: PageMeta) -> bool:
         """Remove the file of ``page``'s name if it holds that very version; True once checked."""
-        where = place(page.name)
-        path = self._layout.page_path(where)
-        try:
-            opened = self._open_page(page.name, where)
-        except OSError as error:
-            if error.errno in GONE:
-                return True
-            raise
-        except _Corrupt:
-            return True
-        if opened is None:
-            return True
-        try:
-            if opened.page != page:
-                return True  # another version landed since: not the removed page
-            if self._device.fstat(opened.fd).st_ino == self._device.stat(path).st_ino:
-                self._device.unlink(path)
-                self._journal.announce(False, _stored_size(opened.page), page.name)
-            self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), False)
-            self._forget_recent(page.name)
-        except OSError as error:
-            if error.errno not in GONE:
-                raise
-        finally:
-            self._close_quietly(opened.fd)
+        self._unlink_unless(page.name, lambda stored: stored != page,  # another version landed since
+                            lambda: self._forget_recent(page.name))
         return True
 
     def _check_unwritten(self, budget: int = 64) -> None:
@@ -618,33 +595,45 @@ class SharedTier(Tier):
     def _remove_other_version(self, page: PageMeta) -> bool:
         """Remove the file of ``page``'s name if it holds another version (one this host
         replaced by ``page``, which never reached the tier); True once checked."""
-        where = place(page.name)
+        stored = self._unlink_unless(page.name, lambda stored: (stored.size, stored.checksum) == (page.size, page.checksum),
+                                     lambda: self._note_removed(page.name))
+        if stored is not None:
+            where = place(page.name)
+            self._presence.update(where.directory, where.key_hash, _stored_size(stored), True)
+        return True
+
+    def _unlink_unless(self, name: str, keep: Callable[[PageMeta], bool],
+                       removed: Callable[[], None]) -> PageMeta | None:
+        """Look at the file of ``name``: the version it holds when ``keep(version)``; else the file
+        is unlinked (if its path still names the file looked at), announced to the other hosts and
+        marked absent, ``removed()`` is called, and None returned. None too where there is no file
+        of ours (gone, damaged, another format's)."""
+        where = place(name)
         path = self._layout.page_path(where)
         try:
-            opened = self._open_page(page.name, where)
+            opened = self._open_page(name, where)
         except OSError as error:
             if error.errno in GONE:
-                return True
+                return None
             raise
         except _Corrupt:
-            return True
+            return None
         if opened is None:
-            return True  # another format version's: not ours
+            return None
         try:
-            if opened.page.size == page.size and opened.page.checksum == page.checksum:
-                self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), True)
-                return True
+            if keep(opened.page):
+                return opened.page
             if self._device.fstat(opened.fd).st_ino == self._device.stat(path).st_ino:
                 self._device.unlink(path)
-                self._journal.announce(False, _stored_size(opened.page), page.name)
-            self._note_removed(page.name)
+                self._journal.announce(False, _stored_size(opened.page), name)
             self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), False)
+            removed()
         except OSError as error:
             if error.errno not in GONE:
                 raise
         finally:
             self._close_quietly(opened.fd)
-        return True
+        return None
 
     def _write_file(self, page: PageMeta, where: Place, payload: memoryview) -> None:
         temp = self._layout.temp_path(where, self._token, next(self._temp_numbers))
