@@ -221,9 +221,7 @@ class SharedTier(Tier):
         self._write_behind.cancel(name)
         if self._guard.available:
             return False
-        self._note_removed(name)
-        with self._lock:
-            _note_newest(self._removals, name)
+        self._remove_when_back(name)
         return True
 
     def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
@@ -323,8 +321,7 @@ class SharedTier(Tier):
                 # The file may still be there: removed once the volume answers (as for a
                 # removal while it is away), and absent here meanwhile, or the next sweep
                 # would count the removed page again.
-                with self._lock:
-                    _note_newest(self._removals, page.name)
+                self._remove_when_back(page.name)
 
     def remove(self, name: str) -> bool:
         """Remove the file of page ``name`` (one of this format version); whether there was one.
@@ -340,9 +337,7 @@ class SharedTier(Tier):
                 self._presence.update(where.directory, where.key_hash, 0, False)
                 return False
             self._count_failure(error)
-            self._note_removed(name)
-            with self._lock:
-                _note_newest(self._removals, name)
+            self._remove_when_back(name)
             return True
         return page
 
@@ -545,8 +540,7 @@ class SharedTier(Tier):
         (or once the volume is back), so the removal holds here and on the other hosts."""
         self._note_removed(page.name)
         if self._guarded(self._remove_version, page) is None:
-            with self._lock:
-                _note_newest(self._removals, page.name)
+            self._remove_when_back(page.name)
 
     def _remove_version(self, page: PageMeta) -> bool:
         """Remove the file of ``page``'s name if it holds that very version; True once checked."""
@@ -836,6 +830,13 @@ class SharedTier(Tier):
     def _note_removed(self, name: str) -> None:
         with self._lock:
             _note_newest(self._removed_here, name)
+
+    def _remove_when_back(self, name: str) -> None:
+        """The page is removed here, and its file may still be on the volume: absent here
+        meanwhile, the file removed once the volume answers (``_apply_removals``)."""
+        with self._lock:
+            _note_newest(self._removed_here, name)
+            _note_newest(self._removals, name)
 
     def _removed_lately(self, name: str) -> bool:
         with self._lock:
