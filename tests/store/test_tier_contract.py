@@ -72,6 +72,19 @@ def test_a_dropped_page_frees_its_room(tier):
     assert tier.used_bytes == before
 
 
+def test_a_ram_write_whose_copy_fails_takes_no_slot(tmp_path):
+    """A payload that cannot be copied into the slot (here: not the page's size) raises, and the
+    slot it was given came back: it stayed used, held by no page, room lost until a restart."""
+    tier = _ram(tmp_path, [])
+    try:
+        meta, _ = _page(1, 4 * KiB)
+        with pytest.raises(ValueError):
+            tier.write(meta, b"short")
+        assert tier.used_bytes == 0
+    finally:
+        tier.close()
+
+
 def test_fits_refuses_what_can_never_be_placed(tier):
     assert tier.fits(b"m/f/tp0of1/kv/k", 1 * MiB - 4096)
     assert not tier.fits(b"m/f/tp0of1/kv/k", 64 * MiB)

@@ -97,7 +97,11 @@ class RamTier(TopTier):
         slot = self.arena.allocate(page.size)
         if slot is None:
             raise StoreFull(f"no free RAM slot for {page.size} bytes")
-        self.view(slot, page.size)[:] = payload
+        try:
+            self.view(slot, page.size)[:] = payload
+        except BaseException:
+            self.arena.free(slot)  # the copy failed: no page holds the slot
+            raise
         self.counters.bytes_in += page.size
         return slot
 
