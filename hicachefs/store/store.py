@@ -256,7 +256,7 @@ class PageStore:
             if slot is not None:
                 if lower is not None:
                     self._locate(row, *lower)
-                self._ram.admit(row, page.size)
+                self._ram.admit(row, slot, page.size)
             self._published += 1
             # What each named tier writes behind: the RAM slot, pinned until written; a page staged
             # in private memory offers that memory, which nobody else holds or changes.
@@ -631,7 +631,7 @@ class PageStore:
                 if slot is not None:
                     if unchanged and self._index.loc[row, RAM] < 0:
                         self._locate(row, RAM, slot)
-                        self._ram.admit(row, page.size, promoted=True)
+                        self._ram.admit(row, slot, page.size, promoted=True)
                     else:  # a private copy for this reader only
                         self._ram.retire(slot)
                     release = self._unpinner(slot)
@@ -695,7 +695,7 @@ class PageStore:
                     return PageReader(self._named_info(page), page, buffer, None)
                 row = self._index.add(name, page.size, page.checksum, page.mtime_ns, RAM, slot, offset=slot)
                 self._index.hits[row] = 1
-                self._ram.admit(row, page.size, promoted=True)
+                self._ram.admit(row, slot, page.size, promoted=True)
                 return PageReader(self._info(row), page, buffer, self._unpinner(slot), in_ram=True)
         with self._lock:
             self._count_miss()
@@ -880,11 +880,10 @@ class PageStore:
             offset = self._ram.allocate(size)
             if offset is not None:
                 return offset
-            victims = self._evictable()
-            row, slot = next(victims, (-1, -1))
+            row, slot = next(self._evictable(), (-1, -1))
             if row >= 0 and not (room_possible or self._ram.serves(slot, size)):
-                # A slot of another size helps once its whole slab is free: asked once, of them all.
-                room_possible = self._ram.frees_room(size, [slot, *(other for _, other in victims)])
+                # A slot of another size helps once its whole slab is free: the slabs' counts say.
+                room_possible = self._ram.frees_room(size)
                 if not room_possible:
                     row = -1  # no eviction would do
             if row < 0:

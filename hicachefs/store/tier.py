@@ -220,8 +220,8 @@ class TopTier(Tier):
         """A read's ``(slot, start, length)`` pieces, those that lie end to end made one."""
 
     @abstractmethod
-    def admit(self, row: int, size: int, promoted: bool = False) -> None:
-        """A page (index ``row``) now lives here: published into its slot, or promoted up."""
+    def admit(self, row: int, slot: int, size: int, promoted: bool = False) -> None:
+        """A page (index ``row``) now lives in ``slot``: published into it, or promoted up."""
 
     @abstractmethod
     def hit(self, row: int, size: int) -> None:

@@ -1,5 +1,7 @@
 """Eviction, demotion, promotion, pinning and warm restart across the two tiers."""
 
+import random
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_helpers import KiB, MiB, page_name, read_all
@@ -60,6 +62,98 @@ def test_a_slot_no_eviction_can_free_evicts_nothing(make_store):
         finally:
             for reader in readers:
                 reader.close()
+
+
+def test_finding_that_no_slab_can_be_freed_walks_no_pages(make_store):
+    """With a reader in every slab, each reserve of a new size walked every evictable RAM page
+    under the store's lock to learn that evicting frees nothing (100,000 pages: a long stall
+    of the daemon per write). Now it asks the slabs' counts of held slots."""
+    store = make_store(memory=8 * MiB, max_page_size=1 * MiB)
+    names = [page_name(i) for i in range(8 * 256)]
+    for i, name in enumerate(names):  # 8 slabs of 1 MiB, 256 pages of 4 KiB in each
+        store.put(name, content(i, 4 * KiB))
+    readers = [store.try_open(name) for name in names[255::256]]  # the newest page of each slab
+    policy, visited = store._ram.policy, 0
+    in_order = policy.in_order
+
+    def counted():
+        nonlocal visited
+        for row in in_order():
+            visited += 1
+            yield row
+
+    policy.in_order = counted
+    try:
+        for _ in range(10):
+            with pytest.raises(StoreFull):
+                store.reserve(1 * MiB)
+        assert visited <= 10  # the oldest page each time: of another size, so the slabs are asked
+        assert store.statistics().tier("memory").pages == len(names)
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def assert_held_slots_recounted(store):
+    """Each slab's count of held slots equals its used slots less those of admitted pages no reader pins."""
+    ram, loc = store._ram, store._index.loc
+    evictable: dict[int, int] = {}
+    for row in ram.policy.in_order():
+        slot = int(loc[row, 0])
+        if not ram.is_pinned(slot):
+            evictable[slot // ram.arena.slab_bytes] = evictable.get(slot // ram.arena.slab_bytes, 0) + 1
+    held = {number: slab.held for number, slab in ram.arena._slabs.items()}
+    assert held == {number: slab.used - evictable.get(number, 0) for number, slab in ram.arena._slabs.items()}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_held_slot_counts_always_equal_a_recount(make_store, seed):
+    rng = random.Random(seed)
+    store = make_store(memory=8 * MiB, disk=32 * MiB if seed % 2 else 0, max_page_size=1 * MiB)
+    names = [page_name(i) for i in range(40)]
+    drafts, readers = [], []
+    for step in range(400):
+        op = rng.choice("rrccaoooxdz" if step % 97 else "C")
+        if op == "r":  # reserve (evicts or demotes when full; a full RAM refuses)
+            try:
+                drafts.append(store.reserve(rng.choice((4 * KiB, 64 * KiB, 200 * KiB, 512 * KiB, 1 * MiB))))
+            except StoreFull:
+                pass
+        elif op in "ca" and drafts:  # commit, or give the draft back
+            draft = drafts.pop(rng.randrange(len(drafts)))
+            if op == "c":
+                draft.write(0, bytes(draft.size))
+                store.publish(draft, rng.choice(names))
+            else:
+                store.abandon(draft)
+        elif op == "o":  # a read pin (from the disk tier: a promotion into a pinned slot)
+            below = [name for name in names if store.info(name) is not None and store.info(name).tier != "memory"]
+            name = rng.choice(below if below and rng.random() < 0.5 else names)
+            for _ in range(rng.choice((1, 2))):  # read twice, a disk page is promoted
+                if store.info(name) is not None:
+                    readers.append(store.open(name))
+        elif op == "x" and readers:
+            readers.pop(rng.randrange(len(readers))).close()
+        elif op == "d":
+            store.delete(rng.choice(names))
+        elif op == "z":  # a put: reserve, write, publish (evicting at need)
+            try:
+                store.put(rng.choice(names), bytes(rng.choice((4 * KiB, 512 * KiB))))
+            except StoreFull:
+                pass
+        elif op == "C":  # clear: every page removed, readers and drafts kept
+            for name in names:
+                store.delete(name)
+        assert_held_slots_recounted(store)
+    for draft in drafts:
+        store.abandon(draft)
+    for reader in readers:
+        reader.close()
+    assert_held_slots_recounted(store)
+    names_left = [name for name in names if store.info(name) is not None]
+    for name in names_left:
+        store.delete(name)
+    assert store._ram.arena._slabs == {} and store.statistics().tier("memory").used_bytes == 0
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -25,7 +25,7 @@ import functools
 import heapq
 import mmap
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from hicachefs.store.ram.fill import fill
 from hicachefs.store.ram.liveness import LivenessWord
@@ -48,9 +48,11 @@ def size_class(size: int) -> int:
 class _Slab:
     """Slots never handed out are taken by bumping ``fresh`` (no list of a million tiny slots);
     freed ones lowest first (a heap), so that pages reserved one after another, as a batch's
-    are, get slots side by side however the slab was used before (``Arena.merged``)."""
+    are, get slots side by side however the slab was used before (``Arena.merged``). ``held``
+    counts its used slots whose page may not be evicted (``Arena.hold``), so that whether
+    evicting can empty it is known without a walk of the pages."""
 
-    __slots__ = ("slot_size", "free", "fresh", "end", "used")
+    __slots__ = ("slot_size", "free", "fresh", "end", "used", "held")
 
     def __init__(self, base: int, slab_bytes: int, slot_size: int) -> None:
         self.slot_size = slot_size
@@ -58,12 +60,15 @@ class _Slab:
         self.fresh = base
         self.end = base + (slab_bytes // slot_size) * slot_size
         self.used = 0
+        self.held = 0
 
     def has_room(self) -> bool:
         return bool(self.free) or self.fresh < self.end
 
     def take(self) -> int:
+        """A slot, held: what it will hold is a draft until its page is admitted."""
         self.used += 1
+        self.held += 1
         if self.free:
             return heapq.heappop(self.free)
         self.fresh += self.slot_size
@@ -153,26 +158,30 @@ class Arena:
         """Whether the used slot at ``offset`` is of the slot size ``size`` takes (freed, it is one)."""
         return self._slabs[offset // self.slab_bytes].slot_size == size_class(size)
 
-    def frees_room(self, size: int, offsets: Iterable[int]) -> bool:
-        """Whether freeing the used slots ``offsets`` lets ``allocate(size)`` find a slot: one
-        of them is of that slot size, or they are every used slot of a slab. Not when each slab
-        keeps a slot that is not among them (a reader's, a draft's): then nothing need be freed."""
+    def frees_room(self, size: int) -> bool:
+        """Whether evicting every page that is not held lets ``allocate(size)`` find a slot: a
+        slab of that slot size has such a page, or a slab has no held slot. Not when each slab
+        keeps a held slot (a reader's, a draft's): then nothing need be evicted. A walk of the
+        slabs, not of the pages."""
         slot_size = size_class(size)
-        freed: dict[int, int] = {}
-        for offset in offsets:
-            number = offset // self.slab_bytes
-            slab = self._slabs[number]
-            freed[number] = freed.get(number, 0) + 1
-            if slab.slot_size == slot_size or freed[number] == slab.used:
-                return True
-        return False
+        return any(slab.held == 0 or (slab.slot_size == slot_size and slab.held < slab.used)
+                   for slab in self._slabs.values())
+
+    def hold(self, offset: int) -> None:
+        """The used slot's page may not be evicted now (a reader holds it, or it left its name)."""
+        self._slabs[offset // self.slab_bytes].held += 1
+
+    def let_go(self, offset: int) -> None:
+        """The used slot's page may be evicted now (admitted, or its last reader gone)."""
+        self._slabs[offset // self.slab_bytes].held -= 1
 
     def free(self, offset: int) -> None:
-        """Return the slot at ``offset``; an emptied slab goes back to the free pool."""
+        """Return the held slot at ``offset``; an emptied slab goes back to the free pool."""
         number = offset // self.slab_bytes
         slab = self._slabs[number]
         heapq.heappush(slab.free, offset)
         slab.used -= 1
+        slab.held -= 1
         self.used_bytes -= slab.slot_size
         if slab.used == 0:
             del self._slabs[number]

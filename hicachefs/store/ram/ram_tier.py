@@ -11,13 +11,17 @@ name) and the actual free, which waits for the last reader's ``unpin``. So a rea
 old bytes of a page that was deleted, replaced or evicted meanwhile, and its slot can never be
 handed to another page while it reads.
 
+A used slot is held (its page may not be evicted) unless it holds an admitted page that no
+reader pins; the arena counts held slots per slab (``Arena.hold``), which tells the engine
+whether evicting can free a slot at all without a walk of the pages.
+
 Not thread-safe: the store's lock guards every call. Nothing here blocks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 from hicachefs.store.ram.arena import Arena
 from hicachefs.store.errors import StoreError, StoreFull
@@ -40,6 +44,7 @@ class RamTier(TopTier):
         self.counters = TierCounters()
         self._pins: dict[int, int] = {}  # slot offset -> readers
         self._retired: set[int] = set()  # pinned slots whose page is gone; freed at last unpin
+        self._pages: set[int] = set()  # slots of admitted pages (evictable unless pinned)
 
     @property
     def capacity_bytes(self) -> int:
@@ -84,8 +89,9 @@ class RamTier(TopTier):
     def serves(self, slot: int, size: int) -> bool:
         return self.arena.serves(slot, size)
 
-    def frees_room(self, size: int, slots: Iterable[int]) -> bool:
-        return self.arena.frees_room(size, slots)
+    def frees_room(self, size: int) -> bool:
+        """Whether evicting every page no reader pins would free a slot for ``size`` bytes."""
+        return self.arena.frees_room(size)
 
     def view(self, offset: int, size: int) -> memoryview:
         return self.arena.view[offset : offset + size]
@@ -115,8 +121,11 @@ class RamTier(TopTier):
 
     # -- what happens to its pages (the engine tells; the tier counts) -----------------------
 
-    def admit(self, row: int, size: int, promoted: bool = False) -> None:
+    def admit(self, row: int, slot: int, size: int, promoted: bool = False) -> None:
         self.policy.admit(row)
+        self._pages.add(slot)
+        if slot not in self._pins:
+            self.arena.let_go(slot)
         self.counters.bytes_in += size
         if promoted:
             self.counters.promotions += 1
@@ -127,15 +136,21 @@ class RamTier(TopTier):
         self.counters.bytes_out += size
 
     def release(self, row: int, slot: int, demoted: bool) -> None:
-        self.policy.forget(row)
-        self.retire(slot)
+        self._leave(row, slot)
         if demoted:
             self.counters.demotions += 1
         else:
             self.counters.evictions += 1
 
     def forget(self, row: int, slot: int) -> None:
+        self._leave(row, slot)
+
+    def _leave(self, row: int, slot: int) -> None:
+        """The admitted page leaves: its slot is held (no longer evictable) until it is freed."""
         self.policy.forget(row)
+        self._pages.discard(slot)
+        if slot not in self._pins:
+            self.arena.hold(slot)
         self.retire(slot)
 
     def victims(self) -> Iterator[int]:
@@ -147,7 +162,10 @@ class RamTier(TopTier):
     # -- slots held by readers ----------------------------------------------------------------
 
     def pin(self, offset: int) -> None:
-        self._pins[offset] = self._pins.get(offset, 0) + 1
+        readers = self._pins.get(offset, 0)
+        if not readers and offset in self._pages:
+            self.arena.hold(offset)
+        self._pins[offset] = readers + 1
 
     def unpin(self, offset: int) -> None:
         left = self._pins[offset] - 1
@@ -158,6 +176,8 @@ class RamTier(TopTier):
         if offset in self._retired:
             self._retired.discard(offset)
             self.arena.free(offset)
+        elif offset in self._pages:
+            self.arena.let_go(offset)
 
     def is_pinned(self, offset: int) -> bool:
         return offset in self._pins
