@@ -245,7 +245,7 @@ class Stress:
             total.add(device_fault_round(workdir, seed + i))
         row.done += total.faults_injected
         row.facts["store operations"] += total.operations
-        row.facts["older version back after a restart (a refused delete)"] += total.resurrected
+        row.bad["older version back after a restart"] += total.resurrected
         row.bad["inconsistencies"] += total.inconsistencies
         self._note("device-faults", total.examples)
         dying = scenarios.dying_disk(mounts, workdir, write_through=row.chunks % 2 == 1, seed=seed)

@@ -245,7 +245,11 @@ class PageStore:
                 old = self._index.find(name)
             # A replace: the data plane's readers take a miss meanwhile as unsure, not as "not held".
             with self._index.replacing() if old >= 0 else contextlib.nullcontext():
-                place = self._drop(old, keep_place=True) if old >= 0 else 0  # listed where the old one was
+                try:
+                    place = self._drop(old, keep_place=True) if old >= 0 else 0  # listed where the old one was
+                except DeviceError:
+                    self._refuse(page, slot, lower)
+                    raise
                 self._found.pop(name, None)
                 if slot is None:
                     row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower, cursor=place,
@@ -265,6 +269,15 @@ class PageStore:
         for tier, (payload, release) in zip(self._named, offered):  # outside the lock: a refused offer releases at once
             tier.offer(page, payload, release)
         return page, RAM if slot is not None else lower[0]
+
+    def _refuse(self, page: PageMeta, slot: int | None, lower: tuple[int, int] | None) -> None:
+        """A publish fails after its copies were placed (the old page could not be dropped): give
+        its RAM slot back and mark the copy written below dead, or a scan after a crash would
+        bring back the refused version, newer than the old page kept."""
+        if slot is not None:
+            self._ram.retire(slot)
+        if lower is not None:
+            self._tiers[lower[0]].discard(page, lower[1])
 
     def abandon(self, draft: Draft) -> None:
         offset = draft.consume()
@@ -475,7 +488,8 @@ class PageStore:
         """Remove the page from the local tiers now (open readers keep it); whether it was
         there. When a named tier may hold it too, ``NeedsIO`` whose work removes it there as
         well (``delete``), so that it does not come back from there (a named tier that cannot
-        see its pages now removes it once it can: ``Tier.remove_later``)."""
+        see its pages now removes it once it can: ``Tier.remove_later``). Raises DeviceError,
+        the page kept, when a lower tier cannot invalidate its copy (``_drop``)."""
         removed = self._remove_local(name)
         if any(not tier.remove_later(name) and tier.contains_many([name])[0] for tier in self._named):
             return NeedsIO(lambda: self._delete_named(name) or removed)
@@ -641,7 +655,7 @@ class PageStore:
                 self._ram.unpin(slot)
             if unchanged:  # the copy is where the index says, and it is bad (the tier counted it)
                 self._locate(row, position, -1)
-                tier.drop(page, location)
+                tier.discard(page, location)
                 if self._index.top_tier(row) < 0:
                     self._forget(row)
                     raise PageCorrupt(f"{name}: checksum mismatch on the {tier.name} tier; page dropped")
@@ -735,19 +749,16 @@ class PageStore:
         """Remove the page from the local tiers; whether there was one. ``version``: only that
         version of it (a rename's source); None, removing nothing, when the name holds another."""
         with self._lock:
-            if version is not None:
-                row = self._index.find(name)
-                if row >= 0 and self._meta(row).version != version:
-                    return None
+            row = self._index.find(name)
+            if version is not None and row >= 0 and self._meta(row).version != version:
+                return None
+            if row >= 0:
+                self._drop(row)  # first: a device that fails it leaves everything as it was
             self._found.pop(name, None)
             self._ahead.cancel(name)
             if name in self._named_reads:
                 self._removed_while_read.add(name)
-            row = self._index.find(name)
-            if row < 0:
-                return False
-            self._drop(row)
-            return True
+            return row >= 0
 
     def _delete_named(self, name: str) -> bool:
         """Remove the page's copies from the named tiers (blocking, idempotent)."""
@@ -967,17 +978,22 @@ class PageStore:
         return left
 
     def _drop(self, row: int, keep_place: bool = False) -> int:
-        """Remove a page from the store at the caller's request: by name now, its RAM slot
-        when its readers are done, its lower copies invalidated. ``keep_place``: a new page of
-        the name follows at once; returns the listing cursor it takes over."""
+        """Remove a page from the store at the caller's request: its lower copies invalidated
+        first, then by name, its RAM slot when its readers are done. ``keep_place``: a new page
+        of the name follows at once; returns the listing cursor it takes over. Raises
+        DeviceError, the page kept, when a lower copy cannot be invalidated: a scan after a
+        crash would bring it back (there is one indexed tier below RAM, so nothing changed)."""
         page = self._meta(row)
-        for position, location in enumerate(self._index.loc[row].tolist()):
-            if location < 0:
-                continue
-            if position == RAM:
-                self._ram.forget(row, location)
-            else:
-                self._tiers[position].drop(page, location)
+        locations = self._index.loc[row].tolist()
+        for position, location in enumerate(locations[RAM + 1 :], RAM + 1):
+            if location >= 0:
+                try:
+                    self._tiers[position].drop(page, location)
+                except OSError as exc:
+                    raise DeviceError(f"{page.name}: the {self._tiers[position].name} tier failed to "
+                                      f"invalidate its copy: {exc}") from exc
+        if locations[RAM] >= 0:
+            self._ram.forget(row, locations[RAM])
         return self._index.remove(row, keep_place)
 
     def _forget(self, row: int) -> None:

@@ -108,7 +108,16 @@ class Tier(ABC):
 
     @abstractmethod
     def drop(self, page: PageMeta, location: int) -> None:
-        """Forget the page at ``location``; no later recovery brings it back."""
+        """Forget the page at ``location``; no later recovery brings it back. Raises ``OSError``
+        when the tier cannot make sure of that (its device fails): the page is there as before."""
+
+    def discard(self, page: PageMeta, location: int) -> None:
+        """``drop``, for a page the store forgets whatever happens (a bad copy, a refused
+        publish's): a failure is the tier's to count and report, never raised."""
+        try:
+            self.drop(page, location)
+        except OSError:
+            pass
 
     # -- the data plane (tiers whose bytes its clients read themselves) ----------------------
 

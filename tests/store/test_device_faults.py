@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import traceback
 
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
@@ -238,5 +239,82 @@ def test_a_removed_page_stays_removed_after_a_failed_write_at_the_wrap_and_a_cra
     store = PageStore(config)
     try:
         assert store.info(victim) is None, "a page removed before the crash came back"
+    finally:
+        store.close()
+
+
+def _reopened_after_a_crash(tmp_path, work, write_through: bool) -> PageStore:
+    """Run ``work(store, device)`` in a child process on a store whose arena sits on a
+    FaultyDevice, let the child die without closing it (as a SIGKILL leaves the disk tier), and
+    open the store again, as the next start does (it scans the arena)."""
+    disk = tmp_path / "disk"
+    disk.mkdir(exist_ok=True)
+    config = StoreConfig(memory_bytes=4 * MiB, disk_dir=disk, disk_bytes=64 * MiB, max_page_size=PAGE,
+                         write_through=write_through)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            device = FaultyDevice(FileDevice(disk / ARENA_NAME))
+            work(PageStore(config, disk_device=device), device)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)  # a crash: no close
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the work before the crash failed"
+    return PageStore(config)
+
+
+def test_a_removal_the_disk_cannot_record_fails_and_the_page_stays_after_a_crash(tmp_path):
+    """Removing a disk page marks its record dead, so that the scan after a crash does not bring
+    it back. When that mark fails (EIO), the removal fails with DeviceError and the page stays,
+    readable; once the disk answers, removing it again works, for good."""
+    kept, removed = page_name(1), page_name(2)
+    pages = {kept: content(1, PAGE), removed: content(2, PAGE)}
+
+    def work(store, device):
+        for name, data in pages.items():
+            store.put(name, data)  # write-through: on the disk tier too
+        device.inject(Fault("pwrite", errno=errno.EIO))
+        for name, data in pages.items():
+            with pytest.raises(DeviceError):
+                store.remove(name)
+            assert read_all(store, name) == data
+        assert store.statistics().tier("disk").io_errors == 2
+        device.clear()
+        assert store.remove(removed) is True
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through=True)
+    try:
+        assert store.info(removed) is None, "a page removed before the crash came back"
+        assert read_all(store, kept) == pages[kept]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("write_through", [False, True], ids=["new one in RAM", "write-through"])
+def test_a_replace_whose_old_record_cannot_be_marked_dead_fails_and_keeps_the_old_page(tmp_path, write_through):
+    """Replacing a disk page marks the old record dead. When that fails (EIO) the publish fails
+    with DeviceError and the old page stays, also after a crash: neither the old version comes
+    back over a new one that was only in RAM, nor does a refused new version come back from
+    the copy write-through put on the disk."""
+    name = page_name(0)
+
+    def work(store, device):
+        written = {name: content("old", PAGE)} | {page_name(i): content(i, PAGE) for i in range(1, 24)}
+        for page, data in written.items():  # more than RAM holds: the old page moves down to the disk tier
+            store.put(page, data)
+        assert store.info(name).tier == "disk" or write_through
+        device.inject(Fault("pwrite", errno=errno.EIO, count=1))
+        with pytest.raises(DeviceError):
+            store.put(name, content("new", PAGE))
+        assert read_all(store, name) == content("old", PAGE)
+        assert_consistent(store, written)
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through)
+    try:
+        assert read_all(store, name) == content("old", PAGE)
     finally:
         store.close()

@@ -16,6 +16,7 @@ def test_random_device_faults_leave_the_store_consistent(tmp_path):
     figures = device_fault_round(tmp_path, seed=1, operations=800)
     assert figures.faults_injected >= 30 and figures.pages_checked >= 200, _report(figures)
     assert figures.inconsistencies == 0, _report(figures)
+    assert figures.resurrected == 0, _report(figures)  # a delete the disk cannot record is refused
 
 
 @pytest.mark.parametrize("kind", CORRUPTIONS)

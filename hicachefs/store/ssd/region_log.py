@@ -387,12 +387,19 @@ class RegionLog:
         return offset
 
     def invalidate(self, offset: int, name_len: int, size: int) -> None:
-        """Mark the record at ``offset`` dead in place, so that no scan brings it back."""
+        """Mark the record at ``offset`` dead in place, so that no scan brings it back. Raises
+        ``OSError`` when the mark cannot be written: the record is then live as before."""
+        self._mark_dirty()
+        if self.device.pwrite(DEAD, offset) != len(DEAD):
+            raise OSError(errno.EIO, f"short write to {self.path} while marking a record dead")
+        self.forget(offset, name_len, size)
+
+    def forget(self, offset: int, name_len: int, size: int) -> None:
+        """Stop counting the record at ``offset`` as live: the index no longer holds it (a
+        snapshot lists only what is counted)."""
         length = record_length(name_len, size)
         self.region_live[(offset - _SUPER_BYTES) // self.region_bytes] -= length
         self.used_bytes -= length
-        self._mark_dirty()
-        self.device.pwrite(DEAD, offset)
 
     # -- reading -----------------------------------------------------------------------
 

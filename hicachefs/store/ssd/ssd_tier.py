@@ -144,7 +144,7 @@ class SsdTier(Tier):
             page = PageMeta(record.name, record.size, record.checksum, record.mtime_ns)
             older = sink.found(page, record.offset)
             if older is not None:
-                self.drop(*older)
+                self.discard(*older)  # left live, it loses to the newer at every scan
             else:
                 pages += 1
         report(RecoveryProgress("scan", reason, pages, extent[0], extent[0], time.monotonic() - started, True))
@@ -184,12 +184,23 @@ class SsdTier(Tier):
         return result
 
     def drop(self, page: PageMeta, location: int) -> None:
+        """Mark the page's record dead. Raises ``OSError`` (counted) when the device fails: the
+        record stays live, and a scan would bring the page back, so the caller keeps it too."""
         try:
             self.log.invalidate(location, len(page.name.encode()), page.size)
         except OSError:
-            # The record stays live on the device: a restart may bring the page back, never
-            # wrong bytes (its checksum still holds). Counted; the store forgets it either way.
             self.counters.io_errors += 1
+            raise
+
+    def discard(self, page: PageMeta, location: int) -> None:
+        """``drop``, for a page the store forgets whatever happens; a record left live is no
+        longer counted, and warned of: a scan after a crash may bring that version back."""
+        try:
+            self.drop(page, location)
+        except OSError as exc:
+            self.log.forget(location, len(page.name.encode()), page.size)
+            log.warning("%s: its record on the disk tier could not be marked dead (a crash may bring it back): %s",
+                        page.name, exc)
 
     def sync(self) -> None:
         self.log.sync()
