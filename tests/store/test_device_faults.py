@@ -318,3 +318,31 @@ def test_a_replace_whose_old_record_cannot_be_marked_dead_fails_and_keeps_the_ol
         assert read_all(store, name) == content("old", PAGE)
     finally:
         store.close()
+
+
+def test_a_region_whose_first_header_cannot_be_written_is_passed_over(tmp_path):
+    """Moving on to the next region of the ring first erases its first header. Where that block
+    cannot be written (a bad block at region 1 of 8), that region is passed over, its pages kept,
+    and writing goes on in the one after, round after round: the disk tier does not stop taking
+    pages for one bad block."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    config = StoreConfig(memory_bytes=16 * MiB, disk_dir=disk, disk_bytes=8 * MiB + 4096,
+                         max_page_size=1 * MiB, write_through=True)
+    bad_block = 4096 + 1 * MiB
+
+    class BadBlock(FileDevice):
+        def pwrite(self, data, offset):
+            if offset == bad_block:
+                raise OSError(errno.EIO, "a bad block")
+            return super().pwrite(data, offset)
+
+    store = PageStore(config, disk_device=BadBlock(disk / ARENA_NAME))
+    try:
+        pages = {page_name(i): content(i, 200 * KiB) for i in range(100)}  # the ring, twice and more
+        for name, data in pages.items():
+            store.put(name, data)
+        held = [name for name in pages if store.info(name) is not None]
+        assert len(held) >= 20 and all(read_all(store, name) == pages[name] for name in held)
+    finally:
+        store.close()

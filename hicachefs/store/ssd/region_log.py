@@ -27,7 +27,8 @@ written, no snapshot matches and the start scans. A session that only reads leav
 
 Writing appends to the current region; when it is full the next region in the ring (always
 the oldest) is reclaimed: its records are handed to a callback so the index can drop them,
-then it is overwritten from its start.
+then it is overwritten from its start. One whose first header cannot be written (a bad block)
+is passed over, its records kept, for the one after, and tried again a round later.
 
 Blocking: every method does I/O on the tier's ``FileDevice`` (buffered: pwrite lands in the
 page cache and survives a process kill; ``sync`` makes it survive a power loss), and raises
@@ -360,17 +361,7 @@ class RegionLog:
         size = len(payload)
         length = record_length(len(name), size)
         if self.tail + length > self.region_start(self.current) + self.region_bytes:
-            following = (self.current + 1) % self.regions
-            # Erase the region's first header before its pages are forgotten: should the write
-            # below fail, no scan after a crash walks the old records of a reclaimed region (one
-            # of them may be a page removed or replaced since, while only RAM held it).
-            if self.device.pwrite(bytes(HEADER.size), self.region_start(following)) != HEADER.size:
-                raise OSError(errno.EIO, f"short write to {self.path} while reclaiming a region")
-            self.current = following
-            self.tail = self.region_start(self.current)
-            reclaim(self.tail, self.tail + self.region_bytes)
-            self.used_bytes -= self.region_live[self.current]
-            self.region_live[self.current] = 0
+            self._reclaim_next(reclaim)
         fields = [LIVE, len(name), 0, self.file_id, self.next_seq, size, checksum, mtime_ns, 0]
         header = bytearray(HEADER.pack(*fields))
         fields[8] = _header_check(header, name)
@@ -385,6 +376,32 @@ class RegionLog:
         self.region_live[region] += length
         self.used_bytes += length
         return offset
+
+    def _reclaim_next(self, reclaim: Callable[[int, int], None]) -> None:
+        """Move on to the next region of the ring (the oldest), its records forgotten (``reclaim``).
+        One whose first header cannot be erased (a bad block) is passed over, its pages kept, for
+        the one after: a bad block does not stop the ring, and that region, the oldest again a
+        round later, is tried then. Raises OSError when the one after fails too."""
+        following = (self.current + 1) % self.regions
+        try:
+            self._erase_first_header(following)
+        except OSError:
+            if self.regions < 3:  # the one after is the current region
+                raise
+            following = (following + 1) % self.regions
+            self._erase_first_header(following)
+        self.current = following
+        self.tail = self.region_start(following)
+        reclaim(self.tail, self.tail + self.region_bytes)
+        self.used_bytes -= self.region_live[following]
+        self.region_live[following] = 0
+
+    def _erase_first_header(self, region: int) -> None:
+        """Erase the region's first header before its pages are forgotten: should a write after
+        fail, no scan after a crash walks the old records of a reclaimed region (one of them may
+        be a page removed or replaced since, while only RAM held it)."""
+        if self.device.pwrite(bytes(HEADER.size), self.region_start(region)) != HEADER.size:
+            raise OSError(errno.EIO, f"short write to {self.path} while reclaiming a region")
 
     def invalidate(self, offset: int, name_len: int, size: int) -> None:
         """Mark the record at ``offset`` dead in place, so that no scan brings it back. Raises
