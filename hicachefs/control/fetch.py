@@ -255,9 +255,10 @@ class FetchHandle:
 
     def _open(self, name: str | None, size: int) -> PageReader | None | NeedsIO:
         """The page pinned for reading from RAM; None if it cannot be served as asked (or
-        ``name`` is None: its path was not UTF-8); ``NeedsIO`` when it is on a lower tier
+        ``name`` is None: its path was not UTF-8), a miss; ``NeedsIO`` when it is on a lower tier
         (``_open_slowly``)."""
         if name is None:
+            self.store.count_miss()
             return None
         try:
             reader = self.store.try_open(name, size=size)

@@ -362,6 +362,12 @@ class PageStore:
                 return reader
         raise PageNotFound(name)
 
+    def count_miss(self) -> None:
+        """A read asked for a page no name can hold (a path that is not UTF-8): a miss all the
+        same, as stats count any page asked for and not served."""
+        with self._lock:
+            self._count_miss()
+
     def _count_read(self, row: int, now: int) -> None:
         index = self._index
         index.hits[row] += 1

@@ -156,6 +156,18 @@ def test_a_line_whose_path_is_not_utf8_is_a_missing_page_not_a_failed_read(mount
     assert "unexpectedly" not in mounted.log_text()
 
 
+@pytest.mark.parametrize("line", [f"4096 {POOL}/never-stored\n".encode(), f"100 {POOL}/p0000\n".encode(),
+                                  f"4096 {POOL}/".encode() + b"\xff\xfe\n"],
+                         ids=["missing", "of-another-size", "not-utf8"])
+def test_each_page_a_batch_cannot_serve_is_one_miss(mounted, fetch, line):
+    """Every kind of page a batch cannot serve counts one miss in stats (a path that is not UTF-8
+    counted none, so stats said that batch missed nothing)."""
+    stored(mounted, 1, 4096)
+    before = mounted.stats()["misses"]
+    os.write(fetch, line)
+    assert os.pread(fetch, 4096, 0) == b""
+    assert mounted.stats()["misses"] - before == 1
+
 
 @pytest.mark.parametrize("large", [False, True], ids=["small", "parsed-in-steps"])
 def test_a_size_of_too_many_digits_fails_the_read_with_einval_and_ends_the_request(mounted, fetch, large):
