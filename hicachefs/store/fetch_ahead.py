@@ -49,10 +49,11 @@ class FetchAhead:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
 
     def start(self, names: Iterable[str]) -> None:
-        """Fetch these pages in the background, as many as there is room for in flight."""
+        """Fetch these pages in the background, as many as there is room for in flight; a name
+        given twice is fetched once."""
         with self._lock:
             room = max(0, self._in_flight - len(self._fetching))
-            todo = [name for name in names if name not in self._fetching][:room]
+            todo = [name for name in dict.fromkeys(names) if name not in self._fetching][:room]
             for name in todo:
                 self._fetching[name] = threading.Event()
         for name in todo:

@@ -65,6 +65,23 @@ def test_a_page_removed_while_it_is_fetched_does_not_come_back(hosts):
     assert b.statistics().fetch_ahead.fetched_ahead == 0
 
 
+def test_a_name_asked_for_twice_in_one_query_is_fetched_once(hosts):
+    """The exists query may name a page twice: it is read from the shared tier once (it was
+    fetched twice at once, each fetch reading the whole page)."""
+    device = DirectoryDevice()
+    a, b = hosts(device)
+    name = page_name(1)
+    a.put(name, content(1, 64 * KiB))
+    wait_until(lambda: isinstance(b.lookup(name), NeedsIO))  # the shared tier says it has it
+    reads = []
+    read = device.preadv
+    device.preadv = lambda *args: reads.append(args) or read(*args)
+    assert b.exists_many([name, name]) == [True, True]
+    wait_until(lambda: b.statistics().fetch_ahead.fetched_ahead == 1)
+    b.close()  # lets a second fetch under way end
+    assert len(reads) == 1
+
+
 def written_behind(store) -> bool:
     behind = store.statistics().tier("shared").write_behind
     return behind.queue_pages == 0 and behind.writing == 0
