@@ -5,6 +5,7 @@ would share a distributed filesystem (its journal and presence work the same on 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 
@@ -60,3 +61,21 @@ def test_a_page_removed_never_comes_back_from_the_shared_tier(hosts, how):
         assert not (a.path.joinpath(*POOL) / name).exists()
         wait_until(lambda name=name: not (b.path.joinpath(*POOL) / name).exists())
     assert a.stats()["pages"] == 3 - len(gone)
+
+
+def test_a_pool_whose_pages_only_the_shared_tier_holds_here_is_not_empty(hosts):
+    """On B, A's pages lie in the pool only on the shared tier: they answer by name, so ``rmdir``
+    fails with ENOTEMPTY, as for any directory that holds files (it succeeded, and the next
+    lookup brought the directory back). Once they are removed, it succeeds and stays removed."""
+    a, b = hosts
+    publish(a.page_dir(*POOL), "k0", content(0, 32 << 10))
+    wait_written_behind(a, 1)
+    pool = b.path.joinpath(*POOL)
+    wait_until(lambda: (pool / "k0").exists())
+    for directory in (pool, pool.parent):
+        with pytest.raises(OSError) as refused:
+            os.rmdir(directory)
+        assert refused.value.errno == errno.ENOTEMPTY
+    os.unlink(pool / "k0")  # from the shared tier too
+    os.rmdir(pool)
+    assert not pool.exists() and not (pool / "k0").exists()
