@@ -136,6 +136,8 @@ class PageStore:
             for position, tier in enumerate(self._tiers):
                 tier.bind(_Events(self, position))
                 tier.recover(_Recovered(self._index, position, tier), progress)
+            for tier in self._named:
+                tier.bind(_Events(self, -1))
         except BaseException:
             for tier in reversed(chain):
                 tier.close()
@@ -784,6 +786,12 @@ class PageStore:
         index.hits[row] += 1
         self._ram.hit(row, int(index.size[row]))
 
+    def _forget_found(self, name: str) -> None:
+        """Another host wrote or removed the page: the facts found of it may be another
+        version's, so the next lookup reads them again."""
+        with self._lock:
+            self._found.pop(name, None)
+
     def _count_miss(self) -> None:
         self._misses += 1
         for tier in self._tiers + self._named:
@@ -1021,7 +1029,8 @@ def _with_pages(facts: TierStatistics, pages: int) -> TierStatistics:
 
 
 class _Events:
-    """What an indexed tier tells the engine (``TierEvents``), for its position in the chain."""
+    """What a tier tells the engine (``TierEvents``), for its position in the chain (-1: a
+    named tier)."""
 
     __slots__ = ("store", "position")
 
@@ -1030,6 +1039,9 @@ class _Events:
 
     def reclaiming(self, start: int, end: int) -> int:
         return self.store._reclaimed(self.position, start, end)
+
+    def changed(self, name: str) -> None:
+        self.store._forget_found(name)
 
 
 class _Recovered:

@@ -73,6 +73,10 @@ class TierEvents(Protocol):
         """The tier is about to overwrite locations [start, end): the engine forgets what it
         held there; the answer is how many of those pages left the store (no copy elsewhere)."""
 
+    def changed(self, name: str) -> None:
+        """Another host wrote or removed the page ``name`` on this (named) tier: what the engine
+        keeps of its facts may describe another version."""
+
 
 class Tier(ABC):
     """One level of the page store. See the module docstring.

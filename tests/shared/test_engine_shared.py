@@ -82,6 +82,26 @@ def test_a_name_asked_for_twice_in_one_query_is_fetched_once(hosts):
     assert len(reads) == 1
 
 
+def described(store, name):
+    """The page's facts as a lookup (and a stat) gets them."""
+    found = store.lookup(name)
+    return found.work() if isinstance(found, NeedsIO) else found
+
+
+def test_a_page_another_host_replaced_is_described_as_its_new_version(hosts):
+    """B found A's page on the shared tier, then A replaced it: B's stat and xattrs describe the
+    new version (they described the old one, its size and checksum, until B read the page)."""
+    a, b = hosts()
+    name = page_name(1)
+    a.put(name, content(1, 64 * KiB))
+    wait_until(lambda: isinstance(b.lookup(name), NeedsIO))
+    assert described(b, name).size == 64 * KiB
+    new = a.put(name, content(2, 32 * KiB))
+    wait_until(lambda: written_behind(a))
+    wait_until(lambda: described(b, name).version == new.version)
+    assert described(b, name).size == 32 * KiB and read_stored(b, name) == content(2, 32 * KiB)
+
+
 def written_behind(store) -> bool:
     behind = store.statistics().tier("shared").write_behind
     return behind.queue_pages == 0 and behind.writing == 0

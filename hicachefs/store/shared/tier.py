@@ -54,7 +54,7 @@ from hicachefs.store.pages import page_checksum
 from hicachefs.store.statistics import TierCounters, TierStatistics
 from hicachefs.typed_stats import level, part, total
 from hicachefs.store.pages import PageMeta
-from hicachefs.store.tier import ReadResult, Tier
+from hicachefs.store.tier import ReadResult, Tier, TierEvents
 
 _log = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ class SharedTier(Tier):
         self._journal = Journal(self._device, self._layout, f"{writer}-{self._token}", keep_s=journal_keep_s)
         self._sweeper = Sweeper(self._device, self._layout, self._presence, oldest_kept)
         self._sweep_wanted = True
+        self._events: TierEvents | None = None
         self._evicting = threading.Lock()
         # Pages this host removed, lately: another host's older announcement of one must not
         # count it again (a ghost that would make this host evict a real page for it).
@@ -188,6 +189,10 @@ class SharedTier(Tier):
         self._stop = threading.Event()
         self._maintenance = threading.Thread(target=self._maintain, name="hicachefs-shared-maintenance", daemon=True)
         self._maintenance.start()
+
+    def bind(self, events: TierEvents) -> None:
+        """The engine, told of each page another host announces (``TierEvents.changed``)."""
+        self._events = events
 
     # -- the engine's questions ------------------------------------------------------------
 
@@ -779,6 +784,8 @@ class SharedTier(Tier):
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
             if not announcement.present:
                 self._forget_recent(announcement.name)
+            if self._events is not None:
+                self._events.changed(announcement.name)
 
     def _close_stale(self, now: float) -> None:
         with self._lock:
