@@ -15,8 +15,9 @@ reads them from its own thread: it asks the trio loop to evaluate the statistics
 (``trio.from_thread.run_sync``) and waits for the answer, a fresh dict that the scrape thread
 then owns and renders with the same ``metrics.StatisticsCollector`` as ``.hicachefs/metrics``.
 A scrape while the loop is not running (before it starts, while it shuts down) gets an empty
-answer. An evaluation costs the loop time linear in the pages stored (3 ms at 200,000 pages),
-so scrapes back to back would keep it from FUSE's requests: a scrape that comes sooner than
+answer. An evaluation costs the loop time in the tiers and pools, not the pages stored (the
+store counts them as they come and go), yet scrapes back to back would still keep it from
+FUSE's requests: a scrape that comes sooner than
 ``SPACING`` times the last evaluation's cost after it gets that evaluation's answer, and the
 scrapes take at most a tenth of the loop, whatever their clients do.
 

@@ -17,6 +17,10 @@ swept by a vectorised rebuild when the table gets crowded.
 A tier's rows leave and enter in bulk as ``PageColumns`` (``pages_in``, ``load``): that is what
 the SSD tier's index snapshot holds, so a warm start does no Python work per page.
 
+The pages located in each tier and the bytes of all are counted as rows come, move and go
+(``pages_in_tier``, ``used_bytes``): the statistics, which any user may ask for on the daemon's
+one thread, cost the tiers, not the pages.
+
 Each directory keeps its rows in the order their names were first added (``_Listing``), so that
 a listing is read a batch at a time from a cursor (``listed``) at a cost that does not grow with
 the directory or the store: a page's cursor is a number from one counter, kept while the name
@@ -37,7 +41,7 @@ import contextlib
 import hashlib
 import struct
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from itertools import repeat
 from operator import itemgetter
 from typing import NamedTuple
@@ -246,6 +250,10 @@ class PageIndex:
         self._free_rows: list[int] = []
         self._live = 0
         self._tombs = 0
+        # Pages located in each tier, and the bytes of all: kept as rows change, so that the
+        # statistics (any user may ask) cost the tiers, not the pages.
+        self._tier_pages = [0] * tiers
+        self._live_bytes = 0
         for column, dtype in self._COLUMNS.items():
             setattr(self, column, np.zeros(capacity, dtype))
         self.loc = np.full((capacity, tiers), -1, np.int64)
@@ -312,6 +320,8 @@ class PageIndex:
 
     def _place(self, row: int, tier: int, location: int, offset: int) -> None:
         cells = self._cells
+        if cells.dir[row] != _FREE_DIR:
+            self._tier_pages[tier] += (location >= 0) - (cells.loc[row, tier] >= 0)
         cells.loc[row, tier] = location
         if tier == 0:
             cells.ram[row] = offset
@@ -438,6 +448,7 @@ class PageIndex:
             loc[row, column] = -1
         cells.ram[row] = cells.disk[row] = -1
         self._place(row, tier, location, offset)
+        self._live_bytes += size
         cells.gen[row] += 1
         listing = self._listings[dir_id]
         if cursor:
@@ -469,6 +480,7 @@ class PageIndex:
         table[i] = _TOMB
         self._tombs += 1
         self._live -= 1
+        self._uncount(row)
         dir_id = cells.dir[row]
         self._dir_pages[dir_id] -= 1
         cursor = cells.cursor[row]
@@ -483,6 +495,14 @@ class PageIndex:
         self._odd_keys.pop(row, None)
         self._free_rows.append(row)
         return cursor
+
+    def _uncount(self, row: int) -> None:
+        """The live ``row`` goes: its page leaves the counts of its tiers and bytes."""
+        cells = self._cells
+        for tier in range(len(self._tier_pages)):
+            if cells.loc[row, tier] >= 0:
+                self._tier_pages[tier] -= 1
+        self._live_bytes -= cells.size[row]
 
     @contextlib.contextmanager
     def replacing(self) -> Iterator[None]:
@@ -544,6 +564,9 @@ class PageIndex:
         self._dir_pages = np.bincount(pages.dir, minlength=len(self._dir_names)).tolist()
         self._odd_keys = dict(pages.odd_keys)
         self._rows = self._live = n
+        self._tier_pages = [0] * self.loc.shape[1]
+        self._tier_pages[tier] = int(np.count_nonzero(pages.location >= 0))
+        self._live_bytes = int(pages.size.sum(dtype=np.int64))
         self._rebuild(len(self._table))
         by_dir = np.argsort(pages.dir, kind="stable").astype(np.int32)  # each directory's rows in order
         self.cursor[by_dir] = np.arange(1, n + 1)
@@ -624,5 +647,16 @@ class PageIndex:
     def directories(self) -> list[str]:
         return [d for d, i in self._dir_ids.items() if self._dir_pages[i]]
 
-    def live_rows(self) -> Sequence[int]:
-        return np.nonzero(self.dir[: self._rows] != _FREE_DIR)[0]
+    @property
+    def pages(self) -> int:
+        """Pages held (rows in use): O(1)."""
+        return self._live
+
+    @property
+    def used_bytes(self) -> int:
+        """The bytes of the pages held, each page once: O(1)."""
+        return self._live_bytes
+
+    def pages_in_tier(self, tier: int) -> int:
+        """Pages located in ``tier``: O(1)."""
+        return self._tier_pages[tier]

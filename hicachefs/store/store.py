@@ -578,14 +578,11 @@ class PageStore:
         """The store's facts and every tier's (``StoreStatistics`` says what each means): the
         totals are sums over the local tiers (a named tier's room is every host's, not ours)."""
         with self._lock:
-            live = self._index.live_rows()
-            local = []
-            for position, tier in enumerate(self._tiers):
-                facts = tier.statistics()
-                pages = int(np.count_nonzero(self._index.loc[live, position] >= 0))
-                local.append(_with_pages(facts, pages))
-            used = int(self._index.size[live].sum())
-            misses, published, pages = self._misses, self._published, len(live)
+            index = self._index
+            local = [_with_pages(tier.statistics(), index.pages_in_tier(position))
+                     for position, tier in enumerate(self._tiers)]
+            used, pages = index.used_bytes, index.pages
+            misses, published = self._misses, self._published
         capacity = sum(t.capacity_bytes for t in local)
         return EngineStatistics(
             capacity_bytes=capacity, used_bytes=used, free_bytes=max(0, capacity - used), pages=pages,
