@@ -61,7 +61,7 @@ from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
 from .plane_arena import ArenaMapping
 from .plane_commits import CommitsUnderWay
 from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, page_checksum
-from .plane_reports import Noted, Read, Reports
+from .plane_reports import MISSED, Noted, Read, Reports
 
 logger = logging.getLogger(__name__)
 
@@ -269,8 +269,9 @@ class Plane:
         read: List[Read] = []
         results = [self._read_one(attachment, rel, found, page, size, read, alone)
                    for rel, found, page in zip(rels, self._locate(attachment, rels), buffers)]
-        if read:
-            self.reports.note(attachment.token, read)
+        misses = results.count(False)
+        if read or misses:
+            self.reports.note(attachment.token, read, misses)
         return results
 
     def _read_one(self, attachment: Attachment, rel: str, found, buffers: Sequence[memoryview],
@@ -563,12 +564,16 @@ class Plane:
         return answer[_REQUEST.size :]
 
     def report(self, reads: List[Noted]) -> None:
-        """Tell the daemon of reads made through the plane (``Reports``' thread); reads of a
-        daemon that is gone are let go."""
+        """Tell the daemon of reads made through the plane, and of misses (``Reports``' thread);
+        those of a daemon that is gone are let go."""
         attachment = self._attachment
         if attachment is None:
             return
-        body = b"".join(struct.pack("<IQ", row, gen) for token, row, gen in reads if token == attachment.token)
+        mine = [(row, gen) for token, row, gen in reads if token == attachment.token]
+        found = [(row, gen) for row, gen in mine if row != MISSED]
+        count, misses = len(found), len(mine) - len(found)
+        body = b"".join(struct.pack("<IQ", row, gen) for row, gen in found)
+        body += struct.pack("<I", misses) if misses else b""
         if not body:
             return
         for _ in range(2):  # a handle opened at a daemon that is gone fails before the report is sent
@@ -577,7 +582,7 @@ class Plane:
                     return
                 state = self._state(attachment, handle)
                 if handle.fd >= 0:
-                    self._send(attachment, handle, state, REPORT, 0, len(body) // 12, body, 4)
+                    self._send(attachment, handle, state, REPORT, 0, count, body, 4)
                     return
 
     def close(self) -> None:

@@ -15,6 +15,8 @@ from typing import List, Optional, Protocol, Tuple
 from . import forks
 
 Read = Tuple[int, int]  # a read as reported: the index row and its gen
+#: The row of a read noted that found no page (a miss): the report carries their number.
+MISSED = 0xFFFFFFFF
 Noted = Tuple[bytes, int, int]  # a read as noted: the token of the daemon it was read from, row, gen
 #: Reads are reported this often (seconds), or at this many.
 REPORT_INTERVAL_S = 0.5
@@ -53,10 +55,10 @@ class Reports:
         self._due = threading.Condition(self._lock)
         self._reads, self._thread = [], None
 
-    def note(self, token: bytes, reads: List[Read]) -> None:
-        """A batch's reads from the daemon of ``token``, to be reported (to that daemon only:
-        the next one numbers its rows afresh)."""
-        noted = [(token, row, gen) for row, gen in reads]
+    def note(self, token: bytes, reads: List[Read], misses: int = 0) -> None:
+        """A batch's reads from the daemon of ``token``, and how many of its pages it found none
+        for, to be reported (to that daemon only: the next one numbers its rows afresh)."""
+        noted = [(token, row, gen) for row, gen in reads] + [(token, MISSED, 0)] * misses
         with self._lock:
             self._reads += noted
             self._running()  # a forked child's first reads, or the thread just ended

@@ -29,8 +29,9 @@ taken for a later one.
   are, 4 (``MAKE_POOLS``) makes a page's pool directory where it is missing, as mkdir would. Answer per page ``<i``: 0 published, 1 kept as it was, or ``-errno``; then per size to
   reserve ``<q`` as ``RESERVE`` answers.
 - ``REPORT``: body ``count`` reads the client made (``<IQ``: the index row and its ``gen`` as it
-  read it; at most ``MAX_REPORT``), counted as hits; answer ``<I``, how many still stood for
-  their page.
+  read it; at most ``MAX_REPORT``), counted as hits, then optionally ``<I`` the reads it found
+  no page for (at most ``MAX_REPORT``), counted as misses; answer ``<I``, how many reads still
+  stood for their page.
 - ``RELEASE``: body ``count`` slot offsets (``<q``) given back; empty answer.
 - ``MAILBOX``: a mailbox for this handle (``MAILBOX_BYTES``); answer ``<q16s``: its offset in
   the arena, or ``-errno``, and the store's token (as the shared index's header holds it), by
@@ -177,6 +178,7 @@ class PlaneHandle:
             if count > MAX_REPORT:  # counted on the event loop: a few milliseconds at the most
                 raise FsError(errno.EFBIG, f"a report holds at most {MAX_REPORT} reads")
             reads = [_READ.unpack_from(body, _READ.size * i) for i in range(count)]
+            self._count_misses(body[_READ.size * count :])
             return _SIZE.pack(self.store.count_plane_reads(reads))
         if op == RELEASE:
             for i in range(count):
@@ -187,6 +189,14 @@ class PlaneHandle:
         if op == MAILBOX:
             return _MAILBOX.pack(self._open_mailbox(), self.store.plane_token)
         raise FsError(errno.EINVAL, f"no plane operation {op}")
+
+    def _count_misses(self, rest: memoryview) -> None:
+        """The misses a report carries after its reads (none when it ends there)."""
+        if len(rest):
+            misses = _SIZE.unpack(rest)[0]
+            if misses > MAX_REPORT:
+                raise FsError(errno.EFBIG, f"a report holds at most {MAX_REPORT} misses")
+            self.store.count_plane_misses(misses)
 
     def _open_mailbox(self) -> int:
         """The handle's mailbox (made at its first ask): its offset in the arena, or -errno."""

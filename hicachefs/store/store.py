@@ -426,6 +426,12 @@ class PageStore:
             self._promoting.start(promote)
         return counted
 
+    def count_plane_misses(self, count: int) -> None:
+        """Count reads the data plane's clients found no page for (the index held none of the
+        name, or one of another size), as an ``open`` of them would have: misses."""
+        with self._lock:
+            self._count_miss(count)
+
     # -- names -------------------------------------------------------------------------
 
     def info(self, name: str) -> PageInfo | None:
@@ -789,10 +795,10 @@ class PageStore:
         with self._lock:
             self._found.pop(name, None)
 
-    def _count_miss(self) -> None:
-        self._misses += 1
+    def _count_miss(self, count: int = 1) -> None:
+        self._misses += count
         for tier in self._tiers + self._named:
-            tier.count_miss()
+            tier.count_miss(count)
 
     def _pinned_reader(self, row: int, slot: int) -> PageReader:
         """A reader of the page's RAM copy (the hot path of every read: built with one lookup

@@ -187,9 +187,9 @@ class Tier(ABC):
     def persist(self, pages: PageColumns) -> None:
         """The engine's index of this tier's pages at a clean close, kept for ``recover``."""
 
-    def count_miss(self) -> None:
-        """A lookup found the name on no tier."""
-        self.counters.misses += 1
+    def count_miss(self, count: int = 1) -> None:
+        """``count`` lookups found their name on no tier."""
+        self.counters.misses += count
 
     def count_hit(self, size: int) -> None:
         """A page of this tier (``size`` bytes) was read without its help (the data plane's

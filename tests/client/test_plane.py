@@ -93,6 +93,22 @@ def test_reads_are_reported_and_counted_by_the_daemon(mounted):
     assert os.getxattr(mounted.path / reader._dir_of("kv") / keys[0], "user.hicachefs.hits") == b"3"
 
 
+def test_misses_are_reported_and_counted_by_the_daemon(mounted):
+    """A read through the plane of a page the index does not hold (or holds in another size) is
+    a miss to the daemon as it is to the client: its ``misses`` left them out, so the hit rate
+    of ``top`` and the metrics counted only the reads that found their page."""
+    _, keys = written(mounted)
+    target = MHAHostPool(pages=PAGES)
+    reader = make_fs(mounted.path, target)
+    before = mounted.stats()
+    missing = [key("never", i) for i in range(3)]
+    assert reader.batch_get_v1(missing + keys[:2], indices(target, range(5))) == [False] * 3 + [True] * 2
+    reader.close()  # sends what is left to report
+    after = mounted.stats()
+    assert reader.statistics()["misses"] == 3
+    assert after["misses"] == before["misses"] + 3 and after["hits"] == before["hits"] + 2
+
+
 def test_a_batch_written_costs_one_request_of_the_plane_file(mounted):
     pool = MHAHostPool(pages=3 * PAGES)
     writer = make_fs(mounted.path, pool)

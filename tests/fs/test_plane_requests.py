@@ -87,3 +87,25 @@ def test_a_malformed_commit_publishes_nothing(alone):
     assert store.info(good.decode()) is None
     handle.release()
     assert alone.ns.publishing.writing.held == 0
+
+
+def test_a_report_counts_the_misses_it_carries_after_its_reads(alone):
+    """The plane's readers report the reads they found no page for (a trailing ``<I``) as well
+    as those they made: the daemon's misses count them as an open of a missing page would. A
+    report without them is read as before; one claiming more than a report holds is refused."""
+    store = alone.store
+    store.put(f"{POOL}/{0:064x}", bytes(4096))
+    row = store._index.find(f"{POOL}/{0:064x}")
+    gen = int(store._index.gen[row])
+    handle = plane.PlaneHandle(store, alone.ns.publishing, store.budget.share("reserved_ahead"))
+    read = struct.pack("<IQ", row, gen)
+    assert struct.unpack("<I", request(handle, plane.REPORT, 1, read + struct.pack("<I", 3))) == (1,)
+    facts = store.statistics()
+    assert (facts.hits, facts.misses, facts.tier("memory").misses) == (1, 3, 3)
+    assert struct.unpack("<I", request(handle, plane.REPORT, 1, read)) == (1,)
+    assert struct.unpack("<I", request(handle, plane.REPORT, 0, struct.pack("<I", 2))) == (0,)
+    assert (store.statistics().hits, store.statistics().misses) == (2, 5)
+    with pytest.raises(FsError) as refused:
+        request(handle, plane.REPORT, 0, struct.pack("<I", plane.MAX_REPORT + 1))
+    assert refused.value.errno == errno.EFBIG and store.statistics().misses == 5
+    handle.release()
