@@ -582,18 +582,19 @@ class PageStore:
 
     def statistics(self) -> EngineStatistics:
         """The store's facts and every tier's (``StoreStatistics`` says what each means): the
-        totals are sums over the local tiers (a named tier's room is every host's, not ours)."""
+        totals are sums over every tier (what this host counted); the room and the pages are the
+        local tiers' (a named tier's room is every host's, not ours)."""
         with self._lock:
             index = self._index
             local = [_with_pages(tier.statistics(), index.pages_in_tier(position))
                      for position, tier in enumerate(self._tiers)]
             used, pages = index.used_bytes, index.pages
             misses, published = self._misses, self._published
+        named = [tier.statistics() for tier in self._named]
         capacity = sum(t.capacity_bytes for t in local)
         return EngineStatistics(
             capacity_bytes=capacity, used_bytes=used, free_bytes=max(0, capacity - used), pages=pages,
-            **{**summed(local), "misses": misses}, published=published,
-            tiers=tuple(local + [tier.statistics() for tier in self._named]),
+            **{**summed(local + named), "misses": misses}, published=published, tiers=tuple(local + named),
             fetch_ahead=self._ahead.statistics(), ram_budget=self.budget.statistics())
 
     def sync(self) -> None:

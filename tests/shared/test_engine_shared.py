@@ -132,3 +132,19 @@ def test_a_page_staged_past_ram_is_written_behind_too(tmp_path):
             reader.close()
         a.close()
         b.close()
+
+
+def test_a_page_read_from_the_shared_tier_is_a_hit_of_the_store(hosts):
+    """The store's totals are sums over its tiers (``StoreStatistics``; the metrics leave them to
+    ``sum by``): its ``hits`` left the shared tier's out, so a host serving from there showed no
+    hits and ``top`` no hit rate."""
+    a, b = hosts()
+    name = page_name(1)
+    a.put(name, content(1, 64 * KiB))
+    wait_until(lambda: isinstance(b.lookup(name), NeedsIO))  # no exists query: no fetch ahead
+    assert read_stored(b, name) == content(1, 64 * KiB)
+    facts = b.statistics()
+    assert facts.tier("shared").hits == 1 and facts.tier("memory").hits == 0
+    assert facts.hits == 1 and facts.bytes_out == 64 * KiB
+    assert facts.hits == sum(tier.hits for tier in facts.tiers)
+
