@@ -757,6 +757,11 @@ class PageStore:
     def _named_may_hold(self, name: str) -> bool:
         return any(tier.contains_many([name])[0] for tier in self._named)
 
+    def _named_holds(self, row: int) -> bool:
+        """Whether a named tier holds the row's page (from memory): one leaving the local tiers
+        then stays in the store, and is no eviction."""
+        return bool(self._named) and self._named_may_hold(self._index.name(row))
+
     def _remove_local(self, name: str, version: tuple[str, int] | None = None) -> bool | None:
         """Remove the page from the local tiers; whether there was one. ``version``: only that
         version of it (a rename's source); None, removing nothing, when the name holds another."""
@@ -930,7 +935,8 @@ class PageStore:
 
     def _evict_from_ram(self, row: int) -> None:
         """Move the page out of RAM: down to a lower tier unless one holds it already, else
-        out of the store."""
+        out of the index (a demotion still when a named tier holds it: it is served from
+        there, not lost)."""
         index = self._index
         slot = int(index.loc[row, RAM])
         demoted = False
@@ -942,6 +948,7 @@ class PageStore:
             self._locate(row, RAM, -1)
             demoted = index.top_tier(row) >= 0
         if not demoted:
+            demoted = self._named_holds(row)
             self._forget(row)
         self._ram.release(row, slot, demoted)
 
@@ -991,7 +998,7 @@ class PageStore:
         for row in index.rows_located_between(position, start, end).tolist():
             self._locate(row, position, -1)
             if index.top_tier(row) < 0:
-                left += 1
+                left += not self._named_holds(row)
                 self._forget(row)
         return left
 

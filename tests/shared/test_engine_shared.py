@@ -148,3 +148,39 @@ def test_a_page_read_from_the_shared_tier_is_a_hit_of_the_store(hosts):
     assert facts.hits == 1 and facts.bytes_out == 64 * KiB
     assert facts.hits == sum(tier.hits for tier in facts.tiers)
 
+
+def test_a_page_dropped_from_ram_that_the_shared_tier_holds_is_not_an_eviction(tmp_path):
+    """Evictions are pages dropped from the store, lost; a page that leaves RAM while the shared
+    tier holds it is still served (from there): it moved down, as one the disk tier holds does."""
+    store = PageStore(StoreConfig(memory_bytes=1 * MiB, max_page_size=64 * KiB, shared_dir=tmp_path / "shared"))
+    try:
+        names = [page_name(i) for i in range(20)]
+        for i, name in enumerate(names[:16]):  # RAM exactly full; each written behind (a queue of 128 KiB)
+            store.put(name, content(i, 64 * KiB))
+            wait_until(lambda: written_behind(store))
+        assert store.statistics().tier("shared").pages == 16
+        for i, name in enumerate(names[16:], 16):  # four leave RAM, held by the shared tier
+            store.put(name, content(i, 64 * KiB))
+        memory = store.statistics().tier("memory")
+        assert (memory.evictions, memory.demotions) == (0, 4)
+        assert store.statistics().evictions == store.statistics().tier("shared").evictions == 0
+        assert read_stored(store, names[0]) == content(0, 64 * KiB)
+    finally:
+        store.close()
+
+
+def test_a_page_the_disk_ring_reclaims_that_the_shared_tier_holds_is_not_an_eviction(tmp_path):
+    """The same for the disk tier's ring, reclaiming its oldest region: the pages there that the
+    shared tier holds leave this host's tiers, not the store."""
+    store = PageStore(StoreConfig(memory_bytes=2 * MiB, disk_dir=tmp_path / "disk", disk_bytes=8 * MiB,
+                                  write_through=True, max_page_size=256 * KiB, shared_dir=tmp_path / "shared"))
+    try:
+        for i in range(48):  # 12 MiB through an 8 MiB ring; each written behind first
+            store.put(page_name(i), content(i, 256 * KiB))
+            wait_until(lambda: written_behind(store))
+        facts = store.statistics()
+        assert facts.tier("shared").pages == 48 and facts.pages < 48  # the ring reclaimed some
+        assert facts.tier("disk").evictions == facts.tier("memory").evictions == 0
+        assert read_stored(store, page_name(0)) == content(0, 256 * KiB)
+    finally:
+        store.close()
