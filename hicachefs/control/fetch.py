@@ -258,7 +258,7 @@ class FetchHandle:
         ``name`` is None: its path was not UTF-8), a miss; ``NeedsIO`` when it is on a lower tier
         (``_open_slowly``)."""
         if name is None:
-            self.store.count_miss()
+            self.store.count_misses()
             return None
         try:
             reader = self.store.try_open(name, size=size)

@@ -196,7 +196,7 @@ class PlaneHandle:
             misses = _SIZE.unpack(rest)[0]
             if misses > MAX_REPORT:
                 raise FsError(errno.EFBIG, f"a report holds at most {MAX_REPORT} misses")
-            self.store.count_plane_misses(misses)
+            self.store.count_misses(misses)
 
     def _open_mailbox(self) -> int:
         """The handle's mailbox (made at its first ask): its offset in the arena, or -errno."""

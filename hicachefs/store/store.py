@@ -364,12 +364,6 @@ class PageStore:
                 return reader
         raise PageNotFound(name)
 
-    def count_miss(self) -> None:
-        """A read asked for a page no name can hold (a path that is not UTF-8): a miss all the
-        same, as stats count any page asked for and not served."""
-        with self._lock:
-            self._count_miss()
-
     def _count_read(self, row: int, now: int) -> None:
         index = self._index
         index.hits[row] += 1
@@ -426,9 +420,11 @@ class PageStore:
             self._promoting.start(promote)
         return counted
 
-    def count_plane_misses(self, count: int) -> None:
-        """Count reads the data plane's clients found no page for (the index held none of the
-        name, or one of another size), as an ``open`` of them would have: misses."""
+    def count_misses(self, count: int = 1) -> None:
+        """Count reads served no page without asking the store for it: the data plane's
+        clients' (the index held none of the name, or one of another size), or a fetch line
+        whose path no name can hold (not UTF-8). Misses all the same, as an ``open`` of them
+        would count."""
         with self._lock:
             self._count_miss(count)
 
