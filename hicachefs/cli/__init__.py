@@ -24,7 +24,7 @@ import os
 import sys
 
 from .. import deadline, mount_table
-from .arguments import UsageError, parse_args
+from .arguments import CommandFailed, UsageError, parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"hicachefs: {exc}", file=sys.stderr)
         return 2
+    except CommandFailed as exc:
+        print(f"hicachefs: {exc}", file=sys.stderr)
+        return 1
     except deadline.NoAnswer as exc:  # stats, top: the daemon stopped answering
         print(f"hicachefs: {exc.about(mount_table.resolve(args.mountpoint))}", file=sys.stderr)
         return 1

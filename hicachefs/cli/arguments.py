@@ -20,6 +20,12 @@ class UsageError(Exception):
     """A bad flag, size or path: reported in one line, exit status 2, nothing mounted."""
 
 
+class CommandFailed(Exception):
+    """The operation failed for a reason that is not the input (a mount whose daemon is gone):
+    reported in one line, exit status 1."""
+
+
+
 def parse_size(text: str) -> int:
     """'64G' -> bytes; K, M, G, T are powers of 1024, an optional trailing B or iB is allowed."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
@@ -37,7 +43,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hicachefs", description="An L3 KV-cache store for SGLang, as a filesystem.")
+    parser = _Parser(prog="hicachefs", description="An L3 KV-cache store for SGLang, as a filesystem.",
+                     epilog="exit status: 0 done; 1 the operation failed (a daemon that is gone, does not "
+                            "answer, or did not start); 2 bad input (a flag, size or path, a path that is "
+                            "not a hicachefs mount); 130 interrupted.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     mount = commands.add_parser("mount", help="mount a store (returns once the mount is live)")
     mount.add_argument("mountpoint")

@@ -12,20 +12,33 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import deadline
-from .arguments import UsageError
+from .. import deadline, mount_table
+from .arguments import CommandFailed, UsageError
 
 
 def read_stats(mountpoint: Path) -> dict:
-    """The mount's stats file, parsed; UsageError when it cannot be read or is not hicachefs
-    statistics (not a hicachefs mount, the daemon gone)."""
+    """The mount's stats file, parsed; CommandFailed when the mount's daemon is gone, UsageError
+    when it cannot be read otherwise (not a hicachefs mount) or is not hicachefs statistics."""
     path = Path(mountpoint, ".hicachefs", "stats")
     try:
         return json.loads(deadline.read_bytes(path))
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+        raise _unreadable(mountpoint, path, exc) from None
     except ValueError:
         raise UsageError(f"{path} is not hicachefs statistics") from None
+
+
+def _unreadable(mountpoint: Path, path: Path, exc: OSError) -> Exception:
+    """Why the stats file could not be read, in words the user acts on: looked up in the mount
+    table only now, so that a mount reached by another path (``/proc/PID/root/...``) still works."""
+    if exc.errno in mount_table.DEAD_ERRNOS:
+        return CommandFailed(f"{mountpoint}: its daemon is gone (a dead mount; hicachefs umount removes it)")
+    fstype = mount_table.filesystem_type(mount_table.resolve(mountpoint))
+    if fstype is None:
+        return UsageError(f"{mountpoint} is not a hicachefs mount")
+    if fstype != mount_table.FSTYPE:
+        return UsageError(f"{mountpoint} is a {fstype} mount, not hicachefs")
+    return UsageError(f"cannot read {path}: {exc.strerror}")
 
 
 def command(args: argparse.Namespace) -> int:

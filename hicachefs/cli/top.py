@@ -165,8 +165,8 @@ def command(args: argparse.Namespace) -> int:
 
 
 def show(mountpoint: Path, count: int | None, interval: float) -> int:
-    """Show views until ``count`` have been printed, or until Ctrl-C. Raises UsageError (the
-    stats file unreadable, ``stats.read_stats``) or deadline.NoAnswer."""
+    """Show views until ``count`` have been printed, or until Ctrl-C. Raises UsageError or
+    CommandFailed (the stats file unreadable, ``stats.read_stats``) or deadline.NoAnswer."""
     console = _Console(highlight=False)
     plain = count is not None or not console.is_terminal
     if plain:

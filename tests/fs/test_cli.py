@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -84,6 +85,34 @@ def test_umount_and_stats_commands(mount_factory):
     assert not os.path.ismount(mount.path)
     assert not mounting.alive(mount.pid)
     assert hicachefs("umount", str(mount.path)).returncode == 2
+
+
+def test_stats_and_top_without_a_daemon_say_so_in_one_line(mount_factory, tmp_path):
+    """A path that is not a hicachefs mount is bad input (2); a mount whose daemon is gone is the
+    daemon's failure (1), as one that does not answer is. Both said 'cannot read
+    PATH/.hicachefs/stats: Transport endpoint is not connected' (or 'No such file...'), exit 2."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for command in (["stats", str(plain)], ["top", str(plain), "--count", "1"]):
+        assert (lambda r: (r.returncode, r.stdout, r.stderr))(hicachefs(*command)) == (
+            2, "", f"hicachefs: {plain} is not a hicachefs mount\n")
+    proc = hicachefs("stats", "/proc")
+    assert (proc.returncode, proc.stderr) == (2, "hicachefs: /proc is a proc mount, not hicachefs\n")
+    mount = mount_factory("--memory", "64M")
+    os.kill(mount.pid, signal.SIGKILL)  # the daemon this test started, by its PID
+    assert mounting.wait_gone(mount.pid, 30)
+    gone = f"hicachefs: {mount.path}: its daemon is gone (a dead mount; hicachefs umount removes it)\n"
+    try:
+        for command in (["stats", str(mount.path)], ["top", str(mount.path), "--count", "1"]):
+            assert (lambda r: (r.returncode, r.stdout, r.stderr))(hicachefs(*command)) == (1, "", gone)
+    finally:
+        mounting.unmount_path(mount.path)  # the factory's stop may see it live still (cached attributes)
+
+
+def test_help_says_what_the_exit_statuses_mean():
+    shown = hicachefs("--help")
+    assert shown.returncode == 0
+    assert "exit status: 0" in " ".join(shown.stdout.split()), shown.stdout
 
 
 #: What only the daemon needs: a look at a busy host's store must not pay for loading these.
