@@ -4,6 +4,7 @@ mount(8) runs fuse3's ``mount.fuse3`` for type ``fuse.hicachefs``, which runs
 ``hicachefs SOURCE MOUNTPOINT -o OPTIONS`` with the shell's default PATH (mount(8) clears
 PATH, so the command must be in a directory like /usr/local/bin). ``as_mount_command`` turns
 that form into ``hicachefs mount MOUNTPOINT -o OPTIONS``; SOURCE is only a label and ignored.
+Without ``-o`` the first word is taken for a command, and one that is not is refused.
 
 Each ``hicachefs mount`` flag is an option spelt with underscores, the way FUSE's own options
 are: ``--disk-size 200G`` is ``disk_size=200G``, ``--write-through`` is ``write_through``.
@@ -32,8 +33,11 @@ class OptionError(ValueError):
 
 
 def as_mount_command(argv: list[str]) -> list[str]:
-    """``SOURCE MOUNTPOINT [-o OPTIONS]`` (the mount.fuse3 form) -> ``mount MOUNTPOINT ...``."""
-    if len(argv) >= 2 and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+    """``SOURCE MOUNTPOINT -o OPTIONS`` (the mount.fuse3 form) -> ``mount MOUNTPOINT ...``. The
+    form needs its -o, which mount.fuse3 always passes (mount(8) gives at least ``rw``): without
+    it the first word is a mistyped command, and ``hicachefs unmount MP`` mounted a new store."""
+    if len(argv) >= 3 and argv[0] not in COMMANDS and not argv[0].startswith("-") \
+            and any(arg.startswith("-o") for arg in argv[2:]):
         return ["mount", *argv[1:]]
     return argv
 

@@ -63,6 +63,20 @@ def test_output_closed_early_gives_one_line(mounted, command):
     assert result.stderr == "hicachefs: the output was closed before all of it was written (broken pipe)\n"
 
 
+@pytest.mark.parametrize("typo", ["unmount", "stat", "status"])
+def test_a_mistyped_command_mounts_nothing(tmp_path, typo):
+    """Without -o (which mount.fuse3 always passes) a first word that is not a command is not the
+    helper form's SOURCE: ``hicachefs unmount MP`` mounted a new store at MP, once unmounted."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    result = hicachefs(typo, str(mountpoint))
+    mounted = mounting.is_mounted(mountpoint)
+    mounting.stop_if_mounted(mountpoint)
+    assert not mounted and (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"hicachefs: argument command: invalid choice: '{typo}' "
+                             "(choose from 'mount', 'umount', 'stats', 'top')\n")
+
+
 def test_bad_mountpoints(tmp_path, mounted):
     assert "not an existing directory" in hicachefs("mount", str(tmp_path / "nope")).stderr
     full = tmp_path / "full"
