@@ -46,15 +46,16 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _entries() -> list[tuple[str, str, str]]:
-    """(mount point, type, major:minor) of every mount, in mount order, from mountinfo."""
+def _entries() -> list[tuple[str, str, str, str]]:
+    """(mount point, type, major:minor, superblock options) of every mount, in mount order, from
+    mountinfo."""
     entries = []
     with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:  # "42 27 0:39 / /mnt rw,nosuid - fuse.hicachefs hicachefs rw,..."
+        for line in mountinfo:  # "42 27 0:39 / /mnt rw,nosuid - fuse.hicachefs hicachefs rw,user_id=0,..."
             fields, _, rest = line.partition(" - ")
-            fields = fields.split()
+            fields, rest = fields.split(), rest.split()
             if len(fields) >= 5 and rest:
-                entries.append((_unescape(fields[4]), rest.split()[0], fields[2]))
+                entries.append((_unescape(fields[4]), rest[0], fields[2], rest[2] if len(rest) > 2 else ""))
     return entries
 
 
@@ -66,7 +67,7 @@ def resolve(path: str | os.PathLike) -> str:
     if not name:
         return absolute
     candidate = os.path.join(os.path.realpath(parent), name)
-    if any(target == candidate for target, _, _ in _entries()):
+    if any(target == candidate for target, *_ in _entries()):
         return candidate
     return os.path.realpath(candidate)
 
@@ -74,7 +75,7 @@ def resolve(path: str | os.PathLike) -> str:
 def _topmost(path: str | os.PathLike) -> tuple[str, str] | None:
     target = resolve(path)
     found = None
-    for mountpoint, fstype, device in _entries():
+    for mountpoint, fstype, device, _ in _entries():
         if mountpoint == target:
             found = (fstype, device)  # later lines are mounted on top of earlier ones
     return found
@@ -90,13 +91,23 @@ def device(path: str | os.PathLike) -> str | None:
 def device_mounted(device: str) -> bool:
     """Whether a mount of ``device`` (``major:minor``) is still in this namespace: one detached
     by a lazy unmount is gone from it at once, though its FUSE connection lives on."""
-    return any(found == device for _, _, found in _entries())
+    return any(found == device for _, _, found, _ in _entries())
 
 
 def filesystem_type(path: str | os.PathLike) -> str | None:
     """The type of the topmost mount at ``path`` (like ``fuse.hicachefs``), or None."""
     found = _topmost(path)
     return None if found is None else found[0]
+
+
+def owner(path: str | os.PathLike) -> int | None:
+    """The user who made the topmost FUSE mount at ``path`` (its ``user_id`` option), or None."""
+    target = resolve(path)
+    found = None
+    for mountpoint, _, _, options in _entries():
+        if mountpoint == target:
+            found = re.search(r"(?:^|,)user_id=(\d+)(?:,|$)", options)
+    return None if found is None else int(found[1])
 
 
 def answer(path: str | os.PathLike) -> Answer:
@@ -131,7 +142,7 @@ def abort(path: str | os.PathLike) -> None:
     major, minor = (int(part) for part in found[1].split(":"))
     connection = str(major << 20 | minor)  # fusectl names a connection by the kernel's dev_t
     control = os.path.join(FUSE_CONNECTIONS, connection, "abort")
-    if any(fstype == "fusectl" for _, fstype, _ in _entries()):
+    if any(fstype == "fusectl" for _, fstype, *_ in _entries()):
         with open(control, "w") as abort_file:
             abort_file.write("1")
         return

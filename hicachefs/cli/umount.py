@@ -43,7 +43,7 @@ def command(args: argparse.Namespace) -> int:
     if fstype != mount_table.FSTYPE:
         raise UsageError(f"{args.mountpoint} is a {fstype} mount, not hicachefs")
     try:
-        pid = json.loads(deadline.read_bytes(Path(mountpoint, ".hicachefs", "config")))["pid"]
+        pid = _daemon_pid(mountpoint)
     except deadline.NoAnswer as exc:
         return _abort_and_remove(mountpoint, exc.about(mountpoint))
     except OSError as exc:
@@ -52,6 +52,8 @@ def command(args: argparse.Namespace) -> int:
                                                  f"with {errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror})")
         return _remove(mountpoint, f"removed the dead mount at {mountpoint} (its daemon was gone)",
                        f"cannot remove the dead mount at {mountpoint}")
+    except ValueError as exc:  # a config that names no process of the mount's user
+        return _abort_and_remove(mountpoint, f"{mountpoint}: {exc}")
     try:
         os.kill(pid, signal.SIGTERM)
     except PermissionError:
@@ -72,6 +74,27 @@ def command(args: argparse.Namespace) -> int:
         return 1
     print(f"hicachefs: unmounted {mountpoint}")
     return 0
+
+
+def _daemon_pid(mountpoint: str) -> int:
+    """The daemon's pid, from the mount's config; ValueError, in words, when the config names no
+    process of the user who made the mount: any user may mount a FUSE filesystem typed hicachefs
+    and write its config, and root's umount signalled whatever it named (-1: every process)."""
+    try:
+        pid = json.loads(deadline.read_bytes(Path(mountpoint, ".hicachefs", "config")))["pid"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError("its config is not a hicachefs daemon's (no pid in it)") from None
+    if type(pid) is not int or pid <= 0:
+        raise ValueError(f"its config names pid {pid!r}, not a process")
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except FileNotFoundError:
+        return pid  # gone since: nothing is signalled
+    owner = mount_table.owner(mountpoint)
+    if uid != owner:
+        raise ValueError(f"its config names pid {pid}, a process of uid {uid}, not of the user who "
+                         f"mounted it (uid {owner})")
+    return pid
 
 
 def _stall_window() -> float:

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hicachefs import mount_table
 from hicachefs_testing import mounting
 
@@ -79,3 +81,37 @@ def test_mount_takes_down_the_daemon_it_started_when_the_mount_answers_with_an_e
             os.kill(pid, 9)
         if mounting.is_mounted(path):
             mount_table.remove(path)
+
+
+#: Injected into the umount command: the mount's config file names ``PID`` (a JSON value).
+_CONFIG_NAMES = """
+import json
+from hicachefs import deadline
+_read_bytes = deadline.read_bytes
+def _config(path, *args, **kwargs):
+    if path.name == "config" and path.parent.name == ".hicachefs":
+        return json.dumps({"pid": PID}).encode()
+    return _read_bytes(path, *args, **kwargs)
+deadline.read_bytes = _config
+"""
+
+
+@pytest.mark.parametrize("named", ["text", "another user's process"])
+def test_umount_signals_no_process_but_the_mounts_daemon(mount_factory, named):
+    """A config whose pid is not a number gave a traceback; one naming a process of another user
+    than the mount's (any user can mount a FUSE filesystem typed hicachefs and write its config)
+    had root's umount SIGTERM it. Such a mount answers, but not as a daemon should: aborted and
+    removed, nothing signalled."""
+    mount = mount_factory("--memory", "32M")
+    bystander = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "120"])
+    try:
+        pid = '"1234"' if named == "text" else str(bystander.pid)
+        result = hicachefs("umount", str(mount.path), before=_CONFIG_NAMES.replace("PID", pid))
+        assert (result.returncode, result.stderr) == (0, ""), result.stderr
+        assert result.stdout.startswith(f"hicachefs: {mount.path}: its config names ")
+        assert result.stdout.endswith("; aborted its FUSE connection and removed the mount\n")
+        assert not mounting.is_mounted(mount.path) and bystander.poll() is None
+    finally:
+        bystander.kill()  # the test's own child, by its PID
+        bystander.wait()
+    assert mounting.wait_gone(mount.pid, 60), "the daemon did not end once its mount was gone"
