@@ -390,7 +390,7 @@ class HiCacheFS(HiCacheStorage):
         directory = self._dir_of(name)
         wanted = self._valid_indices(keys)
         answers = [False] * len(keys)
-        for i, there in zip(wanted, self.io.exists_in(directory, [keys[i] for i in wanted])):
+        for i, there in zip(wanted, self.io.exists_in(directory, [keys[i] for i in wanted], self._page_bytes(name))):
             answers[i] = there
         return answers
 
@@ -406,7 +406,13 @@ class HiCacheFS(HiCacheStorage):
         index), and only the key it stopped at is: checking them all first cost a tenth of
         the call under SGLang."""
         keys = list(keys)
-        return self.io.held_prefix(self._dir_of(KV), keys, self._valid_prefix)
+        return self.io.held_prefix(self._dir_of(KV), keys, self._valid_prefix, self._page_bytes(KV))
+
+    def _page_bytes(self, name: str) -> Optional[int]:
+        """The size of pool ``name``'s pages, which alone its reads take (None while no host pool
+        says it): a page of another size under a key is not counted, so SGLang writes it again."""
+        layout = self._layout(name)
+        return layout.page_bytes if layout is not None else None
 
     def _valid_prefix(self, keys: Sequence[Any]) -> int:
         """How many of ``keys``, from the first, are valid (the first invalid one is refused)."""
@@ -430,14 +436,15 @@ class HiCacheFS(HiCacheStorage):
 
     def _exists_v2(self, keys: List[str], transfers: List[PoolTransfer]) -> PoolTransferResult:
         names = [KV] + [pool_name_str(t.name) for t in transfers]
-        rels, slots = [], {}
+        rels, sizes, slots = [], [], {}
         valid = self._valid_indices(keys)
         for name in dict.fromkeys(names):
-            directory = self._dir_of(name)
+            directory, size = self._dir_of(name), self._page_bytes(name)
             for i in valid:
                 slots[(name, i)] = len(rels)
                 rels.append(f"{directory}/{keys[i]}")
-        answers = self.io.exists(rels)
+                sizes.append(size)
+        answers = self.io.exists(rels, sizes)
 
         def has(name: str, i: int) -> bool:
             slot = slots.get((name, i))
@@ -522,7 +529,7 @@ class HiCacheFS(HiCacheStorage):
             self.counters.add(write_failures=1)
             return False
         directory = self._dir_of(KV)
-        if self.io.exists_in(directory, [key])[0]:
+        if self.io.exists_in(directory, [key], len(data))[0]:
             self.counters.add(pages_skipped=1)
             return True
         return self.io.publish_page(directory, key, [data], len(data))

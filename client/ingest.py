@@ -6,10 +6,11 @@ back, written from offset 0; the kernel cuts each write into WRITE requests of u
 page costs the daemon its bytes' share of a request instead of six requests of its own. The
 header goes first on its own: the pages' WRITEs then start on a page (1 MiB pages: one WRITE
 each), and it costs no request more than one write of everything (8 pages of 128 KiB: 2 WRITEs
-either way). Each page is published once its last byte is in; a page already published is kept as it is
-(``KEEP_EXISTING``), so the writer does not ask first (two requests saved per batch). A write
-that stops short means a page failed: a read of the handle says how many pages of the batch
-were published and why the next one failed, and the rest is written again as a new batch.
+either way). Each page is published once its last byte is in; a page already published at its
+size is kept as it is (``KEEP_EXISTING``; one of another size is replaced), so the writer does
+not ask first (two requests saved per batch). A write that stops short means a page failed: a
+read of the handle says how many pages of the batch were published and why the next one failed,
+and the rest is written again as a new batch.
 
 Pure functions over a file descriptor the caller owns; thread-safe as long as each thread uses
 its own descriptor (one handle holds one batch at a time).

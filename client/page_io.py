@@ -251,7 +251,7 @@ class PageIO:
     def _publish_missing(self, rel_dir: str, keys: Sequence[str],
                          buffers: Sequence[Sequence[memoryview]], size: int) -> List[bool]:
         """Without the ingest file: ask which pages exist, publish the others one by one."""
-        present = self.exists_in(rel_dir, keys)
+        present = self.exists_in(rel_dir, keys, size)
         if any(present):
             self.counters.add(pages_skipped=sum(present))
         return [there or self.publish_page(rel_dir, key, page, size)
@@ -336,29 +336,32 @@ class PageIO:
 
     # ---------------------------------------------------------------- existence
 
-    def exists(self, rels: Sequence[str]) -> List[bool]:
-        """For each relative page path: published and readable? One request for all of them."""
+    def exists(self, rels: Sequence[str], sizes: Optional[Sequence[Optional[int]]] = None) -> List[bool]:
+        """For each relative page path: published and readable (as a page of ``sizes[i]``
+        bytes, when given)? One request for all of them."""
         if not rels:
             return []
-        answers = self.plane.find(rels) if self.plane is not None else [None] * len(rels)
+        answers = self.plane.find(rels, sizes) if self.plane is not None else [None] * len(rels)
         return self._answered(answers, lambda i: rels[i])
 
-    def exists_in(self, rel_dir: str, keys: Sequence[str]) -> List[bool]:
+    def exists_in(self, rel_dir: str, keys: Sequence[str], size: Optional[int] = None) -> List[bool]:
         """``exists`` for pages of one pool directory, SGLang's usual ask."""
         if not keys:
             return []
-        answers = self.plane.find_in(rel_dir, keys) if self.plane is not None else [None] * len(keys)
+        answers = self.plane.find_in(rel_dir, keys, size) if self.plane is not None else [None] * len(keys)
         return self._answered(answers, lambda i: f"{rel_dir}/{keys[i]}")
 
-    def held_prefix(self, rel_dir: str, keys: Sequence[Any], valid_prefix: Callable[[Sequence[Any]], int]) -> int:
+    def held_prefix(self, rel_dir: str, keys: Sequence[Any], valid_prefix: Callable[[Sequence[Any]], int],
+                    size: Optional[int] = None) -> int:
         """How many of ``keys`` of one pool directory, from the first, are published and
-        readable: the plane's answer, and the daemon's for the keys the plane cannot say.
+        readable (as pages of ``size`` bytes, when given): the plane's answer, and the daemon's
+        for the keys the plane cannot say.
         ``valid_prefix(keys)``: how many keys from the first are valid names (refusing the
         first that is not); the plane asks it only of the key it stopped at, the daemon is
         asked only of valid ones."""
         held, sure = 0, False
         if self.plane is not None:
-            held, sure = self.plane.held_prefix(rel_dir, keys)
+            held, sure = self.plane.held_prefix(rel_dir, keys, size)
         if held == len(keys):
             return held
         if sure:

@@ -220,24 +220,26 @@ class Plane:
 
     # ---------------------------------------------------------------- reading
 
-    def find(self, rels: Sequence[str]) -> List[Optional[bool]]:
-        """Per page path: held (True), not held (False), or None when only the daemon can say."""
+    def find(self, rels: Sequence[str], sizes: Optional[Sequence[Optional[int]]] = None) -> List[Optional[bool]]:
+        """Per page path: held (True), not held (False), or None when only the daemon can say;
+        ``sizes``: per path, the only size a page held there may have (``Attachment.locate``)."""
         attachment = self.attached()
         if attachment is None:
             return [None] * len(rels)
         self.commits.wait(rels)
-        return self._locate(attachment, rels, rows=False)
+        return self._locate(attachment, rels, rows=False, sizes=sizes)
 
-    def find_in(self, directory: str, keys: Sequence[str]) -> List[Optional[bool]]:
-        """``find`` for pages of one pool directory (SGLang's usual ask), with no page paths made."""
-        found = self._locate_in(directory, keys, prefix=False)
+    def find_in(self, directory: str, keys: Sequence[str], size: Optional[int] = None) -> List[Optional[bool]]:
+        """``find`` for pages of one pool directory (SGLang's usual ask), with no page paths made;
+        ``size``: only a page of that size is held (``Attachment.locate``)."""
+        found = self._locate_in(directory, keys, prefix=False, size=size)
         return [None] * len(keys) if found is None else found  # type: ignore[return-value]
 
-    def held_prefix(self, directory: str, keys: Sequence[str]) -> Tuple[int, bool]:
-        """How many of ``keys`` of one pool directory, from the first, the index holds, and
-        whether that is all it can say (False: only the daemon can answer for the key after
-        them). None probed past the first one missing."""
-        found = self._locate_in(directory, keys, prefix=True)
+    def held_prefix(self, directory: str, keys: Sequence[str], size: Optional[int] = None) -> Tuple[int, bool]:
+        """How many of ``keys`` of one pool directory, from the first, the index holds (of
+        ``size`` bytes, when given), and whether that is all it can say (False: only the daemon
+        can answer for the key after them). None probed past the first one missing."""
+        found = self._locate_in(directory, keys, prefix=True, size=size)
         if found is None:
             return 0, False
         for held, row in enumerate(found):
@@ -245,7 +247,8 @@ class Plane:
                 return held, row is False
         return len(keys), True
 
-    def _locate_in(self, directory: str, keys: Sequence[str], prefix: bool) -> Optional[List[Optional[bool]]]:
+    def _locate_in(self, directory: str, keys: Sequence[str], prefix: bool,
+                   size: Optional[int]) -> Optional[List[Optional[bool]]]:
         """``Attachment.locate`` of keys of one pool directory (held or not, no rows), once this
         process's commits of them are answered; None when the plane cannot look (no daemon, no
         directory number)."""
@@ -254,7 +257,9 @@ class Plane:
             return None
         self.commits.wait_in(directory, keys)
         dir_id = self._dir_id(attachment, directory)
-        return None if dir_id is None else attachment.locate(dir_id, keys, prefix, rows=False)  # type: ignore[return-value]
+        if dir_id is None:
+            return None
+        return attachment.locate(dir_id, keys, prefix, rows=False, size=size)  # type: ignore[return-value]
 
     def read_pages(self, rels: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                    size: int, alone: bool = False) -> List[Optional[bool]]:
@@ -295,21 +300,23 @@ class Plane:
             found = self._locate(attachment, [rel])[0]
         return None  # it kept changing under the copies, or its bytes failed their checksum
 
-    def _locate(self, attachment: Attachment, rels: Sequence[str], rows: bool = True) -> List[Found | bool | None]:
+    def _locate(self, attachment: Attachment, rels: Sequence[str], rows: bool = True,
+                sizes: Optional[Sequence[Optional[int]]] = None) -> List[Found | bool | None]:
         """Per page path: its row (``Found``; True instead when not ``rows``), False when the
-        index does not hold it and nobody else may, or None when only the daemon can say
-        (``Attachment.locate``, once per pool directory of the batch)."""
+        index does not hold it (of ``sizes[i]`` bytes, when given) and nobody else may, or None
+        when only the daemon can say (``Attachment.locate``, once per pool directory and size
+        of the batch)."""
         found: List[Found | bool | None] = [None] * len(rels)
-        by_directory: Dict[str, List[int]] = {}
+        by_directory: Dict[Tuple[str, Optional[int]], List[int]] = {}
         keys = []
         for i, rel in enumerate(rels):
             directory, _, key = rel.rpartition("/")
-            by_directory.setdefault(directory, []).append(i)
+            by_directory.setdefault((directory, None if sizes is None else sizes[i]), []).append(i)
             keys.append(key)
-        for directory, at in by_directory.items():
+        for (directory, size), at in by_directory.items():
             dir_id = self._dir_id(attachment, directory)
             if dir_id is not None:
-                for i, row in zip(at, attachment.locate(dir_id, [keys[i] for i in at], rows=rows)):
+                for i, row in zip(at, attachment.locate(dir_id, [keys[i] for i in at], rows=rows, size=size)):
                     found[i] = row
         return found
 
@@ -318,7 +325,7 @@ class Plane:
     def publish(self, rel_dir: str, keys: Sequence[str], buffers: Sequence[Sequence[memoryview]],
                 size: int, spread: Optional[Spread] = None, runs: int = 1) -> List[Optional[OSError | bool]]:
         """Publish page ``keys[i]`` of ``rel_dir`` from ``buffers[i]`` (``size`` bytes); pages
-        the index holds already are kept as they are. Per page: True (stored), an OSError
+        the index holds already at that size are kept as they are. Per page: True (stored), an OSError
         (refused), or None when the plane could not take it (it goes another way). What was
         stored or kept is counted here. ``spread(copy, runs)``: copies the pages in ``runs``
         runs at once (the client's write threads), the batch still one commit."""
@@ -328,7 +335,7 @@ class Plane:
             return results
         rels = [f"{rel_dir}/{key}" for key in keys]
         todo = []
-        for i, held in enumerate(self.find_in(rel_dir, keys)):
+        for i, held in enumerate(self.find_in(rel_dir, keys, size)):
             if held:
                 results[i] = True
             else:

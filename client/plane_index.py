@@ -47,6 +47,7 @@ _HEAD = struct.Struct("<QQ32si")  # a row's gen, hash, key, dir: whom it holds
 _TAIL = struct.Struct("<IQqq")  # and the rest: where the page is
 _GEN = struct.Struct("<Q")
 _SLOT = struct.Struct("<i")
+_SIZE = struct.Struct("<I")  # a row's size, right after its head
 _KEY = struct.Struct("<4Q")
 MAGIC, VERSION, LIVE = b"HCFSIDX1", 1, 0
 _EMPTY = -1
@@ -164,7 +165,7 @@ class Attachment:
         return found or None
 
     def locate(self, dir_id: int, keys: Sequence[str], prefix: bool = False,
-               rows: bool = True) -> List[Found | bool | None]:
+               rows: bool = True, size: Optional[int] = None) -> List[Found | bool | None]:
         """Per key of the directory: its row (``Found``; True instead when not ``rows``, for who
         asks only whether it is held); False when the index does not hold it and no other tier
         may; None when only the daemon can say (a table rebuilt meanwhile, a row being changed,
@@ -172,11 +173,14 @@ class Attachment:
         once before the batch and once after it: a miss counts only if the table was not being
         changed and did not change.
         ``prefix``: the keys after the first one not held are not probed, and answered False
-        (who asks how many keys from the first are held needs no more)."""
+        (who asks how many keys from the first are held needs no more).
+        ``size`` (with ``rows`` False): a page of another size is answered False, as not held:
+        no read of ``size`` takes it, and a write of the name replaces it."""
         places = self._places.get(dir_id)
         if places is None or len(places) > MAX_PLACES:
             places = self._places[dir_id] = {}
-        m, head_of, tail_of, slot_of = self._map, _HEAD.unpack_from, _TAIL.unpack_from, _SLOT.unpack_from
+        m, head_of, tail_of, slot_of, size_of = (self._map, _HEAD.unpack_from, _TAIL.unpack_from,
+                                                 _SLOT.unpack_from, _SIZE.unpack_from)
         # Read before the probes: a miss counts only if the table was not being changed (odd:
         # rebuilt, or a page replaced) nor changed meanwhile. A hit needs no such check: its
         # row holds the key, and the row's ``gen`` vouches for the copy.
@@ -211,7 +215,7 @@ class Attachment:
                         elif rows:
                             found.append(Found(row, gen, kid, *tail_of(m, at + _HEAD.size)))
                         else:
-                            found.append(True)
+                            found.append(size is None or size_of(m, at + _HEAD.size)[0] == size)
                         break
                 i = (i + 1) & mask
             else:

@@ -9,10 +9,11 @@ into WRITE requests of at most 1 MiB, so a page costs its bytes' share of those.
 A batch, written from offset 0, each write continuing where the last one ended:
 ``HCFSPUT1``, the header's length (uint32 little-endian), the page count and the flags (uint16
 each), the header (one ``<size> <path>\\n`` line per page), then the pages' bytes back to back.
-With ``KEEP_EXISTING`` a page whose name is published already is left as it is (its bytes are
-passed over): the writer need not ask first which pages the store has. A page is
-reserved in the store when its first byte arrives and published (``Publisher.publish_reserved``:
-the namespace's rules, as for a rename) when its last one has. A page cut off by the end of the
+With ``KEEP_EXISTING`` a page whose name is published already, at the size being written, is
+left as it is (its bytes are passed over; one of another size is replaced): the writer need
+not ask first which pages the store has. A page is reserved in the store when its first byte
+arrives and published (``Publisher.publish_reserved``: the namespace's rules, as for a rename)
+when its last one has. A page cut off by the end of the
 handle or by a new batch publishes nothing.
 
 A page that cannot be published stops the batch: the write that reached it accepts only the
@@ -49,7 +50,7 @@ class Publisher(Protocol):
     its publish rules. A reserved page counts against the files being written until
     ``publish_reserved`` (which consumes the draft whatever happens) or ``abandon_page``."""
 
-    def has_page(self, path: str) -> bool: ...
+    def has_page(self, path: str, size: int | None = None) -> bool: ...
 
     def reserve_page(self, path: str, size: int) -> Draft: ...
 
@@ -138,7 +139,7 @@ class IngestStream:
 
     def _new_draft(self, entry: _Entry) -> Draft | None:
         """The draft of a page whose first byte comes now; None for a page kept as it is."""
-        if self._keep_existing and self.publisher.has_page(entry.path):
+        if self._keep_existing and self.publisher.has_page(entry.path, entry.size):
             return None
         return self.publisher.reserve_page(entry.path, entry.size)
 

@@ -25,8 +25,8 @@ taken for a later one.
   length) each followed by the page's path, then ``<I`` n and n sizes to reserve next (so that a
   batch costs one request; all handles' slots reserved ahead hold at most the RAM budget's
   ``reserved_ahead`` share, a sixteenth of the tier: such a slot made room in RAM one batch
-  early, evicting or demoting as any write does); ``flags`` 1 (``KEEP_EXISTING``) leaves pages already stored as they
-  are, 4 (``MAKE_POOLS``) makes a page's pool directory where it is missing, as mkdir would. Answer per page ``<i``: 0 published, 1 kept as it was, or ``-errno``; then per size to
+  early, evicting or demoting as any write does); ``flags`` 1 (``KEEP_EXISTING``) leaves pages already stored at the size
+  committed as they are (one of another size is replaced), 4 (``MAKE_POOLS``) makes a page's pool directory where it is missing, as mkdir would. Answer per page ``<i``: 0 published, 1 kept as it was, or ``-errno``; then per size to
   reserve ``<q`` as ``RESERVE`` answers.
 - ``REPORT``: body ``count`` reads the client made (``<IQ``: the index row and its ``gen`` as it
   read it; at most ``MAX_REPORT``), counted as hits, then optionally ``<I`` the reads it found

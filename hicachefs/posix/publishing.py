@@ -195,12 +195,13 @@ class Publishing:
 
     # -- the ingest file's pages (``ingest.Publisher``) ---------------------------------
 
-    def has_page(self, path: str) -> bool:
+    def has_page(self, path: str, size: int | None = None) -> bool:
+        """Whether ``path`` names a stored page (of ``size`` bytes, when given)."""
         try:
             directory, key = self._target(path)
         except FsError:
             return False
-        return self.store.holds(directory.page_name(key))
+        return self.store.holds(directory.page_name(key), size)
 
     def reserve_page(self, path: str, size: int) -> Draft:
         """Room for the page ``path`` will name, once the path is known to be publishable,
@@ -254,8 +255,8 @@ class Publishing:
 
     def publish_page(self, path: str, draft: Draft, keep_existing: bool = False) -> bool:
         """Publish a filled draft under ``path``, replacing what the name held, as a rename
-        onto it would; the draft is consumed whatever happens. ``keep_existing``: a page the
-        name holds is kept as it is instead (False is returned)."""
+        onto it would; the draft is consumed whatever happens. ``keep_existing``: a page of the
+        draft's size the name holds is kept as it is instead (False is returned)."""
         try:
             directory, key = self._target(path)
         except BaseException:

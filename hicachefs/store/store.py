@@ -204,8 +204,9 @@ class PageStore:
         """Checksum the draft and make it visible under ``name``, replacing any page of that
         name atomically; with write_through it is on the next tier when this returns. On any
         failure the draft is given back and the store is as it was (an old page stays).
-        ``keep_existing``: a page of that name stored here or on a named tier is kept as it is
-        instead, the draft given back, and None returned."""
+        ``keep_existing``: a page of that name and of the draft's size stored here or on a
+        named tier (``holds``) is kept as it is instead, the draft given back, and None
+        returned; one of another size is replaced (no reader of this size could take it)."""
         published = self._publish(draft, name, mtime_ns, keep_existing)
         if published is None:
             return None
@@ -227,7 +228,7 @@ class PageStore:
         elsewhere = keep_existing and bool(self._named) and self._named_may_hold(name)  # (not under the lock)
         with self._lock, self._reporting():
             old = self._index.find(name)
-            if keep_existing and (old >= 0 or elsewhere):
+            if keep_existing and self._of_size(name, old, page.size, elsewhere):
                 if slot is not None:
                     self._ram.retire(slot)
                 return None
@@ -446,12 +447,26 @@ class PageStore:
             return None
         return self._named_info(page)
 
-    def holds(self, name: str) -> bool:
-        """Whether a page of that name is stored here or on a named tier (from memory)."""
+    def holds(self, name: str, size: int | None = None) -> bool:
+        """Whether a page of that name is stored here or on a named tier (from memory); with
+        ``size``, only a page of that size counts (see ``_of_size``)."""
         with self._lock:
-            if self._index.find(name) >= 0:
-                return True
-        return self._named_may_hold(name)
+            row = self._index.find(name)
+            if row >= 0:
+                return self._of_size(name, row, size, elsewhere=False)
+        elsewhere = self._named_may_hold(name)  # (not under the lock)
+        with self._lock:
+            return self._of_size(name, -1, size, elsewhere)
+
+    def _of_size(self, name: str, row: int, size: int | None, elsewhere: bool) -> bool:
+        """Under the lock: whether the name holds a page of ``size`` (any, when None): its
+        ``row`` here, or, none here, one a named tier may hold (``elsewhere``) whose facts
+        seen lately (``find``) say no other size. A named tier's page of unknown size counts:
+        its size is in its file, which is not read here."""
+        if row >= 0:
+            return size is None or int(self._index.size[row]) == size
+        known = self._found.get(name)
+        return elsewhere and (size is None or known is None or known.size == size)
 
     def lookup(self, name: str) -> PageInfo | None | NeedsIO:
         """The page's facts from memory, None if no tier has it, or ``NeedsIO`` when a named
@@ -478,13 +493,17 @@ class PageStore:
             if page is None:
                 continue
             with self._lock:
-                self._found[name] = page
-                self._found.move_to_end(name)
-                while len(self._found) > _FOUND_KEPT:
-                    self._found.popitem(last=False)
+                self._remember(name, page)
                 row = self._index.find(name)
                 return self._info(row) if row >= 0 else self._named_info(page)
         return None
+
+    def _remember(self, name: str, page: PageMeta) -> None:
+        """Under the lock: keep the facts of a page found on a named tier (``_found``)."""
+        self._found[name] = page
+        self._found.move_to_end(name)
+        while len(self._found) > _FOUND_KEPT:
+            self._found.popitem(last=False)
 
     def has_directory(self, path: str) -> bool:
         """Whether pages lie under directory ``path`` here or on a named tier (from memory)."""
@@ -688,7 +707,11 @@ class PageStore:
     def _open_named_counted(self, name: str, ahead: bool, size: int | None) -> PageReader | None:
         for tier in self._named:
             page = tier.find(name, reading=True) if tier.contains_many([name])[0] else None
-            if page is None or (size is not None and page.size != size):
+            if page is None:
+                continue
+            if size is not None and page.size != size:
+                with self._lock:  # so that ``holds`` and ``keep_existing`` know it is of another size
+                    self._remember(name, page)
                 continue
             with self._lock, self._reporting():
                 slot = self._slot_for_promotion(page.size)

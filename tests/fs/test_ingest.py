@@ -161,6 +161,16 @@ def test_a_page_replaces_its_name_atomically_unless_kept(mounted, ingest):
     assert mounted.stats()["pages"] == 1
 
 
+def test_keep_existing_replaces_a_page_of_another_size(mounted, ingest):
+    """A page file of another size (a copy cut off half-way) is no page this batch's readers
+    could take: KEEP_EXISTING replaces it, as a batch without the flag would."""
+    (path, page), = pages(1, 64 << 10, seed=5)
+    publish(mounted.path / POOL, path.rsplit("/", 1)[1], page[: len(page) // 2])
+    ingest_batch(ingest, [(path, page)], flags=KEEP_EXISTING)
+    assert ingest_status(ingest) == (1, 0)
+    wait_until(lambda: read_page(mounted.path / path) == page, 2.0)
+
+
 def test_a_kept_page_is_kept_also_when_it_is_stored_while_the_batch_arrives(mounted, ingest):
     """KEEP_EXISTING: a page of the name published by another writer after the batch's page
     began to arrive, and before it ended, is kept too."""

@@ -226,3 +226,21 @@ def test_a_page_whose_lookup_failed_during_its_removal_stays_removed(store_of, t
     assert b.exists_many([name]) == [False]
     with pytest.raises(PageNotFound):
         b.open(name)
+
+
+# -- 4. a page of another size on the shared tier does not block its name ---------------------------
+
+def test_a_page_of_another_size_only_the_shared_tier_holds_is_replaced_once_a_read_saw_its_size(store_of):
+    """Host A put a page of the wrong size (a cut-off copy); host B's reader of the right size
+    misses it, and from then on B neither counts it as held at that size nor keeps it."""
+    a, b = store_of(), store_of()
+    name = page_name(1)
+    a.put(name, content(1, SIZE // 2))
+    wait_until(lambda: settled(a._named[0]) and b.holds(name))
+    with pytest.raises(PageNotFound):
+        b.open(name, size=SIZE)
+    assert b.holds(name) and b.holds(name, SIZE // 2) and not b.holds(name, SIZE)
+    draft = b.reserve(SIZE)
+    draft.write(0, content(2, SIZE))
+    assert b.publish_page(draft, name, keep_existing=True) is True
+    assert read_stored(b, name) == content(2, SIZE)

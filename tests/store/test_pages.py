@@ -141,3 +141,33 @@ def test_reused_slot_never_shows_an_earlier_pages_bytes(make_store):
     expected[:10] = b"y" * 10
     expected[500_000:500_010] = b"z" * 10
     assert read_all(store, "d/scattered") == bytes(expected)
+
+
+def _draft_of(store, data: bytes):
+    draft = store.reserve(len(data))
+    draft.write(0, data)
+    return draft
+
+
+def test_keep_existing_keeps_a_page_of_the_size_being_written(make_store):
+    store = make_store()
+    store.put("d/p", b"old!")
+    assert store.publish_page(_draft_of(store, b"new!"), "d/p", keep_existing=True) is False
+    assert read_all(store, "d/p") == b"old!"
+    assert store.statistics().tier("memory").used_bytes == 64  # the draft's slot came back
+
+
+def test_keep_existing_replaces_a_page_of_another_size(make_store):
+    """A page of another size (a cut-off copy, another writer's layout) is no page the writer
+    could ever read: kept, it would block its name for good."""
+    store = make_store()
+    store.put("d/p", b"cut")
+    assert store.publish_page(_draft_of(store, b"whole!"), "d/p", keep_existing=True) is True
+    assert read_all(store, "d/p") == b"whole!" and store.info("d/p").size == 6
+
+
+def test_holds_of_a_size_counts_only_a_page_of_that_size(make_store):
+    store = make_store()
+    store.put("d/p", b"cut")
+    assert store.holds("d/p") and store.holds("d/p", 3) and not store.holds("d/p", 6)
+    assert not store.holds("d/q", 3)
