@@ -27,7 +27,7 @@ import re
 import secrets
 import shutil
 import stat
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import fetch, ingest
 from .accounting import Counters, FailureLog, error_kind
@@ -51,6 +51,22 @@ def _one_per_line(paths: Sequence[str]) -> bool:
     """Whether the paths can be written one per line (the ingest and fetch requests' form);
     a key holding a newline is a valid name, and such a batch goes a file per page."""
     return not any("\n" in path for path in paths)
+
+
+def _exists_request(rels: Sequence[str], sizes: Sequence[Optional[int]]) -> Tuple[bytes, List[int], int]:
+    """The exists request for page paths ``rels`` (one per line), each counted only at its size
+    in ``sizes`` (None: any): a ``.size`` line goes before each run of one size (the daemon
+    answers it '0'). With where each path's answer is in the answer, and the request's lines."""
+    lines: List[str] = []
+    answer_at: List[int] = []
+    current = 0  # what a request starts with: any size
+    for rel, size in zip(rels, sizes):
+        if (size or 0) != current:
+            current = size or 0
+            lines.append(f".size {current}")
+        answer_at.append(len(lines))
+        lines.append(rel)
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"), answer_at, len(lines)
 
 
 # Kinds of failure that are not errno values.
@@ -342,14 +358,14 @@ class PageIO:
         if not rels:
             return []
         answers = self.plane.find(rels, sizes) if self.plane is not None else [None] * len(rels)
-        return self._answered(answers, lambda i: rels[i])
+        return self._answered(answers, lambda i: rels[i], lambda i: None if sizes is None else sizes[i])
 
     def exists_in(self, rel_dir: str, keys: Sequence[str], size: Optional[int] = None) -> List[bool]:
         """``exists`` for pages of one pool directory, SGLang's usual ask."""
         if not keys:
             return []
         answers = self.plane.find_in(rel_dir, keys, size) if self.plane is not None else [None] * len(keys)
-        return self._answered(answers, lambda i: f"{rel_dir}/{keys[i]}")
+        return self._answered(answers, lambda i: f"{rel_dir}/{keys[i]}", lambda i: size)
 
     def held_prefix(self, rel_dir: str, keys: Sequence[Any], valid_prefix: Callable[[Sequence[Any]], int],
                     size: Optional[int] = None) -> int:
@@ -369,20 +385,23 @@ class PageIO:
             return held
         rest = keys[held:]
         rest = rest[: valid_prefix(rest)]
-        answers = self._exists_elsewhere([f"{rel_dir}/{key}" for key in rest]) if rest else []
+        answers = self._exists_elsewhere([f"{rel_dir}/{key}" for key in rest], [size] * len(rest)) if rest else []
         return held + (answers.index(False) if False in answers else len(answers))
 
-    def _answered(self, answers: List[Optional[bool]], rel_of: Callable[[int], str]) -> List[bool]:
-        """``answers`` with those the plane could not give (None) asked of the daemon."""
+    def _answered(self, answers: List[Optional[bool]], rel_of: Callable[[int], str],
+                  size_of: Callable[[int], Optional[int]]) -> List[bool]:
+        """``answers`` with those the plane could not give (None) asked of the daemon; page
+        ``i`` is at ``rel_of(i)``, of ``size_of(i)`` bytes (None: any size)."""
         if None not in answers:
             return answers  # type: ignore[return-value]
         asked = [i for i, answer in enumerate(answers) if answer is None]
-        for i, answer in zip(asked, self._exists_elsewhere([rel_of(i) for i in asked])):
+        for i, answer in zip(asked, self._exists_elsewhere([rel_of(i) for i in asked], [size_of(i) for i in asked])):
             answers[i] = answer
         return answers  # type: ignore[return-value]
 
-    def _exists_elsewhere(self, rels: Sequence[str]) -> List[bool]:
-        """``exists`` through the daemon: the exists file, ``stat`` where it cannot say."""
+    def _exists_elsewhere(self, rels: Sequence[str], sizes: Sequence[Optional[int]]) -> List[bool]:
+        """``exists`` through the daemon, a page counted only at its size in ``sizes`` (None:
+        any): the exists file, ``stat`` where it cannot say."""
         answers: List[Optional[bool]] = [None] * len(rels)
         joined = "\n".join(rels)
         if joined.count("\n") == len(rels) - 1 and not _OTHER_LINE_BREAKS.search(joined):
@@ -390,19 +409,19 @@ class PageIO:
         else:
             lines = [i for i, rel in enumerate(rels) if not _LINE_BREAKS.search(rel)]
         if lines:
-            got = self._query([rels[i] for i in lines])
+            got = self._query([rels[i] for i in lines], [sizes[i] for i in lines])
             if got is not None:
                 for i, ok in zip(lines, got):
                     answers[i] = ok
         for i, answer in enumerate(answers):
             if answer is None:
-                answers[i] = self._stat_exists(rels[i])
+                answers[i] = self._stat_exists(rels[i], sizes[i])
         return answers  # type: ignore[return-value]
 
-    def _query(self, rels: Sequence[str]) -> Optional[List[bool]]:
+    def _query(self, rels: Sequence[str], sizes: Sequence[Optional[int]]) -> Optional[List[bool]]:
         """Ask ``.hicachefs/exists``; None when it cannot answer (then stat answers)."""
-        request = ("\n".join(rels) + "\n").encode("utf-8", "surrogateescape")
-        expected = len(rels) + 1
+        request, answer_at, lines = _exists_request(rels, sizes)
+        expected = lines + 1
         with self.handles.using(EXISTS_FILE) as handle:
             if handle is None:
                 return None
@@ -430,12 +449,13 @@ class PageIO:
                 return None
         self.failures.success()
         self.counters.add(exists_queries=1, exists_paths=len(rels))
-        return [c == 0x31 for c in answer[:-1]]
+        return [answer[i] == 0x31 for i in answer_at]
 
-    def _stat_exists(self, rel: str) -> bool:
+    def _stat_exists(self, rel: str, size: Optional[int]) -> bool:
         self.counters.add(exists_stat_fallbacks=1)
         try:
-            return stat.S_ISREG(os.stat(self.path(rel)).st_mode)
+            found = os.stat(self.path(rel))
+            return stat.S_ISREG(found.st_mode) and (size is None or found.st_size == size)
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
                 self.failures.failure(error_kind(exc), f"cannot stat {rel}: {exc.strerror or exc}")

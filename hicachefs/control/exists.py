@@ -25,6 +25,12 @@ _STEP_BYTES = LINES_PER_STEP * 512
 #: The longest line that can name a page: five components of at most 200 bytes, four '/'.
 _LONGEST_PATH = 5 * names.MAX_NAME_BYTES + 4
 _DIGITS = bytes.maketrans(b"\x00\x01", b"01")
+#: A request line ``.size N`` names no page (no page path starts with '.'; it is answered '0'):
+#: the lines after it, up to the next such line, count a page only of N bytes (0: of any size).
+#: So a client that reads pages of one size learns that a page of another size is not one.
+SIZE_LINE = b".size "
+#: Digits of the longest size a ``.size`` line may give (a page size fits in 32 bits).
+_SIZE_DIGITS = 10
 
 
 class ExistsHandle:
@@ -59,6 +65,7 @@ class ExistsHandle:
         self._complete = False
         self._read = 0  # answer bytes read
         self._failure: FsError | None = None
+        self._size: int | None = None  # the size of the last ``.size`` line, if any
         self.account.hold(0)
 
     async def write(self, offset: int, data: bytes) -> int:
@@ -136,18 +143,32 @@ class ExistsHandle:
 
     def _found(self, lines: list[bytes]) -> bytes:
         """'1' or '0' per line. No name checks are needed: the store holds only valid page
-        names, so a line is '1' exactly when it decodes to one of them; lines that cannot be a
-        page path (not five components, too long, not UTF-8) are not looked up at all."""
-        candidates, where = [], []
+        names, so a line is '1' exactly when it decodes to one of them (of the size of the
+        ``.size`` line before it, if any); lines that cannot be a page path (not five
+        components, too long, not UTF-8) are not looked up at all."""
+        runs: list[tuple[int | None, list[str], list[int]]] = [(self._size, [], [])]  # per size: names, lines
         for i, line in enumerate(lines):
-            if line.count(b"/") == 4 and len(line) <= _LONGEST_PATH:
+            if line.startswith(SIZE_LINE):
+                self._size = _size_of(line, self._size)
+                runs.append((self._size, [], []))
+            elif line.count(b"/") == 4 and len(line) <= _LONGEST_PATH:
                 try:
-                    candidates.append(line.decode("utf-8"))
+                    runs[-1][1].append(line.decode("utf-8"))
                 except UnicodeDecodeError:
                     continue
-                where.append(i)
+                runs[-1][2].append(i)
         found = bytearray(len(lines))
-        if candidates:
-            for i, hit in zip(where, self.store.exists_many(candidates)):
-                found[i] = hit
+        for size, candidates, where in runs:
+            if candidates:
+                for i, hit in zip(where, self.store.exists_many(candidates, size)):
+                    found[i] = hit
         return found.translate(_DIGITS)
+
+
+def _size_of(line: bytes, before: int | None) -> int | None:
+    """The size a ``.size`` line gives (None for 0: any size); ``before`` for a line that is no
+    such line (it changes nothing)."""
+    digits = line[len(SIZE_LINE):]
+    if not digits.isdigit() or len(digits) > _SIZE_DIGITS:
+        return before
+    return int(digits) or None

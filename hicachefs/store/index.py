@@ -366,10 +366,20 @@ class PageIndex:
         return list(map(itemgetter(0), splits)), _key_ids(list(map(itemgetter(2), splits)))
 
     def find_many(self, prepared: tuple[list[str], np.ndarray]) -> np.ndarray:
-        """A bool per name of ``prepare_many(names)``: is it present. Hashing and probing are vectorised."""
+        """A bool per name of ``prepare_many(names)``: is it present."""
+        return self._rows_many(prepared) >= 0
+
+    def sizes_many(self, prepared: tuple[list[str], np.ndarray]) -> np.ndarray:
+        """Per name of ``prepare_many(names)``: its page's size, -1 where none."""
+        rows = self._rows_many(prepared)
+        return np.where(rows >= 0, self.size[np.maximum(rows, 0)], -1)
+
+    def _rows_many(self, prepared: tuple[list[str], np.ndarray]) -> np.ndarray:
+        """Per name of ``prepare_many(names)``: its row, -1 where none. Hashing and probing are
+        vectorised."""
         directories, k = prepared
         n = len(directories)
-        found = np.zeros(n, bool)
+        found = np.full(n, -1, np.int32)
         if n == 0 or self._live == 0:
             return found
         d = np.fromiter(map(self._dir_ids.get, directories, repeat(-2)), np.int32, n)
@@ -386,7 +396,7 @@ class PageIndex:
                 & (self.dir[safe] == d[active])
                 & (self.keys[safe] == k[active]).all(axis=1)
             )
-            found[active[hit]] = True
+            found[active[hit]] = rows[hit]
             active = active[~hit & (rows != _EMPTY)]
             pos[active] = (pos[active] + np.uint64(1)) & mask
         return found

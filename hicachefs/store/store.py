@@ -458,13 +458,17 @@ class PageStore:
         with self._lock:
             return self._of_size(name, -1, size, elsewhere)
 
+    def _size_here(self, row: int) -> int:
+        """Under the lock: the size of the page at ``row``, -1 for no row."""
+        return int(self._index.size[row]) if row >= 0 else -1
+
     def _of_size(self, name: str, row: int, size: int | None, elsewhere: bool) -> bool:
         """Under the lock: whether the name holds a page of ``size`` (any, when None): its
         ``row`` here, or, none here, one a named tier may hold (``elsewhere``) whose facts
         seen lately (``find``) say no other size. A named tier's page of unknown size counts:
         its size is in its file, which is not read here."""
         if row >= 0:
-            return size is None or int(self._index.size[row]) == size
+            return size is None or self._size_here(row) == size
         known = self._found.get(name)
         return elsewhere and (size is None or known is None or known.size == size)
 
@@ -570,28 +574,45 @@ class PageStore:
         with self._lock:
             return self._index.directories()
 
-    def exists_many(self, names: Iterable[str]) -> list[bool]:
-        """Whether each page is held here or on a named tier; no I/O. Pages only a named tier
-        holds are fetched ahead, in the background: their reads usually follow."""
+    def exists_many(self, names: Iterable[str], size: int | None = None) -> list[bool]:
+        """Whether each page is held here or on a named tier; no I/O. ``size``: only a page of
+        that size counts (``_of_size``). Pages only a named tier holds are fetched ahead, in
+        the background: their reads usually follow (and tell this host their size)."""
         names = list(names)
         if len(names) <= _FEW_NAMES:  # numpy's set-up costs more than a few lookups
             with self._lock:
-                found = [self._index.find(name) >= 0 for name in names]
+                here = [self._size_here(self._index.find(name)) for name in names]
+            local = [held >= 0 for held in here]
+            found = local if size is None else [held == size for held in here]
         else:
             prepared = PageIndex.prepare_many(names)
             with self._lock:
-                found = self._index.find_many(prepared).tolist()
-        if self._named and not all(found):
-            missing = [i for i, there in enumerate(found) if not there]
-            remote = []
-            for tier in self._named:
-                for i, there in zip(missing, tier.contains_many([names[i] for i in missing])):
-                    if there and not found[i]:
-                        found[i] = True
-                        remote.append(names[i])
+                if size is None:
+                    local = found = self._index.find_many(prepared).tolist()
+                else:
+                    held = self._index.sizes_many(prepared)
+                    local, found = (held >= 0).tolist(), (held == size).tolist()
+        if self._named and not all(local):
+            remote = self._held_elsewhere(names, local, found)
             if remote:
-                self._ahead.start(remote)
+                self._ahead.start([names[i] for i in remote])
+            if remote and size is not None:
+                with self._lock:
+                    for i in remote:
+                        found[i] = self._of_size(names[i], -1, size, elsewhere=True)
         return found
+
+    def _held_elsewhere(self, names: list[str], local: list[bool], found: list[bool]) -> list[int]:
+        """Which of the names not held here (``local``) a named tier may hold, marked in
+        ``found``."""
+        missing = [i for i, there in enumerate(local) if not there]
+        remote = []
+        for tier in self._named:
+            for i, there in zip(missing, tier.contains_many([names[i] for i in missing])):
+                if there and not found[i]:
+                    found[i] = True
+                    remote.append(i)
+        return remote
 
     # -- accounting and shutdown -------------------------------------------------------
 

@@ -266,15 +266,15 @@ def test_a_longer_page_is_a_miss_also_when_read_by_its_own_file(hicachefs_mount)
     assert fs.batch_get_v1([odd], indices(pool, [1])) == [False]
 
 
-@pytest.mark.parametrize("data_plane", [True])
-def test_a_page_file_of_another_size_does_not_block_its_key(hicachefs_mount, data_plane):
+@pytest.mark.parametrize("data_plane", [True, False])
+def test_a_page_file_of_another_size_does_not_block_its_key(store_root, data_plane):
     """A page file cut off half-way (a ``cp`` killed, written by plain file I/O as the contract
     permits) is no page of the pool: it is not counted, and the key's next write replaces it
     (KEEP_EXISTING kept it, exists counted it, and every read missed it, for good)."""
     pool = MHAHostPool(pages=8)
-    fs = make_fs(hicachefs_mount, pool, extra={"data_plane": data_plane})
+    fs = make_fs(store_root, pool, extra={"data_plane": data_plane})
     keys = [key("cut off", data_plane, i) for i in range(3)]
-    directory = hicachefs_mount / fs._dir_of("kv")
+    directory = store_root / fs._dir_of("kv")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / keys[1]).write_bytes(page_bytes(pool, 1)[: fs._layout("kv").page_bytes // 2])
     assert fs.batch_exists(keys) == 0 and not fs.exists(keys[1])
@@ -283,7 +283,7 @@ def test_a_page_file_of_another_size_does_not_block_its_key(hicachefs_mount, dat
     assert fs.batch_exists(keys) == 3
     reader_pool = MHAHostPool(pages=8)
     reader_pool.zero()
-    reader = make_fs(hicachefs_mount, reader_pool, extra={"data_plane": data_plane})
+    reader = make_fs(store_root, reader_pool, extra={"data_plane": data_plane})
     assert reader.batch_get_v1(keys, indices(reader_pool, [3, 4, 5])) == [True] * 3
     assert [page_bytes(reader_pool, p) for p in (3, 4, 5)] == [page_bytes(pool, p) for p in (0, 1, 2)]
 

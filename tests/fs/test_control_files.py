@@ -70,6 +70,21 @@ def test_exists_treats_malformed_lines_as_absent(mounted):
         assert os.read(fd, 100) == b"000100\n"
 
 
+def test_exists_counts_a_page_only_at_the_size_a_size_line_gives(mounted):
+    """A page file of another size (a copy cut off) is no page a reader of that size takes:
+    after ``.size N`` it answers 0, so the client writes the key again. The ``.size`` lines
+    answer 0 themselves (an older daemon answers them so too), ``.size 0`` means any size, and
+    a ``.size`` line that gives no size changes nothing."""
+    pool = mounted.page_dir()
+    publish(pool, "cut", b"x" * 3)
+    path = f"{POOL}/cut\n".encode()
+    request = b".size 6\n" + path + b".size 0\n" + path + b".size 3\n" + path + b".size x\n" + path
+    assert exists_raw(mounted.path, request) == b"00010101\n"
+    many = b".size 6\n" + path * 40  # past 16 lines the names are looked up together
+    assert exists_raw(mounted.path, many) == b"0" * 41 + b"\n"
+    assert exists_raw(mounted.path, path) == b"1\n"
+
+
 def test_stats_counts_pages_hits_and_misses(mounted):
     pool = mounted.page_dir()
     publish(pool, "a", b"x" * 5000)

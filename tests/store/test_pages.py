@@ -171,3 +171,15 @@ def test_holds_of_a_size_counts_only_a_page_of_that_size(make_store):
     store.put("d/p", b"cut")
     assert store.holds("d/p") and store.holds("d/p", 3) and not store.holds("d/p", 6)
     assert not store.holds("d/q", 3)
+
+
+@pytest.mark.parametrize("many", [1, 40])  # a few names are looked up one by one, more at once
+def test_exists_many_with_sizes_counts_only_pages_of_those_sizes(make_store, many):
+    store = make_store()
+    names = [f"m/f/s/kv/{i:04d}" for i in range(many)]
+    for name in names:
+        store.put(name, b"cut")
+    assert store.exists_many(names) == [True] * many
+    assert store.exists_many(names, 3) == [True] * many
+    assert store.exists_many(names, 6) == [False] * many
+    assert store.exists_many(names + ["m/f/s/kv/none"], 3) == [True] * many + [False]
