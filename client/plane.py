@@ -211,7 +211,8 @@ class Plane:
         with self.handles.using(PLANE_FILE) as handle:
             if handle is None:
                 return None
-            answer = self._request(attachment, handle, DIR, 0, 0, directory.encode("utf-8", "surrogateescape"), 8)
+            answer = self._request(attachment.arena_map, handle, DIR, 0, 0,
+                                   directory.encode("utf-8", "surrogateescape"), 8)
         if answer is None:
             return None
         number = struct.unpack("<q", answer)[0]
@@ -394,23 +395,25 @@ class Plane:
         except BaseException:  # (what a page's copy raises but OSError): its slots go back
             held = [offset for offset in slots if offset >= 0]
             if held:
-                self._request(attachment, handle, RELEASE, 0, len(held), struct.pack(f"<{len(held)}q", *held), 0)
+                self._request(attachment.arena_map, handle, RELEASE, 0, len(held),
+                              struct.pack(f"<{len(held)}q", *held), 0)
             raise
         placed = [j for j, entry in enumerate(copied) if entry is not None]
         entries = [copied[j] for j in placed]
         unused = [offset for offset, entry in zip(slots, copied) if offset >= 0 and entry is None]
         if unused:  # a slot whose page could not be copied goes back
-            self._request(attachment, handle, RELEASE, 0, len(unused), struct.pack(f"<{len(unused)}q", *unused), 0)
+            self._request(attachment.arena_map, handle, RELEASE, 0, len(unused),
+                          struct.pack(f"<{len(unused)}q", *unused), 0)
         # Slots for the next batch: as many as this one had, or MIN_AHEAD_BYTES, less those left.
         wanted = min(max(len(rels), MIN_AHEAD_BYTES // size), MAX_AHEAD)
-        ahead = max(0, wanted - len(self._state(attachment, handle).ready))
+        ahead = max(0, wanted - len(self._state(attachment.arena_map, handle).ready))
         body = b"".join(entries) + struct.pack(f"<I{ahead}I", ahead, *([size] * ahead))
         placed_rels = [rels[j] for j in placed]
         first = (attachment.token, rel_dir) not in self._pools_made  # waited for: it makes the pool
         if placed and self.commit_behind and not first:
             sender = self._sender()
             if sender is not None:
-                state = self._state(attachment, handle)
+                state = self._state(attachment.arena_map, handle)
                 self.commits.add(placed_rels)
                 try:
                     state.behind = sender.submit(self._commit_behind, attachment, handle, state, placed_rels,
@@ -422,7 +425,8 @@ class Plane:
                         results[where[j]] = True
                     state.sent = next(self._sent)
                     return
-        outcomes = self._commit(attachment, handle, self._state(attachment, handle), placed_rels, body, ahead, size)
+        outcomes = self._commit(attachment, handle, self._state(attachment.arena_map, handle), placed_rels, body,
+                                ahead, size)
         if PUBLISHED in outcomes or KEPT in outcomes:
             self._pools_made.add((attachment.token, rel_dir))
         for j, outcome in zip(placed, outcomes):
@@ -436,7 +440,7 @@ class Plane:
         """Send a batch's commit (``body``: its entries, then ``ahead`` sizes to reserve next;
         a new pool's directories are made by it) and take its answer; per page PUBLISHED, KEPT
         or -errno (-EIO for all when the request failed)."""
-        answer = self._send(attachment, handle, state, COMMIT, KEEP_EXISTING | MAKE_POOLS, len(rels), body,
+        answer = self._send(attachment.arena_map, handle, state, COMMIT, KEEP_EXISTING | MAKE_POOLS, len(rels), body,
                             4 * len(rels) + 8 * ahead)
         if answer is None:
             return [-errno.EIO] * len(rels)
@@ -490,12 +494,13 @@ class Plane:
     def _slots(self, attachment: Attachment, handle: ControlHandle, size: int, count: int) -> List[int]:
         """``count`` reserved slots for pages of ``size`` bytes: the handle's ready ones first,
         the rest reserved now (-errno where the daemon had none)."""
-        state = self._state(attachment, handle)
+        state = self._state(attachment.arena_map, handle)
         ready, state.ready = state.ready, []
         if handle.fd < 0:  # dropped (the daemon took back what it held), or reaching another daemon
             return [-errno.EIO] * count
         if ready and state.ready_size != size:  # for pages of another size: no use now
-            self._request(attachment, handle, RELEASE, 0, len(ready), struct.pack(f"<{len(ready)}q", *ready), 0)
+            self._request(attachment.arena_map, handle, RELEASE, 0, len(ready),
+                          struct.pack(f"<{len(ready)}q", *ready), 0)
             ready = []
         if len(ready) > count:
             state.ready = ready[count:]
@@ -503,28 +508,28 @@ class Plane:
         missing = count - len(ready)
         if not missing:
             return ready
-        answer = self._request(attachment, handle, RESERVE, 0, missing, struct.pack(f"<{missing}I", *([size] * missing)),
-                               8 * missing)
+        answer = self._request(attachment.arena_map, handle, RESERVE, 0, missing,
+                               struct.pack(f"<{missing}I", *([size] * missing)), 8 * missing)
         if answer is None:  # the handle was dropped, and the daemon took back the ready slots too
             return [-errno.EIO] * count
         return ready + list(struct.unpack(f"<{missing}q", answer))
 
     # ---------------------------------------------------------------- the plane file
 
-    def _state(self, attachment: Attachment, handle: ControlHandle) -> _HandleState:
-        """The handle's state at this daemon; a new one (with a mailbox asked for) once the
-        handle meets another daemon than the one it held things at."""
+    def _state(self, arena: ArenaMapping, handle: ControlHandle) -> _HandleState:
+        """The handle's state at the daemon of ``arena``; a new one (with a mailbox asked for)
+        once the handle meets another daemon than the one it held things at."""
         state = handle.state
         if state is not None and state.behind is not None:  # its commit under way: answered first
             behind, state.behind = state.behind, None
             behind.result()
             state = handle.state
-        if state is None or state.token != attachment.token:
-            state = handle.state = _HandleState(attachment.token)
-            answer = self._request(attachment, handle, MAILBOX, 0, 0, b"", _MAILBOX.size)
+        if state is None or state.token != arena.token:
+            state = handle.state = _HandleState(arena.token)
+            answer = self._request(arena, handle, MAILBOX, 0, 0, b"", _MAILBOX.size)
             if answer is not None:
                 mailbox, token = _MAILBOX.unpack(answer)
-                if token == attachment.token:
+                if token == arena.token:
                     state.mailbox = mailbox
                 else:  # opened after a restart: slots there are not in the memory mapped here
                     self.handles.drop(handle)
@@ -533,17 +538,18 @@ class Plane:
                                           "the other way")
         return state
 
-    def _request(self, attachment: Attachment, handle: ControlHandle, op: int, flags: int, count: int,
+    def _request(self, arena: ArenaMapping, handle: ControlHandle, op: int, flags: int, count: int,
                  body: bytes, answer_bytes: int) -> Optional[bytes]:
-        """Send one request on the handle and take its answer's body: from the handle's mailbox
-        in the arena when it has one (no request more), else read from the handle. None when
-        the handle fails (it is dropped: the daemon then gives back what it held)."""
-        state = self._state(attachment, handle) if op != MAILBOX else None
+        """Send one request on the handle to the daemon of ``arena`` and take its answer's body:
+        from the handle's mailbox in the arena when it has one (no request more), else read from
+        the handle. None when the handle fails (it is dropped: the daemon then gives back what it
+        held)."""
+        state = self._state(arena, handle) if op != MAILBOX else None
         if handle.fd < 0:  # its first contact with this daemon failed (it was opened at one gone): dropped
             return None
-        return self._send(attachment, handle, state, op, flags, count, body, answer_bytes)
+        return self._send(arena, handle, state, op, flags, count, body, answer_bytes)
 
-    def _send(self, attachment: Attachment, handle: ControlHandle, state: Optional[_HandleState], op: int,
+    def _send(self, arena: ArenaMapping, handle: ControlHandle, state: Optional[_HandleState], op: int,
               flags: int, count: int, body: bytes, answer_bytes: int) -> Optional[bytes]:
         """``_request`` on a handle whose state is ``state`` (None: none yet, no mailbox)."""
         try:
@@ -556,7 +562,7 @@ class Plane:
             if handle.fd < 0 or _pwrite_all(handle.fd, request) != len(request):
                 raise OSError(errno.EIO, "a plane request was not taken whole")
             expected = (_ANSWER_MAGIC, op, count, answer_bytes, seq)
-            answer = bytes(attachment.arena_map.view[mailbox : mailbox + _REQUEST.size + answer_bytes]) if mailbox >= 0 else b""
+            answer = bytes(arena.view[mailbox : mailbox + _REQUEST.size + answer_bytes]) if mailbox >= 0 else b""
             if _header(answer) != expected:  # no mailbox, or the answer did not fit in it
                 answer = _pread_all(handle.fd, _REQUEST.size + answer_bytes)
                 if _header(answer) != expected:
@@ -572,11 +578,12 @@ class Plane:
 
     def report(self, reads: List[Noted]) -> None:
         """Tell the daemon of reads made through the plane, and of misses (``Reports``' thread);
-        those of a daemon that is gone are let go."""
-        attachment = self._attachment
-        if attachment is None:
+        those of a daemon that is gone are let go. Sent through its arena, kept while it runs:
+        an attachment let go as its index moved (it grew) leaves its reads still to send."""
+        arena = self._arena_map
+        if arena is None or not arena.daemon_runs():
             return
-        mine = [(row, gen) for token, row, gen in reads if token == attachment.token]
+        mine = [(row, gen) for token, row, gen in reads if token == arena.token]
         found = [(row, gen) for row, gen in mine if row != MISSED]
         count, misses = len(found), len(mine) - len(found)
         body = b"".join(struct.pack("<IQ", row, gen) for row, gen in found)
@@ -587,9 +594,9 @@ class Plane:
             with self.handles.using(PLANE_FILE) as handle:
                 if handle is None:
                     return
-                state = self._state(attachment, handle)
+                state = self._state(arena, handle)
                 if handle.fd >= 0:
-                    self._send(attachment, handle, state, REPORT, 0, count, body, 4)
+                    self._send(arena, handle, state, REPORT, 0, count, body, 4)
                     return
 
     def close(self) -> None:

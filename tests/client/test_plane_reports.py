@@ -152,3 +152,31 @@ def test_reads_of_a_process_that_exits_without_close_are_reported(mounted):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     wait_until(lambda: mounted.stats()["hits"] == before + len(rels), timeout=3)
+
+
+def test_reads_noted_after_the_attachment_was_let_go_are_sent_at_close(mount_factory, monkeypatch):
+    """The reporter thread lets go of an attachment whose index moved (it grew) while a reader
+    copies through it: the reader notes its reads after that, and the client closes. Its last
+    reads went nowhere, for want of an attachment, though their daemon still ran."""
+    monkeypatch.setattr(plane_reports, "REPORT_INTERVAL_S", 60.0)  # only close sends them
+    mount = mount_factory("--memory", "64M")
+    reader, writer = PageIO(str(mount.path)), PageIO(str(mount.path))
+    rels = _pages(reader, 1)
+    buffers = [[memoryview(bytearray(SIZE))] for _ in rels]
+    plane = reader.plane
+    note = plane.reports.note
+
+    def note_after_the_index_moved(token, reads, misses=0):
+        for batch in range(24):  # another client's writes grow the index past its first rows: it moves
+            keys = [f"{0x80 + batch:02x}{i:062x}" for i in range(64)]
+            assert writer.publish_pages("m/f/tp0of1/other", keys, [[memoryview(bytes(8192))]] * 64, 8192) == [True] * 64
+        assert not plane.let_go_if_gone()  # the reporter thread's round, just then
+        note(token, reads, misses)
+
+    monkeypatch.setattr(plane.reports, "note", note_after_the_index_moved)
+    try:
+        assert reader.read_pages(rels, buffers, SIZE) == [True] * 8
+    finally:
+        reader.close()
+        writer.close()
+    wait_until(lambda: mount.stats()["hits"] == 8, timeout=3)
