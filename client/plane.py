@@ -87,6 +87,8 @@ MIN_AHEAD_BYTES = 8 << 20
 MAX_COMMIT = 1024
 #: Threads sending commits behind their batches (a batch on ``write_threads`` is one commit each).
 COMMIT_THREADS = 2
+#: What a request fails with on a handle whose daemon is gone (or was restarted since it was opened).
+_DAEMON_GONE = (errno.ENOTCONN, errno.ECONNABORTED)
 
 Spread = Callable[[Callable[[int], bool], int], List[bool]]  # runs work(0..n-1) at once
 
@@ -190,7 +192,7 @@ class Plane:
         """Log once per reason why there is no plane (not a failure: pages go the other way; a
         mount that is gone is the other ways' to report)."""
         reason = error_kind(exc) if isinstance(exc, OSError) else type(exc).__name__
-        if reason in self._told or getattr(exc, "errno", None) in (errno.ENOTCONN, errno.ECONNABORTED):
+        if reason in self._told or getattr(exc, "errno", None) in _DAEMON_GONE:
             return
         self._told.add(reason)
         logger.info("hicachefs client: no data plane at %s (%s); pages go through the control files",
@@ -370,6 +372,8 @@ class Plane:
                        buffers: Sequence[Sequence[memoryview]], size: int, where: List[int],
                        results: List[Optional[OSError | bool]], spread: Optional[Spread], runs: int) -> None:
         slots = self._slots(attachment, handle, size, len(rels))
+        if handle.fd < 0:  # dropped: no slot is held, nothing is to commit; the pages go another way
+            return
         copied: List[Optional[bytes]] = [None] * len(slots)  # per page copied, its commit entry
         runs = max(1, runs) if spread is not None else 1
         per_run = -(-len(slots) // runs)
@@ -571,10 +575,20 @@ class Plane:
             self.handles.drop(handle)  # the daemon gives back what the handle held: no slot is ours now
             if state is not None:
                 state.ready = []
-            self.failures.failure(error_kind(exc), f"a data plane request failed: {exc}")
+            self._request_failed(exc)
             return None
         self.counters.add(plane_requests=1)
         return answer[_REQUEST.size :]
+
+    def _request_failed(self, exc: BaseException) -> None:
+        """Count and log a failed request, unless its handle went with its daemon: each
+        thread's handle meets that once after a restart, which is expected and logged once
+        already (``_forget_arena_if_gone``), and a daemon gone for good is the other ways' to
+        report (the pages go there)."""
+        if getattr(exc, "errno", None) in _DAEMON_GONE:
+            logger.debug("hicachefs client: a data plane handle went with its daemon: %s", exc)
+            return
+        self.failures.failure(error_kind(exc), f"a data plane request failed: {exc}")
 
     def report(self, reads: List[Noted]) -> None:
         """Tell the daemon of reads made through the plane, and of misses (``Reports``' thread);

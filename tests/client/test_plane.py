@@ -7,6 +7,7 @@ trusted again, while the same client serves from the next daemon within seconds.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 import struct
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -744,3 +746,40 @@ def test_a_disk_page_the_plane_cannot_read_is_read_by_the_daemon_and_the_rest_of
     assert failed and all(page_bytes(target, i) == page_bytes(source, i) for i in range(8))
     assert reader.statistics()["plane_reads"] == 7
     reader.close()
+
+
+def test_a_restart_is_not_logged_again_by_each_threads_first_request_on_its_old_plane_handle(
+        mount_factory, caplog):
+    """Each thread keeps its handle on the plane file. After the daemon was killed and a new one
+    mounted, each thread's first request failed on its old handle with ENOTCONN, and was logged
+    as a failure once per thread (a call of another thread worked in between), though a restart
+    is expected and logged once already."""
+    mount = mount_factory("--memory", "64M")
+    io = PageIO(str(mount.path))
+    size = 64 << 10
+    threads = [ThreadPoolExecutor(1) for _ in range(4)]  # four threads that live through the restart
+
+    def work(thread, round_):
+        keys = [f"{thread:02x}{round_:02x}{i:060x}" for i in range(4)]
+        pages = [[memoryview(bytearray([thread + 1]) * size)] for _ in keys]
+        assert io.publish_pages("m/f/tp0of1/kv", keys, pages, size) == [True] * 4
+        assert io.read_pages([f"m/f/tp0of1/kv/{k}" for k in keys], pages, size) == [True] * 4
+
+    try:
+        for thread, executor in enumerate(threads):
+            executor.submit(work, thread, 0).result()
+        with caplog.at_level(logging.INFO, logger="hicachefs_client"):
+            os.kill(mount.pid, signal.SIGKILL)  # by its PID
+            assert mounting.wait_gone(mount.pid, 10)
+            mounting.unmount_path(mount.path)
+            mount_factory("--memory", "64M", path=mount.path)
+            for thread, executor in enumerate(threads):  # one after the other: each met its old handle
+                executor.submit(work, thread, 1).result()
+        lost = [r.getMessage() for r in caplog.records if "ENOTCONN" in r.getMessage()
+                or "ECONNABORTED" in r.getMessage()]
+        assert not lost
+        assert [r for r in caplog.records if "went away" in r.getMessage()]  # the restart, logged once
+    finally:
+        for executor in threads:
+            executor.shutdown()
+        io.close()
