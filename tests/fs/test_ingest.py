@@ -10,8 +10,9 @@ import struct
 import weakref
 
 import pytest
+import trio
 
-from hicachefs.control.ingest import IngestStream
+from hicachefs.control.ingest import PAGES_PER_TURN, IngestHandle, IngestStream
 from hicachefs.posix.errors import FsError
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs_testing.workload import content, fill_writing_share
@@ -206,7 +207,7 @@ def test_a_failed_batch_does_not_keep_the_write_that_failed():
     data = _Write(struct.pack("<8sIHH", b"HCFSPUT1", len(header), 1, 0) + header + bytes(4096))
     watched = weakref.ref(data)
     try:
-        stream.write(0, data)
+        trio.run(stream.write, 0, data)
     except FsError as exc:
         assert exc.errno == errno.ENOENT
     else:
@@ -215,3 +216,61 @@ def test_a_failed_batch_does_not_keep_the_write_that_failed():
     gc.collect()
     assert watched() is None, "the handle keeps the write that failed"
     assert stream.status() == b"0 %d\n" % errno.ENOENT
+
+
+def test_a_write_of_many_small_pages_lets_other_requests_run():
+    """A WRITE of 1 MiB of 64-byte pages publishes some 10,000 of them: it did so without letting
+    the daemon's one thread answer any other request meanwhile (a fetch lets them run every
+    ``PAGES_PER_TURN`` pages)."""
+    store = PageStore(StoreConfig(memory_bytes=64 << 20))
+    handle = IngestHandle(Alone(store).ns.publishing, 1 << 20)
+    count = 8192
+    header = b"".join(b"64 m/f/tp0of1/kv/k%05d\n" % i for i in range(count))
+    data = struct.pack("<8sIHH", b"HCFSPUT1", len(header), count, 0) + header + bytes(64 * count)
+    published_when_another_ran = []
+
+    async def another_request(written: trio.Event) -> None:
+        while not written.is_set():
+            published_when_another_ran.append(int(handle.stream.status().split()[0]))
+            await trio.sleep(0)
+
+    async def write_and_another() -> None:
+        written = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(another_request, written)
+            await trio.sleep(0)  # it runs first, then waits for its turn
+            assert await handle.write(0, data) == len(data)
+            written.set()
+
+    trio.run(write_and_another)
+    assert handle.stream.status() == b"%d 0\n" % count
+    assert [n for n in published_when_another_ran if 0 < n < count]  # answered in the middle of the write
+
+
+def test_a_batch_begun_while_a_write_lets_others_run_gets_none_of_that_writes_bytes():
+    """The kernel lets one write at a time into the file; should a new batch begin anyway while a
+    write lets other requests run, the rest of that write goes into none of its pages."""
+    store = PageStore(StoreConfig(memory_bytes=64 << 20))
+    stream = IngestStream(Alone(store).ns.publishing, 1 << 20)
+    count = 4 * PAGES_PER_TURN
+    header = b"".join(b"64 m/f/tp0of1/kv/k%05d\n" % i for i in range(count))
+    data = struct.pack("<8sIHH", b"HCFSPUT1", len(header), count, 0) + header + b"\x01" * (64 * count)
+    other = b"64 m/f/tp0of1/kv/other\n"
+    accepted = []
+
+    async def both() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _accepted(stream.write(0, data), accepted))
+            while stream.status() == b"0 0\n":
+                await trio.sleep(0)  # until the first write lets others run, after PAGES_PER_TURN pages
+            other_batch = struct.pack("<8sIHH", b"HCFSPUT1", len(other), 1, 0) + other
+            assert await stream.write(0, other_batch) == len(other_batch)
+
+    trio.run(both)
+    left = len(data) - accepted[0]  # a short write, at a turn's end: the pages before it stay
+    assert 0 < left < 64 * count and left % (64 * PAGES_PER_TURN) == 0
+    assert stream.status() == b"0 0\n"  # the new batch's page got none of the first write's bytes
+
+
+async def _accepted(write, into: list) -> None:
+    into.append(await write)
