@@ -50,7 +50,7 @@ import numpy as np
 from hicachefs.store.budget import BudgetStatistics, RamBudget
 from hicachefs.store.chain import build_chain
 from hicachefs.store.config import StoreConfig
-from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreFull
+from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
 from hicachefs.store.fetch_ahead import FetchAhead, FetchAheadStatistics
 from hicachefs.store.index import PageColumns, PageIndex
 from hicachefs.store.index_memory import Described
@@ -219,9 +219,10 @@ class PageStore:
         commit's pages, where building one was a twentieth of the daemon's work per page)."""
         return self._publish(draft, name, None, keep_existing) is not None
 
-    def _publish(self, draft: Draft, name: str, mtime_ns: int | None,
-                 keep_existing: bool) -> tuple[PageMeta, int] | None:
-        """``publish``'s work: the page, and the position of the fastest tier holding it."""
+    def _publish(self, draft: Draft, name: str, mtime_ns: int | None, keep_existing: bool,
+                 write_through: bool = True) -> tuple[PageMeta, int] | None:
+        """``publish``'s work: the page, and the position of the fastest tier holding it.
+        ``write_through=False``: a page in RAM is not written below now, whatever the config."""
         checksum = draft.checksum()
         slot = draft.consume()
         page = PageMeta(name, draft.size, checksum, time.time_ns() if mtime_ns is None else mtime_ns)
@@ -234,7 +235,7 @@ class PageStore:
                 return None
             try:
                 lower = None
-                if slot is None or self.config.write_through:
+                if slot is None or (write_through and self.config.write_through):
                     # The new copy goes down before the old page is dropped, so that a kill in
                     # between leaves one of the two versions (recovery keeps the newer), never none.
                     lower = self._write_below(page, draft.buffer, RAM)
@@ -545,19 +546,49 @@ class PageStore:
                 reader = None
             if isinstance(reader, PageReader):
                 with reader:
-                    info = self.put(new, reader.view(), reader.info.mtime_ns)
-                self._remove_local(old, reader.meta.version)
-                return info
+                    return self._moved(reader, old, new)[0]
         return NeedsIO(lambda: self.move(old, new))
 
     def move(self, old: str, new: str) -> PageInfo:
         """``rename``'s blocking form. Raises PageNotFound when there is no page ``old``."""
         with self.open(old) as reader:
-            info = self.put(new, reader.view(), reader.info.mtime_ns)
-        # Only the version moved leaves the old name: one published there meanwhile stays.
-        if self._remove_local(old, reader.meta.version) is not None:
+            info, removed = self._moved(reader, old, new)
+        if removed is not None:
             self._delete_named(old)
         return info
+
+    def _moved(self, reader: PageReader, old: str, new: str) -> tuple[PageInfo, bool | None]:
+        """Move the page ``reader`` holds from ``old`` to ``new`` locally: the page published
+        under ``new``, and whether ``old`` held it (``_remove_local``: only the version moved
+        leaves the old name, one published there meanwhile stays). The room for the page is
+        taken first, then ``old`` goes: a store with no room, or a lower copy that cannot be
+        marked dead (DeviceError), fails the rename before ``new``, and the page it held, are
+        touched. A publish that fails after that puts ``old`` back."""
+        draft = self.reserve(reader.meta.size)
+        try:
+            draft.write(0, reader.view())
+            removed = self._remove_local(old, reader.meta.version)
+        except BaseException:
+            self.abandon(draft)
+            raise
+        try:
+            return self.publish(draft, new, reader.info.mtime_ns), removed
+        except BaseException:
+            if removed:
+                self._put_back(old, reader)
+            raise
+
+    def _put_back(self, name: str, reader: PageReader) -> None:
+        """A rename's publish failed after its source was removed: the source is published
+        again, unless its name holds a page again; into RAM only where it can, as the disk
+        may be what failed. A store that cannot take it any more loses it, as a cache may;
+        the rename's own error is what the caller hears."""
+        try:
+            draft = self.reserve(reader.meta.size)
+            draft.write(0, reader.view())
+            self._publish(draft, name, reader.info.mtime_ns, keep_existing=True, write_through=False)
+        except StoreError as exc:
+            log.warning("%s: a rename failed and the page could not be put back: %s", name, exc)
 
     def list_dir(self, dir_path: str, after: int = 0, limit: int = LISTING_BATCH) -> list[tuple[int, PageInfo]]:
         """Up to ``limit`` pages held here in directory ``dir_path`` that follow cursor ``after``

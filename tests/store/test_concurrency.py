@@ -93,18 +93,19 @@ def test_a_page_published_under_the_old_name_while_a_rename_runs_is_kept(make_st
     for i in range(2, 40):  # push the old page down to the disk tier
         store.put(page_name(i), _page(i, 60 * KiB))
     assert store.info(old).tier == "disk"
-    put = store.put
+    reserve, raced = store.reserve, []
 
-    def put_then_race(name, data, mtime_ns=None):
-        info = put(name, data, mtime_ns)
-        if name == new:  # another writer publishes the old name after the move copied it
-            put(old, _page(2, 1000))
-        return info
+    def reserve_then_race(size):
+        draft = reserve(size)
+        if not raced:  # another writer publishes the old name after the move read it
+            raced.append(True)
+            store.put(old, _page(2, 1000))
+        return draft
 
-    store.put = put_then_race
+    store.reserve = reserve_then_race
     work = store.rename(old, new)
     work.finish(work.work())
-    store.put = put
+    store.reserve = reserve
     with store.open(new) as reader:
         assert bytes(reader.view()) == _page(1, 1000)
     assert store.info(old) is not None, "the page published under the old name meanwhile was deleted"

@@ -346,3 +346,37 @@ def test_a_region_whose_first_header_cannot_be_written_is_passed_over(tmp_path):
         assert len(held) >= 20 and all(read_all(store, name) == pages[name] for name in held)
     finally:
         store.close()
+
+
+def test_a_rename_whose_source_cannot_be_marked_dead_fails_and_changes_nothing(faulty_store):
+    """Renaming a page moves it: published under the new name, removed under the old one, which
+    marks its disk record dead. When that mark fails (EIO) the rename fails with DeviceError,
+    and it changes nothing: the source stays, and the target keeps the page it held (here one
+    only in RAM, which a publish over it would have dropped for good)."""
+    store, device = faulty_store()
+    written = _fill(store)  # page 0 is on the disk tier only, the last ones in RAM
+    source, target = page_name(0), page_name(23)
+    assert store.info(source).tier == "disk" and store.info(target).tier == "memory"
+    device.inject(Fault("pwrite", errno=errno.EIO, count=1))
+    with pytest.raises(DeviceError):
+        store.move(source, target)
+    assert read_all(store, source) == written[source]
+    assert read_all(store, target) == written[target], "a failed rename replaced its target"
+    assert_consistent(store, written)
+
+
+def test_a_rename_whose_publish_fails_puts_its_source_back(faulty_store):
+    """A rename removes its source first, then publishes the page under the new name. When that
+    publish fails (write-through onto a disk whose writes fail), the rename fails with
+    DeviceError and the source is put back (into RAM: the disk is what failed)."""
+    store, device = faulty_store(write_through=True)
+    written = _fill(store)
+    source, target = page_name(0), page_name(100)
+    device.inject(Fault("pwritev", errno=errno.EIO))
+    with pytest.raises(DeviceError):
+        store.move(source, target)
+    assert store.info(target) is None
+    assert read_all(store, source) == written[source]
+    device.clear()
+    store.move(source, target)
+    assert store.info(source) is None and read_all(store, target) == written[source]

@@ -64,6 +64,24 @@ def test_a_slot_no_eviction_can_free_evicts_nothing(make_store):
                 reader.close()
 
 
+def test_a_rename_that_finds_no_room_changes_nothing(make_store):
+    """A rename publishes its page anew: with every RAM slot held by a reader there is no room
+    for it, and the rename fails with StoreFull, the page kept under its old name."""
+    store = make_store(memory=8 * MiB, max_page_size=1 * MiB)
+    names = [page_name(i) for i in range(8)]
+    for i, name in enumerate(names):  # 8 slabs of 1 MiB, a page in each
+        store.put(name, content(i, 1 * MiB))
+    readers = [store.try_open(name) for name in names]
+    try:
+        with pytest.raises(StoreFull):
+            store.rename(names[0], page_name(100))
+        assert store.info(page_name(100)) is None
+        assert read_all(store, names[0]) == content(0, 1 * MiB)
+    finally:
+        for reader in readers:
+            reader.close()
+
+
 def test_finding_that_no_slab_can_be_freed_walks_no_pages(make_store):
     """With a reader in every slab, each reserve of a new size walked every evictable RAM page
     under the store's lock to learn that evicting frees nothing (100,000 pages: a long stall
