@@ -370,9 +370,10 @@ class PageIndex:
         return self._rows_many(prepared) >= 0
 
     def sizes_many(self, prepared: tuple[list[str], np.ndarray]) -> np.ndarray:
-        """Per name of ``prepare_many(names)``: its page's size, -1 where none."""
+        """Per name of ``prepare_many(names)``: its page's size, -1 where none (signed: sizes
+        are stored unsigned, and -1 among them would read as 4294967295, a page held)."""
         rows = self._rows_many(prepared)
-        return np.where(rows >= 0, self.size[np.maximum(rows, 0)], -1)
+        return np.where(rows >= 0, self.size[np.maximum(rows, 0)].astype(np.int64), -1)
 
     def _rows_many(self, prepared: tuple[list[str], np.ndarray]) -> np.ndarray:
         """Per name of ``prepare_many(names)``: its row, -1 where none. Hashing and probing are

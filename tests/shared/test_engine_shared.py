@@ -45,6 +45,21 @@ def test_pages_the_exists_query_finds_there_are_in_ram_before_their_read(hosts):
     assert b.statistics().tier("shared").hits == len(names)  # each crossed once
 
 
+def test_pages_the_exists_query_finds_there_at_their_size_count_once_this_host_holds_pages(hosts):
+    """A query of more than a few names, with the size the reader wants (the client's ``.size``
+    line), looked them up together: the index's sizes came back unsigned, so a page held nowhere
+    here read as held (-1 as 4294967295, of no size asked), and no page only the shared tier holds
+    counted (nor was fetched ahead) once B held one of its own: the demo's host B loaded none."""
+    a, b = hosts()
+    b.put(page_name(1000), content(1000, 64 * KiB))  # B's index is not empty
+    names = [page_name(i) for i in range(40)]  # past 16 names the store looks them up together
+    for i, name in enumerate(names):
+        a.put(name, content(i, 64 * KiB))
+    wait_until(lambda: all(isinstance(b.lookup(name), NeedsIO) for name in names))  # only there
+    assert b.exists_many(names + [page_name(2000)], 64 * KiB) == [True] * len(names) + [False]
+    wait_until(lambda: b.statistics().fetch_ahead.fetched_ahead == len(names))
+
+
 def test_a_page_removed_while_it_is_fetched_does_not_come_back(hosts):
     device = DirectoryDevice()
     a, b = hosts(device)
