@@ -708,7 +708,7 @@ class PageStore:
         is a hit of the page's (not a promotion of the store's own)."""
         buffer = self._ram.view(slot, page.size) if slot is not None else memoryview(bytearray(page.size))
         try:
-            result = tier.read_into(page, location, buffer)
+            result = tier.read_into(page, location, buffer, counted)
         except OSError as exc:
             if slot is not None:
                 self._give_back(slot)

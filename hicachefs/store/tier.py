@@ -107,8 +107,10 @@ class Tier(ABC):
         """Store a copy of ``payload`` (``page.size`` bytes); return its location."""
 
     @abstractmethod
-    def read_into(self, page: PageMeta, location: int, out: memoryview) -> ReadResult:
-        """Copy the page into ``out`` (exactly ``page.size`` bytes) and check it is that page."""
+    def read_into(self, page: PageMeta, location: int, out: memoryview, counted: bool = True) -> ReadResult:
+        """Copy the page into ``out`` (exactly ``page.size`` bytes) and check it is that page.
+        ``counted=False``: the store's own copy (a promotion of a page whose reader was counted
+        already), no hit and no bytes out."""
 
     @abstractmethod
     def drop(self, page: PageMeta, location: int) -> None:

@@ -227,6 +227,22 @@ def test_a_page_the_plane_reads_twice_from_the_disk_tier_is_promoted_to_ram(stor
     assert data == content(8, SIZE) and found.ram >= 0 and store.info(name).hits == 2
 
 
+def test_the_promotion_two_plane_reads_start_counts_no_third_read_of_the_disk_tier(store, tmp_path):
+    """Two reads the plane reported are two disk hits and their bytes, as two ``open``s are: the
+    promotion the second one starts is the store's own copy (the disk tier counted a third hit
+    for it, so the demo's hits by tier outgrew the pages SGLang loaded)."""
+    name = f"{DIRECTORY}/{'8' * 64}"
+    put_on_disk(store, name, content(8, SIZE))
+    attachment = attach(store, tmp_path / "root")
+    before = store.statistics().tier("disk")
+    for _ in range(2):
+        found, _data = read(attachment, store, "8" * 64)
+        assert store.count_plane_reads([(found.row, found.gen)]) == 1
+    wait_until(lambda: store.info(name).tier == "memory", timeout=5)
+    disk = store.statistics().tier("disk")
+    assert (disk.hits - before.hits, disk.bytes_out - before.bytes_out) == (2, 2 * SIZE)
+
+
 def scribble(attachment: Attachment, store: PageStore, key: str) -> None:
     """Write over a RAM page's bytes through the arena, as a buggy client of the plane could."""
     found = attachment.find(store.plane_dir(DIRECTORY), key)

@@ -111,9 +111,9 @@ class RamTier(TopTier):
         self.counters.bytes_in += page.size
         return slot
 
-    def read_into(self, page: PageMeta, location: int, out: memoryview) -> ReadResult:
+    def read_into(self, page: PageMeta, location: int, out: memoryview, counted: bool = True) -> ReadResult:
         out[:] = self.view(location, page.size)
-        self.counters.bytes_out += page.size
+        self.counters.bytes_out += page.size * counted
         return ReadResult.OK
 
     def drop(self, page: PageMeta, location: int) -> None:

@@ -267,7 +267,7 @@ class SharedTier(Tier):
         self._remember(opened)
         return opened.page
 
-    def read_into(self, page: PageMeta, location: int, out: memoryview) -> ReadResult:
+    def read_into(self, page: PageMeta, location: int, out: memoryview, counted: bool = True) -> ReadResult:
         """Copy ``page``'s payload into ``out``, checked against the header and checksum.
         CORRUPT: a damaged or short file (counted and removed). MISMATCH: not that page there
         (removed or replaced by another host), a timeout, or the tier unavailable. Blocks up to
@@ -299,7 +299,7 @@ class SharedTier(Tier):
             self._count(misses=1)
             return ReadResult.MISMATCH
         out[: page.size] = payload
-        self._count(hits=1, bytes_out=page.size)
+        self._count(hits=int(counted), bytes_out=page.size * counted)
         return ReadResult.OK
 
     def write(self, page: PageMeta, payload) -> int:

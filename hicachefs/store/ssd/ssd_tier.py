@@ -170,15 +170,15 @@ class SsdTier(Tier):
         self.counters.bytes_in += page.size
         return offset
 
-    def read_into(self, page: PageMeta, location: int, out: memoryview) -> ReadResult:
+    def read_into(self, page: PageMeta, location: int, out: memoryview, counted: bool = True) -> ReadResult:
         try:
             result = self.log.read_into(location, page.name.encode(), page.checksum, out)
         except OSError:
             self.counters.io_errors += 1
             raise
         if result is ReadResult.OK:
-            self.counters.hits += 1
-            self.counters.bytes_out += page.size
+            self.counters.hits += counted
+            self.counters.bytes_out += page.size * counted
         elif result is ReadResult.CORRUPT:
             self.counters.checksum_failures += 1
         return result
