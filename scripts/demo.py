@@ -64,7 +64,15 @@ class TwoHostsResult:
 
     @property
     def ok(self) -> bool:
-        return self.earlier_turns.ok and all(r.ok for r in self.last_turn.values())
+        return self.earlier_turns.ok and all(r.ok for r in self.last_turn.values()) and self.shared
+
+    @property
+    def shared(self) -> bool:
+        """Whether host B loaded any of the prefixes host A left on the shared tier (where host A
+        loaded any of its own): the point of the shared tier, which a regression once took to 0
+        of 188 while every call still succeeded."""
+        a, b = (self.last_turn[h].tally for h in ("A", "B"))
+        return b.loaded > 0 or b.wanted == 0 or a.loaded == 0 or self.written_behind == 0
 
 
 def serve(mountpoint: str, workload: Workload, show_top: bool = False) -> PassResult:
@@ -301,7 +309,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 parser.error(f"{mount} has no shared tier: mount it with --shared")
         result = two_hosts(args.mount_a, args.mount_b, workload_from(args))
     if not result.ok:
-        print("FAILED: wrong bytes, failed storage calls or client errors", file=sys.stderr)
+        why = ("host B loaded none of the pages host A shared" if isinstance(result, TwoHostsResult) and not result.shared
+               else "wrong bytes, failed storage calls or client errors")
+        print(f"FAILED: {why}", file=sys.stderr)
         return 1
     return 0
 

@@ -5,7 +5,7 @@ host A misses on the same turn: the new user tokens no host had stored."""
 from __future__ import annotations
 
 #: Four conversations: the last turn of two goes to host A, of the other two to host B.
-SMALL = dict(conversations=4, turns=3, system_prompts=2, system_tokens=512, user_tokens=64, reply_tokens=64)
+SMALL = dict(conversations=4, turns=3, system_prompts=2, system_tokens=1536, user_tokens=64, reply_tokens=64)
 
 
 def test_host_b_loads_host_as_prefixes_from_the_shared_tier_and_hits_as_often(demo, mount_factory, engine_root,
@@ -13,8 +13,8 @@ def test_host_b_loads_host_as_prefixes_from_the_shared_tier_and_hits_as_often(de
     from lib.demo_workload import Workload
 
     root_a, root_b = engine_root
-    a = mount_factory("--memory", "64M", "--shared", str(root_a / "hc"))
-    b = mount_factory("--memory", "64M", "--shared", str(root_b / "hc"))
+    a = mount_factory("--memory", "256M", "--shared", str(root_a / "hc"))
+    b = mount_factory("--memory", "256M", "--shared", str(root_b / "hc"))
     result = demo.two_hosts(str(a.path), str(b.path), Workload(**SMALL))
     out = capsys.readouterr().out
     assert result.ok, out
