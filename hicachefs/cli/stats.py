@@ -37,7 +37,7 @@ def _unreadable(mountpoint: Path, path: Path, exc: OSError) -> Exception:
     if fstype is None:
         return UsageError(f"{mountpoint} is not a hicachefs mount")
     if fstype != mount_table.FSTYPE:
-        return UsageError(f"{mountpoint} is a {fstype} mount, not hicachefs")
+        return UsageError(f"{mountpoint} is a mount of type {fstype}, not hicachefs")
     return UsageError(f"cannot read {path}: {exc.strerror}")
 
 

@@ -41,7 +41,7 @@ def command(args: argparse.Namespace) -> int:
     if fstype is None:
         raise UsageError(f"{args.mountpoint} is not mounted")
     if fstype != mount_table.FSTYPE:
-        raise UsageError(f"{args.mountpoint} is a {fstype} mount, not hicachefs")
+        raise UsageError(f"{args.mountpoint} is a mount of type {fstype}, not hicachefs")
     try:
         pid = _daemon_pid(mountpoint)
     except deadline.NoAnswer as exc:

@@ -111,7 +111,7 @@ def test_stats_and_top_without_a_daemon_say_so_in_one_line(mount_factory, tmp_pa
         assert (lambda r: (r.returncode, r.stdout, r.stderr))(hicachefs(*command)) == (
             2, "", f"hicachefs: {plain} is not a hicachefs mount\n")
     proc = hicachefs("stats", "/proc")
-    assert (proc.returncode, proc.stderr) == (2, "hicachefs: /proc is a proc mount, not hicachefs\n")
+    assert (proc.returncode, proc.stderr) == (2, "hicachefs: /proc is a mount of type proc, not hicachefs\n")
     mount = mount_factory("--memory", "64M")
     os.kill(mount.pid, signal.SIGKILL)  # the daemon this test started, by its PID
     assert mounting.wait_gone(mount.pid, 30)

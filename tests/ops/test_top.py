@@ -187,7 +187,7 @@ def test_on_a_terminal_it_redraws_until_ctrl_c(mounted):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["/proc"], "hicachefs: /proc is a proc mount, not hicachefs"),
+    (["/proc"], "hicachefs: /proc is a mount of type proc, not hicachefs"),
     (["MOUNT", "--count", "0"], "--count must be at least 1"),
     (["MOUNT", "--interval", "0"], "--interval must be from 0.1"),
 ])
