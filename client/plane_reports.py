@@ -43,6 +43,7 @@ class Reports:
         self.plane = plane
         self._lock = threading.Lock()
         self._due = threading.Condition(self._lock)
+        self._sending = threading.Lock()  # held from taking reads to their report: one sender at a time
         self._reads: List[Noted] = []
         self._thread: Optional[threading.Thread] = None
         self._asked = 0  # ``start`` calls: one made while the thread decides to end keeps it
@@ -53,6 +54,7 @@ class Reports:
         """In a forked child: the reads noted are the parent's to report, its thread stayed behind."""
         self._lock = threading.Lock()
         self._due = threading.Condition(self._lock)
+        self._sending = threading.Lock()
         self._reads, self._thread = [], None
 
     def note(self, token: bytes, reads: List[Read], misses: int = 0) -> None:
@@ -82,10 +84,12 @@ class Reports:
         while True:
             with self._lock:
                 self._due.wait_for(lambda: len(self._reads) >= MAX_REPORT, REPORT_INTERVAL_S)
-                reads, self._reads = self._reads[:MAX_REPORT], self._reads[MAX_REPORT:]
-                asked = self._asked
-            if reads:
-                self.plane.report(reads)
+            with self._sending:
+                with self._lock:
+                    reads, self._reads = self._reads[:MAX_REPORT], self._reads[MAX_REPORT:]
+                    asked = self._asked
+                if reads:
+                    self.plane.report(reads)
             held = self.plane.let_go_if_gone()
             with self._lock:
                 # Ends with nothing to hold or send, unless the plane attached again meanwhile.
@@ -94,11 +98,13 @@ class Reports:
                     return
 
     def send_now(self) -> None:
-        """Send what was not sent yet."""
-        with self._lock:
-            reads, self._reads = self._reads, []
-        for start in range(0, len(reads), MAX_REPORT):
-            self.plane.report(reads[start : start + MAX_REPORT])
+        """Send what was not sent yet, once the thread has sent what it took: ``close`` returns
+        with every read noted before it reported, while the plane it closes still sends."""
+        with self._sending:
+            with self._lock:
+                reads, self._reads = self._reads, []
+            for start in range(0, len(reads), MAX_REPORT):
+                self.plane.report(reads[start : start + MAX_REPORT])
 
 
 #: Every live ``Reports``, sent at the interpreter's exit (a process that never calls ``close``).

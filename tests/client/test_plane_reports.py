@@ -180,3 +180,29 @@ def test_reads_noted_after_the_attachment_was_let_go_are_sent_at_close(mount_fac
         reader.close()
         writer.close()
     wait_until(lambda: mount.stats()["hits"] == 8, timeout=3)
+
+
+def test_reads_the_reporter_thread_is_sending_are_sent_before_close_returns(mount_factory, monkeypatch):
+    """``close`` sends what is left to report, but not what the reporter thread had just taken
+    and not yet sent: close returned before it (the hits lagged), and the plane it closed made
+    the thread's report go nowhere (lost)."""
+    monkeypatch.setattr(plane_reports, "MAX_REPORT", 8)  # the thread takes the 8 reads at once
+    mount = mount_factory("--memory", "64M")
+    reader = PageIO(str(mount.path))
+    rels = _pages(reader, 1)
+    buffers = [[memoryview(bytearray(SIZE))] for _ in rels]
+    plane, taken, closed = reader.plane, threading.Event(), threading.Event()
+    report = plane.report
+
+    def report_once_closed(reads):
+        if threading.current_thread().name == "hicachefs-plane":
+            taken.set()
+            closed.wait(1.0)  # the reads are the thread's, not yet sent, while close runs
+        report(reads)
+
+    monkeypatch.setattr(plane, "report", report_once_closed)
+    assert reader.read_pages(rels, buffers, SIZE) == [True] * 8
+    taken.wait()
+    reader.close()
+    closed.set()
+    assert mount.stats()["hits"] == 8
