@@ -103,8 +103,10 @@ def test_umount_signals_no_process_but_the_mounts_daemon(mount_factory, named):
     had root's umount SIGTERM it. Such a mount answers, but not as a daemon should: aborted and
     removed, nothing signalled."""
     mount = mount_factory("--memory", "32M")
-    bystander = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "120"])
+    bystander = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                  "sh", "-c", "echo; exec sleep 120"], stdout=subprocess.PIPE)
     try:
+        bystander.stdout.readline()  # it is another user's now: until then it was root's, as the mount
         pid = '"1234"' if named == "text" else str(bystander.pid)
         result = hicachefs("umount", str(mount.path), before=_CONFIG_NAMES.replace("PID", pid))
         assert (result.returncode, result.stderr) == (0, ""), result.stderr
@@ -114,4 +116,5 @@ def test_umount_signals_no_process_but_the_mounts_daemon(mount_factory, named):
     finally:
         bystander.kill()  # the test's own child, by its PID
         bystander.wait()
+        bystander.stdout.close()
     assert mounting.wait_gone(mount.pid, 60), "the daemon did not end once its mount was gone"
