@@ -147,10 +147,27 @@ def test_demotions_promotions_and_disk_reads_show(mount_factory, tmp_path):
     assert views(first + out)[-1]["tier"]["disk"]["pages"] == str(mount.stats()["tiers"]["disk"]["pages"])
 
 
+def _read_until_closed(controller: int, deadline: float) -> bytes:
+    """What the terminal shows until its other side is closed or ``deadline``: read as a terminal
+    does, since a full terminal holds a writer's last screens (and the one that leaves the
+    alternate screen) until they are read."""
+    shown = b""
+    while select.select([controller], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        try:
+            chunk = os.read(controller, 1 << 16)
+        except OSError:  # EIO: the terminal's other side is closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    return shown
+
+
 def test_on_a_terminal_it_redraws_until_ctrl_c(mounted):
     controller, terminal = os.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
     environment = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}  # the size is the pty's
+    environment["PYTHONFAULTHANDLER"] = "1"  # a top that outlives its Ctrl-C shows where it is (SIGABRT below)
     top = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "top", str(mounted.path), "--interval", "0.3"],
                            stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True, env=environment)
     os.close(terminal)
@@ -160,18 +177,14 @@ def test_on_a_terminal_it_redraws_until_ctrl_c(mounted):
         while screen.count(b"hicachefs top") < 3 and time.monotonic() < deadline:
             screen += os.read(controller, 1 << 16)
         top.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 10
-        # Read on as a terminal does while it ends: a full terminal holds its last screen's write
-        # (and the one that leaves the alternate screen) until it is read.
-        while select.select([controller], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            try:
-                chunk = os.read(controller, 1 << 16)
-            except OSError:  # EIO: the terminal's other side is closed
-                break
-            if not chunk:
-                break
-            screen += chunk
-        assert top.wait(timeout=10) == 0
+        screen += _read_until_closed(controller, time.monotonic() + 10)  # as top ends
+        try:
+            top.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            top.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to the terminal
+            stacks = _read_until_closed(controller, time.monotonic() + 5).decode(errors="replace")
+            pytest.fail(f"top did not end within 20 s of Ctrl-C; where it was:\n{stacks[-4000:]}")
+        assert top.returncode == 0
     finally:
         if top.poll() is None:
             top.kill()
