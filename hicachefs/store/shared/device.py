@@ -69,12 +69,17 @@ class DirectoryDevice:
         """``os.makedirs``, tried again when another host makes the same directories at once:
         GlusterFS then answered ENOENT for a parent both had just made, until the kernel's
         entry for it (1 s) expired, or EEXIST for the directory itself while a stat of it
-        still said ENOENT (which ``exist_ok`` does not forgive: FileExistsError)."""
+        still said ENOENT (which ``exist_ok`` does not forgive: FileExistsError), or ESTALE for
+        the parent the other host had just made (a handle its kernel had not looked up yet)."""
         for pause in _MAKEDIRS_PAUSES_S:
             try:
                 os.makedirs(path, exist_ok=True)
                 return
             except (FileNotFoundError, FileExistsError):
+                time.sleep(pause)
+            except OSError as error:
+                if error.errno != errno.ESTALE:
+                    raise
                 time.sleep(pause)
         os.makedirs(path, exist_ok=True)
 
