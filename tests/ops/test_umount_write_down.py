@@ -36,8 +36,12 @@ def start_slow_daemon(tmp_path: Path, delay: float, flags: list[str]) -> tuple[s
                 return daemon, mount
         except (OSError, ValueError):
             pass
-        assert daemon.poll() is None, mount.log_text()
+        if daemon.poll() is not None:
+            break
         time.sleep(0.05)
+    daemon.kill()  # the test's own child, by its PID; and whatever it mounted goes too
+    daemon.wait()
+    mounting.unmount_path(path)
     raise AssertionError("the slow daemon did not mount:\n" + mount.log_text())
 
 
