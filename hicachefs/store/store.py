@@ -249,11 +249,7 @@ class PageStore:
                 old = self._index.find(name)
             # A replace: the data plane's readers take a miss meanwhile as unsure, not as "not held".
             with self._index.replacing() if old >= 0 else contextlib.nullcontext():
-                try:
-                    place = self._drop(old, keep_place=True) if old >= 0 else 0  # listed where the old one was
-                except DeviceError:
-                    self._refuse(page, slot, lower)
-                    raise
+                place = self._replace(old, page, slot, lower) if old >= 0 else 0  # listed where the old one was
                 self._found.pop(name, None)
                 if slot is None:
                     row = self._index.add(name, page.size, checksum, page.mtime_ns, *lower, cursor=place,
@@ -274,14 +270,33 @@ class PageStore:
             tier.offer(page, payload, release)
         return page, RAM if slot is not None else lower[0]
 
-    def _refuse(self, page: PageMeta, slot: int | None, lower: tuple[int, int] | None) -> None:
-        """A publish fails after its copies were placed (the old page could not be dropped): give
-        its RAM slot back and mark the copy written below dead, or a scan after a crash would
+    def _replace(self, old: int, page: PageMeta, slot: int | None, lower: tuple[int, int] | None) -> int:
+        """Drop the name's old page for the new one; the listing cursor the new one takes over.
+        When the old page's lower copy cannot be invalidated, the publish is refused (DeviceError)
+        unless ``_refused`` cannot make that last: then the new version takes the old one's place
+        all the same, so that the name holds one version before and after a crash."""
+        try:
+            return self._drop(old, keep_place=True)
+        except DeviceError as exc:
+            if self._refused(page, slot, lower):
+                raise
+            log.warning("%s: replaced all the same, as the %s tier could mark neither the old copy nor the new "
+                        "one dead, and a crash would bring the new one back (%s)",
+                        page.name, self._tiers[lower[0]].name, exc)
+            return self._supersede(old)
+
+    def _refused(self, page: PageMeta, slot: int | None, lower: tuple[int, int] | None) -> bool:
+        """A publish cannot drop the old page: mark the copy it wrote below dead and give its RAM
+        slot back. False, nothing given back, when that mark fails: a scan after a crash would
         bring back the refused version, newer than the old page kept."""
+        if lower is not None:
+            try:
+                self._tiers[lower[0]].drop(page, lower[1])
+            except OSError:
+                return False
         if slot is not None:
             self._ram.retire(slot)
-        if lower is not None:
-            self._tiers[lower[0]].discard(page, lower[1])
+        return True
 
     def abandon(self, draft: Draft) -> None:
         offset = draft.consume()
@@ -1088,8 +1103,23 @@ class PageStore:
                 except OSError as exc:
                     raise DeviceError(f"{page.name}: the {self._tiers[position].name} tier failed to "
                                       f"invalidate its copy: {exc}") from exc
-        if locations[RAM] >= 0:
-            self._ram.forget(row, locations[RAM])
+        return self._unlist(row, locations[RAM], keep_place)
+
+    def _supersede(self, row: int) -> int:
+        """``_drop`` for the old page of a publish that must go through though its lower copy
+        cannot be invalidated (``_replace``): the tiers let go of it (``Tier.supersede``), since
+        a scan keeps the newer copy written there."""
+        page = self._meta(row)
+        locations = self._index.loc[row].tolist()
+        for position, location in enumerate(locations[RAM + 1 :], RAM + 1):
+            if location >= 0:
+                self._tiers[position].supersede(page, location)
+        return self._unlist(row, locations[RAM], keep_place=True)
+
+    def _unlist(self, row: int, slot: int, keep_place: bool) -> int:
+        """The end of a drop: the row's RAM slot goes when its readers are done, then the row."""
+        if slot >= 0:
+            self._ram.forget(row, slot)
         return self._index.remove(row, keep_place)
 
     def _forget(self, row: int) -> None:

@@ -125,6 +125,12 @@ class Tier(ABC):
         except OSError:
             pass
 
+    def supersede(self, page: PageMeta, location: int) -> None:
+        """Let go of the page at ``location``: a newer copy of its name, written to this tier
+        since, replaces it (a recovery keeps the newer). Dropped if the device lets it, else only
+        forgotten; never raised (the store warned)."""
+        self.discard(page, location)
+
     # -- the data plane (tiers whose bytes its clients read themselves) ----------------------
 
     def shared_fd(self) -> int | None:

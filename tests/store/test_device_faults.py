@@ -8,6 +8,7 @@ surfaces as DeviceError (EIO) or PageCorrupt, and RAM pages keep being served.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 import traceback
@@ -243,13 +244,13 @@ def test_a_removed_page_stays_removed_after_a_failed_write_at_the_wrap_and_a_cra
         store.close()
 
 
-def _reopened_after_a_crash(tmp_path, work, write_through: bool) -> PageStore:
+def _reopened_after_a_crash(tmp_path, work, write_through: bool, memory: int = 4 * MiB) -> PageStore:
     """Run ``work(store, device)`` in a child process on a store whose arena sits on a
     FaultyDevice, let the child die without closing it (as a SIGKILL leaves the disk tier), and
     open the store again, as the next start does (it scans the arena)."""
     disk = tmp_path / "disk"
     disk.mkdir(exist_ok=True)
-    config = StoreConfig(memory_bytes=4 * MiB, disk_dir=disk, disk_bytes=64 * MiB, max_page_size=PAGE,
+    config = StoreConfig(memory_bytes=memory, disk_dir=disk, disk_bytes=64 * MiB, max_page_size=PAGE,
                          write_through=write_through)
     pid = os.fork()
     if pid == 0:
@@ -316,6 +317,48 @@ def test_a_replace_whose_old_record_cannot_be_marked_dead_fails_and_keeps_the_ol
     store = _reopened_after_a_crash(tmp_path, work, write_through)
     try:
         assert read_all(store, name) == content("old", PAGE)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("failures", "then_removed"), [(2, False), (3, False), (2, True)],
+                         ids=["kept", "kept, the old record live too", "then removed"])
+@pytest.mark.parametrize("memory", [4 * MiB, 128 * KiB], ids=["write-through", "too large for RAM"])
+def test_a_replace_whose_new_record_cannot_be_marked_dead_either_goes_through(tmp_path, caplog, memory,
+                                                                              failures, then_removed):
+    """A replace whose old disk record cannot be marked dead is refused, and the copy it wrote
+    to the disk first (write-through, or a page larger than a RAM slab) is marked dead. When
+    that mark fails too, refusing cannot last: the refused version came back at the scan after
+    a crash, newer than the old page kept. The publish goes through instead, logged once: the
+    name holds the new version before and after a crash, the disk tier counts one record of
+    it, and a later removal marks the new record dead, for good."""
+    name = page_name(0)
+
+    def work(store, device):
+        written = {name: content("old", PAGE)} | {page_name(i): content(i, PAGE) for i in range(1, 24)}
+        for page, data in written.items():
+            store.put(page, data)
+        before = store.statistics().tier("disk")
+        # The old record's mark, then the new one's (and the old one's again, dropping it for the new).
+        device.inject(Fault("pwrite", errno=errno.EIO, count=failures))
+        with caplog.at_level(logging.WARNING, logger="hicachefs.store"):
+            store.put(name, content("new", PAGE))
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1, caplog.text
+        written[name] = content("new", PAGE)
+        assert store.info(name).tier == ("memory" if memory > PAGE else "disk")
+        assert read_all(store, name) == written[name]
+        assert_consistent(store, written)
+        after = store.statistics().tier("disk")
+        assert (after.pages, after.used_bytes) == (before.pages, before.used_bytes)
+        if then_removed:
+            assert store.remove(name) is True
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through=True, memory=memory)
+    try:
+        if then_removed:
+            assert store.info(name) is None, "a page removed before the crash came back"
+        else:
+            assert read_all(store, name) == content("new", PAGE)
     finally:
         store.close()
 

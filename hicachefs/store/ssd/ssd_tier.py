@@ -202,6 +202,14 @@ class SsdTier(Tier):
             log.warning("%s: its record on the disk tier could not be marked dead (a crash may bring it back): %s",
                         page.name, exc)
 
+    def supersede(self, page: PageMeta, location: int) -> None:
+        """``Tier.supersede``: a record left live is no longer counted, and left to the ring's
+        reclaim (a scan passes over it, older than the copy that replaced it)."""
+        try:
+            self.drop(page, location)
+        except OSError:
+            self.log.forget(location, len(page.name.encode()), page.size)
+
     def sync(self) -> None:
         self.log.sync()
 
