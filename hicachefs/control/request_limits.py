@@ -16,7 +16,9 @@ others'. What would go over a share is refused at once with ENOBUFS; it takes no
 other request is touched.
 
 - Memory (``MEMORY``): a handle holds its request (and what answering it takes) against its
-  user's share; a write that would go over fails and ends its request.
+  user's share; a write that would go over fails and ends its request. A snapshot control
+  file's handle (``stats``, ``metrics``, ``config``) holds its snapshot against it too, and
+  an open that would go over fails.
 - Time (``ANSWERING``, ``StepLane``): a request answered in one step runs at once, in its own
   FUSE request. A larger one is answered a step at a time, and the steps of all large requests
   take turns in one lane, each followed by a pause in which everything else waiting is served:
