@@ -16,8 +16,10 @@ and entries made or removed meanwhile may be listed or not, as POSIX allows.
 A file created under its key (``cp``) that is published while the directory is listed moves from
 the first part to the second: the page of a name this handle listed as a file being written is
 left out when the kernel has taken that entry (the offset it asks from is past it), so the name
-is listed once either way. For that a handle remembers the names of such files it listed: its
-memory grows with the files being written under key names, never with the pages.
+is listed once either way. For that a handle remembers the names of such files it listed since
+the listing was last read from its start (which lists every page, so nothing from before is
+needed there): its memory grows with the files being written under key names that one listing
+met, never with the pages, nor with a handle rewound again and again.
 
 Not thread-safe: the daemon's trio thread only.
 """
@@ -77,6 +79,8 @@ class DirectoryListing:
         """The entries that follow offset ``start``, each with its own offset, for one readdir
         request: made a batch at a time, as the reply takes them, and at most
         ``ENTRIES_PER_REQUEST`` (the kernel asks again for more)."""
+        if start == 0:  # read from the start (again): no entry of this listing taken yet
+            self._listed_files.clear()
         return itertools.islice(self._following(start), ENTRIES_PER_REQUEST)
 
     def _following(self, start: int) -> Iterator[tuple[int, Entry]]:

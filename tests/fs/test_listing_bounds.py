@@ -238,3 +238,29 @@ def test_readdir_counts_the_entries_the_kernel_took_even_when_the_store_changed_
         assert counts == {b"k0": 1, b"k1": 1, b"k2": 1, b"k3": None}, counts
     finally:
         ns.store.close()
+
+
+def test_a_directory_handle_read_again_from_the_start_forgets_the_files_it_listed_before():
+    """A handle remembers the files being written under key names that it listed, so that the
+    page one becomes is not listed twice in the same listing. A listing read again from its
+    start (``rewinddir``) lists every page whatever it remembers: what it remembered before is
+    let go there. Kept, it grew with every such file ever listed, for as long as the handle
+    (a plain user's, rewound in a loop while ``cp`` writes into the pool) stayed open."""
+    ns = alone()
+    try:
+        requests = Requests(ns.ns)
+        fh = trio.run(requests.opendir, ns.pool)
+        for i in range(200):
+            key = b"direct-%03d" % i
+            inode, writer = ns.create(key)
+            ns.write(writer, b"page %d" % i)
+            entries = trio.run(requests.readdir, fh, 0, 256)  # rewound: read from the start
+            assert key in [name for _, name, _ in entries]
+            trio.run(requests.took, fh, len(entries))
+            ns.close(writer)  # published
+            ns.ns.unlink(ns.pool, key)
+            ns.ns.forget(inode, 2)  # the kernel forgot the file and its listing entry
+        listing = requests.handle(fh).listing.__self__
+        assert len(listing._listed_files) <= 1, len(listing._listed_files)
+    finally:
+        ns.store.close()
