@@ -111,7 +111,7 @@ def test_rates_add_up_to_the_pages_written_and_read(mounted):
     assert writes >= pages and moved(later, "FUSE request", "write", "per s") == pytest.approx(writes, rel=0.05)
     assert {v["hit rate"] for v in later} <= {"100.0", "-"} and "100.0" in {v["hit rate"] for v in later}
     last = frames[-1]["tier"]["memory"]
-    assert (last["pages"], last["used"], last["capacity"]) == (str(pages), "16.0 MiB", "512 MiB")
+    assert (last["pages"], last["used"], last["capacity"]) == (str(pages), "16.0 MiB", "64.0 MiB")  # the fixture's --memory
     assert all("errors: none" in v for v in frames)
 
 
