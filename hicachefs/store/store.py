@@ -928,34 +928,36 @@ class PageStore:
             self._ram.unpin(slot)
 
     def _write_down_for_restart(self) -> None:
-        """Write RAM-only pages down, the most recent ones as room allows. Writing reclaims the
-        oldest regions, which may hold the only lower copy of a page that is in RAM too (a
-        promoted one): such a page is RAM-only then, and is written down in a further pass."""
+        """Write RAM-only pages down, the most recent ones as room allows. Room is counted for
+        every RAM page, newest first, also for one whose lower copy is there already: writing
+        reclaims the oldest regions, which may hold that copy (a promoted page, or a page
+        published with write-through before those regions wrapped) and so make it RAM-only, and
+        a page that was on disk must not lose its place to older ones written over it. Pages
+        made RAM-only that way are written down in a further pass, within the same room: what
+        is written in all fits the tier's retention, so nothing written here is reclaimed."""
         below = self._tiers[1]
         budget = below.retention_bytes()
+        chosen = []  # newest first: the pages the tier keeps, written or there already
+        for row in reversed(self._ram.oldest_first()):
+            size = int(self._index.size[row])
+            if self._index.top_tier(row) != RAM or not below.fits(self._index.name(row).encode(), size):
+                continue  # a page the disk tier cannot hold stays behind; the others go down
+            budget -= size + 4096
+            if budget < 0:
+                break
+            chosen.append(row)
         tried: set[int] = set()
         while True:
-            rows = [r for r in self._ram.oldest_first() if r not in tried and self._index.top_tier(r) == RAM
-                    and not (self._index.loc[r, 1:] >= 0).any()]
-            keep = []
-            for row in reversed(rows):
-                size = int(self._index.size[row])
-                if not below.fits(self._index.name(row).encode(), size):
-                    continue  # a page the disk tier cannot hold stays behind; the others go down
-                budget -= size + 4096
-                if budget < 0:
-                    break
-                keep.append(row)
-            if not keep:
+            rows = [r for r in reversed(chosen) if r not in tried and self._index.dir[r] >= 0
+                    and self._index.top_tier(r) == RAM and not (self._index.loc[r, 1:] >= 0).any()]
+            if not rows:
                 return
-            for row in reversed(keep):
+            for row in rows:
                 tried.add(row)
                 if self._index.dir[row] >= 0 and not (self._index.loc[row, 1:] >= 0).any():
                     view = self._ram.view(int(self._index.loc[row, RAM]), int(self._index.size[row]))
                     if self._intact(row, view) and self._write_below(self._meta(row), view, RAM, row) is None:
                         return  # the device fails: what is left stays unwritten
-            if budget < 0:
-                return
 
     def _info(self, row: int) -> PageInfo:
         index = self._index

@@ -336,3 +336,30 @@ def test_a_clean_close_keeps_a_promoted_page_whose_disk_copy_the_write_down_recl
         assert read_all(store, hot) == content(0, page)
     finally:
         store.close()
+
+
+def test_a_clean_close_keeps_the_newest_write_through_pages_over_older_ram_only_ones(tmp_path):
+    """With --write-through, pages published last are on the disk tier at once. RAM holds older
+    pages as well whose disk copies the ring has since overwritten (RAM only). The write-down at
+    a clean close writes those, newest first, as room allows: it must not wrap the ring onto
+    the newer pages that were already there, and lose them for older ones (a restart after a
+    clean stop then lacked pages that a SIGKILL would have kept)."""
+    page = 64 * KiB
+    config = StoreConfig(memory_bytes=16 * MiB, disk_dir=tmp_path / "disk", disk_bytes=8 * MiB + 4096,
+                         max_page_size=page, write_through=True)
+    store = PageStore(config)
+    older = [page_name(i) for i in range(200)]
+    newest = [page_name(i) for i in range(200, 224)]
+    for i, name in enumerate(older + newest):
+        store.put(name, content(i, page))
+    ram_only = sum(store.info(name) is not None and store.info(name).tier == "memory" for name in older)
+    assert ram_only * (page + 4096) > store._tiers[1].retention_bytes(), "RAM holds too few RAM-only pages"
+    store.close()
+    store = PageStore(config)
+    try:
+        missing = [name for name in newest if store.info(name) is None]
+        assert not missing, f"{len(missing)} of the {len(newest)} newest pages lost at a clean close"
+        for i, name in enumerate(newest, 200):
+            assert read_all(store, name) == content(i, page)
+    finally:
+        store.close()
