@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the whole test suite. CI runs exactly this.
 # Without arguments, the suite in three pytest runs on two lanes at once: the namespace, the
-# client and the store on one lane; operations, reliability and SGLang's own cache, then the shared
-# tier's tests (on GlusterFS and JuiceFS volumes), on the other (5.5-6 minutes each here, the two
+# client, the store and SGLang's own cache on one lane; operations and reliability, then the shared
+# tier's tests (on GlusterFS and JuiceFS volumes), on the other (about 6 minutes each here, the two
 # together keeping the 2 cores about three-quarters busy: much of the suite waits on mounts,
 # daemons and timeouts). Each run's output is printed whole once its lane is done. With arguments,
 # one run of pytest with them. Every run runs whatever the others did; a line for each at the
@@ -16,8 +16,8 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
 # The runs, by lane: "name|pytest arguments" (arguments split at spaces).
-lane_a=("the namespace, the client and the store|tests/client tests/fs tests/store tests/scripts tests/test_mounting.py tests/test_name_rules.py")
-lane_b=("operations, reliability and SGLang|tests/ops tests/reliability tests/sglang"
+lane_a=("the namespace, the client, the store and SGLang|tests/client tests/fs tests/store tests/scripts tests/sglang tests/test_mounting.py tests/test_name_rules.py")
+lane_b=("operations and reliability|tests/ops tests/reliability"
         "the shared tier|tests/shared")
 
 # lane N RUN...: run a lane's runs one after the other, each into its log, its exit status beside.

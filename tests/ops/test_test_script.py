@@ -43,17 +43,18 @@ def run_test_sh(checkout: Path, *args: str, **fail: str) -> tuple[int, list[str]
     return done.returncode, summary, (checkout / "calls").read_text().splitlines()
 
 
-NAMESPACE = "the namespace, the client and the store"
+NAMESPACE = "the namespace, the client, the store and SGLang"
 SHARED = "the shared tier"
-OTHERS = "operations, reliability and SGLang"
+OTHERS = "operations and reliability"
 
 
 def test_a_failing_run_does_not_stop_the_next_and_fails_the_script(checkout):
     status, summary, calls = run_test_sh(checkout, FAIL_OTHERS="1")
     assert sorted(calls) == sorted([
-        "-m pytest -q -p no:cacheprovider tests/client tests/fs tests/store tests/scripts tests/test_mounting.py tests/test_name_rules.py",
+        "-m pytest -q -p no:cacheprovider tests/client tests/fs tests/store tests/scripts tests/sglang tests/test_mounting.py "
+        "tests/test_name_rules.py",
         "-m pytest -q -p no:cacheprovider tests/shared",
-        "-m pytest -q -p no:cacheprovider tests/ops tests/reliability tests/sglang"])
+        "-m pytest -q -p no:cacheprovider tests/ops tests/reliability"])
     assert summary == ["test.sh: 3 pytest run(s)", f"  FAILED (exit 1): {NAMESPACE}", f"  FAILED (exit 1): {OTHERS}",
                        f"  passed: {SHARED}"]
     assert status != 0
