@@ -208,11 +208,12 @@ class PageStore:
         named tier (``holds``) is kept as it is instead, the draft given back, and None
         returned; one of another size is replaced (no reader of this size could take it)."""
         published = self._publish(draft, name, mtime_ns, keep_existing)
-        if published is None:
-            return None
-        page, position = published
-        return PageInfo(name=name, size=page.size, tier=self._tiers[position].name, checksum=checksum_text(page.checksum),
-                        hits=0, mtime_ns=page.mtime_ns, atime_ns=page.mtime_ns)
+        return None if published is None else self._published_info(*published)
+
+    def _published_info(self, page: PageMeta, position: int) -> PageInfo:
+        """The ``PageInfo`` of a page just published, held first at tier ``position``."""
+        return PageInfo(name=page.name, size=page.size, tier=self._tiers[position].name,
+                        checksum=checksum_text(page.checksum), hits=0, mtime_ns=page.mtime_ns, atime_ns=page.mtime_ns)
 
     def publish_page(self, draft: Draft, name: str, keep_existing: bool = False) -> bool:
         """``publish``, for a caller that needs no ``PageInfo`` of the page (a data-plane
@@ -220,9 +221,11 @@ class PageStore:
         return self._publish(draft, name, None, keep_existing) is not None
 
     def _publish(self, draft: Draft, name: str, mtime_ns: int | None, keep_existing: bool,
-                 write_through: bool = True) -> tuple[PageMeta, int] | None:
+                 write_through: bool = True, vacate: Callable[[], None] | None = None) -> tuple[PageMeta, int] | None:
         """``publish``'s work: the page, and the position of the fastest tier holding it.
-        ``write_through=False``: a page in RAM is not written below now, whatever the config."""
+        ``write_through=False``: a page in RAM is not written below now, whatever the config.
+        ``vacate``: a rename's removal of its source (lock held), done after the page's copy
+        below is written and before the page is indexed (``_vacated``)."""
         checksum = draft.checksum()
         slot = draft.consume()
         page = PageMeta(name, draft.size, checksum, time.time_ns() if mtime_ns is None else mtime_ns)
@@ -245,7 +248,9 @@ class PageStore:
                 if slot is not None:
                     self._ram.retire(slot)
                 raise
-            if lower is not None:  # making room below may have reclaimed the old page's row
+            if vacate is not None:
+                self._vacated(vacate, page, slot, lower)
+            if lower is not None or vacate is not None:  # making room below, or the source's removal, moved rows
                 old = self._index.find(name)
             # A replace: the data plane's readers take a miss meanwhile as unsure, not as "not held".
             with self._index.replacing() if old >= 0 else contextlib.nullcontext():
@@ -284,6 +289,21 @@ class PageStore:
                         "one dead, and a crash would bring the new one back (%s)",
                         page.name, self._tiers[lower[0]].name, exc)
             return self._supersede(old)
+
+    def _vacated(self, vacate: Callable[[], None], page: PageMeta, slot: int | None,
+                 lower: tuple[int, int] | None) -> None:
+        """Remove a rename's source once the page's copy below is written, so that a kill at any
+        point leaves the page under one of its names. A source whose copy cannot be marked dead
+        refuses the rename (DeviceError, the target untouched), unless ``_refused`` cannot make
+        that last: then the rename goes through with the source kept, as a crash would keep both."""
+        try:
+            vacate()
+        except DeviceError as exc:
+            if self._refused(page, slot, lower):
+                raise
+            log.warning("%s: renamed with its source kept, as the %s tier could mark neither the source's copy nor "
+                        "the new one dead, and a crash would bring both back (%s)",
+                        page.name, self._tiers[lower[0]].name, exc)
 
     def _refused(self, page: PageMeta, slot: int | None, lower: tuple[int, int] | None) -> bool:
         """A publish cannot drop the old page: mark the copy it wrote below dead and give its RAM
@@ -574,24 +594,28 @@ class PageStore:
 
     def _moved(self, reader: PageReader, old: str, new: str) -> tuple[PageInfo, bool | None]:
         """Move the page ``reader`` holds from ``old`` to ``new`` locally: the page published
-        under ``new``, and whether ``old`` held it (``_remove_local``: only the version moved
-        leaves the old name, one published there meanwhile stays). The room for the page is
-        taken first, then ``old`` goes: a store with no room, or a lower copy that cannot be
-        marked dead (DeviceError), fails the rename before ``new``, and the page it held, are
-        touched. A publish that fails after that puts ``old`` back."""
+        under ``new``, and whether ``old`` held it (``_unname``: only the version moved leaves
+        the old name, one published there meanwhile stays; None when it was kept). The room
+        for the page is taken first, and ``old`` goes inside the publish, after the page's copy
+        below (write-through) is written and before ``new`` is touched: a store with no room,
+        or a lower copy of ``old`` that cannot be marked dead (DeviceError), fails the rename
+        with ``new`` and the page it held as they were, and a kill at any point leaves the page
+        under one of its names, or both. A publish that fails after ``old`` went puts it back."""
         draft = self.reserve(reader.meta.size)
         try:
             draft.write(0, reader.view())
-            removed = self._remove_local(old, reader.meta.version)
         except BaseException:
             self.abandon(draft)
             raise
+        removed: list[bool | None] = []
         try:
-            return self.publish(draft, new, reader.info.mtime_ns), removed
+            page, position = self._publish(draft, new, reader.info.mtime_ns, keep_existing=False,
+                                           vacate=lambda: removed.append(self._unname(old, reader.meta.version)))
         except BaseException:
-            if removed:
+            if removed and removed[0]:
                 self._put_back(old, reader)
             raise
+        return self._published_info(page, position), removed[0] if removed else None
 
     def _put_back(self, name: str, reader: PageReader) -> None:
         """A rename's publish failed after its source was removed: the source is published
@@ -852,16 +876,7 @@ class PageStore:
         """Remove the page from the local tiers; whether there was one. ``version``: only that
         version of it (a rename's source); None, removing nothing, when the name holds another."""
         with self._lock:
-            row = self._index.find(name)
-            if version is not None and row >= 0 and self._meta(row).version != version:
-                return None
-            if row >= 0:
-                self._drop(row)  # first: a device that fails it leaves everything as it was
-            self._found.pop(name, None)
-            self._ahead.cancel(name)
-            if name in self._named_reads:
-                self._removed_while_read.add(name)
-            return row >= 0
+            return self._unname(name, version)
 
     def _delete_named(self, name: str) -> bool:
         """Remove the page's copies from the named tiers (blocking, idempotent)."""
@@ -874,6 +889,19 @@ class PageStore:
         return removed
 
     # -- internals (lock held) ---------------------------------------------------------
+
+    def _unname(self, name: str, version: tuple[str, int] | None = None) -> bool | None:
+        """``_remove_local``'s work."""
+        row = self._index.find(name)
+        if version is not None and row >= 0 and self._meta(row).version != version:
+            return None
+        if row >= 0:
+            self._drop(row)  # first: a device that fails it leaves everything as it was
+        self._found.pop(name, None)
+        self._ahead.cancel(name)
+        if name in self._named_reads:
+            self._removed_while_read.add(name)
+        return row >= 0
 
     def _counted_hit(self, row: int) -> None:
         index = self._index

@@ -423,3 +423,108 @@ def test_a_rename_whose_publish_fails_puts_its_source_back(faulty_store):
     device.clear()
     store.move(source, target)
     assert store.info(source) is None and read_all(store, target) == written[source]
+
+
+def _dies_at_write(device: FaultyDevice, at: int) -> None:
+    """The process dies (as a SIGKILL leaves it) at the ``at``-th write to the device from now,
+    before that write is done."""
+    writes = iter(range(1, at + 1))
+
+    def dying(op):
+        target = getattr(device, op)
+
+        def write(*args):
+            if next(writes, None) == at:
+                os._exit(0)
+            return target(*args)
+
+        return write
+
+    device.pwrite, device.pwritev = dying("pwrite"), dying("pwritev")
+
+
+@pytest.mark.parametrize("onto", [False, True], ids=["new name", "onto a disk page"])
+@pytest.mark.parametrize("at", [1, 2, 3, 4], ids=["1st write", "2nd write", "3rd write", "answered"])
+def test_a_write_through_rename_killed_at_any_write_keeps_the_page_under_one_of_its_names(tmp_path, at, onto):
+    """A rename of a disk page writes the target's copy, marks the source's record dead and, onto
+    a disk page, that page's record too. A kill at any of those writes (or after the rename was
+    answered) leaves the page, after the restart on the same disk, under the source, the target
+    or both: never under neither (the source's record was marked dead before the target's copy
+    was written, and a kill in between lost it), and never a wrong page under either."""
+    source, target = page_name(0), page_name(1)
+    pages = {source: content("moved", PAGE), target: content("target", PAGE)}
+
+    def work(store, device):
+        for name, data in pages.items():
+            if name == source or onto:
+                store.put(name, data)
+        _dies_at_write(device, at)
+        store.move(source, target)
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through=True)
+    try:
+        held = {name: read_all(store, name) for name in pages if store.info(name) is not None}
+        assert pages[source] in held.values(), f"the page was lost under both names (held: {sorted(held)})"
+        assert held.get(source, pages[source]) == pages[source]
+        assert held.get(target, pages[source]) in (pages[source], pages[target])
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("at", [1, 2, 3, 99], ids=["1st write", "2nd write", "3rd write", "answered"])
+def test_a_write_back_rename_killed_loses_at_most_what_was_only_in_ram(tmp_path, at):
+    """Write-back: the renamed page is published in RAM only, and a crash loses what was only
+    there, as it loses any page not yet written down (a clean close writes it down). So after a
+    kill at any write of a rename of a disk page, the target holds nothing and the source the
+    page until its record was marked dead; once the rename was answered, neither name holds it
+    (the old name does not come back), and no wrong page is served."""
+    source, target = page_name(0), page_name(100)
+    written = {source: content("moved", PAGE)} | {page_name(i): content(i, PAGE) for i in range(1, 24)}
+
+    def work(store, device):
+        for name, data in written.items():  # more than RAM holds: the source moves down to the disk tier
+            store.put(name, data)
+        assert store.info(source).tier == "disk"
+        _dies_at_write(device, at)
+        store.move(source, target)
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through=False)
+    try:
+        assert store.info(target) is None
+        if store.info(source) is not None:
+            assert at < 99 and read_all(store, source) == written[source]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("failures", [1, 2], ids=["refused", "neither record can be marked dead"])
+def test_a_write_through_rename_whose_source_cannot_be_marked_dead(tmp_path, caplog, failures):
+    """Write-through: a rename writes the target's copy first, then marks the source's record
+    dead. When that mark fails (EIO) the rename fails with DeviceError and the target's new
+    record is marked dead: source and target stay as they were, also after a crash. When that
+    second mark fails too, a refusal cannot last (a crash would bring both records back): the
+    rename goes through with the source kept, logged once, and both names hold the page,
+    before and after a crash."""
+    source, target = page_name(0), page_name(1)
+    pages = {source: content("moved", PAGE), target: content("target", PAGE)}
+    expected = pages if failures == 1 else {source: pages[source], target: pages[source]}
+
+    def work(store, device):
+        for name, data in pages.items():
+            store.put(name, data)
+        device.inject(Fault("pwrite", errno=errno.EIO, count=failures))
+        with caplog.at_level(logging.WARNING, logger="hicachefs.store"):
+            if failures == 1:
+                with pytest.raises(DeviceError):
+                    store.move(source, target)
+            else:
+                store.move(source, target)
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == failures - 1, caplog.text
+        assert {name: read_all(store, name) for name in pages} == expected
+        assert_consistent(store, expected)
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through=True)
+    try:
+        assert {name: read_all(store, name) for name in pages} == expected
+    finally:
+        store.close()
