@@ -170,7 +170,7 @@ class ControlFiles:
         if inode == INGEST_INODE:
             return IngestHandle(publisher, self.store.config.max_page_size)
         if inode == _FILES[b"plane"]:
-            return PlaneHandle(self.store, publisher, self.plane_ahead)
+            return PlaneHandle(self.store, publisher, self.plane_ahead, self.request_limits.account(uid))
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
             raise FsError(errno.EACCES, "control file is read-only")
         account = self.request_limits.account(uid)

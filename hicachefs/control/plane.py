@@ -43,8 +43,10 @@ the daemon never gives its slot to anyone else; closing the handle frees what wa
 so a writer that dies publishes nothing; a commit publishes each page atomically (replacing a
 page of that name, as a rename would), with the writer's checksum, and a page that fails
 publishes nothing. Reserved slots count as files being written (``WritingBudget``: at most half
-of ``--memory``). A commit is answered once the kernel knows what it replaced. A malformed
-request fails its write with EINVAL.
+of ``--memory``). A request sent in several writes is held, until whole, against its writer's
+share of the request files' memory (``request_limits``): the piece that would go over fails with
+ENOBUFS and ends the request. A commit is answered once the kernel knows what it replaced. A
+malformed request fails its write with EINVAL.
 
 Not thread-safe: the daemon's trio thread only. Nothing blocks beyond the store's memory-speed
 calls.
@@ -60,6 +62,7 @@ from ..store import Draft, PageStore, StoreError, size_class
 from ..store.budget import Share
 from ..posix.errors import FsError, errno_of
 from . import ingest
+from .request_limits import Account
 from ..posix.writing_budget import WritingBudget
 
 REQUEST = struct.Struct("<4sHHIIQ")
@@ -102,12 +105,14 @@ class PlaneHandle:
 
     cacheable = False
 
-    def __init__(self, store: PageStore, publisher: Publisher, ahead: Share) -> None:
-        """``ahead``: the RAM budget's share of slots reserved ahead of writers' next batches."""
+    def __init__(self, store: PageStore, publisher: Publisher, ahead: Share, account: Account) -> None:
+        """``ahead``: the RAM budget's share of slots reserved ahead of writers' next batches;
+        ``account``: what holds a request sent in pieces (its opener's share of request memory)."""
         self.store = store
         self.publisher = publisher
         self.budget = publisher.writing
         self.ahead = ahead
+        self.account = account
         self._reserved: dict[int, Draft] = {}  # arena offset -> the draft of a slot of this handle's
         self._ahead: set[int] = set()  # of those, the ones reserved ahead (``ahead``)
         self._mailbox: Draft | None = None
@@ -117,30 +122,30 @@ class PlaneHandle:
     async def write(self, offset: int, data) -> int:
         """Take a request's bytes (from offset 0, in order); run it once whole."""
         if offset == 0:
-            self._request = bytearray()
+            self._drop_request()
         elif offset != len(self._request):
             raise FsError(errno.EINVAL, f"a plane request goes on at {len(self._request)}, not {offset}")
         if len(self._request) + len(data) > MAX_REQUEST:
-            self._request = bytearray()
+            self._drop_request()
             raise FsError(errno.EFBIG, f"a plane request is at most {MAX_REQUEST} bytes")
         whole = offset == 0 and len(data) >= REQUEST.size  # the usual case: one write, one request
         if not whole:
-            self._request += data
+            self._gather(data)
             if len(self._request) < REQUEST.size:
                 return len(data)
         request = data if whole else self._request
         magic, op, flags, count, body_bytes, seq = REQUEST.unpack_from(request)
         if magic != REQUEST_MAGIC:
-            self._request = bytearray()
+            self._drop_request()
             raise FsError(errno.EINVAL, "not a plane request (bad magic)")
         if len(request) < REQUEST.size + body_bytes:
             if whole:
-                self._request += data
+                self._gather(data)
             return len(data)
         # A request that came whole is read where it lies (run before this returns, it is kept
         # nowhere); one that came in pieces is copied out of the buffer it was gathered in.
         body = memoryview(data if whole else bytes(self._request))[REQUEST.size : REQUEST.size + body_bytes]
-        self._request = bytearray()
+        self._drop_request()
         try:
             answer = self._run(op, flags, count, body)
         except struct.error:
@@ -156,8 +161,25 @@ class PlaneHandle:
     async def read(self, offset: int, size: int) -> bytes:
         return self._answer[offset : offset + size]
 
+    def _gather(self, data) -> None:
+        """Keep a piece of a request sent in pieces, held against the account: a writer's many
+        handles each holding a partial request took the daemon's memory without bound. ENOBUFS,
+        ending the request, when it would go over."""
+        try:
+            self.account.hold(len(self._request) + len(data))
+        except FsError:
+            self._drop_request()
+            raise
+        self._request += data
+
+    def _drop_request(self) -> None:
+        """Let go of the request gathered so far (whole, ended or cut off), and what it held."""
+        self._request = bytearray()
+        self.account.hold(0)
+
     def release(self) -> None:
         """The handle closed (its writer may have died): what it did not commit publishes nothing."""
+        self._drop_request()
         for offset in list(self._reserved):
             self._give_back(self._take(offset))
         mailbox, self._mailbox = self._mailbox, None
