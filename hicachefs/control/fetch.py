@@ -47,14 +47,11 @@ import trio
 from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
 from ..posix.errors import FsError
 from ..posix.page_handle import Leases
-from .lines import size_and_path
+from .lines import PARSED_LINE_BYTES, size_and_path
 from .request_limits import Account
 
 #: The largest request one handle accepts: 4,096 lines of the longest page path.
 MAX_FETCH_REQUEST = 4 << 20
-#: A parsed line's memory beyond its bytes: its path's str, its size's int and its tuple, and
-#: its start offset (about 230 bytes for a page of SGLang's).
-PARSED_LINE_BYTES = 256
 #: Lines parsed in one step: about a millisecond of the daemon's time.
 PARSE_LINES = 2048
 #: Pages a read opens before it lets other requests run (a few milliseconds of the daemon's

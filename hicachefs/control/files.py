@@ -168,7 +168,7 @@ class ControlFiles:
         if inode == _FILES[b"fetch"]:
             return FetchHandle(self.store, self.request_limits.account(uid), leases)
         if inode == INGEST_INODE:
-            return IngestHandle(publisher, self.store.config.max_page_size)
+            return IngestHandle(publisher, self.store.config.max_page_size, self.request_limits.account(uid))
         if inode == _FILES[b"plane"]:
             return PlaneHandle(self.store, publisher, self.plane_ahead, self.request_limits.account(uid))
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):

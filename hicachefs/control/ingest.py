@@ -16,6 +16,12 @@ arrives and published (``Publisher.publish_reserved``: the namespace's rules, as
 when its last one has. A page cut off by the end of the
 handle or by a new batch publishes nothing.
 
+A handle holds its batch's header, from its first byte to the batch's last page (gathered,
+then parsed: its bytes and ``PARSED_LINE_BYTES`` a line), against its writer's share of the
+request files' memory (``request_limits``): a writer's many handles each holding half a header
+grew the daemon without bound. The write that would go over fails with ENOBUFS and stops the
+batch, as a page that cannot be published does.
+
 A page that cannot be published stops the batch: the write that reached it accepts only the
 bytes before it, or fails with the page's errno when it is the batch's first page or none of
 its bytes came before it (the kernel then reports the batch's earlier writes as a short one).
@@ -38,7 +44,8 @@ import trio
 from .. import names
 from ..store import Draft, StoreError
 from ..posix.errors import FsError, errno_of
-from .lines import size_and_path
+from .lines import PARSED_LINE_BYTES, size_and_path
+from .request_limits import Account
 
 MAGIC = b"HCFSPUT1"
 _PREFIX = struct.Struct("<8sIHH")
@@ -97,9 +104,11 @@ def parse_header(header: bytes, count: int, payload_start: int) -> list[_Entry]:
 class IngestStream:
     """One handle's batch in progress. See the module docstring."""
 
-    def __init__(self, publisher: Publisher, max_page_size: int) -> None:
+    def __init__(self, publisher: Publisher, max_page_size: int, account: Account) -> None:
+        """``account``: what holds the batch's header (its opener's share of request memory)."""
         self.publisher = publisher
         self.max_page_size = max_page_size
+        self.account = account
         self._reset()
 
     def _reset(self) -> None:
@@ -167,16 +176,26 @@ class IngestStream:
         return b"%d %d\n" % (self._next, 0 if self._failure is None else errno_of(self._failure))
 
     def close(self) -> None:
-        """The handle closed, or a new batch began: a page not yet complete is dropped."""
+        """The handle closed, or the batch stopped or a new one began: a page not yet complete is
+        dropped, and the header let go of."""
         draft, self._draft = self._draft, None
         if draft is not None:
             self.publisher.abandon_page(draft)
+        self._let_go_of_header()
+
+    def _let_go_of_header(self) -> None:
+        """The batch needs its header no more (its last page came, or it ended): no page is left
+        to take, and what the header held comes back."""
+        self._prefix = bytearray()
+        self._entries = []
+        self.account.hold(0)
 
     def _take_header(self, data: memoryview) -> int:
         """Gather the prefix and header; parse them once whole. Returns the bytes used."""
         have = len(self._prefix)
         want = _PREFIX.size if have < _PREFIX.size else _PREFIX.size + self._header_length()
         take = min(want - have, len(data))
+        self.account.hold(have + take)
         self._prefix += data[:take]
         if len(self._prefix) == _PREFIX.size:
             magic, length, _, flags = _PREFIX.unpack(self._prefix)
@@ -189,6 +208,7 @@ class IngestStream:
             _, length, count, _ = _PREFIX.unpack_from(self._prefix)
             self._entries = parse_header(bytes(self._prefix[_PREFIX.size:]), count, _PREFIX.size + length)
             self._prefix = bytearray()
+            self.account.hold(length + PARSED_LINE_BYTES * count)  # its lines, until the last page
         return take
 
     def _header_length(self) -> int:
@@ -213,6 +233,8 @@ class IngestStream:
             if not self._skipping:  # (a page stored meanwhile is kept too: asked again at publish)
                 self.publisher.publish_reserved(entry.path, draft, self._keep_existing)
             self._next += 1
+            if self._next == len(self._entries):
+                self._let_go_of_header()
         return take
 
 
@@ -222,8 +244,8 @@ class IngestHandle:
 
     cacheable = False
 
-    def __init__(self, publisher: Publisher, max_page_size: int):
-        self.stream = IngestStream(publisher, max_page_size)
+    def __init__(self, publisher: Publisher, max_page_size: int, account: Account):
+        self.stream = IngestStream(publisher, max_page_size, account)
 
     async def read(self, offset: int, size: int) -> bytes:
         return self.stream.status()[offset : offset + size]

@@ -10,6 +10,9 @@ import errno
 
 from ..posix.errors import FsError
 
+#: A parsed line's memory beyond its bytes: its path's str, its size's int and its tuple, and
+#: its start offset (about 230 bytes for a page of SGLang's).
+PARSED_LINE_BYTES = 256
 #: The most digits a size may have: 2**64 has 20 (no page is larger; ``int`` of a size with
 #: more than Python's 4,300 digits raised ValueError, a read's or write's unexpected EIO).
 _MOST_DIGITS = 20

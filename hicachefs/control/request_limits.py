@@ -18,8 +18,9 @@ other request is touched.
 - Memory (``MEMORY``): a handle holds its request (and what answering it takes) against its
   user's share; a write that would go over fails and ends its request. A snapshot control
   file's handle (``stats``, ``metrics``, ``config``) holds its snapshot against it too, and
-  an open that would go over fails. So does a ``plane`` handle the request it gathers from
-  several writes, until whole, against the writers' share: a writer's handles each holding a
+  an open that would go over fails. So do the writers' files, against the writers' share: a
+  ``plane`` handle the request it gathers from several writes, until whole, and an ``ingest``
+  handle its batch's header, until the batch's last page. A writer's handles each holding a
   partial request grew the daemon without bound (500 of 4 MiB: from 108 MiB to 2.1 GiB).
 - Time (``ANSWERING``, ``StepLane``): a request answered in one step runs at once, in its own
   FUSE request. A larger one is answered a step at a time, and the steps of all large requests
@@ -67,7 +68,8 @@ class Limits(NamedTuple):
 
 #: Bytes held for requests. Writers: eight exists requests of the maximum at once (a long
 #: prompt asked in one go by each of 8 TP ranks), or 900 of SGLang's usual ones (some 70 KB),
-#: and the plane requests they send in pieces (only those over a WRITE's MiB: a rare commit);
+#: and the plane requests and ingest headers they send (the plane's only when sent in pieces,
+#: over a WRITE's MiB: a rare commit; a batch of SGLang's holds some 50 KB, its lines counted);
 #: any other user: four of the costliest exists requests of the maximum (8 MiB and a byte per
 #: line: 9.2 MiB each), all of them together: six.
 MEMORY = Limits(writers=64 << 20, user=40 << 20, others=56 << 20)
