@@ -175,7 +175,8 @@ class PlaneHandle:
     def _drop_request(self) -> None:
         """Let go of the request gathered so far (whole, ended or cut off), and what it held."""
         self._request = bytearray()
-        self.account.hold(0)
+        if self.account.held:  # (a request that came whole held nothing: the commit path's usual case)
+            self.account.hold(0)
 
     def release(self) -> None:
         """The handle closed (its writer may have died): what it did not commit publishes nothing."""
