@@ -305,3 +305,28 @@ def test_a_directory_whose_last_page_was_removed_is_no_longer_said_to_hold_pages
         a.drop(a.find(page.name), 0)
     assert not a.has_directory("m") and not a.has_directory("m/bf16-page_first-64")
     wait_until(lambda: not b.has_directory("m"))
+
+
+
+def test_a_sweep_while_a_removal_is_under_way_does_not_bring_the_page_back(tmp_path, make_tier):
+    """rm of a page while a sweep lists its directory: the listing still sees the file (its
+    unlink is under way), but the page is removed here; it must not answer present again once
+    the removal is done (it did until the next sweep, a minute later by default: exists said 1
+    for a removed page, and `ls` showed its emptied directory)."""
+    device = DirectoryDevice()
+    tier = make_tier(tmp_path / "shared", device=device, deadline_s=5.0, sweep_interval_s=1.0)
+    page, data = make_page(1)
+    tier.write(page, data)
+    found = tier.find(page.name)
+    unlink = HeldCall(device, "unlink")
+    dropping = threading.Thread(target=tier.drop, args=(found, 0))
+    dropping.start()
+    try:
+        assert unlink.entered.wait(HOLD_TIMEOUT_S)
+        cycles = tier.statistics().sweep.sweep_cycles
+        wait_until(lambda: tier.statistics().sweep.sweep_cycles > cycles, timeout=10)  # listed meanwhile
+    finally:
+        unlink.release()
+        dropping.join(HOLD_TIMEOUT_S)
+    assert not unlink.timed_out
+    assert tier.contains_many([page.name]) == [False] and not tier.has_directory("m")

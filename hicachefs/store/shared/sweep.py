@@ -21,6 +21,7 @@ import heapq
 import os
 import threading
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -50,11 +51,15 @@ class SweepStatistics:
 
 
 class Sweeper:
-    def __init__(self, device, layout: Layout, presence: PresenceIndex, oldest_kept: int = 4096,
-                 temp_keep_s: float = 600.0) -> None:
+    def __init__(self, device, layout: Layout, presence: PresenceIndex, removing: Callable[[], Collection[str]],
+                 oldest_kept: int = 4096, temp_keep_s: float = 600.0) -> None:
+        """``removing()``: the pages whose files are being removed here, which a listing that
+        still finds them does not count (asked after the listing began recording updates, so
+        a removal begun later is in its replay)."""
         self._device = device
         self._layout = layout
         self._presence = presence
+        self._removing = removing
         self._oldest_kept = oldest_kept
         self._temp_keep_s = temp_keep_s
         self._busy = threading.Lock()
@@ -88,8 +93,10 @@ class Sweeper:
             self._start_cycle()
         relative = self._queue[0]
         fanout = relative.rpartition("/")[2] in FANOUT_NAMES
+        removing: Collection[str] = ()
         if fanout:
             self._presence.begin_listing(relative)
+            removing = self._removing()
         try:
             entries = self._device.scandir(self._layout.directory(relative))
         except OSError as error:
@@ -102,7 +109,7 @@ class Sweeper:
         self._queue.popleft()
         self.directories_listed += 1
         if entries is not None:
-            self._take(relative, fanout, entries)
+            self._take(relative, fanout, entries, removing)
         if self._queue:
             return False
         self._finish_cycle()
@@ -117,7 +124,7 @@ class Sweeper:
         self._oldest = []
         self._cycle_start = time.monotonic()
 
-    def _take(self, relative: str, fanout: bool, entries) -> None:
+    def _take(self, relative: str, fanout: bool, entries, removing: Collection[str]) -> None:
         fan = relative.rpartition("/")[2]
         parent = relative.rpartition("/")[0]
         hashes: list[int] = []
@@ -137,9 +144,12 @@ class Sweeper:
             hashed = key_hash(entry.name)
             if fanout_name(hashed) != fan:
                 continue  # not a page in its right place: not ours to serve or remove
+            name = f"{parent}/{entry.name}" if parent else entry.name
+            if name in removing:
+                continue
             hashes.append(hashed)
             total += entry.size
-            item = (-entry.mtime_ns, f"{parent}/{entry.name}" if parent else entry.name, entry.size)
+            item = (-entry.mtime_ns, name, entry.size)
             if len(self._oldest) < self._oldest_kept:
                 heapq.heappush(self._oldest, item)
             elif item > self._oldest[0]:

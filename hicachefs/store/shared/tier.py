@@ -164,13 +164,14 @@ class SharedTier(Tier):
         self._guard = CallGuard(io_threads)
         self._presence = PresenceIndex()
         self._journal = Journal(self._device, self._layout, f"{writer}-{self._token}", keep_s=journal_keep_s)
-        self._sweeper = Sweeper(self._device, self._layout, self._presence, oldest_kept)
+        self._sweeper = Sweeper(self._device, self._layout, self._presence, self._removing, oldest_kept)
         self._sweep_wanted = True
         self._events: TierEvents | None = None
         self._evicting = threading.Lock()
         # Pages this host removed, lately: another host's older announcement of one must not
         # count it again (a ghost that would make this host evict a real page for it).
         self._removed_here: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
+        self._unlinking: collections.Counter[str] = collections.Counter()  # drops under way; under _lock
         queued = queue_bytes if isinstance(queue_bytes, Share) else Share("write_behind", queue_bytes)
         # Pages offered here that were not written: an older version of one may still be on the
         # tier, which this host (once its own copy is gone) and others would read for it.
@@ -314,19 +315,26 @@ class SharedTier(Tier):
         where = place(page.name)
         self._forget_recent(page.name)
         stored = _stored_size(page)
-        self._presence.update(where.directory, where.key_hash, stored, False)
-        self._note_removed(page.name)
-        self._journal.announce(False, stored, page.name)
+        with self._lock:  # a sweep that lists the file meanwhile does not count it (``_removing``)
+            self._unlinking[page.name] += 1
         try:
-            self._guard.call(self._device.unlink, self._layout.page_path(where),
-                             timeout=self._deadline_s, expected=GONE)
-        except OSError as error:
-            if error.errno not in GONE:
-                self._count_failure(error)
-                # The file may still be there: removed once the volume answers (as for a
-                # removal while it is away), and absent here meanwhile, or the next sweep
-                # would count the removed page again.
-                self._remove_when_back(page.name)
+            self._presence.update(where.directory, where.key_hash, stored, False)
+            self._note_removed(page.name)
+            self._journal.announce(False, stored, page.name)
+            try:
+                self._guard.call(self._device.unlink, self._layout.page_path(where),
+                                 timeout=self._deadline_s, expected=GONE)
+            except OSError as error:
+                if error.errno not in GONE:
+                    self._count_failure(error)
+                    # The file may still be there: removed once the volume answers (as for a
+                    # removal while it is away), and absent here meanwhile.
+                    self._remove_when_back(page.name)
+        finally:
+            with self._lock:
+                self._unlinking[page.name] -= 1
+                if not self._unlinking[page.name]:
+                    del self._unlinking[page.name]
 
     def remove(self, name: str) -> bool:
         """Remove the file of page ``name`` (one of this format version); whether there was one.
@@ -844,6 +852,14 @@ class SharedTier(Tier):
         with self._lock:
             _note_newest(self._removed_here, name)
             _note_newest(self._removals, name)
+
+    def _removing(self) -> frozenset[str]:
+        """The pages whose files this host is removing, now (``drop``) or once the volume
+        answers (``_removals``): a listing that still finds one does not count it."""
+        with self._lock:
+            if not (self._unlinking or self._removals):
+                return frozenset()
+            return frozenset(self._unlinking).union(self._removals)
 
     def _removed_lately(self, name: str) -> bool:
         with self._lock:
