@@ -11,7 +11,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 cd "$root"
-pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+# --durations: the slowest tests of each run are named in its output (the suite runs near its
+# time limit on 2 cores; a run that took longer says where).
+pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=8)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 

@@ -51,10 +51,10 @@ OTHERS = "operations and reliability"
 def test_a_failing_run_does_not_stop_the_next_and_fails_the_script(checkout):
     status, summary, calls = run_test_sh(checkout, FAIL_OTHERS="1")
     assert sorted(calls) == sorted([
-        "-m pytest -q -p no:cacheprovider tests/client tests/fs tests/store tests/scripts tests/sglang tests/test_mounting.py "
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/client tests/fs tests/store tests/scripts tests/sglang tests/test_mounting.py "
         "tests/test_name_rules.py",
-        "-m pytest -q -p no:cacheprovider tests/shared",
-        "-m pytest -q -p no:cacheprovider tests/ops tests/reliability"])
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/shared",
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/ops tests/reliability"])
     assert summary == ["test.sh: 3 pytest run(s)", f"  FAILED (exit 1): {NAMESPACE}", f"  FAILED (exit 1): {OTHERS}",
                        f"  passed: {SHARED}"]
     assert status != 0
@@ -74,7 +74,7 @@ def test_all_runs_passing_pass_the_script(checkout):
 
 def test_arguments_make_one_run_of_them(checkout):
     status, summary, calls = run_test_sh(checkout, "tests/fs/test_cli.py", "-k", "bad", FAIL_OTHERS="1")
-    assert calls == ["-m pytest -q -p no:cacheprovider tests/fs/test_cli.py -k bad"]
+    assert calls == ["-m pytest -q -p no:cacheprovider --durations=8 tests/fs/test_cli.py -k bad"]
     assert summary == ["test.sh: 1 pytest run(s)", "  FAILED (exit 1): pytest tests/fs/test_cli.py -k bad"]
     assert status != 0
 

@@ -65,9 +65,10 @@ def _record(size: int, name: str) -> int:
 SEED = int(os.environ.get("HICACHEFS_TEST_SEED", "0"))
 
 
-@pytest.mark.parametrize("write_through,plane,seed", [
-    (True, True, 1), (False, True, 2), (True, False, 3), (False, False, 4),
-], ids=["write-through-plane", "write-back-plane", "write-through-ingest", "write-back-ingest"])
+#: Two of the four pairings (each durability mode and each write path once: 10-20 s a case, and
+#: the suite runs near its time limit); ``HICACHEFS_TEST_SEED`` runs them on other seeds.
+@pytest.mark.parametrize("write_through,plane,seed", [(True, True, 1), (False, False, 4)],
+                         ids=["write-through-plane", "write-back-ingest"])
 def test_random_ops_and_a_kill_never_give_a_wrong_page(mount_factory, tmp_path, write_through, plane, seed):
     """Three rounds of random writes, removals and renames, each ended in the middle by a
     SIGKILL (the second by a SIGTERM: a clean stop with its write-down and snapshot), then a
