@@ -221,9 +221,10 @@ class PageStore:
         return self._publish(draft, name, None, keep_existing) is not None
 
     def _publish(self, draft: Draft, name: str, mtime_ns: int | None, keep_existing: bool,
-                 write_through: bool = True, vacate: Callable[[], None] | None = None) -> tuple[PageMeta, int] | None:
+                 write_through: bool | None = None, vacate: Callable[[], None] | None = None) -> tuple[PageMeta, int] | None:
         """``publish``'s work: the page, and the position of the fastest tier holding it.
-        ``write_through=False``: a page in RAM is not written below now, whatever the config.
+        ``write_through``: whether a page in RAM is written below now, whatever the config
+        (None: as the config says).
         ``vacate``: a rename's removal of its source (lock held), done after the page's copy
         below is written and before the page is indexed (``_vacated``)."""
         checksum = draft.checksum()
@@ -238,7 +239,7 @@ class PageStore:
                 return None
             try:
                 lower = None
-                if slot is None or (write_through and self.config.write_through):
+                if slot is None or (self.config.write_through if write_through is None else write_through):
                     # The new copy goes down before the old page is dropped, so that a kill in
                     # between leaves one of the two versions (recovery keeps the newer), never none.
                     lower = self._write_below(page, draft.buffer, RAM)
@@ -618,16 +619,28 @@ class PageStore:
         return self._published_info(page, position), removed[0] if removed else None
 
     def _put_back(self, name: str, reader: PageReader) -> None:
-        """A rename's publish failed after its source was removed: the source is published
-        again, unless its name holds a page again; into RAM only where it can, as the disk
-        may be what failed. A store that cannot take it any more loses it, as a cache may;
+        """A rename's publish failed after its source was removed (its lower copy marked dead):
+        the source is published again, unless its name holds a page again; written below as
+        well, whatever the config, so that a crash does not lose it, else (the disk may be what
+        failed) into RAM only. A store that cannot take it any more loses it, as a cache may;
         the rename's own error is what the caller hears."""
         try:
-            draft = self.reserve(reader.meta.size)
-            draft.write(0, reader.view())
-            self._publish(draft, name, reader.info.mtime_ns, keep_existing=True, write_through=False)
+            try:
+                self._published_again(name, reader, write_through=True)
+            except StoreError:
+                self._published_again(name, reader, write_through=False)
         except StoreError as exc:
             log.warning("%s: a rename failed and the page could not be put back: %s", name, exc)
+
+    def _published_again(self, name: str, reader: PageReader, write_through: bool) -> None:
+        """``_put_back``'s publish of the page ``reader`` holds under ``name``."""
+        draft = self.reserve(reader.meta.size)
+        try:
+            draft.write(0, reader.view())
+        except BaseException:
+            self.abandon(draft)
+            raise
+        self._publish(draft, name, reader.info.mtime_ns, keep_existing=True, write_through=write_through)
 
     def list_dir(self, dir_path: str, after: int = 0, limit: int = LISTING_BATCH) -> list[tuple[int, PageInfo]]:
         """Up to ``limit`` pages held here in directory ``dir_path`` that follow cursor ``after``

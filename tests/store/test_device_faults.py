@@ -528,3 +528,44 @@ def test_a_write_through_rename_whose_source_cannot_be_marked_dead(tmp_path, cap
         assert {name: read_all(store, name) for name in pages} == expected
     finally:
         store.close()
+
+
+
+def _fails_at_mark(device: FaultyDevice, at: int) -> None:
+    """The ``at``-th record marked dead on the device from now (a ``pwrite``; copies are written
+    with ``pwritev``) fails with EIO; the others go through."""
+    marks = iter(range(1, at + 1))
+    mark = device.pwrite
+
+    def failing(*args):
+        if next(marks, None) == at:
+            raise OSError(errno.EIO, "injected")
+        return mark(*args)
+
+    device.pwrite = failing
+
+
+@pytest.mark.parametrize("write_through", [True, False], ids=["write-through", "write-back"])
+def test_a_rename_refused_by_its_target_keeps_its_source_after_a_crash(tmp_path, write_through):
+    """A rename of a disk page onto a disk page marks the source's record dead, then the
+    target's old record. When that second mark fails (EIO), the rename is refused (DeviceError):
+    source and target stay as they were, also after a crash (the source was put back in RAM
+    only, its record dead: a crash lost it)."""
+    written = {page_name(i): content(i, PAGE) for i in range(24)}  # more than RAM: the first ones on disk
+    source, target = page_name(0), page_name(1)
+
+    def work(store, device):
+        for name, data in written.items():
+            store.put(name, data)
+        assert store.info(source).tier == store.info(target).tier == "disk"
+        _fails_at_mark(device, 2)
+        with pytest.raises(DeviceError):
+            store.move(source, target)
+        assert read_all(store, source) == written[source] and read_all(store, target) == written[target]
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through=write_through)
+    try:
+        assert {name: read_all(store, name) for name in (source, target) if store.info(name) is not None} == \
+            {source: written[source], target: written[target]}
+    finally:
+        store.close()
