@@ -10,7 +10,8 @@ client and through its page file, and checked against a model of what the contra
   whose removal was answered before the kill (contract: "Removing or replacing a disk page
   marks its record there dead, so that no scan brings it back");
 - with ``--write-through``, a page whose publish was answered is back, unless the disk ring
-  wrapped past it since (its oldest pages are evicted when the tier is full)."""
+  wrapped past it since (its oldest pages are evicted when the tier is full), and a rename
+  the kill cut short leaves the page under its old name, its new one or both."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class Model:
         self.written_at: dict[str, int] = {}  # bytes appended to the disk when it was written
         self.appended = 0
         self.known: dict[bytes, tuple[str, int]] = {}  # sha256 of a page's bytes -> (name, version)
+        # A rename not answered yet: (old name, new name, the versions the old name surely held).
+        self.moving: tuple[str, str, set] | None = None
 
     def may(self, name: str) -> set:
         return self.allowed.setdefault(name, {ABSENT})
@@ -166,9 +169,11 @@ def test_random_ops_and_a_kill_never_give_a_wrong_page(mount_factory, tmp_path, 
                         held = set(model.may(a))
                         model.may(b).update(held)
                         model.may(a).add(ABSENT)
+                        model.moving = (a, b, held)
                         try:
                             os.rename(directory / a, directory / b)
                         except FileNotFoundError:
+                            model.moving = None
                             continue
                         if stop.is_set():
                             return
@@ -177,6 +182,7 @@ def test_random_ops_and_a_kill_never_give_a_wrong_page(mount_factory, tmp_path, 
                         model.written_at[b] = model.appended
                         model.written_at.pop(a, None)
                         model.appended += _record(size, b)
+                        model.moving = None
                 except Exception as exc:  # the daemon died under the call
                     if not stop.is_set():
                         problems.append(f"round {round_no}: {type(exc).__name__}: {exc}")
@@ -201,6 +207,8 @@ def test_random_ops_and_a_kill_never_give_a_wrong_page(mount_factory, tmp_path, 
         fs = fs_for(mount)
         directory = mount.path / fs._dir_of("kv")
         bad = _check(model, names, directory, fs, pool, size, killed_at, write_through)
+        bad += _lost_in_flight(model, directory, killed_at)
+        model.moving = None
         fs.close()
         # The client that lived through the kill (as SGLang's does) reads the same, and writes.
         time.sleep(1.5)
@@ -257,6 +265,26 @@ def _check(model: Model, names, directory: Path, fs, pool, size, killed_at, writ
             if cgot is None or cgot is ABSENT or not _fits(model, name, cgot):
                 bad.append(f"{name[:12]}: the client gives {cgot}, the file {got}, allowed {_show(allowed)}")
     return bad
+
+
+def _lost_in_flight(model: Model, directory: Path, killed_at: int) -> list[str]:
+    """Write-through: a rename the kill cut short leaves the page under its old name, its new
+    one or both, never neither (contract: "Tiers and capacity"), unless the ring wrapped past it since."""
+    if not model.write_through or model.moving is None:
+        return []
+    old, new, held = model.moving
+    since = killed_at - model.written_at.get(old, killed_at)
+    if ABSENT in held or since >= DISK - 3 * REGION:  # the old name may have held nothing
+        return []
+    found = set()
+    for name in (old, new):
+        try:
+            found.add(_version_of(model, (directory / name).read_bytes()))
+        except FileNotFoundError:
+            pass
+    if found & held:
+        return []
+    return [f"mv {old[:12]} {new[:12]} cut short: the page is under neither name, allowed {_show(held)}"]
 
 
 def _show(allowed) -> str:
