@@ -284,11 +284,8 @@ class PageStore:
         try:
             return self._drop(old, keep_place=True)
         except DeviceError as exc:
-            if self._refused(page, slot, lower):
-                raise
-            log.warning("%s: replaced all the same, as the %s tier could mark neither the old copy nor the new "
-                        "one dead, and a crash would bring the new one back (%s)",
-                        page.name, self._tiers[lower[0]].name, exc)
+            self._refuse_if_it_lasts(exc, page, slot, lower, "replaced all the same, as the {} tier could mark "
+                                     "neither the old copy nor the new one dead, and a crash would bring the new one back")
             return self._supersede(old)
 
     def _vacated(self, vacate: Callable[[], None], page: PageMeta, slot: int | None,
@@ -300,11 +297,17 @@ class PageStore:
         try:
             vacate()
         except DeviceError as exc:
-            if self._refused(page, slot, lower):
-                raise
-            log.warning("%s: renamed with its source kept, as the %s tier could mark neither the source's copy nor "
-                        "the new one dead, and a crash would bring both back (%s)",
-                        page.name, self._tiers[lower[0]].name, exc)
+            self._refuse_if_it_lasts(exc, page, slot, lower, "renamed with its source kept, as the {} tier could "
+                                     "mark neither the source's copy nor the new one dead, and a crash would bring both back")
+
+    def _refuse_if_it_lasts(self, exc: DeviceError, page: PageMeta, slot: int | None,
+                            lower: tuple[int, int] | None, going_on: str) -> None:
+        """A publish whose old copy (``exc``) cannot be removed: raise ``exc`` once ``_refused``
+        made the refusal last; else log ``going_on`` (``{}``: the tier) and return, the publish
+        going on, since a crash would bring its new copy back anyway."""
+        if self._refused(page, slot, lower):
+            raise exc
+        log.warning("%s: %s (%s)", page.name, going_on.format(self._tiers[lower[0]].name), exc)
 
     def _refused(self, page: PageMeta, slot: int | None, lower: tuple[int, int] | None) -> bool:
         """A publish cannot drop the old page: mark the copy it wrote below dead and give its RAM
