@@ -8,6 +8,7 @@ import os
 import trio
 
 from hicachefs.control.files import ControlFiles
+from hicachefs.posix.errors import FsError
 from hicachefs.posix.namespace import ROOT_INODE, Namespace
 from hicachefs.store import NeedsIO, PageStore, StoreConfig
 
@@ -56,6 +57,11 @@ class Alone:
             parent = self.ns.mkdir(parent, part.encode()).inode
         self.pool = parent
 
+    def open_control(self, name: bytes):
+        """A handle on control file ``name``, opened as the daemon opens one for its own user."""
+        control = self.ns.control
+        return control.open(control.lookup(name), os.O_RDWR, self.ns.publishing, self.ns.leases, os.getuid())
+
     def create(self, name: bytes) -> tuple[int, int]:
         """(inode, fh) of a new file in the pool."""
         st, handle = self.ns.create(self.pool, name, os.O_WRONLY)
@@ -98,3 +104,21 @@ def alone(tmp_path=None, **options) -> Alone:
     config = StoreConfig(memory_bytes=16 << 20, max_page_size=1 << 20,
                          **({"disk_dir": tmp_path, "disk_bytes": 256 << 20} if tmp_path else {}))
     return Alone(PageStore(config), **options)
+
+
+def partial_requests_until_refused(alone: Alone, name: bytes, head: bytes) -> tuple[list, FsError | None]:
+    """Handles on control file ``name``, each sent ``head`` and then 4 MiB of a request that
+    ``head`` says is a byte longer (so none is whole), opened until a write is refused or the
+    writers' request share is passed by four handles' worth: the handles, the last of them the
+    refused one, and the refusal (None: none came)."""
+    handles = []
+    piece = bytes(1 << 20)
+    try:
+        for _ in range(alone.ns.control.request_limits.memory.limits.writers // (4 << 20) + 4):
+            handles.append(alone.open_control(name))
+            trio.run(handles[-1].write, 0, head)
+            for k in range(4):
+                trio.run(handles[-1].write, len(head) + k * len(piece), piece)
+    except FsError as refused:
+        return handles, refused
+    return handles, None

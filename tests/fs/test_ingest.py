@@ -12,11 +12,11 @@ import weakref
 import pytest
 import trio
 
-from hicachefs.control.ingest import PAGES_PER_TURN, IngestHandle
+from hicachefs.control.ingest import PAGES_PER_TURN
 from hicachefs.posix.errors import FsError
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs_testing.workload import content, fill_writing_share
-from namespace_alone import Alone
+from namespace_alone import Alone, partial_requests_until_refused
 from pages import as_nobody, ingest_batch, ingest_status, publish, read_page, requests_of, wait_until
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
@@ -33,12 +33,6 @@ def ingest(mounted):
 
 def pages(count: int, size: int, seed: int = 0, prefix: str = "k") -> list[tuple[str, bytes]]:
     return [(f"{POOL}/{prefix}{i:04d}", content(seed + i, size)) for i in range(count)]
-
-
-def _ingest(alone: Alone) -> IngestHandle:
-    """An ingest handle as the daemon opens one for its own user."""
-    control = alone.ns.control
-    return control.open(control.lookup(b"ingest"), os.O_RDWR, alone.ns.publishing, alone.ns.leases, os.getuid())
 
 
 def test_a_batch_publishes_every_page_whole_in_few_requests(mounted, ingest):
@@ -208,7 +202,7 @@ def test_a_failed_batch_does_not_keep_the_write_that_failed():
     failing write's bytes: it kept the raised error, whose traceback's frames held the write (a
     MiB a handle: 64 handles whose batch failed held 64 MiB of the daemon's memory)."""
     store = PageStore(StoreConfig(memory_bytes=16 << 20))
-    stream = _ingest(Alone(store)).stream
+    stream = Alone(store).open_control(b"ingest").stream
     header = b"4096 m/f/tp0of1/missing/k\n"  # no such pool: ENOENT
     data = _Write(struct.pack("<8sIHH", b"HCFSPUT1", len(header), 1, 0) + header + bytes(4096))
     watched = weakref.ref(data)
@@ -229,7 +223,7 @@ def test_a_write_of_many_small_pages_lets_other_requests_run():
     the daemon's one thread answer any other request meanwhile (a fetch lets them run every
     ``PAGES_PER_TURN`` pages)."""
     store = PageStore(StoreConfig(memory_bytes=64 << 20))
-    handle = _ingest(Alone(store))
+    handle = Alone(store).open_control(b"ingest")
     count = 8192
     header = b"".join(b"64 m/f/tp0of1/kv/k%05d\n" % i for i in range(count))
     data = struct.pack("<8sIHH", b"HCFSPUT1", len(header), count, 0) + header + bytes(64 * count)
@@ -257,7 +251,7 @@ def test_a_batch_begun_while_a_write_lets_others_run_gets_none_of_that_writes_by
     """The kernel lets one write at a time into the file; should a new batch begin anyway while a
     write lets other requests run, the rest of that write goes into none of its pages."""
     store = PageStore(StoreConfig(memory_bytes=64 << 20))
-    stream = _ingest(Alone(store)).stream
+    stream = Alone(store).open_control(b"ingest").stream
     count = 4 * PAGES_PER_TURN
     header = b"".join(b"64 m/f/tp0of1/kv/k%05d\n" % i for i in range(count))
     data = struct.pack("<8sIHH", b"HCFSPUT1", len(header), count, 0) + header + b"\x01" * (64 * count)
@@ -293,15 +287,8 @@ def test_headers_sent_in_pieces_are_held_against_the_writers_request_share():
     alone = Alone(store)
     memory = alone.ns.control.request_limits.memory
     prefix = struct.pack("<8sIHH", b"HCFSPUT1", (4 << 20) + 1, 1, 0)  # a byte short when sent
-    piece = bytes(1 << 20)
-    handles = []
-    with pytest.raises(FsError) as refused:
-        for _ in range(memory.limits.writers // (4 << 20) + 4):  # past the share, if it bounds them
-            handles.append(_ingest(alone))
-            trio.run(handles[-1].write, 0, prefix)
-            for k in range(4):
-                trio.run(handles[-1].write, len(prefix) + k * len(piece), piece)
-    assert refused.value.errno == errno.ENOBUFS
+    handles, refused = partial_requests_until_refused(alone, b"ingest", prefix)
+    assert refused is not None and refused.errno == errno.ENOBUFS
     assert memory.held <= memory.limits.writers
     stopped = handles.pop()
     assert trio.run(stopped.read, 0, 64) == b"0 %d\n" % errno.ENOBUFS

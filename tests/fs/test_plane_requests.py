@@ -5,7 +5,6 @@ request does on the event loop is bounded."""
 from __future__ import annotations
 
 import errno
-import os
 import struct
 
 import pytest
@@ -14,7 +13,7 @@ import trio
 from hicachefs.control import plane
 from hicachefs.posix.errors import FsError
 from hicachefs.store import PageStore, StoreConfig
-from namespace_alone import Alone
+from namespace_alone import Alone, partial_requests_until_refused
 
 POOL = "m/f/tp0of1/kv"
 
@@ -22,12 +21,6 @@ POOL = "m/f/tp0of1/kv"
 def request(handle: plane.PlaneHandle, op: int, count: int, body: bytes) -> bytes:
     trio.run(handle.write, 0, plane.REQUEST.pack(b"HCPQ", op, 0, count, len(body), 1) + body)
     return trio.run(handle.read, 0, 1 << 26)[plane.ANSWER.size:]
-
-
-def _plane(alone: Alone) -> plane.PlaneHandle:
-    """A plane handle as the daemon opens one for its own user."""
-    control = alone.ns.control
-    return control.open(control.lookup(b"plane"), os.O_RDWR, alone.ns.publishing, alone.ns.leases, os.getuid())
 
 
 @pytest.fixture
@@ -45,7 +38,7 @@ def test_tiny_reservations_hold_no_more_of_the_ram_tier_than_the_writing_share(a
     pages = [f"{POOL}/{i:064x}" for i in range(32)]
     for i, name in enumerate(pages):  # half the tier (2 MiB of 4)
         store.put(name, bytes([i]) * (64 << 10))
-    handle = _plane(alone)
+    handle = alone.open_control(b"plane")
     writing = alone.ns.publishing.writing
     count = 4096
     for _ in range(12):  # 48 Ki one-byte pages: 3 MiB of slots
@@ -64,7 +57,7 @@ def test_a_reserve_of_more_pages_than_a_commit_holds_is_refused_and_reserves_not
     """A request's work on the event loop is bounded (as a report's is): a RESERVE of a million
     sizes ran there for seconds, every other request of the mount waiting."""
     store = alone.store
-    handle = _plane(alone)
+    handle = alone.open_control(b"plane")
     count = plane.MAX_REPORT + 1
     with pytest.raises(FsError) as refused:
         request(handle, plane.RESERVE, count, struct.pack(f"<{count}I", *[64] * count))
@@ -82,7 +75,7 @@ def test_a_malformed_commit_publishes_nothing(alone):
     """A commit whose body ends before what its entries say (a path running past it) fails with
     EINVAL and publishes none of its pages, not those before the bad one."""
     store = alone.store
-    handle = _plane(alone)
+    handle = alone.open_control(b"plane")
     slots = struct.unpack("<2q", request(handle, plane.RESERVE, 2, struct.pack("<2I", 64, 64)))
     assert all(slot >= 0 for slot in slots)
     good = f"{POOL}/{'a' * 64}".encode()
@@ -104,7 +97,7 @@ def test_a_report_counts_the_misses_it_carries_after_its_reads(alone):
     store.put(f"{POOL}/{0:064x}", bytes(4096))
     row = store._index.find(f"{POOL}/{0:064x}")
     gen = int(store._index.gen[row])
-    handle = _plane(alone)
+    handle = alone.open_control(b"plane")
     read = struct.pack("<IQ", row, gen)
     assert struct.unpack("<I", request(handle, plane.REPORT, 1, read + struct.pack("<I", 3))) == (1,)
     facts = store.statistics()
@@ -127,14 +120,8 @@ def test_requests_sent_in_pieces_are_held_against_the_writers_request_share(alon
     memory = alone.ns.control.request_limits.memory
     head = plane.REQUEST.pack(b"HCPQ", plane.COMMIT, 0, 0, (4 << 20) + 1, 1)  # a byte short when sent
     piece = bytes(1 << 20)
-    handles = []
-    with pytest.raises(FsError) as refused:
-        for _ in range(memory.limits.writers // (4 << 20) + 4):  # past the share, if it bounds them
-            handles.append(_plane(alone))
-            trio.run(handles[-1].write, 0, head)
-            for k in range(4):
-                trio.run(handles[-1].write, len(head) + k * len(piece), piece)
-    assert refused.value.errno == errno.ENOBUFS
+    handles, refused = partial_requests_until_refused(alone, b"plane", head)
+    assert refused is not None and refused.errno == errno.ENOBUFS
     assert memory.held <= memory.limits.writers
     ended = handles.pop()  # its request ended: nothing held, and a piece after it does not go on
     with pytest.raises(FsError) as not_on:
