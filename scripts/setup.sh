@@ -83,11 +83,15 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check --no-input install --no
 echo "setup: installing torch 2.13 (CPU build) into .venv"
 # First, pinned to this machine's local CPU build, so nothing pulls a CUDA build.
 quietly "installing torch" "${pip[@]}" torch==2.13.0
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# torch's bytecode is written on the core that pip, unpacking the rest on one, leaves idle; its
+# errors are the last step's to log.
+.venv/bin/python -m compileall -q "$site/torch" >/dev/null 2>&1 &
+torch_bytecode=$!
 echo "setup: installing hicachefs (editable) and its test tools"
 quietly "installing hicachefs" "${pip[@]}" -e ".[test]"
 # What only the tests, the bench and the demo use is not in the wheel: it is put on the venv's
 # path from the checkout (tests/support/hicachefs_testing).
-site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$root/tests/support" > "$site/hicachefs-test-support.pth"
 echo "setup: installing SGLang 0.5.23's storage modules (for the comparison tests and benchmarks)"
 # What those modules import, then SGLang itself without its serving stack.
@@ -99,6 +103,7 @@ echo "setup: writing the installed packages' bytecode"
 # As pip would have, ignoring the files that do not compile under 3.11 (pip ignores them too:
 # nothing imports them, such as torch's Python 3.12 examples); where PYTHONDONTWRITEBYTECODE is
 # set, nothing else writes it, and every test process would compile torch and SGLang again.
+wait "$torch_bytecode" || true
 .venv/bin/python -m compileall -q -j 0 "$site" >>"$log" 2>&1 || true
 echo "$want" >"$stamp"
 echo "setup: done"
