@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the whole test suite. CI runs exactly this.
-# Without arguments, the suite in four pytest runs at once: the namespace and the store; the
-# client and SGLang's own cache; operations and reliability; the shared tier's tests (on GlusterFS
+# Without arguments, the suite in five pytest runs at once: the namespace and the store; the
+# client and SGLang's own cache; operations; reliability; the shared tier's tests (on GlusterFS
 # and JuiceFS volumes, mostly waiting on them). Much of the suite waits on mounts, daemons and
-# timeouts: four runs keep the 2 cores busy to the end, where two left one idle for minutes.
+# timeouts: five runs keep the 2 cores busy to the end, where two left one idle for minutes.
 # Each run's output is printed whole once it is done. With arguments, one run of pytest with
 # them. Every run runs whatever the others did; a line for each at the end says how it went,
 # and the exit status is non-zero if any failed.
@@ -20,7 +20,8 @@ trap 'rm -rf "$logs"' EXIT
 # The runs: "name|pytest arguments" (arguments split at spaces).
 runs=("the namespace and the store|tests/fs tests/store tests/scripts tests/test_mounting.py tests/test_name_rules.py"
       "the client and SGLang|tests/client tests/sglang"
-      "operations and reliability|tests/ops tests/reliability"
+      "operations|tests/ops"
+      "reliability|tests/reliability"
       "the shared tier|tests/shared")
 
 # run_into N RUN: run one run into log N, its name and exit status beside.
