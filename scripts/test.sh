@@ -11,8 +11,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 cd "$root"
-# --durations: the slowest tests of each run are named in its output (the suite runs near its
-# time limit on 2 cores; a run that took longer says where).
+# --durations: the slowest tests of each run are named in its output (a run that took longer
+# than usual says where).
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=8)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
