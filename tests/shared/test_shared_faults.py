@@ -271,3 +271,19 @@ def test_a_full_filesystem_does_not_make_a_journal_file_per_failed_append(tmp_pa
     assert len(os.listdir(Layout(root).journal)) <= 2
     device.clear()
     wait_until(lambda: tier.statistics().journal_pending == 0)
+
+
+def test_a_sweep_asked_for_in_the_tick_that_finds_the_volume_gone_runs_once_it_is_back(make_tier, tmp_path):
+    """A sweep asked for (after an ``rm`` the volume could not take, or the volume's return) in the
+    maintenance tick whose earlier call then finds the volume gone has its first step refused: it
+    must still run once the volume answers, not wait for the next interval (a minute by default),
+    or a page removed meanwhile answers present until then."""
+    tier, device = faulty_tier(make_tier, tmp_path / "shared", sweep_interval_s=60.0)
+    wait_until(lambda: tier.statistics().sweep.sweep_cycles >= 1)
+    cycles = tier.statistics().sweep.sweep_cycles
+    device.inject(Fault("listdir", delay_s=HANG_S, count=1))  # the journal's next poll hangs
+    wait_until(lambda: device.injected["listdir:delay"] >= 1)
+    tier._sweep_wanted = True  # asked for while that poll hangs, in the tick that will find the volume gone
+    wait_until(lambda: not tier.statistics().guard.available, timeout=5)
+    wait_until(lambda: tier.statistics().guard.available, timeout=5)
+    wait_until(lambda: tier.statistics().sweep.sweep_cycles > cycles, timeout=5)

@@ -778,10 +778,16 @@ class SharedTier(Tier):
         if not (self._sweeper.in_cycle or due or self._sweep_wanted):
             return
         self._sweep_wanted = False
-        end = now + self._sweep_budget_s
-        while time.monotonic() < end and not self._stop.is_set():
+        # The budget counts from here, not from the tick's start: a slow call earlier in the tick
+        # left no budget, and the wish was dropped with no step taken.
+        end = time.monotonic() + self._sweep_budget_s
+        while not self._stop.is_set():
             finished = self._guarded(self._sweeper.step, timeout=max(5.0, 10 * self._deadline_s))
             if finished is not False:  # a cycle ended, the step failed, or one is still stuck
+                if finished is None and not self._sweeper.in_cycle:
+                    self._sweep_wanted = True  # refused before its cycle began (the volume just went): still wanted
+                return
+            if time.monotonic() >= end:
                 return
 
     def _apply(self, announcements) -> None:
