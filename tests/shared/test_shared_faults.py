@@ -267,7 +267,9 @@ def test_a_full_filesystem_does_not_make_a_journal_file_per_failed_append(tmp_pa
     device.inject(Fault("write", errno=errno.ENOSPC))
     tier.drop(tier.find(page.name), 0)  # an announcement that cannot be appended
     time.sleep(1.0)  # some 50 ticks
-    assert tier.statistics().journal_pending == 1
+    # The announcement waits for the next try: one, or two where the drop's unlink ran past its
+    # deadline on a loaded machine and was made again once the volume answered (each announces).
+    assert tier.statistics().journal_pending in (1, 2)
     assert len(os.listdir(Layout(root).journal)) <= 2
     device.clear()
     wait_until(lambda: tier.statistics().journal_pending == 0)
