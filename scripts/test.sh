@@ -1,44 +1,46 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the whole test suite. CI runs exactly this.
-# Without arguments, the suite in five pytest runs at once: the namespace and the store; the
-# client and SGLang's own cache; operations; reliability; the shared tier's tests (on GlusterFS
-# and JuiceFS volumes, mostly waiting on them). Much of the suite waits on mounts, daemons and
-# timeouts: five runs keep the 2 cores busy to the end, where two left one idle for minutes.
-# Each run's output is printed whole once it is done. With arguments, one run of pytest with
-# them. Every run runs whatever the others did; a line for each at the end says how it went,
-# and the exit status is non-zero if any failed.
+# Without arguments, the suite in three pytest runs on two lanes at once: the namespace, the
+# client, the store and SGLang's own cache on one lane; operations and reliability, then the shared
+# tier's tests (on GlusterFS and JuiceFS volumes), on the other (about 6 minutes each here, the two
+# together keeping the 2 cores about three-quarters busy: much of the suite waits on mounts,
+# daemons and timeouts). Each run's output is printed whole once its lane is done. With arguments,
+# one run of pytest with them. Every run runs whatever the others did; a line for each at the
+# end says how it went, and the exit status is non-zero if any failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 cd "$root"
-# --durations: the slowest tests of each run are named in its output (a run that took longer
-# than usual says where).
+# --durations: the slowest tests of each run are named in its output (the suite runs near its
+# time limit on 2 cores; a run that took longer says where).
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=8)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-# The runs: "name|pytest arguments" (arguments split at spaces).
-runs=("the namespace and the store|tests/fs tests/store tests/scripts tests/test_mounting.py tests/test_name_rules.py"
-      "the client and SGLang|tests/client tests/sglang"
-      "operations|tests/ops"
-      "reliability|tests/reliability"
-      "the shared tier|tests/shared")
+# The runs, by lane: "name|pytest arguments" (arguments split at spaces).
+lane_a=("the namespace, the client, the store and SGLang|tests/client tests/fs tests/store tests/scripts tests/sglang tests/test_mounting.py tests/test_name_rules.py")
+lane_b=("operations and reliability|tests/ops tests/reliability"
+        "the shared tier|tests/shared")
 
-# run_into N RUN: run one run into log N, its name and exit status beside.
-run_into() {
-    local n=$1 run=$2
-    # shellcheck disable=SC2086  # the arguments are split at spaces on purpose
-    "${pytest[@]}" ${run#*|} > "$logs/$n.log" 2>&1 && echo 0 > "$logs/$n.status" || echo $? > "$logs/$n.status"
-    echo "${run%%|*}" > "$logs/$n.name"
+# lane N RUN...: run a lane's runs one after the other, each into its log, its exit status beside.
+lane() {
+    local n=$1 i=0 run
+    shift
+    for run in "$@"; do
+        # shellcheck disable=SC2086  # the arguments are split at spaces on purpose
+        "${pytest[@]}" ${run#*|} > "$logs/$n.$i.log" 2>&1 && echo 0 > "$logs/$n.$i.status" \
+            || echo $? > "$logs/$n.$i.status"
+        echo "${run%%|*}" > "$logs/$n.$i.name"
+        i=$((i + 1))
+    done
 }
 
 if [ $# -gt 0 ]; then
-    "${pytest[@]}" "$@" && echo 0 > "$logs/0.status" || echo $? > "$logs/0.status"
-    echo "pytest $*" > "$logs/0.name"
+    "${pytest[@]}" "$@" && echo 0 > "$logs/a.0.status" || echo $? > "$logs/a.0.status"
+    echo "pytest $*" > "$logs/a.0.name"
 else
-    for i in "${!runs[@]}"; do
-        run_into "$i" "${runs[$i]}" &
-    done
+    lane a "${lane_a[@]}" &
+    lane b "${lane_b[@]}" &
     wait
     for log in "$logs"/*.log; do
         echo "=== $(cat "${log%.log}.name")"

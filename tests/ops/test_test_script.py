@@ -43,44 +43,38 @@ def run_test_sh(checkout: Path, *args: str, **fail: str) -> tuple[int, list[str]
     return done.returncode, summary, (checkout / "calls").read_text().splitlines()
 
 
-NAMESPACE = "the namespace and the store"
-CLIENT = "the client and SGLang"
+NAMESPACE = "the namespace, the client, the store and SGLang"
 SHARED = "the shared tier"
-OPS = "operations"
-RELIABILITY = "reliability"
-RUN = "-m pytest -q -p no:cacheprovider --durations=8"
+OTHERS = "operations and reliability"
 
 
 def test_a_failing_run_does_not_stop_the_next_and_fails_the_script(checkout):
     status, summary, calls = run_test_sh(checkout, FAIL_OTHERS="1")
     assert sorted(calls) == sorted([
-        f"{RUN} tests/fs tests/store tests/scripts tests/test_mounting.py tests/test_name_rules.py",
-        f"{RUN} tests/client tests/sglang",
-        f"{RUN} tests/shared",
-        f"{RUN} tests/ops",
-        f"{RUN} tests/reliability"])
-    assert summary == ["test.sh: 5 pytest run(s)", f"  FAILED (exit 1): {NAMESPACE}", f"  FAILED (exit 1): {CLIENT}",
-                       f"  FAILED (exit 1): {OPS}", f"  FAILED (exit 1): {RELIABILITY}", f"  passed: {SHARED}"]
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/client tests/fs tests/store tests/scripts tests/sglang tests/test_mounting.py "
+        "tests/test_name_rules.py",
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/shared",
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/ops tests/reliability"])
+    assert summary == ["test.sh: 3 pytest run(s)", f"  FAILED (exit 1): {NAMESPACE}", f"  FAILED (exit 1): {OTHERS}",
+                       f"  passed: {SHARED}"]
     assert status != 0
 
 
 def test_a_failing_last_run_fails_the_script(checkout):
     status, summary, _ = run_test_sh(checkout, FAIL_SHARED="3")
-    assert summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {CLIENT}", f"  passed: {OPS}",
-                           f"  passed: {RELIABILITY}", f"  FAILED (exit 3): {SHARED}"]
+    assert summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {OTHERS}", f"  FAILED (exit 3): {SHARED}"]
     assert status != 0
 
 
 def test_all_runs_passing_pass_the_script(checkout):
     status, summary, calls = run_test_sh(checkout)
-    assert len(calls) == 5 and summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {CLIENT}", f"  passed: {OPS}",
-                                               f"  passed: {RELIABILITY}", f"  passed: {SHARED}"]
+    assert len(calls) == 3 and summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {OTHERS}", f"  passed: {SHARED}"]
     assert status == 0
 
 
 def test_arguments_make_one_run_of_them(checkout):
     status, summary, calls = run_test_sh(checkout, "tests/fs/test_cli.py", "-k", "bad", FAIL_OTHERS="1")
-    assert calls == [f"{RUN} tests/fs/test_cli.py -k bad"]
+    assert calls == ["-m pytest -q -p no:cacheprovider --durations=8 tests/fs/test_cli.py -k bad"]
     assert summary == ["test.sh: 1 pytest run(s)", "  FAILED (exit 1): pytest tests/fs/test_cli.py -k bad"]
     assert status != 0
 
