@@ -605,12 +605,7 @@ class PageStore:
         or a lower copy of ``old`` that cannot be marked dead (DeviceError), fails the rename
         with ``new`` and the page it held as they were, and a kill at any point leaves the page
         under one of its names, or both. A publish that fails after ``old`` went puts it back."""
-        draft = self.reserve(reader.meta.size)
-        try:
-            draft.write(0, reader.view())
-        except BaseException:
-            self.abandon(draft)
-            raise
+        draft = self._copy_of(reader)
         removed: list[bool | None] = []
         try:
             page, position = self._publish(draft, new, reader.info.mtime_ns, keep_existing=False,
@@ -637,13 +632,18 @@ class PageStore:
 
     def _published_again(self, name: str, reader: PageReader, write_through: bool) -> None:
         """``_put_back``'s publish of the page ``reader`` holds under ``name``."""
+        self._publish(self._copy_of(reader), name, reader.info.mtime_ns, keep_existing=True,
+                      write_through=write_through)
+
+    def _copy_of(self, reader: PageReader) -> Draft:
+        """A draft holding the bytes of the page ``reader`` holds (given back if the copy fails)."""
         draft = self.reserve(reader.meta.size)
         try:
             draft.write(0, reader.view())
         except BaseException:
             self.abandon(draft)
             raise
-        self._publish(draft, name, reader.info.mtime_ns, keep_existing=True, write_through=write_through)
+        return draft
 
     def list_dir(self, dir_path: str, after: int = 0, limit: int = LISTING_BATCH) -> list[tuple[int, PageInfo]]:
         """Up to ``limit`` pages held here in directory ``dir_path`` that follow cursor ``after``
