@@ -186,23 +186,24 @@ class HiCacheFS(HiCacheStorage):
                     return None
                 self._layouts[name] = PageLayout(pool, name)
                 logger.info("hicachefs client: pool %s -> %s (%d bytes per page, %s)", name,
-                            self._pool_dir(name, self._layouts[name].format),
+                            self._pool_dir(name, self._layouts[name]),
                             self._layouts[name].page_bytes,
                             "zero copy" if self._layouts[name].zero_copy
                             else "a marker: its pages hold no bytes" if self._layouts[name].marker else "copied")
             return self._layouts[name]
 
-    def _pool_dir(self, name: str, fmt: str) -> str:
-        """A pool's directory (made once: every call asks it)."""
-        known = self._pool_dirs.get((name, fmt))
+    def _pool_dir(self, name: str, layout: Optional[PageLayout]) -> str:
+        """A pool's directory (made once: every call asks it); ``_`` as the format while no host
+        pool says what it is."""
+        fmt, rank_heads = (layout.format, layout.rank_heads) if layout is not None else ("_", False)
+        known = self._pool_dirs.get((name, fmt, rank_heads))
         if known is None:
-            known = self._pool_dirs[name, fmt] = paths.pool_dir(self.model, fmt, self.shard.segment(name), name)
+            known = self._pool_dirs[name, fmt, rank_heads] = paths.pool_dir(
+                self.model, fmt, self.shard.segment(name, rank_heads), name)
         return known
 
     def _dir_of(self, name: str) -> str:
-        """The pool directory; ``_`` as the format while no host pool says what it is."""
-        layout = self._layout(name)
-        return self._pool_dir(name, layout.format if layout is not None else "_")
+        return self._pool_dir(name, self._layout(name))
 
     # ---------------------------------------------------------------- keys and failures
 
@@ -267,7 +268,7 @@ class HiCacheFS(HiCacheStorage):
         if plan is None:
             return results
         layout, starts, wanted = plan
-        directory = self._pool_dir(name, layout.format)
+        directory = self._pool_dir(name, layout)
         zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
         chunks = self._chunks(len(wanted), layout.page_bytes, self.read_threads.threads, zero_copy is None)
 
@@ -296,12 +297,12 @@ class HiCacheFS(HiCacheStorage):
         if plan is None:
             return results
         layout, starts, wanted = plan
-        if not self.shard.writes(name):
+        if not self.shard.writes(name, layout.rank_heads):
             # Replicated MLA pages have one writer rank; the others succeed without writing.
             for i in wanted:
                 results[i] = True
             return results
-        directory = self._pool_dir(name, layout.format)
+        directory = self._pool_dir(name, layout)
         # Pages already stored are kept as they are (``PageIO.publish_pages``): all are sent.
         zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
         chunks = self._chunks(len(wanted), layout.page_bytes, self.write_threads.threads, zero_copy is None)
@@ -519,10 +520,10 @@ class HiCacheFS(HiCacheStorage):
         if not isinstance(value, torch.Tensor):
             self._refusals.failure("SET_WITHOUT_TENSOR", "set() needs a tensor value")
             return False
-        if not self.shard.writes(KV):
+        layout = self._layout(KV)
+        if not self.shard.writes(KV, layout is not None and layout.rank_heads):
             return True
         data = tensor_bytes(value)
-        layout = self._layout(KV)
         if layout is not None and len(data) != layout.page_bytes:  # no read takes it, and it blocks the page
             self._refusals.failure("WRONG_PAGE_SIZE", f"set() was given {len(data)} bytes; the pool's "
                                    f"pages hold {layout.page_bytes}", level=logging.ERROR)
@@ -555,8 +556,8 @@ class HiCacheFS(HiCacheStorage):
         shard_dirs = set()
         for name in names:
             layout = self._layout(name)
-            if layout is not None and self.shard.writes(name):
-                shard_dirs.add(f"{self.model}/{layout.format}/{self.shard.segment(name)}")
+            if layout is not None and self.shard.writes(name, layout.rank_heads):
+                shard_dirs.add(f"{self.model}/{layout.format}/{self.shard.segment(name, layout.rank_heads)}")
         ok = all([self.io.remove_tree(d) for d in sorted(shard_dirs)])
         if ok:
             logger.info("hicachefs client: cleared %s", ", ".join(sorted(shard_dirs)) or

@@ -106,6 +106,9 @@ class PageLayout:
             self.page_bytes = len(MARKER)
         self.format = format_segment(getattr(pool, "dtype", dummy.dtype), str(pool.layout),
                                      self.page_size, getattr(pool, "storage_format_tag", None))
+        # An MHA pool (SGLang's have ``head_num``) holds this rank's share of the KV heads, even
+        # in an MLA model (an MHA draft): never the bytes of every rank (``ShardIdentity``).
+        self.rank_heads = hasattr(pool, "head_num")
         self._lock = threading.Lock()
         self._regions: Optional[List[_Region]] = None
         self._local = threading.local()

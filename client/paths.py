@@ -130,15 +130,17 @@ class ShardIdentity:
             is_storage_writer=bool(writer),
         )
 
-    def replicated(self, pool: str) -> bool:
+    def replicated(self, pool: str, rank_heads: bool = False) -> bool:
         """True when every TP rank holds the same bytes for ``pool`` (MLA KV and its side pools).
 
-        Mamba state stays TP-sharded even in an MLA model, as in SGLang's file backend.
+        Mamba state stays TP-sharded even in an MLA model, as in SGLang's file backend; so does a
+        pool of attention heads (``rank_heads``: an MHA draft model's KV beside an MLA target, of
+        whose heads each rank holds its own share, as SGLang's Mooncake backend keys it).
         """
-        return self.is_mla_model and pool != "mamba"
+        return self.is_mla_model and pool != "mamba" and not rank_heads
 
-    def segment(self, pool: str) -> str:
-        base = "all" if self.replicated(pool) else f"tp{self.tp_rank}of{self.tp_size}"
+    def segment(self, pool: str, rank_heads: bool = False) -> str:
+        base = "all" if self.replicated(pool, rank_heads) else f"tp{self.tp_rank}of{self.tp_size}"
         for label, rank, size in (
             ("pp", self.pp_rank, self.pp_size),
             ("cp", self.cp_rank, self.cp_size),
@@ -148,9 +150,9 @@ class ShardIdentity:
                 base += f".{label}{rank}of{size}"
         return base
 
-    def writes(self, pool: str) -> bool:
+    def writes(self, pool: str, rank_heads: bool = False) -> bool:
         """Whether this rank publishes pages of ``pool``: replicated pools have one writer."""
-        return self.is_storage_writer or not self.replicated(pool)
+        return self.is_storage_writer or not self.replicated(pool, rank_heads)
 
 
 def pool_dir(model: str, fmt: str, shard: str, pool: str) -> str:

@@ -209,6 +209,30 @@ def test_mla_pages_have_one_writer(store_root):
     assert other.clear() is True and other.batch_exists(keys) == 2  # not its shard to clear
 
 
+def test_an_mha_draft_beside_an_mla_target_keeps_each_ranks_own_heads(store_root):
+    """An MHA draft model's KV (EAGLE beside an MLA target) holds each TP rank's share of the
+    heads: every rank stores its own, and a rank never loads another's as a hit."""
+    ranks = []
+    for rank in (0, 1):
+        target, draft = MLAHostPool(), MHAHostPool(head_num=2)
+        draft.fill_random(seed=100 + rank)
+        fs = make_fs(store_root, target, mla=True, tp=(rank, 2))
+        fs.register_mem_host_pool_v2(draft, PoolName.DRAFT)
+        ranks.append((fs, draft))
+    page = [key("draft", 0)]
+    for fs, draft in ranks:
+        stored = fs.batch_set_v2([PoolTransfer(name=PoolName.DRAFT, host_indices=indices(draft, [1]), keys=page)])
+        assert stored == {PoolName.DRAFT: [True]}
+        fs.settle()
+    for fs, draft in ranks:
+        own = page_bytes(draft, 1)
+        got = fs.batch_get_v2([PoolTransfer(name=PoolName.DRAFT, host_indices=indices(draft, [2]), keys=page)])
+        assert got == {PoolName.DRAFT: [True]} and page_bytes(draft, 2) == own
+    assert page_bytes(ranks[0][1], 1) != page_bytes(ranks[1][1], 1)
+    draft_dirs = sorted({os.path.dirname(f) for f in files_under(store_root) if "/draft/" in f})
+    assert [d.split("/")[-2] for d in draft_dirs] == ["tp0of2", "tp1of2"]
+
+
 def test_invalid_keys_are_refused(store_root, caplog):
     pool = MHAHostPool()
     fs = make_fs(store_root, pool)

@@ -44,6 +44,7 @@ def test_shard_segments():
     assert shard(mla=True, tp=(5, 8), pp=(1, 2)).segment("kv") == "all.pp1of2"
     # Mamba state is TP-sharded even in an MLA model.
     assert shard(mla=True, tp=(5, 8)).segment("mamba") == "tp5of8"
+    assert shard(mla=True, tp=(5, 8)).segment("draft", rank_heads=True) == "tp5of8"  # an MHA draft's heads
 
 
 def test_dcp_shard_and_writer():
