@@ -1,7 +1,8 @@
 """A page replaced or removed on this host never comes back from the shared tier: not its older
 version written behind last (two write-behind threads wrote both versions at once), not the
-older version a replacement that was never written behind left there (dropped or failed), and
-not a page removed while a read from the shared tier was under way."""
+older version a replacement that was never written behind left there (dropped or failed, also
+while that older version was being written), not a page removed while a read from the shared
+tier was under way, and not a write behind that overran its deadline and landed later."""
 
 import errno
 import os
@@ -11,7 +12,7 @@ import time
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
 from pages import wait_until
-from shared_helpers import KiB, MiB, page_name, read_page, read_stored
+from shared_helpers import KiB, MiB, page_name, read_page, read_stored, wait_for_sweeps
 
 from hicachefs.store import PageNotFound, PageStore, StoreConfig
 from hicachefs.store.pages import page_checksum
@@ -133,6 +134,69 @@ def test_a_replacement_dropped_by_write_behind_does_not_bring_the_old_version_ba
         assert read_stored(a, name) == content(2, SIZE)
     except PageNotFound:
         pass  # a miss is right: v2 was evicted and never reached the shared tier
+
+
+def test_a_replacement_dropped_while_the_older_version_is_written_does_not_leave_that_version(tmp_path, make_tier):
+    """v1 is being written behind (slowly) when its replacement v2 is offered and dropped (the
+    queue is full): v1 lands after v2 was lost, and no host may read it for the page."""
+    device = FaultyDevice(DirectoryDevice())
+    a = make_tier(tmp_path / "shared", device=device, writers=1, queue_pages=1)
+    b = make_tier(tmp_path / "shared")
+    name = page_name(1)
+    (v1, v1_data), (v2, v2_data) = version(name, 1), version(name, 2)
+    filler, filler_data = version(page_name(2), 3)
+    device.inject(Fault("pwritev", delay_s=0.3, count=1))  # v1's write: slow, within its deadline
+    assert a.offer(v1, memoryview(v1_data), lambda: None)
+    wait_until(lambda: a.statistics().write_behind.writing == 1)
+    assert a.offer(filler, memoryview(filler_data), lambda: None)  # the one-page queue is full
+    assert not a.offer(v2, memoryview(v2_data), lambda: None)  # dropped
+    wait_until(lambda: settled(a) and a.statistics().write_behind.written_behind == 2)
+    wait_for_sweeps([a, b])
+    assert read_page(a, name) is None and read_page(b, name) is None  # v2 never reached it: a miss
+    assert not os.path.exists(Layout(tmp_path / "shared").page_path(place(name)))
+
+
+def _a_write_that_overruns_its_deadline(make_tier, tmp_path):
+    """Host A's first write behind hangs in its rename past its deadline (4 x 0.25 s), which then
+    lands at 1.5 s; and host B. Returns (a, b, the page's path on the volume, when it lands)."""
+    device = FaultyDevice(DirectoryDevice())
+    a, b = make_tier(tmp_path / "shared", device=device), make_tier(tmp_path / "shared")
+    device.inject(Fault("rename", delay_s=1.5, count=1))
+    return a, b, Layout(tmp_path / "shared").page_path(place(page_name(1))), time.monotonic() + 1.5
+
+
+def _after_the_late_write_landed(a, b, lands_at):
+    time.sleep(max(0.0, lands_at - time.monotonic()) + 0.1)
+    wait_until(lambda: a.statistics().guard.available and b.statistics().guard.available)
+    wait_for_sweeps([a, b])
+
+
+def test_a_page_removed_while_its_write_behind_hangs_does_not_come_back_when_the_write_lands(tmp_path, make_tier):
+    a, b, path, lands_at = _a_write_that_overruns_its_deadline(make_tier, tmp_path)
+    name = page_name(1)
+    old, data = version(name, 1)
+    assert a.offer(old, memoryview(data), lambda: None)
+    wait_until(lambda: a.statistics().write_behind.writing == 1)
+    a.remove_later(name)  # rm, as the store makes it: write-behind cancelled, the file removed
+    a.remove(name)
+    wait_until(lambda: a.statistics().write_behind.write_failures == 1)  # timed out; it lands later
+    _after_the_late_write_landed(a, b, lands_at)
+    assert not os.path.exists(path)
+    assert a.contains_many([name]) == b.contains_many([name]) == [False]
+    assert read_page(b, name) is None
+
+
+def test_a_write_behind_that_overran_its_deadline_never_lands_over_a_later_version(tmp_path, make_tier):
+    a, b, path, lands_at = _a_write_that_overruns_its_deadline(make_tier, tmp_path)
+    name = page_name(1)
+    (old, old_data), (new, new_data) = version(name, 1), version(name, 2)
+    assert a.offer(old, memoryview(old_data), lambda: None)
+    wait_until(lambda: a.statistics().write_behind.write_failures == 1)  # timed out; it lands later
+    wait_until(lambda: a.statistics().guard.available)
+    assert a.offer(new, memoryview(new_data), lambda: None)
+    wait_until(lambda: a.statistics().write_behind.written_behind == 1)
+    _after_the_late_write_landed(a, b, lands_at)
+    assert read_page(a, name) in (None, new_data) and read_page(b, name) in (None, new_data)
 
 
 # -- 3. rm while a read of a page only the shared tier holds is under way --------------------------

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -173,9 +174,10 @@ class SharedTier(Tier):
         self._removed_here: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
         self._unlinking: collections.Counter[str] = collections.Counter()  # drops under way; under _lock
         queued = queue_bytes if isinstance(queue_bytes, Share) else Share("write_behind", queue_bytes)
-        # Pages offered here that were not written: an older version of one may still be on the
-        # tier, which this host (once its own copy is gone) and others would read for it.
-        self._unwritten: collections.OrderedDict[str, PageMeta] = collections.OrderedDict()  # under _lock
+        # Pages offered here that were not written, with their offer numbers: an older version of
+        # one may still be on the tier, which this host (once its own copy is gone) and others
+        # would read for it.
+        self._unwritten: collections.OrderedDict[str, tuple[int, PageMeta]] = collections.OrderedDict()  # under _lock
         # Pages removed here while the tier was unavailable: their files go once it is back,
         # and until then they are absent here (``remove_later``).
         self._removals: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
@@ -515,14 +517,15 @@ class SharedTier(Tier):
                 self._count(io_errors=1)
         self._presence.update(where.directory, where.key_hash, size, False)
 
-    def _write_copy(self, page: PageMeta, payload: memoryview) -> None:
-        """Write a page from a buffer nobody else changes; raise ``OSError`` on failure."""
+    def _write_copy(self, page: PageMeta, payload: memoryview, number: int | None = None) -> None:
+        """Write a page from a buffer nobody else changes; raise ``OSError`` on failure.
+        ``number``: write-behind's offer it is (None: a write made now, later than any offer)."""
         if not self._accepting():
             raise Refused(errno.ENOTCONN, "shared tier not taking writes")
         where = place(page.name)
         try:
-            self._guard.call(self._write_file, page, where, payload,
-                             timeout=4 * self._data_deadline(page.size), expected=_FULL)
+            self._guard.call(self._write_file, page, where, payload, timeout=4 * self._data_deadline(page.size),
+                             expected=_FULL, discard=functools.partial(self._landed_late, page))
         except OSError as error:
             if error.errno in _FULL:
                 with self._lock:
@@ -533,18 +536,32 @@ class SharedTier(Tier):
             raise
         stored = _stored_size(page)
         with self._lock:
-            self._unwritten.pop(page.name, None)  # this version replaced whatever was there
-            self._removals.pop(page.name, None)
+            lost = self._unwritten.get(page.name)
+            replaced = lost is not None and number is not None and lost[0] > number  # by a later version, never written
+            if not replaced:
+                self._unwritten.pop(page.name, None)  # this version replaced whatever was there
+                self._removals.pop(page.name, None)
+        self._count(bytes_in=page.size)
+        if replaced:  # neither counted nor announced: the check of the later version removes it
+            return
         self._presence.update(where.directory, where.key_hash, stored, True)
         self._journal.announce(True, stored, page.name)
-        self._count(bytes_in=page.size)
 
-    def _lost(self, page: PageMeta) -> None:
-        """Write-behind did not write ``page``: until the file of its name is checked, this
-        host does not read it (it may hold an older version), and the maintenance thread
-        removes it if it holds another version (``_remove_other_version``)."""
+    def _landed_late(self, page: PageMeta, _result: None) -> None:
+        """A write of ``page`` that overran its deadline went through after all, once its caller
+        had counted it not written (lost, or its page removed): a later version, or the removal,
+        may have come meanwhile, and that stale file would outlast them. It goes (a miss, here and
+        on every host), unless a later write of the name here comes first (``_remove_when_back``)."""
+        self._remove_when_back(page.name)
+
+    def _lost(self, page: PageMeta, number: int) -> None:
+        """Write-behind did not write ``page`` (its offer ``number``): until the file of its name
+        is checked, this host does not read it (it may hold an older version), and the
+        maintenance thread removes it if it holds another version (``_remove_other_version``).
+        A later version already noted lost is the one to check for."""
         with self._lock:
-            _note_newest(self._unwritten, page.name, page)
+            later = self._unwritten.get(page.name)
+            _note_newest(self._unwritten, page.name, later if later is not None and later[0] > number else (number, page))
         where = place(page.name)
         self._presence.update(where.directory, where.key_hash, _stored_size(page), False)
 
@@ -563,14 +580,18 @@ class SharedTier(Tier):
 
     def _check_unwritten(self, budget: int = 64) -> None:
         with self._lock:
-            pages = [self._unwritten.popitem(last=False)[1] for _ in range(min(budget, len(self._unwritten)))]
-        for number, page in enumerate(pages):
-            if self._write_behind.pending(page.name):
-                continue  # a later version is on its way: it replaces the file
+            lost = [self._unwritten.popitem(last=False)[1] for _ in range(min(budget, len(self._unwritten)))]
+        for position, (number, page) in enumerate(lost):
+            pending = self._write_behind.pending(page.name)
+            if pending is not None:
+                if pending < number:  # an earlier version is still being written: check once it landed
+                    with self._lock:
+                        self._unwritten.setdefault(page.name, (number, page))
+                continue  # else a later version is on its way: it replaces the file
             if self._guarded(self._remove_other_version, page) is None:
                 with self._lock:  # not checked (the filesystem failed): again later
-                    for later in pages[number:]:
-                        self._unwritten.setdefault(later.name, later)
+                    for later in lost[position:]:
+                        self._unwritten.setdefault(later[1].name, later)
                 return
 
     def _apply_removals(self, budget: int = 64) -> None:
@@ -861,11 +882,12 @@ class SharedTier(Tier):
 
     def _removing(self) -> frozenset[str]:
         """The pages whose files this host is removing, now (``drop``) or once the volume
-        answers (``_removals``): a listing that still finds one does not count it."""
+        answers (``_removals``), or is yet to check for a version it replaced (``_unwritten``):
+        a listing that still finds one does not count it."""
         with self._lock:
-            if not (self._unlinking or self._removals):
+            if not (self._unlinking or self._removals or self._unwritten):
                 return frozenset()
-            return frozenset(self._unlinking).union(self._removals)
+            return frozenset(self._unlinking).union(self._removals, self._unwritten)
 
     def _removed_lately(self, name: str) -> bool:
         with self._lock:

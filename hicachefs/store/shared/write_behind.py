@@ -18,7 +18,9 @@ Versions of one name land in the order they were offered: a queued page whose na
 again is skipped (``superseded``), and one whose name another worker is writing waits for that
 write and is written next by the same worker. Two workers writing two versions at once could
 otherwise leave the older on the tier for good. A page offered and not written (dropped, failed)
-is told to ``lost``: an older version of its name may still lie on the tier.
+is told to ``lost``: an older version of its name may still lie on the tier. Each offer is
+numbered (``write`` and ``lost`` are told its number): of two versions of a name, the one offered
+later has the higher number, whichever of them is dropped, fails or lands first.
 
 Thread-safe. ``close`` waits for the queue to drain up to a deadline, then drops the rest.
 """
@@ -39,14 +41,15 @@ from hicachefs.typed_stats import level, total
 
 _log = logging.getLogger(__name__)
 
-WriteFn = Callable[[PageMeta, memoryview], None]
+WriteFn = Callable[[PageMeta, memoryview, int], None]
 
 
 class _Queued:
-    __slots__ = ("page", "payload", "release", "offered", "cancelled")
+    __slots__ = ("page", "number", "payload", "release", "offered", "cancelled")
 
-    def __init__(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> None:
+    def __init__(self, page: PageMeta, number: int, payload: memoryview, release: Callable[[], None]) -> None:
         self.page = page
+        self.number = number  # the offer's: later offers have higher numbers
         self.payload = payload
         self.release = release
         self.offered = time.monotonic()
@@ -81,11 +84,11 @@ class WriteBehindStatistics:
 class WriteBehind:
     def __init__(self, write: WriteFn, accepting: Callable[[], bool], workers: int = 2,
                  max_pages: int = 256, queued: Share | None = None, max_lag_s: float = 1.0,
-                 lost: Callable[[PageMeta], None] | None = None,
+                 lost: Callable[[PageMeta, int], None] | None = None,
                  removed: Callable[[PageMeta], None] | None = None) -> None:
-        """``write(page, payload)`` writes one page (blocking, raising ``OSError``);
+        """``write(page, payload, number)`` writes one page, offer ``number`` (blocking, raising ``OSError``);
         ``accepting()`` says whether the tier takes writes now; ``queued``: the share of the RAM
-        tier the queued pages may hold pinned (256 MiB by default); ``lost(page)``: told of each
+        tier the queued pages may hold pinned (256 MiB by default); ``lost(page, number)``: told of each
         offered page that was not written (dropped or failed; not one a later offer of its name
         replaced), without this object's lock held; it must not block. ``removed(page)``: told
         of a page written although ``cancel`` removed its name while it was being written (the
@@ -102,6 +105,7 @@ class WriteBehind:
         self._lock = threading.Condition()
         self._queue: collections.deque[_Queued] = collections.deque()
         self._in_progress = 0
+        self._offers = 0  # offers numbered so far
         # The latest offer of each name queued or being written, the names being written, and
         # a later version of such a name waiting for that write (so versions land in order).
         self._latest: dict[str, _Queued] = {}
@@ -122,8 +126,9 @@ class WriteBehind:
             thread.start()
 
     def offer(self, page: PageMeta, payload: memoryview, release: Callable[[], None]) -> bool:
-        item = _Queued(page, payload, release)
         with self._lock:
+            self._offers += 1
+            item = _Queued(page, self._offers, payload, release)
             ahead = len(self._queue) + self._in_progress
             fits = (len(self._queue) < self.max_pages and ahead * self._write_s <= self.max_lag_s * self._workers
                     and self._bytes.take(page.size))  # last: it takes the bytes when the rest fits
@@ -138,13 +143,14 @@ class WriteBehind:
                 self._lock.notify()
                 return True
         _release(item)
-        self._tell_lost(page)
+        self._tell_lost(item)
         return False
 
-    def pending(self, name: str) -> bool:
-        """Whether a version of ``name`` is queued or being written."""
+    def pending(self, name: str) -> int | None:
+        """The offer number of the latest version of ``name`` queued or being written, if any."""
         with self._lock:
-            return name in self._latest
+            latest = self._latest.get(name)
+            return None if latest is None else latest.number
 
     def cancel(self, name: str) -> None:
         """The page ``name`` was removed: no version of it offered so far may reach the tier.
@@ -163,12 +169,12 @@ class WriteBehind:
         if deferred is not None:
             _release(deferred)
 
-    def _tell_lost(self, page: PageMeta) -> None:
+    def _tell_lost(self, item: _Queued) -> None:
         if self._lost is not None:
             try:
-                self._lost(page)
+                self._lost(item.page, item.number)
             except Exception:
-                _log.exception("write-behind: telling of %s's loss failed", page.name)
+                _log.exception("write-behind: telling of %s's loss failed", item.page.name)
 
     def drop_queued(self) -> int:
         """Drop every queued page (the tier became unavailable); return how many."""
@@ -181,7 +187,7 @@ class WriteBehind:
                     del self._latest[item.page.name]
         for item in items:
             _release(item)
-            self._tell_lost(item.page)
+            self._tell_lost(item)
         return len(items)
 
     def _serve(self) -> None:
@@ -206,7 +212,7 @@ class WriteBehind:
                     _log.warning("%s: its bytes in RAM fail its checksum; not written to the shared tier",
                                  item.page.name)
                 else:
-                    self._write(item.page, copy)
+                    self._write(item.page, copy, item.number)
                     ok = True
             except OSError:
                 buffer = bytearray()  # a write that timed out may still be reading it
@@ -234,7 +240,7 @@ class WriteBehind:
                     del self._latest[name]
                 # A later version of the name waited for this write to end: it is written next,
                 # by this worker, so that it lands after it (never the older version last).
-                lost = None if ok or item.cancelled else item.page
+                lost = None if ok or item.cancelled else item
                 unwrite = item.page if ok and item.cancelled else None
                 item = self._deferred.pop(name, None)
                 if item is None:
