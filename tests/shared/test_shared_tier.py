@@ -252,6 +252,28 @@ def test_a_host_never_counts_pages_it_evicted_again_from_another_hosts_older_ann
     assert bounded.statistics().evictions == 20
 
 
+def test_a_third_host_never_counts_pages_written_on_one_host_and_removed_on_another(tmp_path, make_tier):
+    """Host A writes pages, host B removes each once it sees it; host C reads both journals,
+    B's first, every half second: it must count none of them (a page no file holds would take
+    room from real ones until its next sweep)."""
+    root = tmp_path / "shared"
+    no_sweeps = dict(sweep_interval_s=60.0)  # after the first: what C counts comes from the journals
+    x, y = make_tier(root, **no_sweeps), make_tier(root, **no_sweeps)
+    a, b = (x, y) if x._journal.writer > y._journal.writer else (y, x)  # b's journal file sorts first
+    c = make_tier(root, poll_s=0.5, **no_sweeps)
+    wait_until(lambda: c.statistics().sweep.sweep_cycles >= 1)
+    names = []
+    for i in range(10):
+        page, data = make_page(100 + i, size=4 * KiB)
+        a.write(page, data)
+        names.append(page.name)
+        wait_until(lambda: b.contains_many([page.name]) == [True])
+        assert b.remove(page.name)
+    wait_until(lambda: c.statistics().journal_received >= 20)
+    assert c.contains_many(names) == [False] * 10
+    assert c.used_bytes == 0
+
+
 def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     root = tmp_path / "shared"
     file_size = page_format.header_length(page_name(0)) + 16 * KiB

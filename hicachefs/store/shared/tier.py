@@ -812,9 +812,15 @@ class SharedTier(Tier):
                 return
 
     def _apply(self, announcements) -> None:
+        """Count what other hosts announced. A name announced both written and removed in one
+        poll is counted removed: two hosts' journals are read one after the other, not in time
+        order, and a removal read before the write it followed made a page counted present that
+        no file holds (its bytes taking room from real pages). A page written again after its
+        removal is a miss meanwhile, until a sweep finds its file."""
+        removed = {announcement.name for announcement in announcements if not announcement.present}
         for announcement in announcements:
-            if announcement.present and self._removed_lately(announcement.name):
-                continue  # written before this host removed it (the sweep finds a later rewrite)
+            if announcement.present and (announcement.name in removed or self._removed_lately(announcement.name)):
+                continue  # written before a removal (the sweep finds a later rewrite)
             where = place(announcement.name)
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
             if not announcement.present:
