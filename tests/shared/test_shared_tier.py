@@ -274,6 +274,22 @@ def test_a_third_host_never_counts_pages_written_on_one_host_and_removed_on_anot
     assert c.used_bytes == 0
 
 
+def test_pages_found_gone_leave_the_count_of_bytes_the_size_bound_measures(tmp_path, make_tier):
+    """Pages another host removed before this one heard of it: the reads that find them gone
+    take their bytes off what the tier counts (the size bound would evict real pages for them)."""
+    root = tmp_path / "shared"
+    tier = make_tier(root, capacity=1 << 30, sweep_interval_s=60.0)
+    wait_until(lambda: tier.statistics().sweep.sweep_cycles >= 1)
+    pages = [make_page(i, size=64 * KiB) for i in range(20)]
+    for page, data in pages:
+        tier.write(page, data)
+    assert tier.statistics().pages == 20 and tier.used_bytes > 20 * 64 * KiB
+    for page, _ in pages:
+        os.unlink(Layout(root).page_path(place(page.name)))  # removed behind this host's back
+    assert [tier.find(page.name) for page, _ in pages] == [None] * 20
+    assert tier.statistics().pages == 0 and tier.used_bytes == 0
+
+
 def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     root = tmp_path / "shared"
     file_size = page_format.header_length(page_name(0)) + 16 * KiB

@@ -53,6 +53,8 @@ class _Directory:
             self.replay.append((present, hashed, size))
         if present == self.has(hashed):
             return
+        if not present and size <= 0 and self.pages:
+            size = self.bytes // self.pages  # not known: the mean here (a pool's pages share one size)
         if present:
             self.removed.discard(hashed)
             self.added.add(hashed)
@@ -94,7 +96,8 @@ class PresenceIndex:
             return entry is not None and entry.has(hashed)
 
     def update(self, directory: str, hashed: int, size: int, present: bool) -> None:
-        """A page appeared (``present``) or went away; ``size`` keeps the byte count."""
+        """A page appeared (``present``) or went away; ``size`` keeps the byte count (0 for a
+        page found gone, whose size is not known here: its directory's mean is taken)."""
         with self._lock:
             entry = self._directories.get(directory)
             if entry is None:
