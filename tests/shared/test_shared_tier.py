@@ -149,6 +149,24 @@ def test_another_versions_file_is_neither_served_nor_removed(tmp_path, make_tier
     assert os.path.exists(path) and tier.statistics().checksum_failures == 0
 
 
+def test_another_versions_file_is_not_counted_once_found_until_it_is_rewritten(tmp_path, make_tier):
+    """A rolling upgrade: a page file another format version wrote answers no exists query
+    once a read found it so (each would start a fetch that misses), sweeps or not; a write of
+    the page in this version counts it again."""
+    tier = make_tier(tmp_path / "shared")
+    page, data = make_page(1)
+    tier.write(page, data)
+    with open(page_path(tmp_path / "shared", page.name), "r+b") as file:
+        file.seek(4)
+        file.write((page_format.VERSION + 1).to_bytes(2, "little"))
+    assert tier.contains_many([page.name]) == [True]  # not known yet
+    assert tier.find(page.name) is None
+    wait_for_sweeps([tier])
+    assert tier.contains_many([page.name]) == [False] and tier.statistics().pages == 0
+    tier.write(page, data)
+    assert tier.contains_many([page.name]) == [True] and read_page(tier, page.name) == data
+
+
 def test_the_write_behind_queue_is_bounded_in_pages_and_bytes_and_counts_drops(tmp_path, make_tier):
     device = DirectoryDevice()
     write = HeldCall(device, "pwritev")  # the one writer is stuck in its first write; the queue fills

@@ -178,6 +178,9 @@ class SharedTier(Tier):
         # one may still be on the tier, which this host (once its own copy is gone) and others
         # would read for it.
         self._unwritten: collections.OrderedDict[str, tuple[int, PageMeta]] = collections.OrderedDict()  # under _lock
+        # Pages whose files another format version wrote (a rolling upgrade): never served here,
+        # so not counted (each exists query would say yes and each read miss) until rewritten.
+        self._foreign: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
         # Pages removed here while the tier was unavailable: their files go once it is back,
         # and until then they are absent here (``remove_later``).
         self._removals: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
@@ -261,7 +264,10 @@ class SharedTier(Tier):
         except _Corrupt:
             self._count(misses=1)
             return None
-        if opened is None:  # another format version
+        if opened is None:  # another format version: not counted again until rewritten
+            with self._lock:
+                _note_newest(self._foreign, name)
+            self._presence.update(where.directory, where.key_hash, 0, False)
             self._count(misses=1)
             return None
         self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), True)
@@ -541,6 +547,7 @@ class SharedTier(Tier):
             if not replaced:
                 self._unwritten.pop(page.name, None)  # this version replaced whatever was there
                 self._removals.pop(page.name, None)
+                self._foreign.pop(page.name, None)
         self._count(bytes_in=page.size)
         if replaced:  # neither counted nor announced: the check of the later version removes it
             return
@@ -825,6 +832,9 @@ class SharedTier(Tier):
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
             if not announcement.present:
                 self._forget_recent(announcement.name)
+            elif self._foreign:
+                with self._lock:
+                    self._foreign.pop(announcement.name, None)  # rewritten: maybe in this version now
             if self._events is not None:
                 self._events.changed(announcement.name)
 
@@ -888,12 +898,12 @@ class SharedTier(Tier):
 
     def _removing(self) -> frozenset[str]:
         """The pages whose files this host is removing, now (``drop``) or once the volume
-        answers (``_removals``), or is yet to check for a version it replaced (``_unwritten``):
-        a listing that still finds one does not count it."""
+        answers (``_removals``), is yet to check for a version it replaced (``_unwritten``), or
+        found of another format version (``_foreign``): a listing that finds one does not count it."""
         with self._lock:
-            if not (self._unlinking or self._removals or self._unwritten):
+            if not (self._unlinking or self._removals or self._unwritten or self._foreign):
                 return frozenset()
-            return frozenset(self._unlinking).union(self._removals, self._unwritten)
+            return frozenset(self._unlinking).union(self._removals, self._unwritten, self._foreign)
 
     def _removed_lately(self, name: str) -> bool:
         with self._lock:
