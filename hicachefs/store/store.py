@@ -221,10 +221,12 @@ class PageStore:
         return self._publish(draft, name, None, keep_existing) is not None
 
     def _publish(self, draft: Draft, name: str, mtime_ns: int | None, keep_existing: bool,
-                 write_through: bool | None = None, vacate: Callable[[], None] | None = None) -> tuple[PageMeta, int] | None:
+                 write_through: bool | None = None, vacate: Callable[[], None] | None = None,
+                 keep_any: bool = False) -> tuple[PageMeta, int] | None:
         """``publish``'s work: the page, and the position of the fastest tier holding it.
         ``write_through``: whether a page in RAM is written below now, whatever the config
-        (None: as the config says).
+        (None: as the config says). ``keep_any``: with ``keep_existing``, a page of any size
+        the name holds is kept.
         ``vacate``: a rename's removal of its source (lock held), done after the page's copy
         below is written and before the page is indexed (``_vacated``)."""
         checksum = draft.checksum()
@@ -233,7 +235,7 @@ class PageStore:
         elsewhere = keep_existing and bool(self._named) and self._named_may_hold(name)  # (not under the lock)
         with self._lock, self._reporting():
             old = self._index.find(name)
-            if keep_existing and self._of_size(name, old, page.size, elsewhere):
+            if keep_existing and self._of_size(name, old, None if keep_any else page.size, elsewhere):
                 if slot is not None:
                     self._ram.retire(slot)
                 return None
@@ -631,9 +633,11 @@ class PageStore:
             log.warning("%s: a rename failed and the page could not be put back: %s", name, exc)
 
     def _published_again(self, name: str, reader: PageReader, write_through: bool) -> None:
-        """``_put_back``'s publish of the page ``reader`` holds under ``name``."""
+        """``_put_back``'s publish of the page ``reader`` holds under ``name``: not over a page
+        published there since the rename took it away, whatever that page's size (the lock is
+        let go in between: a writer's newer page must not give way to the older one)."""
         self._publish(self._copy_of(reader), name, reader.info.mtime_ns, keep_existing=True,
-                      write_through=write_through)
+                      write_through=write_through, keep_any=True)
 
     def _copy_of(self, reader: PageReader) -> Draft:
         """A draft holding the bytes of the page ``reader`` holds (given back if the copy fails)."""

@@ -425,6 +425,33 @@ def test_a_rename_whose_publish_fails_puts_its_source_back(faulty_store):
     assert store.info(source) is None and read_all(store, target) == written[source]
 
 
+def test_a_refused_renames_source_is_not_put_back_over_a_page_published_under_its_name_meanwhile(faulty_store):
+    """A rename refused after its source left (the target's old record cannot be marked dead)
+    puts the source back; a writer that published a page of another size under the source's
+    name in between keeps its page, not the older one."""
+    store, device = faulty_store()
+    written = {page_name(i): content(i, PAGE) for i in range(24)}  # more than RAM: the first ones on disk
+    for name, data in written.items():
+        store.put(name, data)
+    source, target = page_name(0), page_name(1)
+    newer = content(1000, 100 * KiB)
+    reserve = store.reserve
+    reserves = iter(range(1, 4))
+
+    def racing_reserve(size):  # the put-back's copy (the rename's second) comes after a writer's put
+        if next(reserves, None) == 2:
+            store.put(source, newer)
+        return reserve(size)
+
+    store.reserve = racing_reserve
+    _fails_at_mark(device, 2)
+    with pytest.raises(DeviceError):
+        store.move(source, target)
+    store.reserve = reserve
+    assert read_all(store, source) == newer
+    assert read_all(store, target) == written[target]
+
+
 def _dies_at_write(device: FaultyDevice, at: int) -> None:
     """The process dies (as a SIGKILL leaves it) at the ``at``-th write to the device from now,
     before that write is done."""
