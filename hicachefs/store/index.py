@@ -250,6 +250,7 @@ class PageIndex:
         self._free_rows: list[int] = []
         self._live = 0
         self._tombs = 0
+        self._replacing = False  # a name is between its old row and its new one (``replacing``)
         # Pages located in each tier, and the bytes of all: kept as rows change, so that the
         # statistics (any user may ask) cost the tiers, not the pages.
         self._tier_pages = [0] * tiers
@@ -283,6 +284,8 @@ class PageIndex:
         built anew there, and readers of the old memory are told to look again."""
         old = self.memory
         memory = IndexMemory(capacity, slots, self._described)
+        if self._replacing:  # the name replaced is in no row until the replace ends
+            memory.rebuilding()
         kept = min(old.capacity, capacity)
         memory.rows[:kept] = old.rows[:kept]
         self._use(memory)
@@ -520,14 +523,18 @@ class PageIndex:
         """A page is swapped for a new one of its name (``remove(..., keep_place=True)``, then
         ``add``): meanwhile the name is in no row of the table, so ``table_gen`` is odd, as
         during a rebuild, and the data plane's readers ask the daemon rather than take that
-        for a miss (a replace is atomic, as a rename). The memory marked is the one in use
-        now (``add`` may move the index; the old memory is then ``MOVED`` anyway)."""
+        for a miss (a replace is atomic, as a rename). ``add`` may move the index: the new
+        memory is marked as well until the replace ends (``_move_to``)."""
         memory = self.memory
         memory.rebuilding()
+        self._replacing = True
         try:
             yield
         finally:
+            self._replacing = False
             memory.rebuilt()
+            if self.memory is not memory:
+                self.memory.rebuilt()
 
     def pages_in(self, tier: int) -> PageColumns:
         """The rows located in ``tier``, as columns (copies), with only the directories they use."""

@@ -70,6 +70,7 @@ class IndexMemory:
 
     def __init__(self, capacity: int, slots: int, described: Described) -> None:
         self.capacity, self.slots = capacity, slots
+        self._changing = 0  # ``rebuilding`` calls not yet ``rebuilt``
         rows_at = HEADER_BYTES
         table_at = rows_at + capacity * ROW.itemsize
         size = table_at + slots * 4
@@ -102,11 +103,17 @@ class IndexMemory:
         self._fields[FIELDS.index(name)] = value
 
     def rebuilding(self) -> None:
-        """The table is about to be rewritten in place: probes may miss until ``rebuilt``."""
-        self._fields[1] += 1
+        """The table is about to be rewritten in place, or a name is in no row for a moment (a
+        replace): probes may miss until ``rebuilt``. Calls nest (a replace's ``add`` may rebuild
+        the table): ``table_gen`` stays odd until the outermost one ends."""
+        self._changing += 1
+        if self._changing == 1:
+            self._fields[1] += 1
 
     def rebuilt(self) -> None:
-        self._fields[1] += 1
+        self._changing -= 1
+        if self._changing == 0:
+            self._fields[1] += 1
 
     def moved(self) -> None:
         """Readers must look for the index in its new memory (see the module docstring)."""

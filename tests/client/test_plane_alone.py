@@ -142,6 +142,37 @@ def test_while_the_table_changes_a_hit_stands_and_a_miss_is_unsure(store, tmp_pa
     assert attachment.locate(dir_id, ["b" * 64]) == [False]
 
 
+def test_a_page_whose_replace_rebuilds_the_table_is_never_a_definite_miss(tmp_path, monkeypatch):
+    """Removals leave tombstones, and a replace's ``add`` may rebuild the table in place while
+    the name is in no row: a probe then is unsure (the client asks the daemon), never "not held"."""
+    store = PageStore(StoreConfig(memory_bytes=2 << 20))
+    try:
+        name = f"{DIRECTORY}/{'f' * 64}"
+        store.put(name, content(1, 100))
+        attachment = attach(store, tmp_path / "root")
+        dir_id = store.plane_dir(DIRECTORY)
+        memory = store._index.memory
+        answers = []
+        rebuilding = type(memory).rebuilding
+
+        def probed_when_nested(self):  # the rebuild inside the replace begins: a reader probes
+            nested = bool(int(self._fields[1]) & 1)  # odd already: a replace is under way
+            rebuilding(self)
+            if nested:
+                answers.append(attachment.locate(dir_id, ["f" * 64], rows=False)[0])
+
+        monkeypatch.setattr(type(memory), "rebuilding", probed_when_nested)
+        for i in range(3000):
+            store.put(f"{DIRECTORY}/x{i}", content(i, 100))
+            store.delete(f"{DIRECTORY}/x{i}")
+            store.put(name, content(i, 100))  # a replace
+            if answers:
+                break
+        assert store._index.memory is memory and answers and False not in answers, answers
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("piece", [SIZE, 4 << 10], ids=["one piece, from the mapping", "pieces of 4 KiB, preadv"])
 def test_a_reader_stalled_mid_copy_while_its_slot_gets_another_page_never_takes_it(store, tmp_path, monkeypatch, piece):
     name = f"{DIRECTORY}/{'d' * 64}"
