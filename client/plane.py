@@ -20,7 +20,8 @@ files). What the plane does:
   daemon had none to give) goes another way.
 - **The commit is sent behind the batch** (``commit_behind``, on by default): once a batch's
   pages are in their slots, in the daemon's RAM, they are as safe as a committed page of the
-  RAM tier (both die with the daemon and nothing else), so the call returns then and a thread of
+  RAM tier (both die with the daemon; until the commit reaches it, this process dying loses them
+  too, its slots given back unpublished), so the call returns then and a thread of
   the client's sends the commit, which costs the daemon's round trip (0.3-1.3 ms) that the
   caller no longer waits for. This process sees its own pages at once: a lookup of a page whose
   commit is under way waits for it (``plane_commits``); others see them once the commit is
