@@ -384,14 +384,21 @@ class Namespace:
     def _own_version(self, node: PageNode) -> PageReader | None:
         """The retired inode's own page, for the second try of an open that landed on it again
         (another replace raced the kernel's new lookup, or ``/proc/PID/fd/N``): another open
-        file of the inode that still pins that version shares its pin. Served the name's page
-        instead, past the kernel's cache, the open's private mappings filled the inode's cache
-        with that page, which those open files then read, and a shorter one cut the inode's
-        size under their shared mappings (SIGBUS)."""
+        file of the inode that still pins that version shares its pin. While files are open on
+        the inode that no longer pin it (their reads come from the kernel's cache), the open
+        fails with EIO, as their next read from the daemon would: that version is no longer
+        stored under the name. Served the name's page instead, past the kernel's cache, the
+        open's private mappings filled the inode's cache with that page, which those open files
+        then read, and a shorter one cut the inode's size under them. None: no file is open on
+        the inode (the open is then served the name's page, past the cache)."""
+        open_on_it = False
         for handle in self.handles.open_handles():
-            if (isinstance(handle, PageHandle) and handle.node is node and handle.reader is not None
-                    and handle.version == node.info.version):
-                return handle.reader.duplicate()
+            if isinstance(handle, PageHandle) and handle.node is node and handle.version == node.info.version:
+                if handle.reader is not None:
+                    return handle.reader.duplicate()
+                open_on_it = True
+        if open_on_it:
+            raise FsError(errno.EIO, "the page the files open on it were opened on is no longer stored")
         return None
 
     def truncate(self, inode: int, size: int) -> Stat:

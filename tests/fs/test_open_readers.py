@@ -17,6 +17,8 @@ import pytest
 from hicachefs_testing.workload import content, exists_query, labelled_content
 from pages import ingest_batch, publish, read_page, write_all
 
+from hicachefs.posix.page_handle import PIN_LEASE_S
+
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -218,3 +220,36 @@ def test_a_reopen_of_a_replaced_pages_open_file_reads_that_files_own_page(mounte
         os.close(fd)
     if how != "rm":
         assert read_elsewhere(pool / "k") == new
+
+
+def test_a_reopen_after_the_open_files_pin_ended_never_puts_the_new_page_under_its_inode(mounted):
+    """A file read from the kernel's cache stops pinning its page 2 s after its last read that
+    reached the daemon. Reopened (``/proc/self/fd/N``) after the page was replaced, it finds that
+    version gone: EIO. It used to be served the new page, whose private mapping filled the old
+    inode's cache with it, which the file opened before the replace then read, cut short."""
+    pool = mounted.page_dir()
+    old, new = content(1, 256 * KiB), content(2, 64 * KiB)
+    publish(pool, "k", old)
+    fd = os.open(pool / "k", os.O_RDONLY)
+    try:
+        assert read_through(fd, MiB) == old
+        time.sleep(PIN_LEASE_S + 1)
+        ingest = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
+        try:
+            assert ingest_batch(ingest, [(f"{POOL}/k", new)]) > 0
+        finally:
+            os.close(ingest)
+        try:
+            again = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+        except OSError as exc:
+            assert exc.errno == errno.EIO
+        else:
+            try:
+                with mmap.mmap(again, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as private:
+                    assert private[: 4 * KiB] == old[: 4 * KiB]
+            finally:
+                os.close(again)
+        assert read_through(fd, MiB) == old
+    finally:
+        os.close(fd)
+    assert read_elsewhere(pool / "k") == new
