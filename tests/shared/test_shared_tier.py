@@ -5,6 +5,7 @@ import os
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
@@ -328,13 +329,31 @@ def test_temporary_files_of_dead_writers_are_removed(tmp_path, make_tier):
     tier = make_tier(root)
     page, data = make_page(1)
     tier.write(page, data)
-    directory = os.path.dirname(page_path(root, page.name))
-    stale, fresh = os.path.join(directory, ".dead.writer.1"), os.path.join(directory, ".live.writer.1")
+    stale, fresh = (Layout(root).temp_path(place(page_name(i)), "5eed1e55f00d", 1) for i in (2, 3))
     for path in (stale, fresh):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "wb").close()
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
     wait_until(lambda: not os.path.exists(stale))
     assert os.path.exists(fresh) and tier.find(page.name) == page
+
+
+def test_files_of_the_shared_directory_that_are_not_the_tiers_are_never_removed(tmp_path, make_tier):
+    """The shared directory may be a volume's root with other data in it: old dot-files beside
+    and below the tier's pages are not its abandoned temporary files, whatever their age."""
+    root = tmp_path / "shared"
+    page, data = make_page(1)
+    fan = os.path.dirname(page_path(root, page.name))
+    theirs = [root / "project" / ".env", root / "project" / "sub" / ".bashrc", Path(fan) / ".notes",
+              Path(fan) / f".{page.name.rpartition('/')[2]}.backup.1"]
+    for path in theirs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"theirs")
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+    tier = make_tier(root)
+    tier.write(page, data)
+    wait_for_sweeps([tier])
+    assert [path.read_bytes() for path in theirs] == [b"theirs"] * len(theirs)
 
 
 def test_removing_a_page_another_host_removed_already_forgets_it(tmp_path, make_tier):

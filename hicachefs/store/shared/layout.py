@@ -8,9 +8,11 @@ pool (SGLang's flat-directory file backend hit ext4's per-directory limit at ~7.
 A hash rather than the key's own first characters: keys need not be hex, and any key spreads
 evenly. The same hash identifies the page in the presence index.
 
-Temporary files are ``.<key>.<writer>.<n>`` beside their page (a rename within one directory),
-and the hosts' announcement journals live in ``<root>/.journal``. Names starting with ``.``
-are never pages: the namespace refuses them.
+Temporary files are ``.<key>.<writer>.<n>`` beside their page (a rename within one directory;
+``<writer>`` a writer's hex token), and the hosts' announcement journals live in
+``<root>/.journal``. Names starting with ``.`` are never pages: the namespace refuses them. The
+tier removes no file of the directory that is neither (the directory may be shared with other
+data: a volume's root, say).
 
 Pure functions and an immutable class; thread-safe.
 """
@@ -18,11 +20,13 @@ Pure functions and an immutable class; thread-safe.
 from __future__ import annotations
 
 import os
+import re
 from typing import NamedTuple
 
 import xxhash
 
 JOURNAL_DIR = ".journal"
+_TEMPORARY = re.compile(r"\.(?P<key>.+)\.[0-9a-f]+\.[0-9]+")  # ``temp_path``'s file names
 FANOUT_NAMES = frozenset(f"{byte:02x}" for byte in range(256))
 
 
@@ -56,6 +60,13 @@ def page_name(directory: str, key: str) -> str | None:
     if key.startswith(".") or fan not in FANOUT_NAMES or fanout_name(key_hash(key)) != fan:
         return None
     return f"{parent}/{key}" if parent else key
+
+
+def is_temporary(directory: str, name: str) -> bool:
+    """Whether file ``name`` in ``directory`` (relative) is a temporary file of this layout: a
+    writer's page under way (``Layout.temp_path``), beside where that page goes."""
+    match = _TEMPORARY.fullmatch(name)
+    return match is not None and page_name(directory, match["key"]) is not None
 
 
 class Layout:

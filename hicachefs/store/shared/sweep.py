@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hicachefs.store.shared.device import GONE
-from hicachefs.store.shared.layout import FANOUT_NAMES, Layout, fanout_name, key_hash
+from hicachefs.store.shared.layout import FANOUT_NAMES, Layout, fanout_name, is_temporary, key_hash
 from hicachefs.store.shared.presence import PresenceIndex
 from hicachefs.typed_stats import level, total
 
@@ -135,8 +135,8 @@ class Sweeper:
                 if not entry.name.startswith("."):
                     self._queue.append(f"{relative}/{entry.name}" if relative else entry.name)
                 continue
-            if entry.name.startswith("."):
-                if entry.mtime_ns < temp_cutoff and relative:
+            if entry.name.startswith("."):  # a writer's temporary file, or none of the tier's
+                if fanout and entry.mtime_ns < temp_cutoff and is_temporary(relative, entry.name):
                     self._remove_temp(os.path.join(self._layout.directory(relative), entry.name))
                 continue
             if not fanout:
