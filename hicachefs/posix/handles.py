@@ -56,10 +56,6 @@ class HandleTable:
             raise FsError(errno.EBADF, "unknown file handle")
         return handle
 
-    def open_handles(self):
-        """The open handles (a view: not to be changed while iterated)."""
-        return self._handles.values()
-
     def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
         self._openers.pop(fh, None)

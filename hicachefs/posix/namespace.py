@@ -392,8 +392,8 @@ class Namespace:
         then read, and a shorter one cut the inode's size under them. None: no file is open on
         the inode (the open is then served the name's page, past the cache)."""
         open_on_it = False
-        for handle in self.handles.open_handles():
-            if isinstance(handle, PageHandle) and handle.node is node and handle.version == node.info.version:
+        for handle in node.opened:  # (its own files only: any user may open many others')
+            if handle.version == node.info.version:
                 if handle.reader is not None:
                     return handle.reader.duplicate()
                 open_on_it = True

@@ -64,6 +64,7 @@ class PageNode:
     info: PageInfo
     nlookup: int = 0
     retired: bool = False  # its name no longer leads to its version (unlinked, evicted, replaced)
+    opened: set = field(default_factory=set)  # its open files (``PageHandle``s)
 
     @property
     def name(self) -> str | None:

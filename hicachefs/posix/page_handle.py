@@ -164,6 +164,8 @@ class PageHandle:
         self.queued = False
         self.pinned_until = time.monotonic() + leases.lease_s
         leases.hold(self)
+        if node is not None:
+            node.opened.add(self)
 
     async def read(self, offset: int, size: int):
         if self.reader is None:
@@ -191,6 +193,8 @@ class PageHandle:
 
     def release(self) -> None:
         self.unpin()
+        if self.node is not None:
+            self.node.opened.discard(self)
 
     async def _find_again(self) -> PageReader:
         name = self.name if self.node is None else self.node.current_name(self.name)
