@@ -30,16 +30,37 @@ class Handle(Protocol):
     def release(self) -> None: ...
 
 
-class HandleTable:
-    """Handle numbers (the FUSE ``fh``) to handles; a number is never used twice."""
+#: Files and directories a user other than the store's own clients (root, the daemon's user)
+#: may hold open on the mount, and all of them together: each costs the daemon about a KiB
+#: (19,000 fetch handles of a plain user took it from 108 to 128 MiB), which descriptors alone
+#: bounded (a user may raise its own limit to the system's, and run many processes).
+OPEN_BY_USER, OPEN_BY_OTHERS = 16384, 65536
 
-    def __init__(self) -> None:
+
+class HandleTable:
+    """Handle numbers (the FUSE ``fh``) to handles; a number is never used twice. ``writers``:
+    the users whose open files are not counted (``OPEN_BY_USER``)."""
+
+    def __init__(self, writers: frozenset[int] = frozenset()) -> None:
         self._serials = itertools.count(1)
         self._handles: dict[int, Handle] = {}
         self._openers: dict[int, int] = {}
+        self._writers = writers
+        self._open_by: dict[int, int] = {}  # uid -> handles, of users not among ``writers``
+        self._open_by_others = 0
 
     def add(self, handle: Handle, uid: int | None = None) -> int:
-        """The handle's number; ``uid``: who opened it (``opener``), where known."""
+        """The handle's number; ``uid``: who opened it (``opener``), where known. EMFILE, the
+        handle released, when a user other than the writers holds too many."""
+        counted = uid is not None and uid not in self._writers
+        if counted:
+            mine = self._open_by.get(uid, 0)
+            if mine >= OPEN_BY_USER or self._open_by_others >= OPEN_BY_OTHERS:
+                handle.release()
+                raise FsError(errno.EMFILE, f"uid {uid} holds {mine:,} open files on the mount; a user other "
+                              f"than root and the daemon's may hold {OPEN_BY_USER:,} (all of them {OPEN_BY_OTHERS:,})")
+            self._open_by[uid] = mine + 1
+            self._open_by_others += 1
         number = next(self._serials)
         self._handles[number] = handle
         if uid is not None:
@@ -58,7 +79,14 @@ class HandleTable:
 
     def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
-        self._openers.pop(fh, None)
+        uid = self._openers.pop(fh, None)
+        if uid is not None and uid not in self._writers:
+            left = self._open_by[uid] - 1
+            if left:
+                self._open_by[uid] = left
+            else:
+                del self._open_by[uid]
+            self._open_by_others -= 1
         if handle is not None:
             handle.release()
 

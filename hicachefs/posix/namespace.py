@@ -93,7 +93,7 @@ class Namespace:
         self.tree = DirectoryTree(store, numbers)
         self.nodes = PageNodes(numbers)
         self.publishing = Publishing(store, self.tree, self.nodes, numbers, notices, temp_timeout_s, kernel_cache)
-        self.handles = HandleTable()
+        self.handles = HandleTable(writers=frozenset({0, self.uid}))
         # What pages held open (and fetch handles' pages) of users who may not change the store
         # keep pinned between them: a quarter of the RAM tier, so such a user can never keep new
         # pages out of RAM.

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
+import subprocess
 import time
 
 from hicachefs.control.exists import MAX_EXISTS_REQUEST
 from hicachefs.control.fetch import MAX_FETCH_REQUEST
+from hicachefs.posix.handles import OPEN_BY_USER
 from hicachefs_testing import attacks
 from hicachefs_testing.plain_user import COSTLY_LINE, costly_request
 from hicachefs_testing.workload import content, exists_query, publish
@@ -201,3 +204,53 @@ print(len(open({metrics!r}, "rb").read()) > 0)
     held, refusals, again = done.stdout.split("\n")[:3]
     assert int(held) < HELD_SNAPSHOTS and "ENOBUFS" in refusals, (held, refusals)
     assert again == "True"  # the share came back once they closed
+
+
+def test_open_files_a_plain_user_may_hold_are_bounded(public_mount):
+    """Every open file costs the daemon memory, which only descriptors bounded: a plain user
+    (holding exists handles, which hold no request) gets EMFILE past its number of open files,
+    root is not refused meanwhile, and the user may open again once its files are closed."""
+    exists = str(public_mount.path / ".hicachefs" / "exists")
+    script = f"""
+import errno, os, resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+each = min(hard - 16, {OPEN_BY_USER // 4 + 64})
+done_r, done_w = os.pipe()  # closed by this process: every holder lets go
+reports = []
+for _ in range(5):
+    report_r, report_w = os.pipe()
+    if os.fork() == 0:
+        os.close(done_w)
+        held, failure = [], 0
+        try:
+            while len(held) < each:
+                held.append(os.open({exists!r}, os.O_RDWR))
+        except OSError as exc:
+            failure = exc.errno
+        os.write(report_w, f"{{len(held)}} {{failure}}".encode())
+        os.read(done_r, 1)
+        os._exit(0)
+    reports.append(os.read(report_r, 100).split())
+print(sum(int(held) for held, _ in reports), sorted({{errno.errorcode.get(int(failure), "none") for _, failure in reports}}), flush=True)
+sys.stdin.readline()
+os.close(done_w)
+for _ in reports:
+    os.wait()
+os.close(os.open({exists!r}, os.O_RDWR))
+print("opened again", flush=True)
+"""
+    holder = subprocess.Popen([attacks.SYSTEM_PYTHON, "-s", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, user=attacks.NOBODY, group=attacks.NOBODY, cwd="/")
+    try:
+        held, refusals = holder.stdout.readline().split(" ", 1)
+        assert int(held) == OPEN_BY_USER and "EMFILE" in refusals, (held, refusals)
+        os.close(os.open(exists, os.O_RDWR))  # root is not counted
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "opened again"
+        assert holder.wait(timeout=60) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
