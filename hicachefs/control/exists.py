@@ -29,8 +29,10 @@ _DIGITS = bytes.maketrans(b"\x00\x01", b"01")
 #: the lines after it, up to the next such line, count a page only of N bytes (0: of any size).
 #: So a client that reads pages of one size learns that a page of another size is not one.
 SIZE_LINE = b".size "
-#: Digits of the longest size a ``.size`` line may give (a page size fits in 32 bits).
+#: Digits of the longest size a page may have (a page size fits in 32 bits); a ``.size`` line
+#: of a larger one counts no page.
 _SIZE_DIGITS = 10
+_NO_PAGE_SIZE = 1 << 32
 
 
 class ExistsHandle:
@@ -169,6 +171,7 @@ def _size_of(line: bytes, before: int | None) -> int | None:
     """The size a ``.size`` line gives (None for 0: any size); ``before`` for a line that is no
     such line (it changes nothing)."""
     digits = line[len(SIZE_LINE):]
-    if not digits.isdigit() or len(digits) > _SIZE_DIGITS:
+    if not digits.isdigit():
         return before
-    return int(digits) or None
+    digits = digits.lstrip(b"0")
+    return _NO_PAGE_SIZE if len(digits) > _SIZE_DIGITS else int(digits or b"0") or None

@@ -83,6 +83,9 @@ def test_exists_counts_a_page_only_at_the_size_a_size_line_gives(mounted):
     many = b".size 6\n" + path * 40  # past 16 lines the names are looked up together
     assert exists_raw(mounted.path, many) == b"0" * 41 + b"\n"
     assert exists_raw(mounted.path, path) == b"1\n"
+    # Leading zeros say the same size; a size no page can have (past 32 bits) counts none.
+    padded = b".size 6\n.size 00000000003\n" + path + b".size 3\n.size 12884901891\n" + path
+    assert exists_raw(mounted.path, padded) == b"001000\n"
 
 
 def test_stats_counts_pages_hits_and_misses(mounted):
