@@ -51,11 +51,13 @@ MAGIC = b"HCFSPUT1"
 _PREFIX = struct.Struct("<8sIHH")
 #: Flag: leave pages already published as they are.
 KEEP_EXISTING = 1
-#: The largest header: 4,096 pages of the longest path (a batch of SGLang's is 128 pages).
-MAX_HEADER_BYTES = 4096 * (5 * names.MAX_NAME_BYTES + 4 + 24)
+#: The most pages a batch holds, and the largest header: that many of the longest path (a batch
+#: of SGLang's is 128 pages).
+MAX_PAGES = 4096
+MAX_HEADER_BYTES = MAX_PAGES * (5 * names.MAX_NAME_BYTES + 4 + 24)
 #: Pages a write publishes before it lets other requests run (a few milliseconds of the daemon's
-#: time, as a fetch's ``PAGES_PER_TURN``): a WRITE of 1 MiB of 64-byte pages publishes some
-#: 10,000. Pages of SGLang's (64 KiB and more) never reach it.
+#: time, as a fetch's ``PAGES_PER_TURN``): a WRITE of 64-byte pages may publish a whole batch's
+#: 4,096. Pages of SGLang's (64 KiB and more) never reach it.
 PAGES_PER_TURN = 256
 
 
@@ -198,11 +200,13 @@ class IngestStream:
         self.account.hold(have + take)
         self._prefix += data[:take]
         if len(self._prefix) == _PREFIX.size:
-            magic, length, _, flags = _PREFIX.unpack(self._prefix)
+            magic, length, count, flags = _PREFIX.unpack(self._prefix)
             if magic != MAGIC:
                 raise FsError(errno.EINVAL, "not an ingest batch (bad magic)")
             if length > MAX_HEADER_BYTES:
                 raise FsError(errno.EFBIG, f"ingest header over {MAX_HEADER_BYTES} bytes")
+            if count > MAX_PAGES:  # (parsed in one go on the event loop)
+                raise FsError(errno.EFBIG, f"an ingest batch holds at most {MAX_PAGES} pages")
             self._keep_existing = bool(flags & KEEP_EXISTING)
         if len(self._prefix) >= _PREFIX.size and len(self._prefix) == _PREFIX.size + self._header_length():
             _, length, count, _ = _PREFIX.unpack_from(self._prefix)

@@ -12,7 +12,7 @@ import weakref
 import pytest
 import trio
 
-from hicachefs.control.ingest import PAGES_PER_TURN
+from hicachefs.control.ingest import MAX_PAGES, PAGES_PER_TURN
 from hicachefs.posix.errors import FsError
 from hicachefs.store import PageStore, StoreConfig
 from hicachefs_testing.workload import content, fill_writing_share
@@ -139,6 +139,16 @@ def test_a_malformed_batch_is_refused_and_publishes_nothing(mounted, ingest, pre
     assert mounted.stats()["pages"] == 0
 
 
+def test_a_batch_of_more_pages_than_a_header_may_hold_is_refused_and_publishes_nothing(mounted, ingest):
+    """A header holds at most 4,096 pages (it is parsed in one go, on the daemon's loop): one of
+    more, short paths well within the header's bytes, is refused with EFBIG."""
+    lines = b"".join(b"1 %s/k%d\n" % (POOL.encode(), i) for i in range(MAX_PAGES + 1))
+    with pytest.raises(OSError) as info:
+        os.pwrite(ingest, struct.pack("<8sIHH", b"HCFSPUT1", len(lines), MAX_PAGES + 1, 0) + lines, 0)
+    assert info.value.errno == errno.EFBIG
+    assert mounted.stats()["pages"] == 0
+
+
 def test_writes_must_continue_the_batch(mounted, ingest):
     (path, data), = pages(1, 4096)
     header = f"{len(data)} {path}\n".encode()
@@ -219,12 +229,12 @@ def test_a_failed_batch_does_not_keep_the_write_that_failed():
 
 
 def test_a_write_of_many_small_pages_lets_other_requests_run():
-    """A WRITE of 1 MiB of 64-byte pages publishes some 10,000 of them: it did so without letting
-    the daemon's one thread answer any other request meanwhile (a fetch lets them run every
-    ``PAGES_PER_TURN`` pages)."""
+    """A WRITE of a batch's most pages, 64 bytes each, publishes 4,096 of them: it did so without
+    letting the daemon's one thread answer any other request meanwhile (a fetch lets them run
+    every ``PAGES_PER_TURN`` pages)."""
     store = PageStore(StoreConfig(memory_bytes=64 << 20))
     handle = Alone(store).open_control(b"ingest")
-    count = 8192
+    count = MAX_PAGES
     header = b"".join(b"64 m/f/tp0of1/kv/k%05d\n" % i for i in range(count))
     data = struct.pack("<8sIHH", b"HCFSPUT1", len(header), count, 0) + header + bytes(64 * count)
     published_when_another_ran = []
