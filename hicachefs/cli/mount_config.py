@@ -16,6 +16,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -289,12 +290,23 @@ def _check_temp_timeout(seconds: float) -> None:
 
 
 def _check_log_file(path: str, given: str | None) -> None:
-    """The background daemon logs to ``path``: one it cannot append to fails here, in one line."""
+    """The background daemon logs to ``path``: one it cannot append to fails here, in one line;
+    so do a FIFO or socket (opening one waits for a reader, for good) and a place in another
+    hicachefs mount (the file would become a page there, and could not be appended to)."""
+    where = f"--log-file {given}" if given else f"the log file {path}"
     try:
-        with open(path, "ab"):
-            pass
+        if mount_table.type_holding(os.path.dirname(os.path.abspath(path))) == mount_table.FSTYPE:
+            raise UsageError(f"{where} is inside a hicachefs mount: its files are pages")
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
     except OSError as exc:
-        where = f"--log-file {given}" if given else f"the log file {path}"
+        raise UsageError(f"{where}: cannot write there ({exc.strerror})") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+        raise UsageError(f"{where} is not a file (a FIFO, socket or directory)")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644))
+    except OSError as exc:
         raise UsageError(f"{where}: cannot write there ({exc.strerror})") from None
 
 

@@ -161,6 +161,29 @@ def test_a_log_file_inside_the_mountpoint_is_refused(tmp_path):
     assert list(mountpoint.iterdir()) == []
 
 
+@pytest.mark.parametrize("kind", ["a FIFO", "a directory", "a file in another hicachefs mount"])
+def test_a_log_file_the_daemon_could_not_append_to_is_refused_in_one_line(tmp_path, mounted, kind):
+    """Opening a FIFO waits for a reader: mount hung for good, saying nothing; a file in another
+    hicachefs mount became an empty page there and mount ended in a traceback."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    if kind == "a FIFO":
+        log = tmp_path / "fifo"
+        os.mkfifo(log)
+    elif kind == "a directory":
+        log = tmp_path / "dir"
+        log.mkdir()
+    else:
+        log = mounted.page_dir() / "daemon-log"
+    result = hicachefs("mount", str(mountpoint), "--memory", "32M", "--log-file", str(log))
+    was_mounted = mounting.is_mounted(mountpoint)
+    mounting.stop_if_mounted(mountpoint)
+    assert result.returncode == 2 and not was_mounted, result.stdout + result.stderr
+    assert "--log-file" in result.stderr and result.stderr.count("\n") == 1
+    if kind == "a file in another hicachefs mount":
+        assert not log.exists() and mounted.stats()["pages"] == 0
+
+
 def _daemon_of(pid: int, timeout: float) -> int:
     """The daemon that ``hicachefs mount`` (process ``pid``) started, waited for."""
     children = Path(f"/proc/{pid}/task/{pid}/children")
