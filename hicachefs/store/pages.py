@@ -148,6 +148,10 @@ class Draft:
         return self._offset
 
 
+def _private_copy() -> None:
+    """The release of a reader's private copy: nothing to do."""
+
+
 class PageReader:
     """An open page: reads return views of bytes pinned until ``close`` (no copy for RAM pages).
     Safe to read from several threads; close once (later closes do nothing)."""
@@ -156,13 +160,14 @@ class PageReader:
 
     def __init__(self, info: PageInfo, meta: PageMeta, view: memoryview,
                  release: Callable[[], None] | None, in_ram: bool = False) -> None:
-        """``in_ram``: the reader was served from the RAM tier (a read is a memory copy)."""
+        """``release``: what lets go of the bytes (None: a private copy, which goes with its last
+        reference); ``in_ram``: the reader was served from the RAM tier (a read is a memory copy)."""
         self.info = info
         self.in_ram = in_ram
         self.meta = meta
         self.size = info.size
         self._view = view
-        self._release = release
+        self._release = _private_copy if release is None else release  # None once closed
 
     def read(self, offset: int, size: int) -> memoryview | bytes:
         if offset >= self.size or size <= 0:

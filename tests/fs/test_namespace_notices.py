@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from hicachefs.posix.errors import FsError
-from namespace_alone import alone
+from namespace_alone import POOL, alone, settled
 
 
 @pytest.fixture
@@ -57,6 +57,29 @@ def test_the_second_try_of_an_open_that_raced_a_replace_opens_what_the_name_hold
     with pytest.raises(FsError) as info:  # only that one open: any other is stale as before
         ns.ns.open(second, os.O_RDONLY, pid=pid)
     assert info.value.errno == errno.ESTALE
+
+
+def test_the_second_try_shares_the_page_an_open_file_read_from_the_disk_tier(tmp_path):
+    """An open file whose page came from the disk tier holds a private copy of it: the second
+    try of an open of its inode, once the page is replaced, shares that copy (it failed with an
+    internal error: a private copy could not be shared)."""
+    made = alone(tmp_path)
+    try:
+        old = made.publish(b"k", b"A" * (1 << 20))
+        for i in range(20):  # the RAM tier (16 MiB) sends it down to the disk
+            made.publish(b"f%d" % i, bytes(1 << 20))
+        assert made.store.info("/".join(POOL) + "/k").tier == "disk"
+        holder = settled(made.ns.open(old, os.O_RDONLY, pid=1))
+        made.publish(b"k", b"B" * 4096)
+        with pytest.raises(FsError) as info:
+            made.ns.open(old, os.O_RDONLY, pid=2)
+        assert info.value.errno == errno.ESTALE
+        again = settled(made.ns.open(old, os.O_RDONLY, pid=2))  # the kernel's second try lands on it again
+        assert bytes(trio.run(again.read, 0, 1 << 21)) == b"A" * (1 << 20)
+        again.release()
+        holder.release()
+    finally:
+        made.store.close()
 
 
 def test_without_the_kernel_cache_nothing_is_pushed_and_nothing_is_cacheable():
