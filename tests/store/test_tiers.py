@@ -35,6 +35,24 @@ def test_a_freed_slab_goes_to_the_size_that_needs_it(make_store):
     assert store.statistics().tier("memory").evictions == 256
 
 
+def test_the_first_page_of_a_new_size_empties_one_slab_not_the_tier(make_store):
+    """RAM full of 64 KiB pages read in no order of their slabs: a 1 MiB page needs a whole slab,
+    and evicting in LRU order across sizes until one happened to empty took out 1,005 of the
+    1,024 pages. One slab's pages go, that of the least recently used page."""
+    store = make_store(memory=64 * MiB, max_page_size=8 * MiB)
+    names = [page_name(i) for i in range(1024)]
+    for i, name in enumerate(names):
+        store.put(name, content(i, 64 * KiB))
+    order = names[:]
+    random.Random(1).shuffle(order)
+    for name in order:
+        read_all(store, name)
+    store.put(page_name(5000), content(5000, 1 * MiB))
+    assert store.statistics().tier("memory").evictions == 128  # one slab of 8 MiB
+    assert store.info(order[0]) is None  # the least recently used page's slab
+    assert read_all(store, page_name(5000)) == content(5000, 1 * MiB)
+
+
 def test_a_slot_no_eviction_can_free_evicts_nothing(make_store):
     """A page of a new size needs a whole slab; with a reader in every slab none can empty.
     The reserve evicted every other page of the RAM tier on its way to failing (with a disk

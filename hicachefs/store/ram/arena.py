@@ -167,6 +167,15 @@ class Arena:
         return any(slab.held == 0 or (slab.slot_size == slot_size and slab.held < slab.used)
                    for slab in self._slabs.values())
 
+    def slab_if_free_to_empty(self, offset: int) -> tuple[int, int, int] | None:
+        """[start, end) of the used slot's slab and its pages, when no slot of it is held
+        (evicting its pages empties it for any size); else None."""
+        number = offset // self.slab_bytes
+        slab = self._slabs[number]
+        if slab.held:
+            return None
+        return number * self.slab_bytes, (number + 1) * self.slab_bytes, slab.used
+
     def hold(self, offset: int) -> None:
         """The used slot's page may not be evicted now (a reader holds it, or it left its name)."""
         self._slabs[offset // self.slab_bytes].held += 1

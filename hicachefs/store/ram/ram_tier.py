@@ -93,6 +93,9 @@ class RamTier(TopTier):
         """Whether evicting every page no reader pins would free a slot for ``size`` bytes."""
         return self.arena.frees_room(size)
 
+    def slab_if_free_to_empty(self, slot: int) -> tuple[int, int, int] | None:
+        return self.arena.slab_if_free_to_empty(slot)
+
     def view(self, offset: int, size: int) -> memoryview:
         return self.arena.view[offset : offset + size]
 
