@@ -615,17 +615,22 @@ class Plane:
                     return
 
     def close(self) -> None:
+        """Send what is under way, then let go of everything. The senders go first: a commit a
+        batch handed them is sent before its handle is closed (closed first, with the batch's
+        slots still its own, the handle gave them back unpublished, its call told True); a
+        batch that finds them gone sends its own."""
+        with self._lock:
+            senders, self._senders, self._closed = self._senders, None, True
+        if senders is not None:
+            senders.shutdown(wait=True)
         self.settle()
         self.reports.send_now()
         self.handles.close()
         with self._lock:
-            senders, self._senders, self._closed = self._senders, None, True
             self._attachment = None
             arena_map, self._arena_map = self._arena_map, None
         if arena_map is not None:
             arena_map.stop()
-        if senders is not None:
-            senders.shutdown(wait=True)
 
 
 def _idle(handle: ControlHandle) -> bool:
