@@ -302,8 +302,8 @@ def _check_log_file(path: str, given: str | None) -> None:
         mode = stat.S_IFREG
     except OSError as exc:
         raise UsageError(f"{where}: cannot write there ({exc.strerror})") from None
-    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
-        raise UsageError(f"{where} is not a file (a FIFO, socket or directory)")
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        raise UsageError(f"{where} is a FIFO or socket, not a file")
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644))
     except OSError as exc:
