@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -98,7 +99,16 @@ class Namespace:
         # keep pinned between them: a quarter of the RAM tier, so such a user can never keep new
         # pages out of RAM.
         self.leases = Leases(pins=store.budget.share("pins"), pins_of_others=store.budget.share("pins_of_others"))
+        self._loop_thread = threading.get_ident()  # the one the leases live on
+        store.on_pinned_full(self._pins_of_others_give_way)
         self.racing = RacingOpens()
+
+    def _pins_of_others_give_way(self) -> bool:
+        """The pins of users who may not change the store let go when a writer finds RAM pinned:
+        a plain user reading one small page in each slab held them all, and no page of another
+        size found a slot (ENOSPC with no disk tier) while it read. On the event loop only, where
+        the leases live (a writer on another thread goes another way, as before)."""
+        return threading.get_ident() == self._loop_thread and self.leases.let_bounded_go() > 0
 
     # ---- who may change what -----------------------------------------------------------
 

@@ -12,7 +12,9 @@ no user can hold the RAM tier by holding files open.
 Nor by reading them: reads that reach the daemon (``O_DIRECT`` ones do) renew a lease, so all
 handles hold at most the RAM budget's ``pins`` share pinned between them, and those of users who
 may not change the store (``bounded``) at most its ``pins_of_others``; past that, the ones read
-least recently let their pins go at once. Their
+least recently let their pins go at once, and the bounded ones all do when a writer finds no
+RAM slot for want of them (``let_bounded_go``: a pinned slot keeps its whole slab from serving
+another size, so a few small pins could hold every slab). Their
 pages are then demoted or evicted as any (to the disk tier, when there is one, where their next
 reads find them), and new pages find room in RAM.
 
@@ -89,6 +91,14 @@ class Leases:
         self._all.released(handle)
         self._bounded.released(handle)
 
+    def let_bounded_go(self) -> int:
+        """Unpin every bounded handle (a writer needs the room their pins hold); how many. Their
+        next reads find their versions again, as after a lease."""
+        handles = list(self._bounded.handles())
+        for handle in handles:
+            handle.unpin()
+        return len(handles)
+
     @property
     def bounded_held(self) -> int:
         """Bytes the bounded handles hold pinned now."""
@@ -133,6 +143,10 @@ class _Holders:
     def released(self, handle: Leased) -> None:
         if self._order.pop(handle, False) is None:
             self._count(-handle.size)
+
+    def handles(self):
+        """The handles holding pins against the share (a view: not to be changed while iterated)."""
+        return self._order.keys()
 
     def _count(self, size: int) -> None:
         self.held += size

@@ -121,6 +121,7 @@ class PageStore:
         self._index = PageIndex(tiers=len(self._tiers), described=self._described(),
                                 capacity=min(max(config.memory_bytes // _INDEX_PAGE_BYTES, 1024), 1 << 20))
         self._listeners: list[GoneListener] = []
+        self._give_way: list[Callable[[], bool]] = []  # pins that let go for a writer (``on_pinned_full``)
         self._gone: list[Gone] = []
         self._gone_report = _GoneReport(self)  # holds no state of its own: one serves every operation
         self._found: OrderedDict[str, PageMeta] = OrderedDict()
@@ -162,6 +163,12 @@ class PageStore:
         call the store."""
         self._listeners.append(listener)
 
+    def on_pinned_full(self, give_way: Callable[[], bool]) -> None:
+        """``give_way()`` is asked when readers' pins leave RAM no slot for a new page (each
+        pinned slot keeps its whole slab from serving another size): it lets go of the pins that
+        may give way to a writer, whether it let go of any. Called without the store's lock."""
+        self._give_way.append(give_way)
+
     def merged(self, pieces: list) -> list:
         """A read's pieces with those that lie end to end in RAM made one (``Arena.merged``)."""
         return self._ram.merged(pieces)
@@ -185,14 +192,24 @@ class PageStore:
                 raise StoreFull(f"page of {size} bytes fits neither a RAM slab nor a lower tier")
             return Draft(None, size, memoryview(bytearray(size)))
         try:
-            with self._lock, self._reporting():
-                offset = self._make_room(size)
+            offset = self._room_for(size)
         except StoreFull:
             if not self._lower_fits(size):
                 raise
             # RAM is held by readers and drafts: the page goes to a lower tier instead.
             return Draft(None, size, memoryview(bytearray(size)))
         return Draft(offset, size, self._ram.view(offset, size))
+
+    def _room_for(self, size: int) -> int:
+        """``_make_room``, tried once more after the pins that may give way let go (``on_pinned_full``)."""
+        try:
+            with self._lock, self._reporting():
+                return self._make_room(size)
+        except StoreFull:
+            if not any([give_way() for give_way in self._give_way]):
+                raise
+        with self._lock, self._reporting():
+            return self._make_room(size)
 
     def _lower_fits(self, size: int) -> bool:
         """Whether a lower tier can ever take a page of ``size`` bytes (asked only where RAM

@@ -98,6 +98,34 @@ def test_a_plain_user_holding_and_reading_every_new_page_keeps_no_new_page_out_o
     assert stats["tiers"]["disk"]["pages"] > 0 and "ENOSPC" not in stats["errors"]
 
 
+def test_a_plain_user_reading_a_small_page_in_every_slab_keeps_no_page_of_another_size_out_of_ram(
+        public_mount_factory, tmp_path):
+    """Each pinned slot keeps its whole slab (an eighth of RAM) from serving another size: a plain
+    user reading one 64 KiB page in each slab, 512 KiB of its share, held them all, and root's
+    1 MiB pages found no slot (ENOSPC with no disk tier). Its pins give way to a writer now; its
+    reads find its pages again (on the disk tier)."""
+    mount = public_mount_factory("--memory", "16M", "--disk", str(tmp_path / "disk"), "--disk-size", "256M")
+    pool = mount.page_dir()
+    small = {f"s{i}": content(f"s{i}", 64 << 10) for i in range(256)}  # 16 MiB: every slab, 32 pages each
+    for key, data in small.items():
+        publish(pool, key, data)
+    holder = start_holder(pool)
+    try:
+        assert ask(holder, "open " + " ".join(f"s{i}" for i in range(0, 256, 32))) == "ok"  # one in each slab
+        big = {f"b{i}": content(f"b{i}", MiB) for i in range(4)}
+        tiers = []
+        for key, data in big.items():
+            publish(pool, key, data)
+            tiers.append(os.getxattr(pool / key, "user.hicachefs.tier"))
+            assert ask(holder, "renew") == "ok"  # it keeps reading
+        sums = json.loads(ask(holder, "check"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tiers == [b"memory"] * 4  # before: all four went to the disk tier (ENOSPC with none)
+    assert sums == {f"s{i}": hashlib.sha256(small[f"s{i}"]).hexdigest() for i in range(0, 256, 32)}
+
+
 def test_a_held_page_replaced_and_then_let_go_reads_eio_never_the_new_page(public_mount_factory):
     mount = public_mount_factory("--memory", "64M")  # the holder may pin 16 MiB
     pool = mount.page_dir()
