@@ -187,10 +187,6 @@ class Operations(pyfuse3.Operations):
         return await self.requests.write(fh, off, buf)
 
     @_replying
-    async def flush(self, fh):
-        await self.requests.flush(fh)
-
-    @_replying
     async def release(self, fh):
         await self.requests.release(fh)
 

@@ -125,14 +125,6 @@ class PendingHandle:
             raise FsError(errno.EPERM, "the file was published or discarded; pages are immutable")
         return self.pending.write(offset, data)
 
-    def flush(self) -> None:
-        """close(2) of a descriptor: a file being written under its key is published at its last
-        writer's release, which cannot fail a call; the room its bytes need is had now, so that
-        a store with none fails this close (ENOSPC) and nothing is published."""
-        pending = self.pending
-        if self.writing and pending.visible and not pending.gone:
-            pending.hold_room()
-
     def release(self) -> None:
         self._closed(self.pending, self.writing)
 

@@ -199,22 +199,6 @@ class PendingFile:
             return b""
         return bytes(self._content()[offset:end])
 
-    def hold_room(self) -> None:
-        """Hold this file's bytes in a draft of their size now (copied out of the staging buffer):
-        a writer's close then learns that the store has no room for them (ENOSPC), where the
-        publish at its release could tell nobody. A file with no room fails, as a failed write."""
-        self._changing(self._into_draft)
-
-    def _into_draft(self) -> None:
-        if not self.size or (self.draft is not None and self.draft.size == self.size):
-            return
-        draft = self._reserve(self.size)
-        draft.write(0, self._content()[: self.size])
-        if self.draft is not None:
-            self.store.abandon(self.draft)
-        self.draft, self.staging = draft, None
-        self._settle()
-
     def filled_draft(self) -> Draft:
         """Hand over a draft holding exactly this file's bytes (copied if it is elsewhere)."""
         if self.draft is not None and self.draft.size == self.size:

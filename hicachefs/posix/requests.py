@@ -22,7 +22,6 @@ import trio
 
 from ..store import NeedsIO, StoreError
 from .errors import FsError, errno_of
-from .handles import PendingHandle
 from .listing import Describe
 from .namespace import Namespace, Room
 from .nodes import Stat
@@ -213,12 +212,6 @@ class Requests:
 
     def handle(self, fh: int):
         return self.namespace.handles.get(fh)
-
-    async def flush(self, fh: int) -> None:
-        """close(2) of a descriptor (``PendingHandle.flush``); nothing for any other handle."""
-        handle = self.namespace.handles.get(fh)
-        if isinstance(handle, PendingHandle):
-            handle.flush()
 
     async def release(self, fh: int) -> None:
         self.namespace.handles.release(fh)

@@ -141,32 +141,6 @@ def test_file_created_under_key_is_published_at_close(mounted):
         open(pool / "direct", "wb")
 
 
-def test_a_file_created_under_key_that_no_tier_has_room_for_fails_its_close(mount_factory):
-    """Written with no size announced, its bytes wait in a buffer, and the store's room for them
-    was asked for only at the publish of its release, which can tell nobody: write and close
-    succeeded and the page was never published. Now its close fails with ENOSPC (publishing
-    nothing), and it goes through once there is room."""
-    mount = mount_factory("--memory", "64M")  # 8 RAM slabs, no disk tier
-    pool = mount.page_dir()
-    holders = []
-    for i, size in enumerate([1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000]):
-        holders.append(os.open(pool / f".hold{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        os.ftruncate(holders[-1], size)  # a file being written of another slot size in every slab
-    data = content(9, 300000)
-    fd = os.open(pool / "direct", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # as cp writes
-    assert os.write(fd, data) == len(data)
-    with pytest.raises(OSError) as info:
-        os.close(fd)
-    assert info.value.errno == errno.ENOSPC
-    wait_until(lambda: not (pool / "direct").exists())  # discarded at its release, which follows the close
-    for holder in holders:
-        os.close(holder)
-        os.unlink(pool / f".hold{holders.index(holder)}")
-    with open(pool / "direct", "wb") as f:
-        f.write(data)
-    assert read_page(pool / "direct") == data
-
-
 def test_page_over_max_page_size_is_refused_with_efbig(mount_factory):
     mount = mount_factory("--memory", "64M", "--max-page-size", "1M")
     pool = mount.page_dir()
