@@ -148,8 +148,9 @@ class Draft:
         return self._offset
 
 
-def _private_copy() -> None:
-    """The release of a reader's private copy: nothing to do."""
+def release_private() -> None:
+    """The release of private memory (a reader's copy, a staging buffer): nothing to do, it goes
+    with its last reference."""
 
 
 class PageReader:
@@ -167,7 +168,7 @@ class PageReader:
         self.meta = meta
         self.size = info.size
         self._view = view
-        self._release = _private_copy if release is None else release  # None once closed
+        self._release = release_private if release is None else release  # None once closed
 
     def read(self, offset: int, size: int) -> memoryview | bytes:
         if offset >= self.size or size <= 0:

@@ -54,7 +54,8 @@ from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageT
 from hicachefs.store.fetch_ahead import FetchAhead, FetchAheadStatistics
 from hicachefs.store.index import PageColumns, PageIndex
 from hicachefs.store.index_memory import Described
-from hicachefs.store.pages import Draft, NeedsIO, PageInfo, PageMeta, PageReader, checksum_text, page_checksum
+from hicachefs.store.pages import (Draft, NeedsIO, PageInfo, PageMeta, PageReader, checksum_text, page_checksum,
+                                   release_private)
 from hicachefs.store.statistics import StoreStatistics, TierStatistics, summed
 from hicachefs.typed_stats import part
 from hicachefs.store.tier import ReadResult, RecoveryListener, Tier, TopTier
@@ -290,7 +291,7 @@ class PageStore:
             # What each named tier writes behind: the RAM slot, pinned until written; a page staged
             # in private memory offers that memory, which nobody else holds or changes.
             offered = ([(copy.view(), copy.close) for copy in (self._pinned_reader(row, slot) for _ in self._named)]
-                       if slot is not None else [(draft.buffer, _nothing) for _ in self._named])
+                       if slot is not None else [(draft.buffer, release_private) for _ in self._named])
         for tier, (payload, release) in zip(self._named, offered):  # outside the lock: a refused offer releases at once
             tier.offer(page, payload, release)
         return page, RAM if slot is not None else lower[0]
@@ -1214,10 +1215,6 @@ class PageStore:
 
     def _reporting(self) -> _GoneReport:
         return self._gone_report
-
-
-def _nothing() -> None:
-    """The release of a private staging buffer: it goes with its last reference."""
 
 
 def _with_pages(facts: TierStatistics, pages: int) -> TierStatistics:

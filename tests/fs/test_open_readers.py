@@ -183,6 +183,15 @@ def test_opens_racing_replaces_of_their_name_find_one_whole_version(mounted):
     assert sum(c["whole"] for c in counts) == opens
 
 
+def ingest_one(mounted, key: str, data: bytes) -> None:
+    """Replace the page ``key`` of the pool through ``.hicachefs/ingest``."""
+    ingest = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
+    try:
+        assert ingest_batch(ingest, [(f"{POOL}/{key}", data)]) > 0
+    finally:
+        os.close(ingest)
+
+
 @pytest.mark.parametrize("how", ["rename", "ingest", "rm"])
 def test_a_reopen_of_a_replaced_pages_open_file_reads_that_files_own_page(mounted, how):
     """``/proc/self/fd/N`` opens the inode of an open file again: the kernel's second try lands
@@ -198,11 +207,7 @@ def test_a_reopen_of_a_replaced_pages_open_file_reads_that_files_own_page(mounte
         if how == "rename":
             publish(pool, "k", new)
         elif how == "ingest":
-            ingest = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
-            try:
-                assert ingest_batch(ingest, [(f"{POOL}/k", new)]) > 0
-            finally:
-                os.close(ingest)
+            ingest_one(mounted, "k", new)
         else:
             os.unlink(pool / "k")
         again = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
@@ -234,11 +239,7 @@ def test_a_reopen_after_the_open_files_pin_ended_never_puts_the_new_page_under_i
     try:
         assert read_through(fd, MiB) == old
         time.sleep(PIN_LEASE_S + 1)
-        ingest = os.open(mounted.path / ".hicachefs" / "ingest", os.O_RDWR)
-        try:
-            assert ingest_batch(ingest, [(f"{POOL}/k", new)]) > 0
-        finally:
-            os.close(ingest)
+        ingest_one(mounted, "k", new)
         try:
             again = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
         except OSError as exc:

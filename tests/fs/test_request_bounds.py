@@ -165,35 +165,42 @@ HELD_SNAPSHOTS = 20_000
 SNAPSHOT_HOLDERS = 8
 
 
-def test_snapshot_handles_a_plain_user_holds_open_are_refused_past_its_share(public_mount):
-    """``stats``, ``metrics`` and ``config`` are rendered at open and kept until close: a plain
-    user holding them open by the thousand grew the daemon without bound. They count against
-    the user's share of the request files' memory: an open past it fails with ENOBUFS, and the
-    share comes back when they close."""
-    metrics = str(public_mount.path / ".hicachefs" / "metrics")
-    script = f"""
-import errno, os, resource
+def holding(path: str, flags: str, holders: int, each: int) -> str:
+    """Python source, to run as a plain user: ``holders`` processes each open ``path`` (``flags``)
+    up to ``each`` times or until refused, and hold what they opened until the source closes
+    ``done_w``; it prints one line: the handles held and the errors that stopped them."""
+    return f"""
+import errno, os, resource, sys
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-each = min(hard - 16, {HELD_SNAPSHOTS // SNAPSHOT_HOLDERS})
-done_r, done_w = os.pipe()  # closed by the parent (or its end): every holder lets go
+each = min(hard - 16, {each})
+done_r, done_w = os.pipe()  # closed by this process (or its end): every holder lets go
 reports = []
-for _ in range({SNAPSHOT_HOLDERS}):
+for _ in range({holders}):
     report_r, report_w = os.pipe()
     if os.fork() == 0:
         os.close(done_w)
         held, failure = [], 0
         try:
             while len(held) < each:
-                held.append(os.open({metrics!r}, os.O_RDONLY))
+                held.append(os.open({path!r}, {flags}))
         except OSError as exc:
             failure = exc.errno
         os.write(report_w, f"{{len(held)}} {{failure}}".encode())
         os.read(done_r, 1)
         os._exit(0)
     reports.append(os.read(report_r, 100).split())
-print(sum(int(held) for held, _ in reports))
-print(sorted({{errno.errorcode.get(int(failure), "none") for _, failure in reports}}))
+print(sum(int(held) for held, _ in reports), sorted({{errno.errorcode.get(int(failure), "none") for _, failure in reports}}), flush=True)
+"""
+
+
+def test_snapshot_handles_a_plain_user_holds_open_are_refused_past_its_share(public_mount):
+    """``stats``, ``metrics`` and ``config`` are rendered at open and kept until close: a plain
+    user holding them open by the thousand grew the daemon without bound. They count against
+    the user's share of the request files' memory: an open past it fails with ENOBUFS, and the
+    share comes back when they close."""
+    metrics = str(public_mount.path / ".hicachefs" / "metrics")
+    script = holding(metrics, "os.O_RDONLY", SNAPSHOT_HOLDERS, HELD_SNAPSHOTS // SNAPSHOT_HOLDERS) + f"""
 os.close(done_w)
 for _ in reports:
     os.wait()
@@ -201,7 +208,8 @@ print(len(open({metrics!r}, "rb").read()) > 0)
 """
     done = attacks.run_script(script, timeout=240)
     assert done.returncode == 0, done.stderr
-    held, refusals, again = done.stdout.split("\n")[:3]
+    counts, again = done.stdout.split("\n")[:2]
+    held, refusals = counts.split(" ", 1)
     assert int(held) < HELD_SNAPSHOTS and "ENOBUFS" in refusals, (held, refusals)
     assert again == "True"  # the share came back once they closed
 
@@ -211,28 +219,7 @@ def test_open_files_a_plain_user_may_hold_are_bounded(public_mount):
     (holding exists handles, which hold no request) gets EMFILE past its number of open files,
     root is not refused meanwhile, and the user may open again once its files are closed."""
     exists = str(public_mount.path / ".hicachefs" / "exists")
-    script = f"""
-import errno, os, resource, sys
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-each = min(hard - 16, {OPEN_BY_USER // 4 + 64})
-done_r, done_w = os.pipe()  # closed by this process: every holder lets go
-reports = []
-for _ in range(5):
-    report_r, report_w = os.pipe()
-    if os.fork() == 0:
-        os.close(done_w)
-        held, failure = [], 0
-        try:
-            while len(held) < each:
-                held.append(os.open({exists!r}, os.O_RDWR))
-        except OSError as exc:
-            failure = exc.errno
-        os.write(report_w, f"{{len(held)}} {{failure}}".encode())
-        os.read(done_r, 1)
-        os._exit(0)
-    reports.append(os.read(report_r, 100).split())
-print(sum(int(held) for held, _ in reports), sorted({{errno.errorcode.get(int(failure), "none") for _, failure in reports}}), flush=True)
+    script = holding(exists, "os.O_RDWR", 5, OPEN_BY_USER // 4 + 64) + f"""
 sys.stdin.readline()
 os.close(done_w)
 for _ in reports:
