@@ -44,7 +44,7 @@ import time
 
 import trio
 
-from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
+from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore, PrivateReadsFull
 from ..posix.errors import FsError
 from ..posix.page_handle import Leases
 from .lines import PARSED_LINE_BYTES, size_and_path
@@ -266,7 +266,7 @@ class FetchHandle:
     async def _open_slowly(self, needs: NeedsIO, size: int) -> PageReader | None:
         try:
             reader = await trio.to_thread.run_sync(needs.work)
-        except (PageNotFound, PageCorrupt, DeviceError):
+        except (PageNotFound, PageCorrupt, DeviceError, PrivateReadsFull):
             return None
         return self._checked(reader, size)
 

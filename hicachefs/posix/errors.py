@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 
-from ..store import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
+from ..store import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, PrivateReadsFull, StoreError, StoreFull
 
 _STORE_ERRNO = {
     PageTooLarge: errno.EFBIG,
@@ -12,6 +12,7 @@ _STORE_ERRNO = {
     PageCorrupt: errno.EIO,
     DeviceError: errno.EIO,
     PageNotFound: errno.ENOENT,
+    PrivateReadsFull: errno.ENOBUFS,
 }
 
 

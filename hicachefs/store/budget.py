@@ -13,7 +13,10 @@ The shares (``SHARES``), each a fraction of ``--memory``:
   ``pins_of_others`` (users other than root and the daemon's) 1/8;
 - ``kernel_pushes``: new pages queued for the kernel's page cache (pinned until pushed), 1/16;
 - ``write_behind``: pages queued to be copied to the shared tier, 1/8 (at most 1 GiB).
-Those that are not inside another add up to 14/16 of the tier.
+Those that are not inside another add up to 14/16 of the tier. Beside the tier, not in it:
+- ``private_reads``: pages read from a lower tier into a reader's own memory (a first read from
+  the disk tier, or no RAM slot to spare), 1/8, at least two of the largest pages
+  (``private_reads.PrivateReads``).
 
 Each holder takes and gives back through its ``Share``, and refuses (ENOSPC, ENOBUFS) or lets
 go (pins) past it, as its module says; ``statistics`` shows every share's limit and what it
@@ -28,6 +31,8 @@ from dataclasses import dataclass, field
 
 from hicachefs.typed_stats import level
 
+#: A share of the daemon's memory beside the RAM tier, not in it.
+BESIDE = "beside the tier"
 #: Each share's fraction of ``--memory``, and the share it is part of (None: of the tier).
 SHARES = {
     "writing": (1 / 2, None),
@@ -36,6 +41,7 @@ SHARES = {
     "pins_of_others": (1 / 8, "pins"),
     "kernel_pushes": (1 / 16, None),
     "write_behind": (1 / 8, None),
+    "private_reads": (1 / 8, BESIDE),
 }
 #: The write-behind queue's most, whatever the tier: seconds of the shared filesystem's writes.
 MAX_WRITE_BEHIND = 1 << 30
@@ -89,6 +95,8 @@ class RamBudget:
         # At most 1 GiB (seconds of a shared filesystem's writes), unless a RAM page is larger
         # (RAM pages are at most a slab, an eighth of the tier: one always fits the share).
         limits["write_behind"] = min(limits["write_behind"], max(MAX_WRITE_BEHIND, max_page_size))
+        # Room for a reader holding a page and another reading one, whatever the tier.
+        limits["private_reads"] = max(limits["private_reads"], 2 * max_page_size)
         self._shares = {name: Share(name, limit) for name, limit in limits.items()}
         assert sum(f for f, within in SHARES.values() if within is None) <= 1
 

@@ -15,6 +15,11 @@ class StoreFull(StoreError):
     by readers and drafts (ENOSPC). The store stays usable."""
 
 
+class PrivateReadsFull(StoreError):
+    """Raised by open when the pages being read into readers' own memory (``private_reads``)
+    fill their share and none was let go in time (ENOBUFS: try again)."""
+
+
 class PageCorrupt(StoreError):
     """Raised by open when a page's bytes on the SSD tier fail their checksum. The page has
     already been dropped and the failure counted in statistics (EIO)."""

@@ -56,6 +56,7 @@ from hicachefs.store.index import PageColumns, PageIndex
 from hicachefs.store.index_memory import Described
 from hicachefs.store.pages import (Draft, NeedsIO, PageInfo, PageMeta, PageReader, checksum_text, page_checksum,
                                    release_private)
+from hicachefs.store.private_reads import PrivateReads
 from hicachefs.store.statistics import StoreStatistics, TierStatistics, summed
 from hicachefs.typed_stats import part
 from hicachefs.store.tier import ReadResult, RecoveryListener, Tier, TopTier
@@ -112,6 +113,7 @@ class PageStore:
         #: tier's write-behind here, the namespace's files being written and pins, the kernel's
         #: pushes and the data plane's reservations in the daemon.
         self.budget = RamBudget(config.memory_bytes, config.max_page_size)
+        self._private = PrivateReads(self.budget.share("private_reads"))
         chain = tiers if tiers is not None else build_chain(config, self.budget, disk_device=disk_device,
                                                             shared_device=shared_device)
         if not isinstance(chain[0], TopTier):
@@ -783,13 +785,20 @@ class PageStore:
         """Read and check a page an indexed tier below RAM holds, into ``slot`` (a promotion)
         or private memory; None when it changed meanwhile (look again). ``counted``: the read
         is a hit of the page's (not a promotion of the store's own)."""
-        buffer = self._ram.view(slot, page.size) if slot is not None else memoryview(bytearray(page.size))
+        if slot is not None:
+            buffer, release = self._ram.view(slot, page.size), self._unpinner(slot)
+        else:
+            buffer, release = self._private.buffer(page.size)
         try:
             result = tier.read_into(page, location, buffer, counted)
-        except OSError as exc:
+        except BaseException as exc:
             if slot is not None:
                 self._give_back(slot)
-            raise DeviceError(f"{name}: the {tier.name} tier failed to read it: {exc}") from exc
+            else:
+                release()
+            if isinstance(exc, OSError):
+                raise DeviceError(f"{name}: the {tier.name} tier failed to read it: {exc}") from exc
+            raise
         with self._lock, self._reporting():
             row = self._index.find(name)
             unchanged = row >= 0 and self._index.loc[row, position] == location and self._index.checksum[row] == page.checksum
@@ -797,18 +806,18 @@ class PageStore:
                 if unchanged:
                     self._index.hits[row] += counted
                     info = self._info(row)
-                release = None
                 if slot is not None:
                     if unchanged and self._index.loc[row, RAM] < 0:
                         self._locate(row, RAM, slot)
                         self._ram.admit(row, slot, page.size, promoted=True)
                     else:  # a private copy for this reader only
                         self._ram.retire(slot)
-                    release = self._unpinner(slot)
                 return PageReader(info, page, buffer, release)
             if slot is not None:
                 self._ram.retire(slot)
                 self._ram.unpin(slot)
+            else:
+                release()
             if unchanged:  # the copy is where the index says, and it is bad (the tier counted it)
                 self._locate(row, position, -1)
                 tier.discard(page, location)
@@ -846,11 +855,23 @@ class PageStore:
                 slot = self._slot_for_promotion(page.size)
             if slot is None and ahead:
                 return None
-            buffer = self._ram.view(slot, page.size) if slot is not None else memoryview(bytearray(page.size))
-            result = tier.read_into(page, 0, buffer)  # counts its own hits and failures
+            if slot is not None:
+                buffer, release = self._ram.view(slot, page.size), self._unpinner(slot)
+            else:
+                buffer, release = self._private.buffer(page.size)
+            try:
+                result = tier.read_into(page, 0, buffer)  # counts its own hits and failures
+            except BaseException:
+                if slot is not None:
+                    self._give_back(slot)
+                else:
+                    release()
+                raise
             if result is not ReadResult.OK:
                 if slot is not None:
                     self._give_back(slot)
+                else:
+                    release()
                 if result is ReadResult.CORRUPT:
                     raise PageCorrupt(f"{name}: checksum mismatch on the {tier.name} tier; its copy was removed")
                 continue
@@ -862,15 +883,17 @@ class PageStore:
                     if slot is not None:
                         self._ram.retire(slot)
                         self._ram.unpin(slot)
+                    else:
+                        release()
                     if removed and self._index.find(name) < 0:
                         raise PageNotFound(name)
                     return None
                 if slot is None:  # no room in RAM: a private copy for this reader only
-                    return PageReader(self._named_info(page), page, buffer, None)
+                    return PageReader(self._named_info(page), page, buffer, release)
                 row = self._index.add(name, page.size, page.checksum, page.mtime_ns, RAM, slot, offset=slot)
                 self._index.hits[row] = 1
                 self._ram.admit(row, slot, page.size, promoted=True)
-                return PageReader(self._info(row), page, buffer, self._unpinner(slot), in_ram=True)
+                return PageReader(self._info(row), page, buffer, release, in_ram=True)
         with self._lock:
             self._count_miss()
         raise PageNotFound(name)

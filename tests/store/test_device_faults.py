@@ -56,6 +56,7 @@ def assert_consistent(store: PageStore, expected: dict[str, bytes]) -> None:
     stats = store.statistics()
     memory = stats.tier("memory")
     assert memory.used_bytes == memory.pages * PAGE  # no slot leaked
+    assert stats.ram_budget.shares["private_reads"].held_bytes == 0  # nor a reader's own copy
     assert stats.pages == sum(store.info(n) is not None for n in expected)
 
 

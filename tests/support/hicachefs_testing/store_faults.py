@@ -28,6 +28,7 @@ from pathlib import Path
 from hicachefs.store import DeviceError, PageCorrupt, PageNotFound, PageStore, StoreConfig, StoreError
 from hicachefs.store.ssd.device import FileDevice
 from hicachefs_testing.faults import Fault, FaultyDevice
+from hicachefs_testing.store_tools import private_room_for
 from hicachefs.store.ssd.region_log import HEADER
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs_testing.workload import find_all, identify, labelled_content
@@ -171,6 +172,8 @@ def device_fault_round(workdir: Path, seed: int, operations: int = 1500) -> Roun
                     if name in check.acked:
                         check.acked[name] = None
                 elif action < 0.87:
+                    while held and not private_room_for(store, 2 * store.config.max_page_size):
+                        held.pop(0).close()  # past the share, the open would wait for one
                     try:
                         held.append(store.open(rng.choice(list(check.acked) or universe)))
                     except StoreError:

@@ -23,6 +23,13 @@ def list_all(store: PageStore, directory: str) -> list:
     return infos
 
 
+def private_room_for(store: PageStore, size: int) -> bool:
+    """Whether readers' own copies of lower-tier pages (``private_reads``) leave room for ``size``
+    more: past it a read waits for a copy to be let go, so a caller holding readers lets go first."""
+    share = store.statistics().ram_budget.shares["private_reads"]
+    return share.held_bytes + size <= share.limit_bytes
+
+
 def drop_disk_cache(store: PageStore) -> None:
     """Evict the store's disk arena from the kernel's page cache, so the next reads are cold."""
     path = os.path.join(store.config.disk_dir, ARENA_NAME)
