@@ -182,6 +182,20 @@ class Plane:
                 self._forget_arena_if_gone()
             return self._attachment is not None
 
+    def _let_go(self, arena: ArenaMapping) -> None:
+        """The mount no longer leads to the daemon of ``arena``: its connection was aborted, or
+        a handle opened by path met another daemon. That daemon may still run (stopped, hung,
+        or finishing after a lazy unmount), so its liveness word and index say nothing: its
+        memory is no longer trusted, and the next call attaches to the mount's daemon."""
+        with self._lock:
+            if self._attachment is not None and self._attachment.arena_map is arena:
+                self._attachment = None
+            if self._arena_map is arena:
+                self._arena_map = None
+                arena.stop()
+                logger.info("hicachefs client: %s no longer leads to the daemon whose memory this client "
+                            "mapped; the data plane waits for the next", self.root)
+
     def _forget_arena_if_gone(self) -> None:
         """Drop the arena's mapping once its daemon is gone; it is kept while only the index
         moved (it grew), for the next attachment to the same daemon. Called under the lock."""
@@ -538,6 +552,7 @@ class Plane:
                     state.mailbox = mailbox
                 else:  # opened after a restart: slots there are not in the memory mapped here
                     self.handles.drop(handle)
+                    self._let_go(arena)
                     self.failures.failure("ESTALE", "a data plane handle reached another daemon than the "
                                           "one whose memory this client maps (it restarted); the pages go "
                                           "the other way")
@@ -576,6 +591,8 @@ class Plane:
             self.handles.drop(handle)  # the daemon gives back what the handle held: no slot is ours now
             if state is not None:
                 state.ready = []
+            if getattr(exc, "errno", None) in _DAEMON_GONE:
+                self._let_go(arena)
             self._request_failed(exc)
             return None
         self.counters.add(plane_requests=1)

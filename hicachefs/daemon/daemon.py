@@ -190,7 +190,7 @@ async def _serve(namespace: Namespace, store: PageStore, endpoint: MetricsEndpoi
 
     store.on_gone(_GoneHandOver(token, namespace))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, session.stop, early, notifier)
+        nursery.start_soon(_stop_on_signal, session.stop, early, notifier, store)
         nursery.start_soon(_reap_abandoned, namespace)
         nursery.start_soon(_end_pin_leases, namespace)
         if os.getuid() == 0:
@@ -222,7 +222,7 @@ class _EarlyStop:
             self.signum = signum
 
 
-async def _stop_on_signal(stop, early: _EarlyStop, notifier: KernelNotifier) -> None:
+async def _stop_on_signal(stop, early: _EarlyStop, notifier: KernelNotifier, store: PageStore) -> None:
     """On a stop signal, or once the mount was unmounted lazily from outside (``_detached``),
     end the session: the kernel is told what it was to be told while requests are still read
     (``kernel_notifier``: after, a notification could hang the mount)."""
@@ -244,6 +244,7 @@ async def _stop_on_signal(stop, early: _EarlyStop, notifier: KernelNotifier) -> 
                 waiting.start_soon(on_signal)
                 waiting.start_soon(on_detach)
         log.info("%s: finishing requests in flight, then unmounting", why)
+        store.stopping()
         notifier.close_session()
         await notifier.delivered()
         stop()

@@ -749,6 +749,13 @@ class PageStore:
             for tier in self._tiers[1:]:
                 tier.sync()
 
+    def stopping(self) -> None:
+        """The daemon is stopping (a stop signal, or its mount unmounted lazily): the data
+        plane's clients stop trusting its memory now, not after the requests in flight, the
+        shared tier's flush and the write-down that come before ``close``."""
+        with self._lock:
+            self._index.memory.closed()
+
     def close(self) -> None:
         """Write RAM-only pages down (the most recent ones, as room allows), let every tier
         keep its part of the index (``persist``: the SSD tier's snapshot, so the next start need

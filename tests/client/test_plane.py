@@ -25,6 +25,7 @@ import hicachefs_client.plane as plane_module
 import hicachefs_client.plane_index as plane_index
 import hicachefs_client.plane_reports as plane_reports
 from hicachefs_client.page_io import PageIO
+from hicachefs import mount_table
 from hicachefs_client.plane import MIN_AHEAD_BYTES, Plane
 from hicachefs_testing import mounting
 from hicachefs_testing.host_pools import MHAHostPool, page_bytes
@@ -319,6 +320,39 @@ def test_a_handle_that_reaches_the_next_daemon_is_not_used_with_the_last_ones_me
     assert io.failures.counts().get("ESTALE", 0) >= 1
     monkeypatch.undo()
     io.close()
+
+
+def test_a_client_lets_go_of_a_hung_daemon_taken_down_and_serves_the_next_ones_pages(mount_factory):
+    """A hung daemon is taken down as ``hicachefs umount`` does (its FUSE connection aborted, the
+    mount removed) and another mounted at the path. The hung one still runs, so its liveness word
+    and index say it serves: the client read its pages as hits for good, and wrote into its
+    memory, until its requests met the aborted connection."""
+    mount = mount_factory("--memory", "64M")
+    pool = MHAHostPool(pages=2 * PAGES)
+    client = make_fs(mount.path, pool)
+    before = [key("hung", i) for i in range(PAGES)]
+    assert client.batch_set_v1(before, indices(pool, range(PAGES))) == [True] * PAGES
+    client.settle()
+    os.kill(mount.pid, signal.SIGSTOP)
+    try:
+        mount_table.abort(mount.path)
+        mount_table.remove(mount.path)
+        mount_factory("--memory", "64M", path=mount.path)
+        after = [key("next", i) for i in range(PAGES)]
+
+        def served_by_the_next() -> bool:
+            stored = client.batch_set_v1(after, indices(pool, range(PAGES, 2 * PAGES)))
+            client.settle()
+            return client.batch_exists(before) == 0 and stored == [True] * PAGES and client.batch_exists(after) == PAGES
+
+        wait_until(served_by_the_next)
+        fresh = make_fs(mount.path, MHAHostPool(pages=PAGES))
+        assert fresh.batch_exists(after) == PAGES and fresh.batch_exists(before) == 0
+        fresh.close()
+    finally:
+        os.kill(mount.pid, signal.SIGKILL)
+        assert mounting.wait_gone(mount.pid, 10)
+    client.close()
 
 
 def test_reads_made_at_a_daemon_are_never_counted_by_the_next_one(mount_factory, monkeypatch):
