@@ -10,6 +10,8 @@ import logging
 import threading
 from typing import Dict
 
+from . import forks
+
 logger = logging.getLogger(__name__)
 
 # Kinds that are a lasting fact of this user, not of the mount's health: only root and the
@@ -37,6 +39,11 @@ class FailureLog:
         self._logged: set = set()
         self._sticky: set = set()
         self._failing = False
+        forks.renew_in_child(self)
+
+    def forked(self) -> None:
+        """In a forked child: a thread of the parent's may have held the lock at the fork."""
+        self._lock = threading.Lock()
 
     def failure(self, kind: str, message: str, *, level: int = logging.WARNING,
                 sticky: bool = False) -> None:
@@ -86,6 +93,11 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(self.FIELDS, 0)
+        forks.renew_in_child(self)
+
+    def forked(self) -> None:
+        """In a forked child: a thread of the parent's may have held the lock at the fork."""
+        self._lock = threading.Lock()
 
     def add(self, **amounts: int) -> None:
         with self._lock:

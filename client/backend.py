@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
-from . import paths
+from . import forks, paths
 from .layout import PageLayout, resolve_pool, tensor_bytes
 from .accounting import Counters, FailureLog
 from .page_io import PageIO
@@ -146,8 +146,14 @@ class HiCacheFS(HiCacheStorage):
         self._metrics_enabled = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._metrics_lock = threading.Lock()
         self._metrics = storage_metrics_class()()
+        forks.renew_in_child(self)
         logger.info("hicachefs client: mount %s, model %s, shard %s", self.mountpoint,
                     self.model, self.shard.segment(KV))
+
+    def forked(self) -> None:
+        """In a forked child: a thread of the parent's may have held a lock at the fork."""
+        self._layouts_lock = threading.Lock()
+        self._metrics_lock = threading.Lock()
 
     # ---------------------------------------------------------------- registration
 

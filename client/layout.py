@@ -39,6 +39,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from . import forks
 from .paths import format_segment
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,11 @@ class PageLayout:
         # A pool whose host pages move in its buffer (SGLang's page-envelope pools: a table
         # places each page, and compaction changes it between calls) is asked every call.
         self._pages_move = bool(getattr(pool, "stores_page_envelope", False))
+        forks.renew_in_child(self)
+
+    def forked(self) -> None:
+        """In a forked child: a thread of the parent's may have held the lock at the fork."""
+        self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- indices
 

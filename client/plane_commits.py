@@ -6,6 +6,7 @@ Thread-safe.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Dict, Sequence
 
@@ -61,3 +62,11 @@ class CommitsUnderWay:
     def wait_all(self) -> None:
         with self._changed:
             self._changed.wait_for(lambda: not self._count)
+
+
+def _renew_the_mounts_lock() -> None:
+    """In a forked child: a thread of the parent's may have held it at the fork, in ``of``."""
+    CommitsUnderWay._of_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_the_mounts_lock)

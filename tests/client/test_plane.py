@@ -623,6 +623,66 @@ def test_a_forked_child_and_its_parent_write_into_slots_of_their_own(mounted):
     io.close()
 
 
+def client_locks(client) -> list:
+    """Every lock reachable from a client object through the client's own objects."""
+    kinds = (type(threading.Lock()), type(threading.RLock()), threading.Condition)
+    found, seen, todo = [], set(), [client]
+    while todo:
+        thing = todo.pop()
+        if id(thing) in seen:
+            continue
+        seen.add(id(thing))
+        if isinstance(thing, kinds):
+            found.append(thing)
+        elif isinstance(thing, dict):
+            todo += list(thing.values())
+        elif isinstance(thing, (list, tuple, set)):
+            todo += list(thing)
+        elif type(thing).__module__.startswith("hicachefs_client"):
+            todo += list(getattr(thing, "__dict__", {}).values()) + list(vars(type(thing)).values())
+    return found
+
+
+def test_a_child_forked_while_another_thread_holds_the_clients_locks_can_use_the_client(mounted):
+    """A lock that another thread holds at a fork stays held in the child: a child forked while
+    a thread was inside a call hung at its first call (the layout's and the counters' locks)."""
+    pool = MHAHostPool(pages=2 * PAGES)
+    client = make_fs(mounted.path, pool)
+    keys = [key("fork", i) for i in range(PAGES)]
+    assert client.batch_set_v1(keys, indices(pool, range(PAGES))) == [True] * PAGES
+    client.settle()
+    locks = client_locks(client)
+    assert len(locks) >= 6
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        taken = [lock for lock in locks if lock.acquire(blocking=False)]  # a Condition's lock is listed too
+        held.set()
+        release.wait(30)
+        for lock in reversed(taken):
+            lock.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    child = os.fork()
+    if child == 0:
+        try:
+            signal.alarm(20)  # a hung child dies of it
+            more = [key("fork child", i) for i in range(PAGES)]
+            ok = (client.batch_exists(keys) == PAGES
+                  and client.batch_get_v1(keys, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
+                  and client.batch_set_v1(more, indices(pool, range(PAGES))) == [True] * PAGES)
+            os._exit(0 if ok else 1)
+        finally:
+            os._exit(2)
+    release.set()
+    holder.join()
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's calls failed or hung"
+    client.close()
+
+
 def test_a_batch_whose_copy_raises_gives_its_slots_back(mounted):
     size, pool_dir = 64 << 10, "m/f/tp0of1/kv"
     io = PageIO(str(mounted.path))
