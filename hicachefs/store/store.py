@@ -826,12 +826,25 @@ class PageStore:
             else:
                 release()
             if unchanged:  # the copy is where the index says, and it is bad (the tier counted it)
-                self._locate(row, position, -1)
-                tier.discard(page, location)
-                if self._index.top_tier(row) < 0:
-                    self._forget(row)
-                    raise PageCorrupt(f"{name}: checksum mismatch on the {tier.name} tier; page dropped")
+                self._drop_bad_copy(row, tier, position, page, location)
         return None
+
+    def _drop_bad_copy(self, row: int, tier: Tier, position: int, page: PageMeta, location: int) -> None:
+        """A read found the row's copy in tier ``position`` bad: drop it, and the row with it
+        when no tier holds it any more (PageCorrupt). A copy the tier cannot drop (its device
+        fails the dead mark) stays indexed, as a scan after a crash would bring it back: a bit
+        flipped on the way is then read right by the next read, a bad block fails it again."""
+        try:
+            tier.drop(page, location)
+        except OSError as exc:
+            if self._index.top_tier(row) != position:
+                return  # a tier above holds it (a reader promoted it meanwhile): read it there
+            raise PageCorrupt(f"{page.name}: checksum mismatch on the {tier.name} tier; page kept, as its "
+                              f"copy could not be marked dead: {exc}") from exc
+        self._locate(row, position, -1)
+        if self._index.top_tier(row) < 0:
+            self._forget(row)
+            raise PageCorrupt(f"{page.name}: checksum mismatch on the {tier.name} tier; page dropped")
 
     def _open_named(self, name: str, ahead: bool = False, size: int | None = None) -> PageReader | None:
         """Find the page on a named tier, read and check it into a RAM slot and index it there

@@ -117,19 +117,15 @@ class Tier(ABC):
         """Forget the page at ``location``; no later recovery brings it back. Raises ``OSError``
         when the tier cannot make sure of that (its device fails): the page is there as before."""
 
-    def discard(self, page: PageMeta, location: int) -> None:
-        """``drop``, for a page the store forgets whatever happens (a bad copy, a refused
-        publish's): a failure is the tier's to count and report, never raised."""
+    def supersede(self, page: PageMeta, location: int) -> None:
+        """Let go of the page at ``location``: a newer copy of its name, written to this tier
+        since, replaces it (a recovery keeps the newer). Dropped if the device lets it, else only
+        forgotten; never raised (the store warned). A tier that can bring a copy left so back
+        marks it dead before it drops its name's newer copy (``drop``)."""
         try:
             self.drop(page, location)
         except OSError:
             pass
-
-    def supersede(self, page: PageMeta, location: int) -> None:
-        """Let go of the page at ``location``: a newer copy of its name, written to this tier
-        since, replaces it (a recovery keeps the newer). Dropped if the device lets it, else only
-        forgotten; never raised (the store warned)."""
-        self.discard(page, location)
 
     # -- the data plane (tiers whose bytes its clients read themselves) ----------------------
 

@@ -364,6 +364,97 @@ def test_a_replace_whose_new_record_cannot_be_marked_dead_either_goes_through(tm
         store.close()
 
 
+def _leave_the_old_record_live(store: PageStore, device: FaultyDevice, name: str) -> None:
+    """Replace the disk page ``name`` while the disk fails three dead marks (the old record's,
+    the new one's, the old one's again): the publish goes through, the old record is let go
+    of, live on the disk, older than the new one."""
+    for i, data in enumerate([content("old", PAGE)] + [content(i, PAGE) for i in range(1, 24)]):
+        store.put(page_name(i), data)
+    device.inject(Fault("pwrite", errno=errno.EIO, count=3))
+    store.put(name, content("new", PAGE))
+    assert read_all(store, name) == content("new", PAGE)
+
+
+@pytest.mark.parametrize("then", ["removed", "renamed"])
+@pytest.mark.parametrize("memory", [4 * MiB, 128 * KiB], ids=["write-through", "too large for RAM"])
+def test_an_old_record_left_live_is_marked_dead_before_its_names_newer_one(tmp_path, memory, then):
+    """A replace whose old record and new one both fail their dead marks goes through, the old
+    record let go of though live: the scan after a crash passes over it, older than the new one.
+    Removing or renaming the name later marked only the new record dead, and the scan after a
+    crash brought the old version back (found by review). The old record is marked dead first."""
+    name = page_name(0)
+
+    def work(store, device):
+        _leave_the_old_record_live(store, device, name)
+        if then == "removed":
+            assert store.remove(name) is True
+        else:
+            store.move(name, page_name(99))
+        assert store.info(name) is None
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through=True, memory=memory)
+    try:
+        assert store.info(name) is None, "a page removed before the crash came back"
+        if then == "renamed":
+            assert read_all(store, page_name(99)) == content("new", PAGE)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("marked_at_the_stop", [True, False], ids=["marked at the stop", "not even then"])
+def test_an_old_record_left_live_is_not_forgotten_across_a_clean_stop(tmp_path, marked_at_the_stop):
+    """A clean stop marks dead the records let go of while live, before it writes the index
+    snapshot: a start from a snapshot does not know them. When a mark fails, it writes no
+    snapshot, and the next start scans, finds the record older than its name's copy, and marks
+    it dead then. Either way, removing the name in the next session and a crash leave it gone."""
+    name = page_name(0)
+
+    def work(store, device):
+        _leave_the_old_record_live(store, device, name)
+        if not marked_at_the_stop:
+            device.inject(Fault("pwrite", errno=errno.EIO, count=1))
+        store.close()
+
+    _reopened_after_a_crash(tmp_path, work, write_through=True).close()
+    store = _reopened_after_a_crash(tmp_path, lambda store, _: store.remove(name), write_through=True)
+    try:
+        assert store.info(name) is None, "a page removed before the crash came back"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("then", ["removed", "replaced in RAM"])
+def test_a_bad_read_whose_record_cannot_be_marked_dead_keeps_the_page(tmp_path, then):
+    """A disk read that fails its checksum drops the page and marks its record dead. When that
+    mark fails, the record stays live (whole, when the bit flipped on the way), and the scan
+    after a crash brings the page back: it was forgotten all the same, and a later removal or
+    RAM-only replace of its name did not touch the record, which came back after a crash (found
+    by review). The page is kept instead: that read fails (PageCorrupt), the next one serves it,
+    and a removal or replace marks its record dead as for any disk page."""
+    name = page_name(0)
+
+    def work(store, device):
+        for i, data in enumerate([content("old", PAGE)] + [content(i, PAGE) for i in range(1, 24)]):
+            store.put(page_name(i), data)
+        assert store.info(name).tier == "disk"
+        device.inject(Fault("preadv", flip=True, count=1))
+        device.inject(Fault("pwrite", errno=errno.EIO, count=1))
+        with pytest.raises(PageCorrupt):
+            read_all(store, name)
+        assert read_all(store, name) == content("old", PAGE)
+        if then == "removed":
+            assert store.remove(name) is True
+        else:
+            store.put(name, content("new", PAGE))  # in RAM only (no write-through)
+            assert store.info(name).tier == "memory"
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through=False)
+    try:
+        assert store.info(name) is None, "the old page came back after the crash"
+    finally:
+        store.close()
+
+
 def test_a_region_whose_first_header_cannot_be_written_is_passed_over(tmp_path):
     """Moving on to the next region of the ring first erases its first header. Where that block
     cannot be written (a bad block at region 1 of 8), that region is passed over, its pages kept,

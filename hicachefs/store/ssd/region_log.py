@@ -404,12 +404,17 @@ class RegionLog:
             raise OSError(errno.EIO, f"short write to {self.path} while reclaiming a region")
 
     def invalidate(self, offset: int, name_len: int, size: int) -> None:
-        """Mark the record at ``offset`` dead in place, so that no scan brings it back. Raises
-        ``OSError`` when the mark cannot be written: the record is then live as before."""
+        """Mark the record at ``offset`` dead in place and stop counting it. Raises ``OSError``
+        when the mark cannot be written: the record is then live and counted as before."""
+        self.mark_dead(offset)
+        self.forget(offset, name_len, size)
+
+    def mark_dead(self, offset: int) -> None:
+        """Mark the record at ``offset`` dead in place, so that no scan brings it back; its
+        bytes are counted as before. Raises ``OSError`` when the mark cannot be written."""
         self._mark_dirty()
         if self.device.pwrite(DEAD, offset) != len(DEAD):
             raise OSError(errno.EIO, f"short write to {self.path} while marking a record dead")
-        self.forget(offset, name_len, size)
 
     def forget(self, offset: int, name_len: int, size: int) -> None:
         """Stop counting the record at ``offset`` as live: the index no longer holds it (a

@@ -80,6 +80,9 @@ class SsdTier(Tier):
             raise
         self.counters = TierCounters()
         self._events: TierEvents | None = None
+        # Per name, the offsets of its records let go of (``supersede``) though they are live on
+        # the disk: each is older than the name's copy here, which must not be marked dead first.
+        self._left_live: dict[str, list[int]] = {}
 
     def bind(self, events: TierEvents) -> None:
         self._events = events
@@ -87,6 +90,10 @@ class SsdTier(Tier):
     def _reclaiming(self, start: int, end: int) -> None:
         if self._events is not None:
             self.counters.evictions += self._events.reclaiming(start, end)
+        for name, offsets in list(self._left_live.items()):
+            offsets[:] = [offset for offset in offsets if not start <= offset < end]
+            if not offsets:
+                del self._left_live[name]
 
     @property
     def capacity_bytes(self) -> int:
@@ -144,7 +151,7 @@ class SsdTier(Tier):
             page = PageMeta(record.name, record.size, record.checksum, record.mtime_ns)
             older = sink.found(page, record.offset)
             if older is not None:
-                self.discard(*older)  # left live, it loses to the newer at every scan
+                self.supersede(*older)
             else:
                 pages += 1
         report(RecoveryProgress("scan", reason, pages, extent[0], extent[0], time.monotonic() - started, True))
@@ -152,8 +159,13 @@ class SsdTier(Tier):
     def persist(self, pages: PageColumns) -> None:
         """Save the engine's index of this tier's pages and the log's state, then mark the arena
         clean, so the next start loads them instead of scanning. A failure is logged: that start
-        scans."""
+        scans. The records let go of while live (``supersede``) are marked dead first, else no
+        snapshot is written: a start from one would not know them, and a removal of their name
+        then would leave one for the scan after a crash to bring back. A scan now finds each older
+        than its name's copy, and lets go of it again."""
         try:
+            for name in list(self._left_live):
+                self._mark_left_live(name)
             self.log.sync()  # the records first: a snapshot never names a record that is not durable
             token = os.urandom(16)
             snapshot.write(self.directory, token, self.log, pages)
@@ -184,31 +196,34 @@ class SsdTier(Tier):
         return result
 
     def drop(self, page: PageMeta, location: int) -> None:
-        """Mark the page's record dead. Raises ``OSError`` (counted) when the device fails: the
-        record stays live, and a scan would bring the page back, so the caller keeps it too."""
+        """Mark the page's record dead, after the older records of its name left live
+        (``supersede``): with the page's gone, a scan would bring the newest of those back.
+        Raises ``OSError`` (counted) when the device fails: the record stays live, and a scan
+        would bring the page back, so the caller keeps it too."""
         try:
+            self._mark_left_live(page.name)
             self.log.invalidate(location, len(page.name.encode()), page.size)
         except OSError:
             self.counters.io_errors += 1
             raise
 
-    def discard(self, page: PageMeta, location: int) -> None:
-        """``drop``, for a page the store forgets whatever happens; a record left live is no
-        longer counted, and warned of: a scan after a crash may bring that version back."""
-        try:
-            self.drop(page, location)
-        except OSError as exc:
-            self.log.forget(location, len(page.name.encode()), page.size)
-            log.warning("%s: its record on the disk tier could not be marked dead (a crash may bring it back): %s",
-                        page.name, exc)
-
     def supersede(self, page: PageMeta, location: int) -> None:
-        """``Tier.supersede``: a record left live is no longer counted, and left to the ring's
-        reclaim (a scan passes over it, older than the copy that replaced it)."""
+        """``Tier.supersede``: a record that cannot be marked dead is no longer counted, and
+        kept in mind as live (a scan passes over it, older than the copy that replaced it),
+        until its region is reclaimed or its mark is written, before its name's copy is dropped."""
         try:
             self.drop(page, location)
         except OSError:
             self.log.forget(location, len(page.name.encode()), page.size)
+            self._left_live.setdefault(page.name, []).append(location)
+
+    def _mark_left_live(self, name: str) -> None:
+        """Mark dead the records of ``name`` let go of while live; raises OSError when one fails."""
+        offsets = self._left_live.get(name)
+        while offsets:
+            self.log.mark_dead(offsets[-1])
+            offsets.pop()
+        self._left_live.pop(name, None)
 
     def sync(self) -> None:
         self.log.sync()
