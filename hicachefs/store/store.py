@@ -1042,22 +1042,22 @@ class PageStore:
         reclaims the oldest regions, which may hold that copy (a promoted page, or a page
         published with write-through before those regions wrapped) and so make it RAM-only, and
         a page that was on disk must not lose its place to older ones written over it. Pages
-        made RAM-only that way are written down in a further pass, within the same room: what
-        is written in all fits the tier's retention, so nothing written here is reclaimed."""
+        made RAM-only that way are written down in further passes. The tier counts the room as
+        it packs the pages, in the order they are written (``_write_down_order``; a ring leaves
+        the end of a region empty when the next record does not fit there): what is written in
+        all fits, so nothing written here is reclaimed."""
         below = self._tiers[1]
-        budget = below.retention_bytes()
-        chosen = []  # newest first: the pages the tier keeps, written or there already
-        for row in reversed(self._ram.oldest_first()):
-            size = int(self._index.size[row])
-            if self._index.top_tier(row) != RAM or not below.fits(self._index.name(row).encode(), size):
-                continue  # a page the disk tier cannot hold stays behind; the others go down
-            budget -= size + 4096
-            if budget < 0:
-                break
-            chosen.append(row)
+        newest_first = [row for row in reversed(self._ram.oldest_first()) if self._index.top_tier(row) == RAM
+                        and below.fits(self._index.name(row).encode(), int(self._index.size[row]))]
+        rank = {row: i for i, row in enumerate(newest_first)}
+        order = self._write_down_order(newest_first)
+        records = [(len(self._index.name(row).encode()), int(self._index.size[row])) for row in order]
+        kept = _most_that_fit(len(newest_first), lambda count: below.holds(
+            record for row, record in zip(order, records) if rank[row] < count))
+        order = [row for row in order if rank[row] < kept]
         tried: set[int] = set()
         while True:
-            rows = [r for r in reversed(chosen) if r not in tried and self._index.dir[r] >= 0
+            rows = [r for r in order if r not in tried and self._index.dir[r] >= 0
                     and self._index.top_tier(r) == RAM and not (self._index.loc[r, 1:] >= 0).any()]
             if not rows:
                 return
@@ -1067,6 +1067,21 @@ class PageStore:
                     view = self._ram.view(int(self._index.loc[row, RAM]), int(self._index.size[row]))
                     if self._intact(row, view) and self._write_below(self._meta(row), view, RAM, row) is None:
                         return  # the device fails: what is left stays unwritten
+
+    def _write_down_order(self, newest_first: list[int]) -> list[int]:
+        """The order the write-down writes these RAM pages in: those in RAM only, oldest first,
+        then those whose copy below its writes reclaim, in the order the tier reclaims them, as
+        its further passes write them. A copy the tier reclaims only after what is written now
+        stays where it is (the write-down stops short of that), and is left out. Each pass
+        writes in this order, and the pages of a pass lie in regions reclaimed after those of
+        the pass before: what is written is this order less some pages, which ``Tier.holds``
+        never finds to need more room."""
+        below = self._tiers[1]
+        oldest_first = newest_first[::-1]
+        turns = {row: below.reclaim_turn(int(self._index.loc[row, 1])) for row in oldest_first
+                 if self._index.loc[row, 1] >= 0}
+        ram_only = [row for row in oldest_first if row not in turns]
+        return ram_only + sorted((row for row, turn in turns.items() if turn), key=turns.__getitem__)
 
     def _info(self, row: int) -> PageInfo:
         index = self._index
@@ -1258,6 +1273,21 @@ class PageStore:
 
     def _reporting(self) -> _GoneReport:
         return self._gone_report
+
+
+def _most_that_fit(count: int, fit: Callable[[int], bool]) -> int:
+    """The largest n <= ``count`` for which ``fit(n)`` holds, where ``fit`` holds below any n it
+    holds for (0 is taken to fit): a binary search, as a check can be long."""
+    if fit(count):
+        return count
+    low, high = 0, count - 1  # fit(low) holds, fit(high + 1) does not
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fit(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _with_pages(facts: TierStatistics, pages: int) -> TierStatistics:

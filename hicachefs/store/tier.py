@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from hicachefs.store.pages import PageMeta
@@ -139,10 +139,18 @@ class Tier(ABC):
         bytes) begin in ``shared_fd``'s file; works on numpy arrays of both too."""
         raise NotImplementedError(f"the data plane does not read the {self.name} tier")
 
-    def retention_bytes(self) -> int:
-        """How many bytes can be written here before the first of them may be dropped to make
-        room (a ring reclaims its oldest region before it is full)."""
-        return self.capacity_bytes
+    def holds(self, records: Iterable[tuple[int, int]]) -> bool:
+        """Whether pages of these (UTF-8 name length, size), written here one after another in
+        this order, all fit before the first of them may be dropped to make room (a ring packs
+        them into regions, and reclaims its oldest region before it is full); then so do any of
+        them written in the same order."""
+        return sum(size for _, size in records) <= self.capacity_bytes
+
+    def reclaim_turn(self, location: int) -> int:
+        """How soon writing here drops the page at ``location`` to make room, in the order pages
+        go (a ring's regions, ahead of the one written now): a lower turn goes first; 0 for a
+        page dropped only after what is written now."""
+        return 0
 
     # -- pages found by name (a tier that is not indexed) ---------------------------------
 

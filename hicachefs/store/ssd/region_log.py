@@ -44,7 +44,7 @@ import errno
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -256,6 +256,28 @@ class RegionLog:
 
     def fits(self, name_len: int, size: int) -> bool:
         return record_length(name_len, size) <= self.region_bytes
+
+    def holds(self, lengths: Iterable[int]) -> bool:
+        """Whether records of these lengths (``record_length``), appended in this order, all fit
+        before the ring comes back to the region written now, whose reclaim would drop the first
+        of them: a record that does not fit in what is left of a region starts the next one, the
+        rest left empty. Then so do any of them appended in the same order (one left out never
+        makes a later one start a region sooner)."""
+        room = self.region_start(self.current) + self.region_bytes - self.tail
+        regions_left = self.regions - 1
+        for length in lengths:
+            if length > room:
+                if not regions_left:
+                    return False
+                regions_left -= 1
+                room = self.region_bytes
+            room -= length
+        return True
+
+    def reclaim_turn(self, offset: int) -> int:
+        """How many regions appending reclaims up to the one holding ``offset``, that one
+        included; 0 for the region written now (reclaimed only once the ring comes back to it)."""
+        return ((offset - _SUPER_BYTES) // self.region_bytes - self.current) % self.regions
 
     def state(self) -> LogState:
         return LogState(np.array(self.region_live, np.int64), self.used_bytes, self.current, self.tail, self.next_seq)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from hicachefs.store.ssd import snapshot
@@ -112,8 +113,11 @@ class SsdTier(Tier):
     def byte_offset(self, location, name_length):
         return payload_offset(location, name_length)
 
-    def retention_bytes(self) -> int:
-        return self.log.capacity - self.log.region_bytes
+    def holds(self, records: Iterable[tuple[int, int]]) -> bool:
+        return self.log.holds(record_length(name_length, size) for name_length, size in records)
+
+    def reclaim_turn(self, location: int) -> int:
+        return self.log.reclaim_turn(location)
 
     def recover(self, sink: RecoverySink, progress: RecoveryListener | None = None) -> None:
         """Give ``sink`` this tier's pages: loaded from the snapshot if it describes the arena
