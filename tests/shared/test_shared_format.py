@@ -28,18 +28,26 @@ def test_every_flipped_header_bit_is_caught():
         damaged = bytearray(head)
         damaged[bit // 8] ^= 1 << (bit % 8)
         verdict = page_format.decode(bytes(damaged), page.name).verdict
-        # A flip in the version field reads as another version: not served, not removed.
-        expected = page_format.Verdict.FOREIGN if 32 <= bit < 48 else page_format.Verdict.CORRUPT
+        # A flip in the magic reads as no page file, in the version field as another version:
+        # neither served nor removed.
+        expected = (page_format.Verdict.STRANGER if bit < 32 else
+                    page_format.Verdict.FOREIGN if bit < 48 else page_format.Verdict.CORRUPT)
         assert verdict is expected, f"bit {bit}"
 
 
 def test_short_headers_and_other_pages_files_are_corrupt():
     page, _ = make_page(1)
     head = page_format.encode(page)
-    for length in (0, 10, page_format.HEADER_BYTES, len(head) - 1):
+    for length in (4, 10, page_format.HEADER_BYTES, len(head) - 1):
         assert page_format.decode(head[:length], page.name).verdict is page_format.Verdict.CORRUPT
     other, _ = make_page(2)
     assert page_format.decode(head, other.name).verdict is page_format.Verdict.CORRUPT
+
+
+def test_files_without_the_magic_are_no_page_files():
+    page, _ = make_page(1)
+    for data in (b"", b"HCs", b"operator data, not a page\n" * 100, b"hcsp" + page_format.encode(page)[4:]):
+        assert page_format.decode(data, page.name).verdict is page_format.Verdict.STRANGER
 
 
 def test_another_format_version_is_foreign():

@@ -1,6 +1,7 @@
 """The shared tier alone, two hosts on one local directory: write-behind, read-through, damaged
 files, capacity and stale temporary files."""
 
+import itertools
 import os
 import shutil
 import threading
@@ -10,13 +11,13 @@ from pathlib import Path
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
 from pages import wait_until
-from shared_helpers import KiB, Releases, make_page, page_name, read_page, wait_for_sweeps
+from shared_helpers import POOL, KiB, Releases, make_page, page_name, read_page, wait_for_sweeps
 
 from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.device import DirectoryDevice
-from hicachefs.store.shared.layout import JOURNAL_DIR, Layout, place
+from hicachefs.store.shared.layout import JOURNAL_DIR, Layout, fanout_name, key_hash, place
 from hicachefs.store.tier import ReadResult
 
 
@@ -354,6 +355,38 @@ def test_files_of_the_shared_directory_that_are_not_the_tiers_are_never_removed(
     tier.write(page, data)
     wait_for_sweeps([tier])
     assert [path.read_bytes() for path in theirs] == [b"theirs"] * len(theirs)
+
+
+def _file_hashed_to(directory: Path, stem: str) -> tuple[Path, str]:
+    """An operator's old file in ``directory`` whose name hashes to it, as a page's would."""
+    name = next(f"{stem}{i}.txt" for i in itertools.count() if fanout_name(key_hash(f"{stem}{i}.txt")) == directory.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(b"operator data, not a page\n" * 100)
+    os.utime(directory / name, (time.time() - 86400, time.time() - 86400))
+    return directory / name, name
+
+
+def test_other_data_where_pages_would_be_is_neither_served_nor_removed(tmp_path, make_tier):
+    """The shared directory may hold other data: a file in a directory named like a fan-out one
+    below the namespace's depth is not counted; one in a pool's fan-out directory whose name
+    hashes there is no page once a read or the evictor found it lacks the page magic, and
+    neither removes it (both used to, as damaged or as the oldest page)."""
+    root = tmp_path / "shared"
+    backup, backup_name = _file_hashed_to(root / "backup" / "2a", "photo")
+    stray, stray_name = _file_hashed_to(root / POOL / "00", "notes")
+    tier = make_tier(root)
+    wait_for_sweeps([tier])
+    assert tier.contains_many([f"backup/{backup_name}"]) == [False]
+    assert tier.find(f"{POOL}/{stray_name}") is None
+    assert tier.contains_many([f"{POOL}/{stray_name}"]) == [False] and tier.statistics().checksum_failures == 0
+    tier.close()
+    file_size = page_format.header_length(page_name(0)) + 16 * KiB
+    bounded = make_tier(root, capacity=2 * file_size)  # the stray, the oldest file, is what it evicts first
+    pages = _write_aged(bounded, root, 4, 16 * KiB, time.time() - 1000)
+    wait_until(lambda: sum(_present(root, pages)) <= 2)
+    wait_for_sweeps([bounded])
+    assert _present(root, pages) == [False, False, True, True]
+    assert backup.exists() and stray.exists() and bounded.statistics().pages == 2
 
 
 def test_removing_a_page_another_host_removed_already_forgets_it(tmp_path, make_tier):

@@ -6,6 +6,8 @@ payload xxh3_64, publish time (ns), a reserved word, and an xxh32 over the heade
 name. The name (UTF-8) follows, then the payload. A host reads a file only when its version is
 its own: hosts running the same hicachefs version read each other's pages, and a file written by
 another version is neither served nor removed (a rolling upgrade keeps the newer hosts' pages).
+Nor is a file without the magic: it is no page file (the directory may hold other data), so
+only a file that carries the magic is ever taken for a damaged page.
 
 Pure functions, thread-safe, no I/O.
 """
@@ -29,7 +31,8 @@ HEADER_BYTES = _HEADER.size
 class Verdict(enum.Enum):
     OK = "ok"
     FOREIGN = "foreign"  # another format version: not ours to read or to remove
-    CORRUPT = "corrupt"  # not a page file, a torn or flipped header, or another page's file
+    STRANGER = "stranger"  # no magic: not a page file at all, not ours to read or to remove
+    CORRUPT = "corrupt"  # a page file's torn or flipped header, or another page's file
 
 
 class Decoded(NamedTuple):
@@ -61,14 +64,19 @@ def encode(page: PageMeta) -> bytes:
     return fields[: HEADER_BYTES - 4] + struct.pack("<I", check) + name
 
 
+def has_magic(data: bytes | memoryview) -> bool:
+    """Whether ``data``, a file's first bytes, start as a page file does."""
+    return bytes(data[: len(MAGIC)]) == MAGIC
+
+
 def decode(data: bytes | memoryview, expected_name: str) -> Decoded:
     """Check the first bytes of a page file that should hold page ``expected_name``."""
     name = encode_name(expected_name)
+    if not has_magic(data):
+        return Decoded(Verdict.STRANGER, None, 0)
     if len(data) < HEADER_BYTES:
         return Decoded(Verdict.CORRUPT, None, 0)
     magic, version, name_len, size, checksum, mtime_ns, _, check = _HEADER.unpack_from(data)
-    if magic != MAGIC:
-        return Decoded(Verdict.CORRUPT, None, 0)
     if version != VERSION:
         return Decoded(Verdict.FOREIGN, None, 0)
     end = HEADER_BYTES + name_len

@@ -28,6 +28,8 @@ import xxhash
 JOURNAL_DIR = ".journal"
 _TEMPORARY = re.compile(r"\.(?P<key>.+)\.[0-9a-f]+\.[0-9]+")  # ``temp_path``'s file names
 FANOUT_NAMES = frozenset(f"{byte:02x}" for byte in range(256))
+#: Parts of a fan-out directory's relative path: ``<model>/<format>/<shard>/<pool>/<fan>``.
+FANOUT_DEPTH = 5
 
 
 class Place(NamedTuple):
@@ -53,11 +55,18 @@ def place(name: str) -> Place:
     return Place(f"{parent}/{fan}" if parent else fan, key, hashed)
 
 
+def is_fanout(directory: str) -> bool:
+    """Whether ``directory`` (relative) is a pool's fan-out directory: two hex digits at the
+    namespace's depth. A directory so named elsewhere (``backup/2a``) is none of the tier's."""
+    parts = directory.split("/")
+    return len(parts) == FANOUT_DEPTH and parts[-1] in FANOUT_NAMES
+
+
 def page_name(directory: str, key: str) -> str | None:
     """The page name a file ``key`` in ``directory`` (relative) stands for, or None when the
     file is not a page in its right place (a temporary file, a stray, a misplaced file)."""
     parent, _, fan = directory.rpartition("/")
-    if key.startswith(".") or fan not in FANOUT_NAMES or fanout_name(key_hash(key)) != fan:
+    if key.startswith(".") or not is_fanout(directory) or fanout_name(key_hash(key)) != fan:
         return None
     return f"{parent}/{key}" if parent else key
 

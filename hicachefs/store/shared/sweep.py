@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hicachefs.store.shared.device import GONE
-from hicachefs.store.shared.layout import FANOUT_NAMES, Layout, fanout_name, is_temporary, key_hash
+from hicachefs.store.shared.layout import FANOUT_DEPTH, Layout, fanout_name, is_fanout, is_temporary, key_hash
 from hicachefs.store.shared.presence import PresenceIndex
 from hicachefs.typed_stats import level, total
 
@@ -92,7 +92,7 @@ class Sweeper:
         if not self._queue:
             self._start_cycle()
         relative = self._queue[0]
-        fanout = relative.rpartition("/")[2] in FANOUT_NAMES
+        fanout = is_fanout(relative)
         removing: Collection[str] = ()
         if fanout:
             self._presence.begin_listing(relative)
@@ -130,9 +130,11 @@ class Sweeper:
         hashes: list[int] = []
         total = 0
         temp_cutoff = time.time_ns() - int(self._temp_keep_s * 1e9)
+        # Below the fan-out directories' depth nothing is the tier's: not listed.
+        deeper = (relative.count("/") + 1 if relative else 0) < FANOUT_DEPTH
         for entry in entries:
             if entry.is_dir:
-                if not entry.name.startswith("."):
+                if deeper and not entry.name.startswith("."):
                     self._queue.append(f"{relative}/{entry.name}" if relative else entry.name)
                 continue
             if entry.name.startswith("."):  # a writer's temporary file, or none of the tier's

@@ -178,8 +178,9 @@ class SharedTier(Tier):
         # one may still be on the tier, which this host (once its own copy is gone) and others
         # would read for it.
         self._unwritten: collections.OrderedDict[str, tuple[int, PageMeta]] = collections.OrderedDict()  # under _lock
-        # Pages whose files another format version wrote (a rolling upgrade): never served here,
-        # so not counted (each exists query would say yes and each read miss) until rewritten.
+        # Pages whose files another format version wrote (a rolling upgrade), or that are no page
+        # files (other data of the directory): never served here, so not counted (each exists
+        # query would say yes and each read miss) until rewritten.
         self._foreign: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
         # Pages removed here while the tier was unavailable: their files go once it is back,
         # and until then they are absent here (``remove_later``).
@@ -264,10 +265,8 @@ class SharedTier(Tier):
         except _Corrupt:
             self._count(misses=1)
             return None
-        if opened is None:  # another format version: not counted again until rewritten
-            with self._lock:
-                _note_newest(self._foreign, name)
-            self._presence.update(where.directory, where.key_hash, 0, False)
+        if opened is None:  # another format version's, or no page file: not counted again until rewritten
+            self._not_ours(name, where, 0)
             self._count(misses=1)
             return None
         self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), True)
@@ -371,7 +370,7 @@ class SharedTier(Tier):
         except _Corrupt:
             return True  # removed as damaged
         if opened is None:
-            return False  # another format version's: not ours
+            return False  # another format version's, or no page file: not ours
         stored = _stored_size(opened.page)
         self._close_quietly(opened.fd)
         try:
@@ -470,7 +469,7 @@ class SharedTier(Tier):
             if decoded.verdict is page_format.Verdict.CORRUPT:
                 self._remove_damaged(fd, path, where, name)
                 raise _Corrupt(path)
-            if decoded.verdict is page_format.Verdict.FOREIGN:
+            if decoded.verdict in (page_format.Verdict.FOREIGN, page_format.Verdict.STRANGER):
                 self._device.close(fd)
                 return None
         except BaseException:
@@ -731,9 +730,13 @@ class SharedTier(Tier):
             where = place(candidate.name)
             if not self._presence.contains(where.directory, where.key_hash):
                 continue  # already gone
+            path = self._layout.page_path(where)
             removed = True
             try:
-                self._device.unlink(self._layout.page_path(where))
+                if not self._is_page_file(path):
+                    self._not_ours(candidate.name, where, candidate.size)
+                    continue
+                self._device.unlink(path)
             except OSError as error:
                 if error.errno not in GONE:
                     candidates.appendleft(candidate)
@@ -747,6 +750,15 @@ class SharedTier(Tier):
             if removed:
                 self._journal.announce(False, candidate.size, candidate.name)
                 self._count(evictions=1)
+
+    def _is_page_file(self, path: str) -> bool:
+        """Whether the file at ``path`` starts with the page magic: the evictor removes no file
+        of the directory's other data that merely lies where a page would."""
+        fd = self._device.open(path, os.O_RDONLY)
+        try:
+            return page_format.has_magic(self._device.pread(fd, len(page_format.MAGIC), 0))
+        finally:
+            self._close_quietly(fd)
 
     def _over_capacity(self) -> bool:
         if self._limit is not None and self.used_bytes > self._limit:
@@ -896,10 +908,17 @@ class SharedTier(Tier):
             _note_newest(self._removed_here, name)
             _note_newest(self._removals, name)
 
+    def _not_ours(self, name: str, where: Place, size: int) -> None:
+        """The file of ``name`` is another format version's, or no page file: neither served
+        nor removed here, and not counted (sweeps included) until a write of the name here."""
+        with self._lock:
+            _note_newest(self._foreign, name)
+        self._presence.update(where.directory, where.key_hash, size, False)
+
     def _removing(self) -> frozenset[str]:
         """The pages whose files this host is removing, now (``drop``) or once the volume
         answers (``_removals``), is yet to check for a version it replaced (``_unwritten``), or
-        found of another format version (``_foreign``): a listing that finds one does not count it."""
+        found of another format version or no page file (``_foreign``): a listing that finds one does not count it."""
         with self._lock:
             if not (self._unlinking or self._removals or self._unwritten or self._foreign):
                 return frozenset()
