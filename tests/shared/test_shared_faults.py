@@ -5,6 +5,7 @@ import errno
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from pages import wait_until
@@ -289,3 +290,63 @@ def test_a_sweep_asked_for_in_the_tick_that_finds_the_volume_gone_runs_once_it_i
     wait_until(lambda: not tier.statistics().guard.available, timeout=5)
     wait_until(lambda: tier.statistics().guard.available, timeout=5)
     wait_until(lambda: tier.statistics().sweep.sweep_cycles > cycles, timeout=5)
+
+
+class Mountpoint(DirectoryDevice):
+    """A volume's directory seen through its mountpoint, which ``mounted = False`` unmounts: the
+    mountpoint's paths then name the bare directory below it. Each mount gives the volume a
+    new st_dev, as FUSE does."""
+
+    def __init__(self, volume: Path, mountpoint: Path) -> None:
+        self.volume, self.mountpoint, self.mounted, self.mounts = str(volume), str(mountpoint), True, 1
+
+    def _path(self, path):
+        if self.mounted and isinstance(path, str) and path.startswith(self.mountpoint):
+            return self.volume + path[len(self.mountpoint):]
+        return path
+
+    def __getattribute__(self, name):
+        method = super().__getattribute__(name)
+        if name.startswith("_") or name in ("stat", "volume", "mountpoint", "mounted", "mounts"):
+            return method
+        return lambda *args: method(*(self._path(arg) for arg in args))
+
+    def stat(self, path):
+        real = os.stat(self._path(path))
+        if self._path(path) == path:
+            return real
+        fields = list(real[:10])
+        fields[2] = real.st_dev + self.mounts  # the volume's filesystem, as this mount numbers it
+        return os.stat_result(fields)
+
+
+def test_a_volume_unmounted_under_the_tier_is_unavailable_and_nothing_lands_on_the_mountpoint(tmp_path, make_tier):
+    """The shared volume unmounted under a running daemon, then mounted again: meanwhile the
+    tier is unavailable, writes nothing on the bare mountpoint (no host would see it, and the
+    local disk fills), makes no journal there (announcements would go to a file the remount
+    hides), and keeps a removal made meanwhile, which it applies once the volume is back."""
+    volume, mountpoint = tmp_path / "volume", tmp_path / "mnt"
+    volume.mkdir(), mountpoint.mkdir()
+    device = Mountpoint(volume, mountpoint)
+    a = make_tier(mountpoint / "hc", device=device)
+    b = make_tier(volume / "hc", sweep_interval_s=60.0)  # another host: what it learns comes from the journals
+    wait_until(lambda: b.statistics().sweep.sweep_cycles >= 1)
+    removed, removed_data = make_page(0)
+    a.write(removed, removed_data)
+    wait_until(lambda: b.contains_many([removed.name]) == [True])
+    device.mounted = False
+    wait_until(lambda: not a.statistics().guard.available, timeout=5)
+    page, data = make_page(1)
+    with pytest.raises(OSError):
+        a.write(page, data)
+    assert a.remove(removed.name)  # rm while the volume is away
+    time.sleep(0.5)  # some probes
+    assert not a.statistics().guard.available and os.listdir(mountpoint) == []
+    device.mounted, device.mounts = True, 2
+    wait_until(lambda: a.statistics().guard.available, timeout=5)
+    wait_until(lambda: b.contains_many([removed.name]) == [False])  # the removal, announced on the volume
+    assert not os.path.exists(Layout(volume / "hc").page_path(place(removed.name)))
+    later, later_data = make_page(2)
+    a.write(later, later_data)
+    wait_until(lambda: b.contains_many([later.name]) == [True])
+    assert read_page(b, later.name) == later_data and os.listdir(mountpoint) == []

@@ -32,6 +32,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from hicachefs.store.shared.device import GONE
@@ -83,8 +84,13 @@ def parse(data: bytes) -> tuple[list[Announcement], int]:
 
 class Journal:
     def __init__(self, device, layout: Layout, writer: str, rotate_bytes: int = 8 << 20,
-                 keep_s: float = 600.0, poll_bytes: int = 1 << 20) -> None:
+                 keep_s: float = 600.0, poll_bytes: int = 1 << 20,
+                 on_volume: Callable[[], object] = lambda: True) -> None:
+        """``on_volume()``: raises ``OSError`` when the root is not the volume any more (its
+        mountpoint bare): called before the journal directory is made, so that none is made there."""
         self._device = device
+        self._on_volume = on_volume
+        self._anew = False
         self._layout = layout
         self.writer = writer
         self._rotate_bytes = rotate_bytes
@@ -154,10 +160,12 @@ class Journal:
             self._write_lock.release()
 
     def _writable(self) -> int:
-        if self._fd is not None and (self._written >= self._rotate_bytes
+        if self._fd is not None and (self._anew or self._written >= self._rotate_bytes
                                      or time.monotonic() - self._opened_at > self._keep_s / 2):
             self._drop_file()
+        self._anew = False
         if self._fd is None:
+            self._on_volume()
             self._device.makedirs(self._layout.journal)
             self._number += 1
             path = os.path.join(self._layout.journal, _file_name(self.writer, self._number))
@@ -165,6 +173,11 @@ class Journal:
             self._written = 0
             self._opened_at = time.monotonic()
         return self._fd
+
+    def start_anew(self) -> None:
+        """Append to a new file from the next flush on: the volume came back, and the file
+        open now may lie on a mount gone since, or hidden under the volume's mountpoint."""
+        self._anew = True
 
     def _drop_file(self) -> None:
         fd, self._fd = self._fd, None

@@ -163,8 +163,10 @@ class SharedTier(Tier):
         self._temp_numbers = itertools.count()
         writer = re.sub(r"[^A-Za-z0-9_-]", "_", f"{socket.gethostname()}-{os.getpid()}")[:100]
         self._guard = CallGuard(io_threads)
+        self._root_inode: int | None = None  # the root's st_ino, as the first probe found it
         self._presence = PresenceIndex()
-        self._journal = Journal(self._device, self._layout, f"{writer}-{self._token}", keep_s=journal_keep_s)
+        self._journal = Journal(self._device, self._layout, f"{writer}-{self._token}", keep_s=journal_keep_s,
+                                on_volume=self._on_volume)
         self._sweeper = Sweeper(self._device, self._layout, self._presence, self._removing, oldest_kept)
         self._sweep_wanted = True
         self._events: TierEvents | None = None
@@ -329,7 +331,7 @@ class SharedTier(Tier):
             self._note_removed(page.name)
             self._journal.announce(False, stored, page.name)
             try:
-                self._guard.call(self._device.unlink, self._layout.page_path(where),
+                self._guard.call(self._unlink_page, self._layout.page_path(where),
                                  timeout=self._deadline_s, expected=GONE)
             except OSError as error:
                 if error.errno not in GONE:
@@ -369,6 +371,10 @@ class SharedTier(Tier):
             opened = self._open_page(name, where)
         except _Corrupt:
             return True  # removed as damaged
+        except OSError as error:
+            if error.errno in GONE:
+                self._on_volume()  # else not gone from the volume: the volume is gone
+            raise
         if opened is None:
             return False  # another format version's, or no page file: not ours
         stored = _stored_size(opened.page)
@@ -432,9 +438,34 @@ class SharedTier(Tier):
     # -- filesystem work, run on guard threads -------------------------------------------
 
     def _probe(self) -> None:
-        """Whether the filesystem answers: a listing always reaches it (a stat may not)."""
-        self._device.makedirs(self._layout.journal)
+        """Whether the filesystem answers, and the root is still the directory the tier started
+        on: a listing always reaches it (a stat may not). The first makes the root if it is
+        missing and notes which directory it is; later ones make nothing unless it is there."""
+        if self._root_inode is None:
+            self._device.makedirs(self._layout.journal)
+            self._root_inode = self._device.stat(str(self.root)).st_ino
+        else:
+            self._on_volume()
+            self._device.makedirs(self._layout.journal)
         self._device.listdir(self._layout.journal)
+
+    def _on_volume(self) -> bool:
+        """Check that the root is still the directory the tier started on, else mark the tier
+        unavailable and raise ENOTCONN: once the volume is unmounted its path names the bare
+        mountpoint, where a page written would reach no host and fill the local disk, a
+        directory made would hide the journal after a remount, and a removal finding no file
+        would be taken as done (the page coming back with the volume). The directory's inode
+        number tells, not its st_dev: a FUSE volume mounted again gets a new device number,
+        its directories keep theirs (GlusterFS's come from their gfids)."""
+        try:
+            inode = self._device.stat(str(self.root)).st_ino
+        except FileNotFoundError:
+            inode = None  # not made again: it would be made on the bare mountpoint
+        if inode != self._root_inode:
+            reason = f"shared directory {self.root} is not the one it was at start (its volume unmounted?)"
+            self._guard.mark_unavailable(reason)
+            raise OSError(errno.ENOTCONN, reason)
+        return True
 
     def _check_engine(self) -> None:
         """Say once, in one line, what the filesystem's mount uses that the tier cannot work
@@ -620,11 +651,20 @@ class SharedTier(Tier):
             self._device.unlink(path)
         except OSError as error:
             if error.errno in GONE:
-                return True
+                return self._on_volume()  # not gone from the volume if the volume is gone
             raise
         self._presence.update(where.directory, where.key_hash, stored, False)
         self._journal.announce(False, stored, name)
         return True
+
+    def _unlink_page(self, path: str) -> None:
+        """Unlink a page file; one not found is removed only if the root is still the volume."""
+        try:
+            self._device.unlink(path)
+        except OSError as error:
+            if error.errno in GONE:
+                self._on_volume()
+            raise
 
     def _remove_other_version(self, page: PageMeta) -> bool:
         """Remove the file of ``page``'s name if it holds another version (one this host
@@ -675,6 +715,7 @@ class SharedTier(Tier):
         try:
             fd = self._device.open(temp, flags, 0o644)
         except FileNotFoundError:
+            self._on_volume()  # the pool's directories are made on the volume, nowhere else
             self._device.makedirs(os.path.dirname(temp))
             fd = self._device.open(temp, flags, 0o644)
         try:
@@ -782,7 +823,11 @@ class SharedTier(Tier):
                     if now >= next_probe:
                         next_probe = now + self._retry_s
                         self._guarded(self._probe, probe=True)
+                        if self._guard.available:  # back: the journal's file may be on the old mount
+                            self._journal.start_anew()
                     continue
+                if self._guarded(self._on_volume) is None:
+                    continue  # unavailable now, or the filesystem failed
                 if self._removals:
                     self._apply_removals()
                 self._close_stale(now)
