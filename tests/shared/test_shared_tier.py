@@ -220,6 +220,18 @@ def test_write_behind_releases_the_payload_before_it_writes(tmp_path, make_tier)
     assert read_page(tier, page.name) == data
 
 
+def test_one_large_page_leaves_no_large_buffer_in_the_writers(tmp_path, make_tier):
+    """Each write-behind worker copies a page into a buffer of its own: one that wrote a 16 MiB
+    page kept 16 MiB for the daemon's life, whatever it wrote next (two workers, 32 MiB no RAM
+    share counts)."""
+    tier = make_tier(tmp_path / "shared", queue_bytes=64 << 20, queue_lag_s=100.0)
+    publish(tier, [make_page(0, 16 << 20)])
+    wait_until(lambda: tier.statistics().write_behind.written_behind == 1)
+    publish(tier, [make_page(i, 16 * KiB) for i in range(1, 41)])
+    wait_until(lambda: tier.statistics().write_behind.written_behind == 41)
+    wait_until(lambda: tier.statistics().write_behind.buffer_bytes <= 2 * 2 * 16 * KiB)
+
+
 def test_close_writes_what_is_queued(tmp_path, make_tier):
     a = make_tier(tmp_path / "shared")
     pages = [make_page(i) for i in range(20)]

@@ -6,8 +6,9 @@ cannot take writes now. The queue is also bounded in time: a page is admitted on
 queue ahead of it would be written within ``max_lag_s`` at the pace writes have been taking
 (a moving average), so a page that is taken reaches the shared tier within about that long of
 its publish even when publishing outruns the filesystem; the rest are dropped, not delayed.
-Worker threads take pages in order, copy each into a private buffer,
-call ``release`` (the engine keeps the page's RAM slot pinned until then), check the copy
+Worker threads take pages in order, copy each into a private buffer (reused for the next
+page while it is at most twice that page's size; one past ``IDLE_BUFFER_BYTES`` is let go when
+the worker waits for work, so one large page leaves no large buffer behind), call ``release`` (the engine keeps the page's RAM slot pinned until then), check the copy
 against the page's checksum (the data plane's clients write RAM pages themselves: a page
 scribbled on in RAM is dropped and counted, never spread to other hosts), and only then write
 the copy. So a write stuck in a hung filesystem holds no engine memory, and the bytes it
@@ -42,6 +43,8 @@ from hicachefs.typed_stats import level, total
 _log = logging.getLogger(__name__)
 
 WriteFn = Callable[[PageMeta, memoryview, int], None]
+#: The largest copy buffer a worker keeps while it has nothing to write.
+IDLE_BUFFER_BYTES = 1 << 20
 
 
 class _Queued:
@@ -79,6 +82,7 @@ class WriteBehindStatistics:
     write_failures: int = total()
     lag_seconds: float = level(0.0)
     last_lag_seconds: float = level(0.0)
+    buffer_bytes: int = level()  # the workers' copy buffers, kept between pages
 
 
 class WriteBehind:
@@ -120,8 +124,9 @@ class WriteBehind:
         self.dropped_corrupt = 0
         self.failed = 0
         self.last_lag_s = 0.0
-        self._threads = [threading.Thread(target=self._serve, name=f"hicachefs-shared-writer-{n}", daemon=True)
-                         for n in range(workers)]
+        self._buffer_bytes = [0] * workers  # each worker's copy buffer; under _lock
+        self._threads = [threading.Thread(target=self._serve, args=(n,), name=f"hicachefs-shared-writer-{n}",
+                                          daemon=True) for n in range(workers)]
         for thread in self._threads:
             thread.start()
 
@@ -190,11 +195,13 @@ class WriteBehind:
             self._tell_lost(item)
         return len(items)
 
-    def _serve(self) -> None:
+    def _serve(self, worker: int) -> None:
         buffer = bytearray()
         item = None
         while True:
             if item is None:
+                if len(buffer) > IDLE_BUFFER_BYTES and self._idle(worker):
+                    buffer = bytearray()  # not kept for pages that may never come
                 item = self._next()
                 if item is None:
                     return
@@ -202,7 +209,8 @@ class WriteBehind:
             started = time.monotonic()
             ok = corrupt = False
             try:
-                if len(buffer) < size:
+                if not size <= len(buffer) <= 2 * size:  # a much larger one is not kept for small pages
+                    buffer = bytearray()  # let go first: never both at once
                     buffer = bytearray(size)
                 copy = memoryview(buffer)[:size]
                 copy[:] = item.payload
@@ -223,6 +231,7 @@ class WriteBehind:
                 if item.payload is not None:
                     _release(item)
             with self._lock:
+                self._buffer_bytes[worker] = len(buffer)
                 self._in_progress -= 1
                 if corrupt:
                     self.dropped_corrupt += 1
@@ -255,6 +264,14 @@ class WriteBehind:
                     self._removed(unwrite)
                 except Exception:
                     _log.exception("write-behind: removing %s, removed while written, failed", unwrite.name)
+
+    def _idle(self, worker: int) -> bool:
+        """Whether nothing is queued; if so, ``worker``'s buffer is counted let go."""
+        with self._lock:
+            if self._queue:
+                return False
+            self._buffer_bytes[worker] = 0
+            return True
 
     def _next(self) -> _Queued | None:
         """The next page to write, None when closed. A page that a later offer of its name
@@ -301,7 +318,7 @@ class WriteBehind:
                 dropped_corrupt=self.dropped_corrupt, superseded=self.superseded,
                 write_seconds_avg=round(self._write_s, 4), write_failures=self.failed,
                 lag_seconds=round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
-                last_lag_seconds=round(self.last_lag_s, 3))
+                last_lag_seconds=round(self.last_lag_s, 3), buffer_bytes=sum(self._buffer_bytes))
 
     def close(self, deadline_s: float) -> None:
         """Let the workers write what is queued for up to ``deadline_s``, drop the rest, and
