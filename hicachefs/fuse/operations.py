@@ -116,7 +116,8 @@ class Operations(pyfuse3.Operations):
 
     @_replying
     async def lookup(self, parent_inode, name, ctx=None):
-        return looked_up(await self.requests.lookup(parent_inode, name), self.uid, self.gid)
+        pid = ctx.pid if ctx is not None else 0
+        return looked_up(await self.requests.lookup(parent_inode, name, pid), self.uid, self.gid)
 
     async def forget(self, inode_list):
         self.requests.count("forget")

@@ -157,9 +157,10 @@ class Namespace:
 
     # ---- lookups -------------------------------------------------------------------
 
-    def lookup(self, parent_inode: int, name: bytes) -> Stat | None | NeedsIO:
+    def lookup(self, parent_inode: int, name: bytes, pid: int = 0) -> Stat | None | NeedsIO:
         """Resolve ``name`` in a directory: its Stat (counting a kernel reference on it), or None
-        if there is nothing by that name."""
+        if there is nothing by that name. ``pid``: the looking thread's (a miss ends the wait
+        for the second try of its open of the name: ``racing_opens``)."""
         if parent_inode == self.control.dir_inode:
             return self.control.stat(self.control.lookup(name))
         parent = self._dir(parent_inode)
@@ -178,15 +179,14 @@ class Namespace:
             pending.nlookup += 1
             return self._pending_stat(pending)
         page = self.tree.page_name(parent, text)
-        if page is None:
-            return None
-        found = self.store.lookup(page)
+        found = None if page is None else self.store.lookup(page)
         if isinstance(found, NeedsIO):
-            return found.then(lambda info: self._found(parent, text, info))
-        return self._found(parent, text, found)
+            return found.then(lambda info: self._found(parent, text, info, pid))
+        return self._found(parent, text, found, pid)
 
-    def _found(self, parent: Directory, key: str, info: PageInfo | None) -> Stat | None:
+    def _found(self, parent: Directory, key: str, info: PageInfo | None, pid: int) -> Stat | None:
         if info is None:
+            self.racing.missed(pid, parent.inode, key)
             return None
         node = self.nodes.for_name(parent, key, info)
         node.nlookup += 1

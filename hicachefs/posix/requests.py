@@ -113,8 +113,8 @@ class Requests:
 
     # ---- attributes ----------------------------------------------------------------
 
-    async def lookup(self, parent_inode: int, name: bytes) -> Stat | Miss:
-        st = await settled(self.namespace.lookup(parent_inode, name))
+    async def lookup(self, parent_inode: int, name: bytes, pid: int = 0) -> Stat | Miss:
+        st = await settled(self.namespace.lookup(parent_inode, name, pid))
         if st is not None:
             return st
         return Miss(MISS_TIMEOUT_S if self.namespace.caches_misses(parent_inode) else 0.0)

@@ -59,6 +59,52 @@ def test_the_second_try_of_an_open_that_raced_a_replace_opens_what_the_name_hold
     assert info.value.errno == errno.ESTALE
 
 
+def open_removed_page_stale(ns, pid: int) -> None:
+    """An open by ``pid`` of a page removed since its lookup: ESTALE, and the kernel's second
+    try is awaited."""
+    gone = ns.publish(b"k", b"v1")
+    ns.lookup(b"k")
+    ns.ns.unlink(ns.pool, b"k")
+    with pytest.raises(FsError) as info:
+        ns.ns.open(gone, os.O_RDONLY, pid=pid)
+    assert info.value.errno == errno.ESTALE
+
+
+def open_of_replaced_inode(ns, pid: int) -> int:
+    """The errno of an open by ``pid`` of a page's inode whose name was given another page since
+    (0: it opened)."""
+    ns.publish(b"k", b"v2")
+    replaced = ns.lookup(b"k").inode
+    ns.publish(b"k", b"v3!")
+    try:
+        settled(ns.ns.open(replaced, os.O_RDONLY, pid=pid)).release()
+    except FsError as refused:
+        return refused.errno
+    return 0
+
+
+def test_a_second_try_whose_lookup_finds_nothing_is_not_awaited_by_later_opens(ns):
+    """The kernel's second try of an open answered ESTALE looks the name up again; when that
+    finds nothing (the page was removed or evicted) no open follows. A later open of the name by
+    the same thread was then taken for that second try: on a retired inode it was served past
+    the kernel's cache, or failed with EIO when files open on the inode no longer pinned its page,
+    where ESTALE (then the kernel's fresh lookup) was its answer. Found by review."""
+    pid = 4242
+    open_removed_page_stale(ns, pid)
+    assert ns.ns.lookup(ns.pool, b"k", pid) is None  # the second try's lookup: gone, no open follows
+    assert open_of_replaced_inode(ns, pid) == errno.ESTALE
+
+
+def test_a_second_try_counts_only_right_after_its_stale_answer(ns):
+    """A second try that never came (its thread killed in between, say)
+    is forgotten within a second: a later open of the name by that thread is a first try."""
+    pid, now = 4242, [100.0]
+    ns.ns.racing.clock = lambda: now[0]
+    open_removed_page_stale(ns, pid)
+    now[0] += 5.0
+    assert open_of_replaced_inode(ns, pid) == errno.ESTALE
+
+
 def test_the_second_try_shares_the_page_an_open_file_read_from_the_disk_tier(tmp_path):
     """An open file whose page came from the disk tier holds a private copy of it: the second
     try of an open of its inode, once the page is replaced, shares that copy (it failed with an
