@@ -278,25 +278,14 @@ def test_idle_and_dripping_connections_do_not_make_threads_and_are_cut_off(mount
     assert thread_count(mount.pid) <= threads
 
 
-def test_a_scrape_storm_takes_a_bounded_share_of_the_daemons_loop():
-    """Each scrape evaluated the statistics on the daemon's loop, and that takes time linear in
-    the pages stored (3 ms at 200,000 pages): four clients scraping back to back kept the loop
-    busy with them, and FUSE lookups took 14 ms instead of 0.1 ms. Scrapes that come sooner than
-    the last evaluation allows share its answer, so the storm takes at most a tenth of the loop."""
+def scrape_storm(statistics, seconds: float) -> list[float]:
+    """Four clients scraping an endpoint over ``statistics`` back to back for ``seconds``, its
+    loop a trio loop of its own: the ``hicachefs_pages`` each scrape was answered."""
     import threading
 
     import trio
 
     from hicachefs.daemon.metrics_endpoint import MetricsEndpoint
-    from hicachefs.daemon.statistics import DaemonStatistics
-    from hicachefs.store import StoreStatistics
-
-    evaluated, cost_s = [], 0.02  # a large store's evaluation
-
-    def statistics():
-        time.sleep(cost_s)  # (on the loop, as the daemon's does)
-        evaluated.append(time.monotonic())
-        return DaemonStatistics(StoreStatistics(pages=len(evaluated)))
 
     address = f"127.0.0.1:{free_port()}"
     endpoint, stop, attached = MetricsEndpoint(address, statistics), threading.Event(), threading.Event()
@@ -311,7 +300,7 @@ def test_a_scrape_storm_takes_a_bounded_share_of_the_daemons_loop():
     runner.start()
     try:
         assert attached.wait(10)
-        answers, seconds = [], 2.0
+        answers = []
 
         def scraper():
             end = time.monotonic() + seconds
@@ -325,6 +314,52 @@ def test_a_scrape_storm_takes_a_bounded_share_of_the_daemons_loop():
         stop.set()
         runner.join(10)
         endpoint.close()
+    return answers
+
+
+def test_a_scrape_storm_takes_a_bounded_share_of_the_daemons_loop():
+    """Each scrape evaluated the statistics on the daemon's loop, and that takes time linear in
+    the pages stored (3 ms at 200,000 pages): four clients scraping back to back kept the loop
+    busy with them, and FUSE lookups took 14 ms instead of 0.1 ms. Scrapes that come sooner than
+    the last evaluation allows share its answer, so the storm takes at most a tenth of the loop."""
+    from hicachefs.daemon.statistics import DaemonStatistics
+    from hicachefs.store import StoreStatistics
+
+    evaluated, cost_s, seconds = [], 0.02, 2.0  # a large store's evaluation
+
+    def statistics():
+        time.sleep(cost_s)  # (on the loop, as the daemon's does)
+        evaluated.append(time.monotonic())
+        return DaemonStatistics(StoreStatistics(pages=len(evaluated)))
+
+    answers = scrape_storm(statistics, seconds)
     assert len(answers) > len(evaluated) and all(a >= 1 for a in answers)
     assert len(evaluated) * cost_s <= 0.15 * seconds, f"{len(evaluated)} evaluations of {cost_s} s in {seconds} s"
     assert time.monotonic() - evaluated[-1] < 1.0  # still evaluated all along, not once for good
+
+
+def test_scrapes_that_share_an_evaluation_share_its_rendering(monkeypatch):
+    """The scrapes that shared an evaluation each rendered it (prometheus_client's text format,
+    pure Python holding the interpreter the loop needs): a scraper in a loop took 73 % of it and
+    page reads on the mount went from 0.11 to 1.01 ms. Found by review. Each evaluation is now
+    rendered once, and its bytes sent to every scrape that shares it."""
+    from hicachefs.daemon import metrics
+    from hicachefs.daemon.statistics import DaemonStatistics
+    from hicachefs.store import StoreStatistics
+
+    evaluated, rendered = [], []
+    collect = metrics.StatisticsCollector.collect
+
+    def counted_collect(self):
+        rendered.append(1)
+        return collect(self)
+
+    def statistics():
+        time.sleep(0.02)  # (on the loop: an answer is then shared for 0.18 s)
+        evaluated.append(1)
+        return DaemonStatistics(StoreStatistics(pages=len(evaluated)))
+
+    monkeypatch.setattr(metrics.StatisticsCollector, "collect", counted_collect)
+    answers = scrape_storm(statistics, 1.0)
+    assert len(answers) > 2 * len(evaluated)  # scrapes shared evaluations ...
+    assert len(rendered) == len(evaluated)  # ... and each was rendered once
