@@ -387,7 +387,11 @@ class Namespace:
         if not second_try:
             reader.close()
             raise self.racing.stale(pid, node.directory.inode, node.key)
-        own = self._own_version(node)
+        try:
+            own = self._own_version(node)
+        except FsError:
+            reader.close()  # a copy read from a lower tier held its bytes, and its share, for good
+            raise
         if own is not None:
             reader.close()
             return PageHandle(self.store, self.leases, own, self.kernel_cache, bounded, node)

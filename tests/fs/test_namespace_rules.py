@@ -14,7 +14,10 @@ from hicachefs.store import DeviceError, NeedsIO, PageStore, StoreConfig
 from hicachefs.store.ssd.device import FileDevice
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs_testing.faults import Fault, FaultyDevice
-from namespace_alone import Alone, alone, settled
+from namespace_alone import POOL, Alone, alone, settled
+
+
+MiB = 1 << 20
 
 
 @pytest.fixture
@@ -242,3 +245,38 @@ def test_tiny_files_being_written_hold_no_more_of_the_ram_tier_than_their_share(
         assert all(store.info(f"m/f/tp0of1/kv/{i:064x}") is not None for i in range(32)), "published pages evicted"
     finally:
         store.close()
+
+
+def test_a_second_try_refused_with_eio_lets_go_of_the_page_it_read(tmp_path):
+    """The second try of an open that raced a replace reads the name's page (here from the disk
+    tier, into private memory); when the inode's own version is no longer pinned by the files
+    open on it, that open fails with EIO. The page it had read was never let go: its bytes stayed
+    counted in ``private_reads`` for good, and once that share was full every first read of a
+    disk page failed (found by review)."""
+    made = alone(tmp_path)  # 16 MiB RAM, 1 MiB pages, a disk tier
+    try:
+        filler = 0
+        for round_ in range(2):
+            pid, key = 4242 + round_, b"k%d" % round_
+            first = made.publish(key, b"1" * MiB)
+            made.publish(key, b"2" * MiB)
+            assert refused(made.ns.open, first, os.O_RDONLY, 0, pid) == errno.ESTALE  # raced the replace
+            second = made.lookup(key).inode  # the kernel's fresh lookup
+            other = settled(made.ns.open(second, os.O_RDONLY, pid=1))  # another process's file on it
+            other.unpin()  # its lease ended
+            for _ in range(24):  # the page goes down to the disk tier
+                made.publish(b"f%d" % filler, bytes(MiB))
+                filler += 1
+            second_try = made.ns.open(second, os.O_RDONLY, pid=pid)  # a disk read, to come ...
+            made.publish(key, b"3" * MiB)  # ... races another replace, whose page goes down too
+            for _ in range(24):
+                made.publish(b"f%d" % filler, bytes(MiB))
+                filler += 1
+            assert made.store.info("/".join(POOL) + "/" + key.decode()).tier == "disk"
+            with pytest.raises(FsError) as refusal:
+                settled(second_try)
+            assert refusal.value.errno == errno.EIO
+            other.release()
+        assert made.store.statistics().ram_budget.shares["private_reads"].held_bytes == 0
+    finally:
+        made.store.close()
