@@ -96,12 +96,14 @@ Spread = Callable[[Callable[[int], bool], int], List[bool]]  # runs work(0..n-1)
 
 @dataclass
 class _HandleState:
-    """What a thread's handle on the plane file holds at one daemon (``token``): its mailbox in
-    the arena (-1: none; answers are then read from the handle), the slots it reserved for its
-    next batch, the sequence number of its last request, and its commit still under way (and
-    when it was sent, in this process's order of commits sent behind)."""
+    """What a thread's handle on the plane file holds at one daemon (``token``): whether that
+    daemon answered it (``met``: the handle leads to it), its mailbox in the arena (-1: none;
+    answers are then read from the handle), the slots it reserved for its next batch, the
+    sequence number of its last request, and its commit still under way (and when it was sent,
+    in this process's order of commits sent behind)."""
 
     token: bytes
+    met: bool = False
     mailbox: int = -1
     ready_size: int = 0
     ready: List[int] = field(default_factory=list)
@@ -544,15 +546,17 @@ class Plane:
             behind.result()
             state = handle.state
         if state is None or state.token != arena.token:
+            opened_now = state is None  # by path, for this request: it leads where the path does now
             state = handle.state = _HandleState(arena.token)
             answer = self._request(arena, handle, MAILBOX, 0, 0, b"", _MAILBOX.size)
             if answer is not None:
                 mailbox, token = _MAILBOX.unpack(answer)
                 if token == arena.token:
-                    state.mailbox = mailbox
+                    state.met, state.mailbox = True, mailbox
                 else:  # opened after a restart: slots there are not in the memory mapped here
                     self.handles.drop(handle)
-                    self._let_go(arena)
+                    if opened_now:  # the path leads to another daemon than ``arena``'s
+                        self._let_go(arena)
                     self.failures.failure("ESTALE", "a data plane handle reached another daemon than the "
                                           "one whose memory this client maps (it restarted); the pages go "
                                           "the other way")
@@ -591,8 +595,8 @@ class Plane:
             self.handles.drop(handle)  # the daemon gives back what the handle held: no slot is ours now
             if state is not None:
                 state.ready = []
-            if getattr(exc, "errno", None) in _DAEMON_GONE:
-                self._let_go(arena)
+            if getattr(exc, "errno", None) in _DAEMON_GONE and state is not None and state.met:
+                self._let_go(arena)  # its connection is ``arena``'s daemon's (a handle of an older one's says nothing)
             self._request_failed(exc)
             return None
         self.counters.add(plane_requests=1)

@@ -355,6 +355,54 @@ def test_a_client_lets_go_of_a_hung_daemon_taken_down_and_serves_the_next_ones_p
     client.close()
 
 
+def test_handles_left_at_a_hung_daemon_do_not_make_the_client_let_go_of_the_next_one(mount_factory, monkeypatch):
+    """After a hung daemon is taken down and the client serves from the next one, each other
+    thread's plane handle still open at the hung daemon meets its aborted connection once: that
+    says nothing of the next daemon, whose memory the client must keep (it let go of it and
+    mapped it again, once per such thread; found by review)."""
+    threads = 6
+    mount = mount_factory("--memory", "64M")
+    pool = MHAHostPool(pages=PAGES * threads)
+    client = make_fs(mount.path, pool)
+    go, first, done = threading.Event(), [], []
+
+    def writer(t: int) -> None:  # a batch at the first daemon, the next at the next one
+        mine = indices(pool, range(PAGES * t, PAGES * (t + 1)))
+        first.append(client.batch_set_v1([key(f"first {t}", i) for i in range(PAGES)], mine))
+        go.wait(60)
+        done.append(client.batch_set_v1([key(f"next {t}", i) for i in range(PAGES)], mine))
+
+    workers = [threading.Thread(target=writer, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    wait_until(lambda: len(first) == threads)
+    client.settle()
+    assert first == [[True] * PAGES] * threads
+    os.kill(mount.pid, signal.SIGSTOP)
+    try:
+        mount_table.abort(mount.path)
+        mount_table.remove(mount.path)
+        mount_factory("--memory", "64M", path=mount.path)
+        probe = [key("probe", i) for i in range(PAGES)]
+        wait_until(lambda: client.batch_set_v1(probe, indices(pool, range(PAGES))) == [True] * PAGES
+                   and client.settle() is None and client.batch_exists(probe) == PAGES)
+        attached = []
+        made = plane_index.Attachment
+        monkeypatch.setattr(plane_module, "Attachment", lambda *args: attached.append(1) or made(*args))
+        go.set()
+        for worker in workers:
+            worker.join(30)
+        client.settle()
+        assert done == [[True] * PAGES] * threads
+        assert attached == []  # the next daemon's memory was kept
+        assert client.batch_exists([key(f"next {t}", i) for t in range(threads) for i in range(PAGES)]) == threads * PAGES
+    finally:
+        go.set()
+        os.kill(mount.pid, signal.SIGKILL)
+        assert mounting.wait_gone(mount.pid, 10)
+    client.close()
+
+
 def test_reads_made_at_a_daemon_are_never_counted_by_the_next_one(mount_factory, monkeypatch):
     """Reads are reported as index rows, which the next daemon numbers afresh: reads still
     unreported when the daemon restarts must not count as hits of the next daemon's pages."""
