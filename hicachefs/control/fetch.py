@@ -45,6 +45,7 @@ import time
 import trio
 
 from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore, PrivateReadsFull
+from ..posix.blocking import in_thread
 from ..posix.errors import FsError
 from ..posix.page_handle import Leases
 from .lines import PARSED_LINE_BYTES, size_and_path
@@ -258,14 +259,14 @@ class FetchHandle:
             self.store.count_misses()
             return None
         try:
-            reader = self.store.try_open(name, size=size)
+            reader = self.store.try_open(name, size=size, bounded=self.bounded)
         except PageNotFound:
             return None
         return reader if isinstance(reader, NeedsIO) else self._checked(reader, size)
 
     async def _open_slowly(self, needs: NeedsIO, size: int) -> PageReader | None:
         try:
-            reader = await trio.to_thread.run_sync(needs.work)
+            reader = await in_thread(needs.work)
         except (PageNotFound, PageCorrupt, DeviceError, PrivateReadsFull):
             return None
         return self._checked(reader, size)

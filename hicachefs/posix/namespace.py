@@ -364,7 +364,7 @@ class Namespace:
         if own is not None:
             return PageHandle(self.store, self.leases, own, self.kernel_cache, bounded, node)
         try:
-            opened = self.store.try_open(node.directory.page_name(node.key))
+            opened = self.store.try_open(node.directory.page_name(node.key), bounded=bounded)
         except PageNotFound:
             if second_try:
                 raise FsError(errno.ENOENT, "page no longer stored") from None

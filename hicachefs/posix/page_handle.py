@@ -31,10 +31,9 @@ import time
 from collections import OrderedDict
 from typing import Protocol
 
-import trio
-
 from ..store import DeviceError, NeedsIO, PageCorrupt, PageNotFound, PageReader, PageStore
 from ..store.budget import Share
+from .blocking import in_thread
 from .errors import FsError
 from .nodes import PageNode
 
@@ -212,16 +211,16 @@ class PageHandle:
 
     async def _find_again(self) -> PageReader:
         name = self.name if self.node is None else self.node.current_name(self.name)
-        return await find_version(self.store, name, self.version)
+        return await find_version(self.store, name, self.version, self.bounded)
 
 
-async def find_version(store: PageStore, name: str, version: tuple[str, int]) -> PageReader:
+async def find_version(store: PageStore, name: str, version: tuple[str, int], bounded: bool = False) -> PageReader:
     """That version of the page, pinned (read from whichever tier holds it); EIO when it is no
-    longer stored."""
+    longer stored. ``bounded``: for a user who may not change the store."""
     try:
-        reader = store.try_open(name)
+        reader = store.try_open(name, bounded=bounded)
         if isinstance(reader, NeedsIO):  # on a lower tier: read and verify it off the event loop
-            reader = await trio.to_thread.run_sync(reader.work)
+            reader = await in_thread(reader.work)
     except (PageNotFound, PageCorrupt, DeviceError):
         reader = None
     if reader is not None and reader.info.version == version:

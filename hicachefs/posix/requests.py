@@ -18,9 +18,8 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
-import trio
-
-from ..store import NeedsIO, StoreError
+from ..store import StoreError
+from .blocking import settled
 from .errors import FsError, errno_of
 from .listing import Describe
 from .namespace import Namespace, Room
@@ -51,13 +50,6 @@ class Opened:
 
     fh: int
     cacheable: bool
-
-
-async def settled(answer):
-    """The answer, after running in worker threads whatever blocking I/O it still needs."""
-    while isinstance(answer, NeedsIO):
-        answer = answer.finish(await trio.to_thread.run_sync(answer.work))
-    return answer
 
 
 class Requests:

@@ -16,7 +16,8 @@ The shares (``SHARES``), each a fraction of ``--memory``:
 Those that are not inside another add up to 14/16 of the tier. Beside the tier, not in it:
 - ``private_reads``: pages read from a lower tier into a reader's own memory (a first read from
   the disk tier, or no RAM slot to spare), 1/8, at least two of the largest pages
-  (``private_reads.PrivateReads``).
+  (``private_reads.PrivateReads``), of which ``private_reads_of_others`` (users other than root
+  and the daemon's) 1/16, at least one of the largest pages.
 
 Each holder takes and gives back through its ``Share``, and refuses (ENOSPC, ENOBUFS) or lets
 go (pins) past it, as its module says; ``statistics`` shows every share's limit and what it
@@ -42,6 +43,7 @@ SHARES = {
     "kernel_pushes": (1 / 16, None),
     "write_behind": (1 / 8, None),
     "private_reads": (1 / 8, BESIDE),
+    "private_reads_of_others": (1 / 16, "private_reads"),
 }
 #: The write-behind queue's most, whatever the tier: seconds of the shared filesystem's writes.
 MAX_WRITE_BEHIND = 1 << 30
@@ -97,6 +99,7 @@ class RamBudget:
         limits["write_behind"] = min(limits["write_behind"], max(MAX_WRITE_BEHIND, max_page_size))
         # Room for a reader holding a page and another reading one, whatever the tier.
         limits["private_reads"] = max(limits["private_reads"], 2 * max_page_size)
+        limits["private_reads_of_others"] = max(limits["private_reads_of_others"], max_page_size)
         self._shares = {name: Share(name, limit) for name, limit in limits.items()}
         assert sum(f for f, within in SHARES.values() if within is None) <= 1
 

@@ -1,5 +1,9 @@
 """The exceptions the page store raises; the daemon maps each to one errno in one place."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+
 
 class StoreError(Exception):
     """Base of every page-store error; also raised for an unusable SSD arena file."""
@@ -16,8 +20,12 @@ class StoreFull(StoreError):
 
 
 class PrivateReadsFull(StoreError):
-    """Raised by open when the pages being read into readers' own memory (``private_reads``)
-    fill their share and none was let go in time (ENOBUFS: try again)."""
+    """Raised by open when the pages being read into readers' own memory fill their share
+    (``private_reads``): ``room()`` says when a try again may find room (ENOBUFS)."""
+
+    def __init__(self, message: str, room: Callable[[], bool] = lambda: True) -> None:
+        super().__init__(message)
+        self.room = room
 
 
 class PageCorrupt(StoreError):

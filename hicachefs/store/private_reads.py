@@ -3,51 +3,58 @@ from the disk tier (it is promoted at its second), or any read when RAM has no s
 
 Why a module: those copies are the daemon's memory beside the RAM tier, and nothing bounded
 them; 40 worker threads opening 8 MiB disk pages at once held 320 MiB, and the heap kept it.
-Their bytes are taken from the ``private_reads`` share before the read, and a read that finds
-no room waits for a copy to be let go (a reader's close or lease end), then fails with
-``PrivateReadsFull`` (ENOBUFS). Each copy is an anonymous mapping of its own, so its memory goes
-back to the system with its last reader.
+Their bytes are taken from the ``private_reads`` share before the read, and those of users who
+may not change the store (``bounded``) from ``private_reads_of_others`` inside it too, so that
+such users never hold the room the store's own readers need. A read that finds no room is
+refused at once with ``PrivateReadsFull``, which says when to try again (``room``): its caller
+waits on its event loop (``posix.blocking``), where a wait holds none of the worker threads every
+user's requests need. One copy is always allowed when its shares hold none. A large copy is an
+anonymous mapping of its own, so that its memory goes back to the system with its last reader.
 """
 
 from __future__ import annotations
 
 import mmap
 import threading
-import time
 from collections.abc import Callable
 
 from hicachefs.store.budget import Share
 from hicachefs.store.errors import PrivateReadsFull
 
-#: How long a read waits for room; readers let go within a lease (2 s) of their last read.
-ROOM_WAIT_S = 10.0
+#: Copies this large or larger are mappings of their own; smaller ones come from the heap (a
+#: fresh mapping's page faults made the first read of a 128 KiB disk page 4-5 times slower).
+MAPPED_FROM = 1 << 20
 
 
 class PrivateReads:
-    """Hands out private buffers within one share; thread-safe (readers are worker threads)."""
+    """Hands out private buffers within the shares; thread-safe (readers are worker threads)."""
 
-    def __init__(self, share: Share, wait_s: float = ROOM_WAIT_S) -> None:
-        self._share = share
-        self._wait_s = wait_s
-        self._room = threading.Condition(threading.Lock())
+    def __init__(self, share: Share, of_others: Share) -> None:
+        self._all, self._others = share, of_others
+        self._lock = threading.Lock()
 
-    def buffer(self, size: int) -> tuple[memoryview, Callable[[], None]]:
+    def buffer(self, size: int, bounded: bool = False) -> tuple[memoryview, Callable[[], None]]:
         """A writable buffer of ``size`` bytes, and the release that gives its bytes back (call
-        it once). One copy is always allowed when none is held, whatever its size."""
-        deadline = time.monotonic() + self._wait_s
-        with self._room:
-            while self._share.held and not self._share.take(size):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PrivateReadsFull(f"{self._share.held} bytes of pages are being read into private "
-                                           f"memory (at most {self._share.limit}); try again")
-                self._room.wait(left)
-            if not self._share.held:
-                self._share.add(size)
-        view = memoryview(mmap.mmap(-1, size)) if size else memoryview(bytearray())
-        return view, lambda: self._give_back(size)
+        it once); ``PrivateReadsFull`` when its shares have no room for it now."""
+        shares = (self._all, self._others) if bounded else (self._all,)
+        with self._lock:
+            if not _room(shares, size):
+                raise PrivateReadsFull(f"{self._all.held} bytes of pages are being read into private memory "
+                                       f"(at most {self._all.limit}); try again", room=lambda: self.has_room(size, bounded))
+            for share in shares:
+                share.add(size)
+        view = memoryview(mmap.mmap(-1, size)) if size >= MAPPED_FROM else memoryview(bytearray(size))
+        return view, lambda: self._give_back(shares, size)
 
-    def _give_back(self, size: int) -> None:
-        with self._room:
-            self._share.give_back(size)
-            self._room.notify_all()
+    def has_room(self, size: int, bounded: bool = False) -> bool:
+        with self._lock:
+            return _room((self._all, self._others) if bounded else (self._all,), size)
+
+    def _give_back(self, shares: tuple[Share, ...], size: int) -> None:
+        with self._lock:
+            for share in shares:
+                share.give_back(size)
+
+
+def _room(shares: tuple[Share, ...], size: int) -> bool:
+    return all(not share.held or share.held + size <= share.limit for share in shares)

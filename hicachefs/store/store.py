@@ -113,7 +113,7 @@ class PageStore:
         #: tier's write-behind here, the namespace's files being written and pins, the kernel's
         #: pushes and the data plane's reservations in the daemon.
         self.budget = RamBudget(config.memory_bytes, config.max_page_size)
-        self._private = PrivateReads(self.budget.share("private_reads"))
+        self._private = PrivateReads(self.budget.share("private_reads"), self.budget.share("private_reads_of_others"))
         chain = tiers if tiers is not None else build_chain(config, self.budget, disk_device=disk_device,
                                                             shared_device=shared_device)
         if not isinstance(chain[0], TopTier):
@@ -362,13 +362,15 @@ class PageStore:
 
     # -- reading -----------------------------------------------------------------------
 
-    def try_open(self, name: str, counted: bool = True, size: int | None = None) -> PageReader | NeedsIO:
+    def try_open(self, name: str, counted: bool = True, size: int | None = None,
+                 bounded: bool = False) -> PageReader | NeedsIO:
         """The page pinned for reading if it is in RAM; else ``NeedsIO`` whose work (``open``)
         reads it from where it is. Raises PageNotFound when no tier can hold it, or when ``size``
         is given and the page has another size (a miss: a reader that names a wrong size must not
         count hits, nor change the eviction order).
         ``counted=False``: for the store's own purposes (no hit, no access time, no change to
-        the eviction order), and never I/O: a page not in RAM is then PageNotFound."""
+        the eviction order), and never I/O: a page not in RAM is then PageNotFound. ``bounded``:
+        for a user who may not change the store (``PrivateReads``)."""
         with self._lock:
             row = self._index.find(name)
             if row >= 0 and size is not None and int(self._index.size[row]) != size:
@@ -385,13 +387,15 @@ class PageStore:
                 raise PageNotFound(name)
         if not counted:
             raise PageNotFound(name)
-        return NeedsIO(lambda: self.open(name, size))
+        return NeedsIO(lambda: self.open(name, size, bounded))
 
-    def open(self, name: str, size: int | None = None) -> PageReader:
+    def open(self, name: str, size: int | None = None, bounded: bool = False) -> PageReader:
         """Pin the page for reading. A lower tier's page is read and verified here (blocking
         I/O) and promoted to RAM on its second read when room can be made; a page only a named
         tier holds is read, checked and promoted into RAM. Raises PageNotFound (also when
-        ``size`` is given and the page has another), PageCorrupt or DeviceError."""
+        ``size`` is given and the page has another), PageCorrupt, DeviceError, or
+        PrivateReadsFull (a copy for this reader only finds no room now). ``bounded``: for a
+        user who may not change the store (``PrivateReads``)."""
         for _ in range(3):  # a read can race with a replace or reclaim; then look again
             with self._lock:
                 row = self._index.find(name)
@@ -418,11 +422,11 @@ class PageStore:
             if row < 0:
                 if self._ahead.wait(name):  # was being fetched ahead: read it here now
                     continue
-                reader = self._open_named(name, size=size)
+                reader = self._open_named(name, size=size, bounded=bounded)
                 if reader is not None:
                     return reader
                 continue  # published or promoted here meanwhile: read the local copy
-            reader = self._read_below(name, tier, position, location, page, info, slot)
+            reader = self._read_below(name, tier, position, location, page, info, slot, bounded=bounded)
             if reader is not None:
                 return reader
         raise PageNotFound(name)
@@ -788,14 +792,14 @@ class PageStore:
     # -- reading below RAM -------------------------------------------------------------
 
     def _read_below(self, name: str, tier: Tier, position: int, location: int, page: PageMeta,
-                    info: PageInfo, slot: int | None, counted: bool = True) -> PageReader | None:
+                    info: PageInfo, slot: int | None, counted: bool = True, bounded: bool = False) -> PageReader | None:
         """Read and check a page an indexed tier below RAM holds, into ``slot`` (a promotion)
         or private memory; None when it changed meanwhile (look again). ``counted``: the read
         is a hit of the page's (not a promotion of the store's own)."""
         if slot is not None:
             buffer, release = self._ram.view(slot, page.size), self._unpinner(slot)
         else:
-            buffer, release = self._private.buffer(page.size)
+            buffer, release = self._private.buffer(page.size, bounded)
         try:
             result = tier.read_into(page, location, buffer, counted)
         except BaseException as exc:
@@ -846,14 +850,16 @@ class PageStore:
             self._forget(row)
             raise PageCorrupt(f"{page.name}: checksum mismatch on the {tier.name} tier; page dropped")
 
-    def _open_named(self, name: str, ahead: bool = False, size: int | None = None) -> PageReader | None:
+    def _open_named(self, name: str, ahead: bool = False, size: int | None = None,
+                    bounded: bool = False) -> PageReader | None:
         """Find the page on a named tier, read and check it into a RAM slot and index it there
         (a promotion); None if it appeared locally meanwhile. Blocking. ``ahead``: for a read to
-        come, so nothing is read when RAM has no room for it. ``size``: only a page of that size."""
+        come, so nothing is read when RAM has no room for it. ``size``: only a page of that size.
+        ``bounded``: for a user who may not change the store (``PrivateReads``)."""
         with self._lock:
             self._named_reads[name] = self._named_reads.get(name, 0) + 1
         try:
-            return self._open_named_counted(name, ahead, size)
+            return self._open_named_counted(name, ahead, size, bounded)
         finally:
             with self._lock:
                 left = self._named_reads.pop(name) - 1
@@ -862,7 +868,7 @@ class PageStore:
                 else:
                     self._removed_while_read.discard(name)
 
-    def _open_named_counted(self, name: str, ahead: bool, size: int | None) -> PageReader | None:
+    def _open_named_counted(self, name: str, ahead: bool, size: int | None, bounded: bool) -> PageReader | None:
         for tier in self._named:
             page = tier.find(name, reading=True) if tier.contains_many([name])[0] else None
             if page is None:
@@ -878,7 +884,7 @@ class PageStore:
             if slot is not None:
                 buffer, release = self._ram.view(slot, page.size), self._unpinner(slot)
             else:
-                buffer, release = self._private.buffer(page.size)
+                buffer, release = self._private.buffer(page.size, bounded)
             try:
                 result = tier.read_into(page, 0, buffer)  # counts its own hits and failures
             except BaseException:

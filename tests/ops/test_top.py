@@ -223,6 +223,6 @@ def test_the_ram_shares_show_what_they_hold_of_what_they_may(mount_factory):
     assert shares["writing"] == {"held": "32.0 MiB", "of": "32.0 MiB"}
     assert shares["pins"]["held"] == "0 B" and quantity(shares["pins"]["of"]) == 12 << 20
     assert set(shares) == {"writing", "reserved_ahead", "pins", "pins_of_others", "kernel_pushes", "write_behind",
-                           "private_reads"}
+                           "private_reads", "private_reads_of_others"}
     for path in held:
         os.unlink(path)

@@ -25,7 +25,7 @@ def list_all(store: PageStore, directory: str) -> list:
 
 def private_room_for(store: PageStore, size: int) -> bool:
     """Whether readers' own copies of lower-tier pages (``private_reads``) leave room for ``size``
-    more: past it a read waits for a copy to be let go, so a caller holding readers lets go first."""
+    more: past it a read is refused until a copy is let go, so a caller holding readers lets go first."""
     share = store.statistics().ram_budget.shares["private_reads"]
     return share.held_bytes + size <= share.limit_bytes
 
