@@ -89,12 +89,19 @@ class SsdTier(Tier):
         self._events = events
 
     def _reclaiming(self, start: int, end: int) -> None:
+        """The region ``start``-``end`` is about to be written over: its pages go. The records
+        left live elsewhere are marked dead now, where the disk lets it: the ring passes over
+        a region whose erase fails, so the region reclaimed may hold a name's newest copy while
+        an older record of it, left live, stays in the region passed over, for the scan after
+        a crash to bring back (found by review)."""
         if self._events is not None:
             self.counters.evictions += self._events.reclaiming(start, end)
         for name, offsets in list(self._left_live.items()):
             offsets[:] = [offset for offset in offsets if not start <= offset < end]
-            if not offsets:
-                del self._left_live[name]
+            try:
+                self._mark_left_live(name)
+            except OSError:
+                pass  # kept in mind, tried again at the next reclaim, the name's drop and the stop
 
     @property
     def capacity_bytes(self) -> int:
