@@ -4,7 +4,7 @@ The kernel caches entries, attributes and (for published pages) data. Most chang
 through the requests it sends itself, but a page the store evicts or drops, and the data of a
 page just published, do not. pyfuse3's notifications for those can block, or deadlock when
 sent from a request handler while the kernel holds a lock that handler's request needs, so
-they are queued here and sent by worker threads, each its lane's in order:
+they are queued here and sent by one worker thread, in order:
 
 - ``push``: a published page's bytes into the kernel's page cache (``notify_store``), so the
   first read of a new page is served from memory. Bounded by the bytes queued: past the
@@ -18,13 +18,6 @@ A request that changed what a name means without the kernel seeing it (a page pu
 the ingest file replacing another) is answered only once the kernel has been told (``delivered``):
 a reader told "replaced" by the writer must never find the old page in the kernel's cache after.
 
-An invalidation of a name takes its directory's lock in the kernel, and a rename holds its
-directories' locks until the daemon answers it: a rename that waited for the kernel to forget a
-name in its own directory (a page its publish evicted) would wait for itself, until
-``DELIVERY_TIMEOUT_S``. So the inode invalidations, which take no directory lock, have a lane
-(a queue and its thread) of their own, and a rename waits for that lane only (``inodes_told``);
-names and pushes share the other.
-
 A notification may wait for a lock of the kernel's that a request of another process holds (an
 invalidation of a name waits for its directory, which a lookup in flight holds), so nothing is
 sent once the daemon stops reading requests: that lookup would never be answered, the
@@ -33,8 +26,8 @@ session's end is announced first (``close_session``): what is queued then is sti
 requests are still read; what comes after is dropped (the unmount that follows makes the kernel
 forget the mount's caches anyway); ``stop`` drops whatever is left unsent.
 
-Thread-safe: any thread may queue; the kernel calls happen in the lanes' threads only;
-``delivered`` and ``inodes_told`` are awaited on the trio thread.
+Thread-safe: any thread may queue; the kernel calls happen in the worker thread only;
+``delivered`` is awaited on the trio thread.
 """
 
 from __future__ import annotations
@@ -76,90 +69,25 @@ class KernelCacheStatistics:
     push_queue_bytes: int = level()
 
 
-class _Lane:
-    """A queue of notifications and the thread that sends them in order; the counts and waiters
-    are guarded by the notifier's lock."""
-
-    def __init__(self, name: str, notifier: KernelNotifier) -> None:
-        self.notifier = notifier
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.queued = 0  # notifications queued, ever
-        self.sent = 0  # of those, sent to the kernel (or given up on)
-        self.waiters: list[tuple[int, trio.Event, trio.lowlevel.TrioToken]] = []
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def put(self, item: tuple) -> None:
-        """Queue ``item`` (the notifier's lock held: counted and queued in one step)."""
-        self.queued += 1
-        self.queue.put(item)
-
-    def waiter(self) -> trio.Event | None:
-        """An event set once what is queued now is sent; None when it already is (the lock held)."""
-        if self.sent >= self.queued:
-            return None
-        event = trio.Event()
-        self.waiters.append((self.queued, event, trio.lowlevel.current_trio_token()))
-        return event
-
-    def stop(self, timeout: float) -> None:
-        """End the thread, then drop what it has not sent (see ``KernelNotifier.stop``)."""
-        if self.thread.is_alive():
-            self.queue.put(_STOP)
-            self.thread.join(timeout)
-            if self.thread.is_alive():
-                log.warning("the kernel notifier %s did not finish within %.0f s", self.thread.name, timeout)
-        while True:  # release what was never sent
-            try:
-                item = self.queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP:
-                self.notifier._drop(item)
-        self._advance(sent=self.queued)  # nothing more will be sent: nobody waits for it
-
-    def _run(self) -> None:
-        sent = 0
-        while True:
-            item = self.queue.get()
-            if item is _STOP:
-                return
-            if self.notifier._stopping:
-                self.notifier._drop(item)
-            else:
-                self.notifier._send(*item)
-            sent += 1
-            self._advance(sent)
-
-    def _advance(self, sent: int) -> None:
-        """``sent`` notifications have reached the kernel: wake who waited for them."""
-        with self.notifier._lock:
-            self.sent = sent = max(self.sent, sent)  # (``stop`` may have counted all already)
-            ready = [w for w in self.waiters if w[0] <= sent]
-            self.waiters = [w for w in self.waiters if w[0] > sent]
-        for _, event, token in ready:
-            try:
-                token.run_sync_soon(event.set)
-            except trio.RunFinishedError:
-                pass
-
-
 class KernelNotifier:
-    """Queues of kernel cache notifications and the threads that send them."""
+    """A queue of kernel cache notifications and the thread that sends them."""
 
     def __init__(self, pushes: Share) -> None:
         """``pushes``: the RAM budget's share the pages queued to be pushed may hold (they stay
         pinned in the RAM tier until pushed)."""
         self.pushes = pushes
         self.counters: Counter[str] = Counter()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._queued = 0  # notifications queued, ever
+        self._sent = 0  # of those, sent to the kernel (or given up on)
+        self._waiters: list[tuple[int, trio.Event, trio.lowlevel.TrioToken]] = []
         self._closing = False  # the session is ending: nothing more is queued
         self._stopping = False  # requests are no longer read: nothing more is sent
-        self._names = _Lane("kernel-notifier", self)  # names and pushes
-        self._inodes = _Lane("kernel-notifier-inodes", self)  # inode invalidations
+        self._thread = threading.Thread(target=self._run, name="kernel-notifier", daemon=True)
 
     def start(self) -> None:
-        self._names.thread.start()
-        self._inodes.thread.start()
+        self._thread.start()
 
     def close_session(self) -> None:
         """Requests will soon no longer be read: what is queued from now on is dropped. Await
@@ -168,36 +96,42 @@ class KernelNotifier:
             self._closing = True
 
     def stop(self, timeout: float = 10.0) -> None:
-        """End the threads, dropping what they have not sent (requests are no longer read: see
-        the module docstring); it must run before the session closes."""
+        """End the thread, dropping what it has not sent (requests are no longer read: see the
+        module docstring); it must run before the session closes."""
         with self._lock:
             self._closing = self._stopping = True
-        self._names.stop(timeout / 2)
-        self._inodes.stop(timeout / 2)
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the kernel notifier did not finish within %.0f s", timeout)
+        while True:  # release what was never sent
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                self._drop(item)
+        self._advance(sent=self._queued)  # nothing more will be sent: nobody waits for it
 
     async def delivered(self) -> None:
         """Wait until every notification queued so far has reached the kernel."""
-        await self._told(self._names, self._inodes)
-
-    async def inodes_told(self) -> None:
-        """Wait until every inode invalidation queued so far has reached the kernel: what a
-        request may wait for while the kernel holds a directory's lock for it (a rename)."""
-        await self._told(self._inodes)
-
-    async def _told(self, *lanes: _Lane) -> None:
         with self._lock:
-            events = [event for event in (lane.waiter() for lane in lanes) if event is not None]
+            if self._sent >= self._queued:
+                return
+            event = trio.Event()
+            self._waiters.append((self._queued, event, trio.lowlevel.current_trio_token()))
         with trio.move_on_after(DELIVERY_TIMEOUT_S) as waited:
-            for event in events:
-                await event.wait()
+            await event.wait()
         if waited.cancelled_caught:
             log.warning("the kernel was not told of a change within %.0f s; answering anyway",
                         DELIVERY_TIMEOUT_S)
 
     def _put(self, item: tuple) -> None:
-        with self._lock:
+        with self._lock:  # counted and queued in one step: the thread sends them in that order
             if not self._closing:
-                (self._inodes if item[0] == "inode" else self._names).put(item)
+                self._queued += 1
+                self._queue.put(item)
                 return
         self._drop(item)
 
@@ -207,6 +141,18 @@ class KernelNotifier:
             with self._lock:
                 self.pushes.give_back(item[2].size)
             item[2].close()
+
+    def _advance(self, sent: int) -> None:
+        """``sent`` notifications have reached the kernel: wake who waited for them."""
+        with self._lock:
+            self._sent = sent = max(self._sent, sent)  # (``stop`` may have counted all already)
+            ready = [w for w in self._waiters if w[0] <= sent]
+            self._waiters = [w for w in self._waiters if w[0] > sent]
+        for _, event, token in ready:
+            try:
+                token.run_sync_soon(event.set)
+            except trio.RunFinishedError:
+                pass
 
     def push(self, inode: int, reader: PageReader) -> bool:
         """Queue the page's bytes for ``inode``'s page cache; the reader is closed once sent."""
@@ -232,6 +178,19 @@ class KernelNotifier:
     def statistics(self) -> KernelCacheStatistics:
         with self._lock:
             return KernelCacheStatistics(**self.counters, push_queue_bytes=self.pushes.held)
+
+    def _run(self) -> None:
+        sent = 0
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if self._stopping:
+                self._drop(item)
+            else:
+                self._send(*item)
+            sent += 1
+            self._advance(sent)
 
     def _send(self, kind: str, inode: int, arg) -> None:
         """One notification to the kernel; a failure is counted, never raised."""

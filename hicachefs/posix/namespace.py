@@ -102,8 +102,6 @@ class Namespace:
         self._loop_thread = threading.get_ident()  # the one the leases live on
         store.on_pinned_full(self._pins_of_others_give_way)
         self.racing = RacingOpens()
-        #: Pages the store dropped on its own that the kernel was told of, ever (``pages_gone``).
-        self.gone_told = 0
 
     def _pins_of_others_give_way(self) -> bool:
         """The pins of users who may not change the store let go when a writer finds RAM pinned:
@@ -216,7 +214,7 @@ class Namespace:
         if info is not None:
             return self._page_stat(inode, info)
         node = self.nodes.get(inode)
-        if node is None or not node.opened:  # (the kernel may still hold a name for it: ``pages_gone``)
+        if node is None:
             raise FsError(errno.ENOENT, "page no longer stored")
         return self._page_stat(inode, node.info, nlink=0)  # open files keep what they had
 
@@ -395,7 +393,7 @@ class Namespace:
         if own is not None:
             reader.close()
             return PageHandle(self.store, self.leases, own, self.kernel_cache, bounded, node)
-        return PageHandle(self.store, self.leases, reader, False, bounded, node)
+        return PageHandle(self.store, self.leases, reader, False, bounded)
 
     def _own_version(self, node: PageNode) -> PageReader | None:
         """The retired inode's own page, for the second try of an open that landed on it again
@@ -509,13 +507,7 @@ class Namespace:
         checksum): the kernel forgets their names, and the inodes it knows for them stop naming
         pages. A report that comes after the name was given another page leaves that page's
         inode alone (reports made on the store's threads reach the event loop later). Called
-        with the store's lock held: it must not call the store.
-
-        The request that made the store drop them (a publish taking room) is answered once the
-        kernel has been told (``Requests``), but a rename only once it has forgotten their
-        inodes: it holds the directory whose names the kernel would forget. Until the names
-        are, a stat of one reaches its inode, which then answers ENOENT (``getattr``) unless
-        files are still open on it."""
+        with the store's lock held: it must not call the store."""
         for name, version in gone:
             path, _, key = name.rpartition("/")
             directory = self.tree.at(path)
@@ -525,7 +517,6 @@ class Namespace:
             self.nodes.retire(node)
             self.notices.forget_entry(directory.inode, key.encode("utf-8", "surrogateescape"))
             self.notices.forget_inode(node.inode)
-            self.gone_told += 1
 
     @property
     def temp_timeout_s(self) -> float:

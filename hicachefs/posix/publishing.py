@@ -53,11 +53,6 @@ class KernelNotices(Protocol):
     async def delivered(self) -> None:
         """Wait until the kernel has been told everything reported so far."""
 
-    async def inodes_told(self) -> None:
-        """Wait until the kernel has been told of every inode reported so far (``forget_inode``,
-        ``forget_attributes``): safe while a rename holds its directories in the kernel, where
-        waiting for a name to be forgotten is not."""
-
 
 class Publishing:
     """The files being written and their publication. See the module docstring."""

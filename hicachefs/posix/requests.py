@@ -126,10 +126,7 @@ class Requests:
         if not self.namespace.may_change(uid) and (mode, owner, group) != (None, None, None):
             raise FsError(errno.EPERM, "only root and the daemon's user may change the store")
         self.namespace.check_writer(uid)
-        gone = self.namespace.gone_told
-        st = self.namespace.setattr(inode, size=size, mode=mode, uid=owner, gid=group)
-        await self._kernel_told_since(gone)
-        return st
+        return self.namespace.setattr(inode, size=size, mode=mode, uid=owner, gid=group)
 
     async def access(self, inode: int, mode: int, uid: int) -> bool:
         return self.namespace.access(inode, mode, uid)
@@ -203,18 +200,13 @@ class Requests:
         return answer if isinstance(answer, list) else [answer]
 
     async def write(self, fh: int, offset: int, data) -> int:
-        gone = self.namespace.gone_told
-        written = await self.handle(fh).write(offset, data)
-        await self._kernel_told_since(gone)
-        return written
+        return await self.handle(fh).write(offset, data)
 
     def handle(self, fh: int):
         return self.namespace.handles.get(fh)
 
     async def release(self, fh: int) -> None:
-        gone = self.namespace.gone_told
         self.namespace.handles.release(fh)
-        await self._kernel_told_since(gone)
 
     async def unlink(self, parent_inode: int, name: bytes, uid: int) -> None:
         self.namespace.check_writer(uid)
@@ -223,20 +215,7 @@ class Requests:
     async def rename(self, old_parent: int, old: bytes, new_parent: int, new: bytes, flags: int,
                      uid: int) -> None:
         self.namespace.check_writer(uid)
-        gone = self.namespace.gone_told
         await settled(self.namespace.rename(old_parent, old, new_parent, new, flags))
-        await self._kernel_told_since(gone, names=False)
-
-    async def _kernel_told_since(self, gone: int, names: bool = True) -> None:
-        """When the store dropped pages since ``gone`` (a publish taking room:
-        ``Namespace.pages_gone``), wait until the kernel was told, so that a stat of a dropped
-        page's name fails once this request is answered. With ``names`` False (a rename), only
-        until it forgot their inodes, which then answer ENOENT: the kernel holds a rename's
-        directories locked until it is answered, and forgetting a name there would wait for
-        that (``kernel_notifier``)."""
-        if self.namespace.gone_told != gone:
-            notices = self.namespace.notices
-            await (notices.delivered() if names else notices.inodes_told())
 
     async def make_link_or_node(self, what: str) -> None:
         """``ln``, ``ln -s``, ``mkfifo``, ``mknod``: only pages and directories live in the tree

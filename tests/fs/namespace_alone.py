@@ -36,9 +36,6 @@ class Recorder:
     async def delivered(self):
         self.events.append(("delivered",))
 
-    async def inodes_told(self):
-        self.events.append(("inodes told",))
-
 
 def settled(answer):
     """The answer after its blocking work, run here (the daemon runs it in a worker thread)."""

@@ -13,19 +13,14 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from hicachefs_testing import mounting
 from hicachefs_testing.workload import content, exists_query
 from pages import ingest_batch, publish, read_page
 
 PAGE = 1 << 20
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
-#: A daemon whose invalidations in the kernel's cache come late: of names, of inodes (seconds).
-SLOW_INVALIDATIONS = Path(__file__).with_name("hicachefs_slow_invalidations.py")
-LATE_NAMES_S, LATE_INODES_S = 1.0, 0.2
 
 
 def daemon_reads(mount, action) -> int:
@@ -199,50 +194,6 @@ def test_stat_getfattr_and_exists_agree_within_a_second_of_an_eviction(mount_fac
         os.getxattr(pool / "first", "user.hicachefs.tier")
     assert "first" not in os.listdir(pool)
     assert mount.stats()["tiers"]["memory"]["evictions"] >= 1
-
-
-def publish_staged(pool, key: str, data: bytes) -> None:
-    """Publish ``data`` with no size announced, its end written first: the daemon keeps the
-    bytes aside (it places a page where the pool's last one would go only from a first write
-    at 0), and takes the page's room at the rename."""
-    tmp = pool / f".tmp-{key}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        os.pwrite(fd, data[4096:], 4096)
-        os.pwrite(fd, data[:4096], 0)
-    finally:
-        os.close(fd)
-    os.rename(tmp, pool / key)
-
-
-@pytest.mark.parametrize("by", ["ftruncate", "rename"])
-def test_a_page_a_publish_evicted_is_gone_once_the_publish_returns(tmp_path, by):
-    """The kernel was told of an eviction only after the request that made it was answered:
-    right after a publish, stat of the page it evicted still succeeded from the kernel's cache,
-    and an open of it then failed with ENOENT (found by review, on a loaded host: the notifier's
-    threads did not run at once; their invalidations are slowed here). Room is taken at the
-    ftruncate announcing the size, or at the rename; a rename holds its directory in the
-    kernel, so it waits for the evicted page's inode to be forgotten, not its name, and the
-    inode answers ENOENT."""
-    daemon, mount = mounting.start_foreground([sys.executable, str(SLOW_INVALIDATIONS), str(LATE_NAMES_S), str(LATE_INODES_S)],
-                                              tmp_path / "mnt", tmp_path / "daemon.log", ["--memory", "16M"])
-    try:
-        pool = mount.page_dir()
-        publish(pool, "first", content(0, PAGE))
-        for i in range(40):  # 16 MiB of RAM: "first" is evicted on the way
-            os.stat(pool / "first")  # the kernel caches its name and attributes
-            (publish if by == "ftruncate" else publish_staged)(pool, f"more{i}", content(i + 1, PAGE))
-            present = os.path.exists(pool / "first")  # stat(2)
-            if exists_query(mount.path, [f"{POOL}/first"]) == "0":
-                break
-        assert not present, "stat showed the page the publish had just evicted"
-        with pytest.raises(FileNotFoundError):
-            os.open(pool / "first", os.O_RDONLY)
-        assert mount.stats()["tiers"]["memory"]["evictions"] >= 1
-    finally:
-        mounting.stop(mount)
-        daemon.wait()
-    assert not mounting.unexpected_log_lines(mount)
 
 
 def mapped(path) -> bytes:

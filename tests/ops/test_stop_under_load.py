@@ -133,31 +133,6 @@ def test_what_is_queued_before_the_session_closes_is_sent_and_nothing_after(monk
         notifier.stop()
 
 
-def test_an_inode_is_forgotten_while_a_name_waits_for_its_directory(monkeypatch):
-    """A rename waits for the kernel to forget the inodes of the pages it evicted; forgetting
-    their names takes the directory's lock, which the rename holds until it is answered. So the
-    inodes go first, whatever names wait."""
-    release = threading.Event()
-    monkeypatch.setattr(pyfuse3, "invalidate_entry", lambda *args: release.wait(5))  # the rename's directory
-    forgotten = []
-    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda inode, attr_only: forgotten.append(inode))
-    notifier = kernel_notifier.KernelNotifier(Share("kernel_pushes", 1 << 20))
-    notifier.start()
-    try:
-        notifier.forget_entry(1, b"k")
-        notifier.forget_inode(7)
-
-        async def told_within_a_second():
-            with trio.fail_after(1):
-                await notifier.inodes_told()
-
-        trio.run(told_within_a_second)
-        assert forgotten == [7]
-    finally:
-        release.set()
-        notifier.stop()
-
-
 def test_stop_gives_back_the_pushes_it_never_sent(monkeypatch):
     """The thread stuck in the kernel (as above): what ``stop`` drops gives its bytes back."""
     release = threading.Event()

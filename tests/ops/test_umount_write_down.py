@@ -5,9 +5,11 @@ that makes no progress for the stall window (``HICACHEFS_UMOUNT_STALL_S`` here).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hicachefs_testing import mounting
@@ -22,8 +24,25 @@ STALL_S = 2.0
 
 def start_slow_daemon(tmp_path: Path, delay: float, flags: list[str]) -> tuple[subprocess.Popen, mounting.Mount]:
     """A foreground daemon whose write-down waits ``delay`` s a page; returned once it answers."""
-    return mounting.start_foreground([sys.executable, str(SLOW_DAEMON), str(delay)], tmp_path / "mnt",
-                                     tmp_path / "hicachefs.log", flags)
+    path, log = tmp_path / "mnt", tmp_path / "hicachefs.log"
+    path.mkdir()
+    with open(log, "wb") as stderr:  # a foreground daemon logs to stderr
+        daemon = subprocess.Popen([sys.executable, str(SLOW_DAEMON), str(delay), str(path), *flags],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+    mount = mounting.Mount(path, log, flags, pid=daemon.pid)
+    for _ in range(1200):
+        try:
+            if json.loads((path / ".hicachefs" / "config").read_text())["pid"] == daemon.pid:
+                return daemon, mount
+        except (OSError, ValueError):
+            pass
+        if daemon.poll() is not None:
+            break
+        time.sleep(0.05)
+    daemon.kill()  # the test's own child, by its PID; and whatever it mounted goes too
+    daemon.wait()
+    mounting.unmount_path(path)
+    raise AssertionError("the slow daemon did not mount:\n" + mount.log_text())
 
 
 def umount(path: Path) -> subprocess.CompletedProcess:

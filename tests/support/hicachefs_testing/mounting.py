@@ -16,7 +16,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,30 +74,6 @@ def start(path: Path, log_file: Path, flags: list[str]) -> Mount:
     mount.pid = config["pid"]
     mount.identity = (mount.pid, _start_time(mount.pid))
     return mount
-
-
-def start_foreground(program: list[str], path: Path, log_file: Path, flags: list[str]) -> tuple[subprocess.Popen, Mount]:
-    """A daemon that ``program`` runs in the foreground (a script named for hicachefs, which
-    mounts the path and flags given after its own arguments), returned once it answers; it logs
-    to ``log_file``."""
-    path.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "wb") as stderr:  # a foreground daemon logs to stderr
-        daemon = subprocess.Popen([*program, str(path), *flags],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
-    mount = Mount(path, log_file, flags, pid=daemon.pid)
-    for _ in range(1200):
-        try:
-            if json.loads((path / ".hicachefs" / "config").read_text())["pid"] == daemon.pid:
-                return daemon, mount
-        except (OSError, ValueError):
-            pass
-        if daemon.poll() is not None:
-            break
-        time.sleep(0.05)
-    daemon.kill()  # the caller's own child, by its PID; and whatever it mounted goes too
-    daemon.wait()
-    unmount_path(path)
-    raise AssertionError(f"the daemon of {program} did not mount:\n" + mount.log_text())
 
 
 def _start_time(pid: int) -> int:
