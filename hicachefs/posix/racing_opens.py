@@ -21,7 +21,7 @@ A second try that never comes must not leave its mark: the retry's lookup may fi
 landing on a retired inode, would then be taken for a second try and fail with EIO, or be
 served the name's page past the cache, where ESTALE was its answer. So a lookup of the name by
 that thread that finds nothing forgets it, and a second try counts only within ``SECOND_TRY_S``
-of its ESTALE (the kernel's follows within milliseconds).
+of its ESTALE (the kernel's follows within milliseconds; a loaded host may take longer).
 
 Not thread-safe: the daemon's trio thread only.
 """
@@ -39,7 +39,7 @@ from .errors import FsError
 #: sends it); past this many the oldest are forgotten.
 MAX_WAITING = 1024
 #: Seconds after its ESTALE that an open still counts as the kernel's second try.
-SECOND_TRY_S = 1.0
+SECOND_TRY_S = 5.0
 
 
 class RacingOpens:

@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from hicachefs.posix.errors import FsError
+from hicachefs.posix.racing_opens import SECOND_TRY_S
 from namespace_alone import POOL, alone, settled
 
 
@@ -97,11 +98,11 @@ def test_a_second_try_whose_lookup_finds_nothing_is_not_awaited_by_later_opens(n
 
 def test_a_second_try_counts_only_right_after_its_stale_answer(ns):
     """A second try that never came (its thread killed in between, say)
-    is forgotten within a second: a later open of the name by that thread is a first try."""
+    is forgotten within seconds: a later open of the name by that thread is a first try."""
     pid, now = 4242, [100.0]
     ns.ns.racing.clock = lambda: now[0]
     open_removed_page_stale(ns, pid)
-    now[0] += 5.0
+    now[0] += SECOND_TRY_S + 1
     assert open_of_replaced_inode(ns, pid) == errno.ESTALE
 
 
