@@ -1,6 +1,7 @@
 """The shared tier alone, two hosts on one local directory: write-behind, read-through, damaged
 files, capacity and stale temporary files."""
 
+import errno
 import itertools
 import os
 import shutil
@@ -399,6 +400,43 @@ def test_other_data_where_pages_would_be_is_neither_served_nor_removed(tmp_path,
     wait_for_sweeps([bounded])
     assert _present(root, pages) == [False, False, True, True]
     assert backup.exists() and stray.exists() and bounded.statistics().pages == 2
+
+
+class _Unreadable(DirectoryDevice):
+    """A volume on which one file's data cannot be read (a GlusterFS split-brain, a JuiceFS block
+    whose object is lost): its open and unlink work, its reads fail with EIO."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.fds = str(path), set()
+
+    def open(self, path, flags, mode=0o644):
+        fd = super().open(path, flags, mode)
+        if path == self.path:
+            self.fds.add(fd)
+        return fd
+
+    def close(self, fd):
+        self.fds.discard(fd)
+        super().close(fd)
+
+    def pread(self, fd, size, offset):
+        if fd in self.fds:
+            raise OSError(errno.EIO, "Input/output error")
+        return super().pread(fd, size, offset)
+
+
+def test_an_oldest_page_that_cannot_be_read_is_evicted_and_eviction_goes_on(tmp_path, make_tier):
+    """The evictor checks a candidate's magic before it removes it: one whose read fails is
+    removed unchecked, as before that check (it was put back first in line and ended every
+    eviction round, so the tier grew past its bound for good)."""
+    root = tmp_path / "shared"
+    file_size = page_format.header_length(page_name(0)) + 16 * KiB
+    pages = _write_aged(make_tier(root), root, 30, 16 * KiB, time.time() - 1000)
+    bounded = make_tier(root, capacity=20 * file_size, device=_Unreadable(page_path(root, pages[0].name)))
+    wait_until(lambda: sum(_present(root, pages)) <= 20)
+    wait_for_sweeps([bounded])
+    assert _present(root, pages) == [False] * 10 + [True] * 20
+    assert bounded.statistics().evictions == 10
 
 
 def test_removing_a_page_another_host_removed_already_forgets_it(tmp_path, make_tier):
