@@ -7,6 +7,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,30 @@ def test_one_large_page_leaves_no_large_buffer_in_the_writers(tmp_path, make_tie
     publish(tier, [make_page(i, 16 * KiB) for i in range(1, 41)])
     wait_until(lambda: tier.statistics().write_behind.written_behind == 41)
     wait_until(lambda: tier.statistics().write_behind.buffer_bytes <= 2 * 2 * 16 * KiB)
+
+
+class _ViewsWritten(DirectoryDevice):
+    """Notes (weakly) each payload view a page write is given."""
+
+    def __init__(self) -> None:
+        self.views = []
+
+    def pwritev(self, buffers, fd, offset):
+        self.views.extend(weakref.ref(buffer) for buffer in buffers if isinstance(buffer, memoryview))
+        return super().pwritev(buffers, fd, offset)
+
+
+def test_a_writer_waiting_for_pages_holds_no_view_of_its_large_buffer(tmp_path, make_tier):
+    """A write-behind worker lets go of its large buffer while it waits: the view of it that it
+    wrote from goes too (the view kept the buffer, so 64 MiB per writer stayed while idle, with
+    write_behind.buffer_bytes at 0)."""
+    device = _ViewsWritten()
+    tier = make_tier(tmp_path / "shared", device=device, queue_bytes=64 << 20, queue_lag_s=100.0)
+    publish(tier, [make_page(0, 16 << 20)])
+    wait_until(lambda: tier.statistics().write_behind.written_behind == 1)
+    wait_until(lambda: tier.statistics().write_behind.buffer_bytes == 0)
+    assert device.views
+    wait_until(lambda: all(view() is None for view in device.views))
 
 
 def test_close_writes_what_is_queued(tmp_path, make_tier):

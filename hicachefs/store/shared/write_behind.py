@@ -228,6 +228,7 @@ class WriteBehind:
                 buffer = bytearray()
                 _log.exception("write-behind of %s failed", item.page.name)
             finally:
+                copy = None  # a view keeps its buffer: the buffer let go while idle is freed
                 if item.payload is not None:
                     _release(item)
             with self._lock:
