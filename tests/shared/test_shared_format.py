@@ -36,9 +36,11 @@ def test_every_flipped_header_bit_is_caught():
 
 
 def test_short_headers_and_other_pages_files_are_corrupt():
+    """A page file cut short is damaged, even below the magic's 4 bytes (no other data's file
+    lies where a page's name hashes to and is that short)."""
     page, _ = make_page(1)
     head = page_format.encode(page)
-    for length in (4, 10, page_format.HEADER_BYTES, len(head) - 1):
+    for length in (0, 2, 3, 4, 10, page_format.HEADER_BYTES, len(head) - 1):
         assert page_format.decode(head[:length], page.name).verdict is page_format.Verdict.CORRUPT
     other, _ = make_page(2)
     assert page_format.decode(head, other.name).verdict is page_format.Verdict.CORRUPT
@@ -46,7 +48,7 @@ def test_short_headers_and_other_pages_files_are_corrupt():
 
 def test_files_without_the_magic_are_no_page_files():
     page, _ = make_page(1)
-    for data in (b"", b"HCs", b"operator data, not a page\n" * 100, b"hcsp" + page_format.encode(page)[4:]):
+    for data in (b"HCs!", b"operator data, not a page\n" * 100, b"hcsp" + page_format.encode(page)[4:]):
         assert page_format.decode(data, page.name).verdict is page_format.Verdict.STRANGER
 
 

@@ -427,6 +427,25 @@ def test_other_data_where_pages_would_be_is_neither_served_nor_removed(tmp_path,
     assert backup.exists() and stray.exists() and bounded.statistics().pages == 2
 
 
+def test_a_page_file_cut_below_the_magic_is_removed_as_damaged(tmp_path, make_tier):
+    """A page file shorter than the magic's 4 bytes is a damaged page, not another data's file:
+    it was taken for one, never served, counted nor removed, and stayed for good."""
+    root = tmp_path / "shared"
+    tier = make_tier(root)
+    file_size = page_format.header_length(page_name(0)) + 16 * KiB
+    first = time.time() - 1000
+    pages = _write_aged(tier, root, 4, 16 * KiB, first)
+    os.truncate(page_path(root, pages[0].name), 2)
+    assert tier.find(pages[0].name) is None
+    assert not os.path.exists(page_path(root, pages[0].name)) and tier.statistics().checksum_failures == 1
+    os.truncate(page_path(root, pages[1].name), 3)
+    os.utime(page_path(root, pages[1].name), (first, first))  # the oldest left, which the evictor removes
+    bounded = make_tier(root, capacity=2 * file_size)
+    wait_until(lambda: not os.path.exists(page_path(root, pages[1].name)))
+    wait_for_sweeps([bounded])
+    assert _present(root, pages) == [False, False, True, True]
+
+
 class _Unreadable(DirectoryDevice):
     """A volume on which one file's data cannot be read (a GlusterFS split-brain, a JuiceFS block
     whose object is lost): its open and unlink work, its reads fail with EIO."""

@@ -7,7 +7,8 @@ name. The name (UTF-8) follows, then the payload. A host reads a file only when 
 its own: hosts running the same hicachefs version read each other's pages, and a file written by
 another version is neither served nor removed (a rolling upgrade keeps the newer hosts' pages).
 Nor is a file without the magic: it is no page file (the directory may hold other data), so
-only a file that carries the magic is ever taken for a damaged page.
+only a file that carries the magic is ever taken for a damaged page, or one shorter than the
+magic, which lies where its name hashes to: a page file cut short, never counted otherwise.
 
 Pure functions, thread-safe, no I/O.
 """
@@ -31,7 +32,7 @@ HEADER_BYTES = _HEADER.size
 class Verdict(enum.Enum):
     OK = "ok"
     FOREIGN = "foreign"  # another format version: not ours to read or to remove
-    STRANGER = "stranger"  # no magic: not a page file at all, not ours to read or to remove
+    STRANGER = "stranger"  # another magic: not a page file at all, not ours to read or to remove
     CORRUPT = "corrupt"  # a page file's torn or flipped header, or another page's file
 
 
@@ -64,15 +65,16 @@ def encode(page: PageMeta) -> bytes:
     return fields[: HEADER_BYTES - 4] + struct.pack("<I", check) + name
 
 
-def has_magic(data: bytes | memoryview) -> bool:
-    """Whether ``data``, a file's first bytes, start as a page file does."""
-    return bytes(data[: len(MAGIC)]) == MAGIC
+def may_be_page(data: bytes | memoryview) -> bool:
+    """Whether ``data``, a file's first bytes, may be a page file's: they start with the magic,
+    or are fewer than its bytes (a page file cut short, to be removed as damaged)."""
+    return len(data) < len(MAGIC) or bytes(data[: len(MAGIC)]) == MAGIC
 
 
 def decode(data: bytes | memoryview, expected_name: str) -> Decoded:
     """Check the first bytes of a page file that should hold page ``expected_name``."""
     name = encode_name(expected_name)
-    if not has_magic(data):
+    if not may_be_page(data):
         return Decoded(Verdict.STRANGER, None, 0)
     if len(data) < HEADER_BYTES:
         return Decoded(Verdict.CORRUPT, None, 0)

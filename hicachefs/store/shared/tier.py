@@ -793,14 +793,14 @@ class SharedTier(Tier):
                 self._count(evictions=1)
 
     def _is_page_file(self, path: str) -> bool:
-        """Whether the file at ``path`` starts with the page magic: the evictor removes no file
-        of the directory's other data that merely lies where a page would. A file whose first
-        bytes cannot be read (a GlusterFS split-brain, a JuiceFS block whose object is lost:
-        unlink still works) is taken for the page its name hashes to and removed: checked
-        again, it would stop every eviction for good as the oldest candidate."""
+        """Whether the file at ``path`` may be a page file (``may_be_page``): the evictor
+        removes no file of the directory's other data that merely lies where a page would. A
+        file whose first bytes cannot be read (a GlusterFS split-brain, a JuiceFS block whose
+        object is lost: unlink still works) is taken for the page its name hashes to and
+        removed: checked again, it would stop every eviction for good as the oldest candidate."""
         fd = self._device.open(path, os.O_RDONLY)
         try:
-            return page_format.has_magic(self._device.pread(fd, len(page_format.MAGIC), 0))
+            return page_format.may_be_page(self._device.pread(fd, len(page_format.MAGIC), 0))
         except OSError as error:
             if error.errno in GONE:
                 raise
