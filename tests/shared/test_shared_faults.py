@@ -294,8 +294,8 @@ def test_a_sweep_asked_for_in_the_tick_that_finds_the_volume_gone_runs_once_it_i
 
 class Mountpoint(DirectoryDevice):
     """A volume's directory seen through its mountpoint, which ``mounted = False`` unmounts: the
-    mountpoint's paths then name the bare directory below it. Each mount gives the volume a
-    new st_dev, as FUSE does."""
+    mountpoint's paths then name the bare directory below it, on the mount of /. Each mount
+    gives the volume a new st_dev, as FUSE does, and has a mount ID of its own."""
 
     def __init__(self, volume: Path, mountpoint: Path) -> None:
         self.volume, self.mountpoint, self.mounted, self.mounts = str(volume), str(mountpoint), True, 1
@@ -307,7 +307,7 @@ class Mountpoint(DirectoryDevice):
 
     def __getattribute__(self, name):
         method = super().__getattribute__(name)
-        if name.startswith("_") or name in ("stat", "volume", "mountpoint", "mounted", "mounts"):
+        if name.startswith("_") or name in ("stat", "mount_of", "volume", "mountpoint", "mounted", "mounts"):
             return method
         return lambda *args: method(*(self._path(arg) for arg in args))
 
@@ -318,6 +318,9 @@ class Mountpoint(DirectoryDevice):
         fields = list(real[:10])
         fields[2] = real.st_dev + self.mounts  # the volume's filesystem, as this mount numbers it
         return os.stat_result(fields)
+
+    def mount_of(self, path):
+        return (self.mountpoint, self.mounts) if self._path(path) != path else ("/", 0)
 
 
 def test_a_volume_unmounted_under_the_tier_is_unavailable_and_nothing_lands_on_the_mountpoint(tmp_path, make_tier):
@@ -350,3 +353,49 @@ def test_a_volume_unmounted_under_the_tier_is_unavailable_and_nothing_lands_on_t
     a.write(later, later_data)
     wait_until(lambda: b.contains_many([later.name]) == [True])
     assert read_page(b, later.name) == later_data and os.listdir(mountpoint) == []
+
+
+def writes(tier, page, data) -> bool:
+    """Whether ``tier`` took a write of ``page`` now."""
+    try:
+        tier.write(page, data)
+    except OSError:
+        return False
+    return True
+
+
+def test_a_tier_started_before_its_volume_is_mounted_takes_the_volume_up_once_it_is(tmp_path, make_tier):
+    """The daemon came up before its volume was mounted (boot order): the tier started on the
+    bare mountpoint, and once the volume is mounted over it, it works on the volume (it stayed
+    unavailable until a restart: the directory it had noted was the bare mountpoint's)."""
+    volume, mountpoint = tmp_path / "volume", tmp_path / "mnt"
+    volume.mkdir(), mountpoint.mkdir()
+    device = Mountpoint(volume, mountpoint)
+    device.mounted = False
+    a = make_tier(mountpoint / "hc", device=device)
+    b = make_tier(volume / "hc", sweep_interval_s=60.0)  # another host: what it learns comes from the journals
+    wait_until(lambda: b.statistics().sweep.sweep_cycles >= 1)
+    device.mounted = True
+    page, data = make_page(1)
+    wait_until(lambda: writes(a, page, data), timeout=5)
+    wait_until(lambda: b.contains_many([page.name]) == [True])  # announced in the volume's journal
+    assert read_page(b, page.name) == data and a.statistics().guard.available
+
+
+def test_the_shared_directory_made_again_under_a_running_tier_is_taken_up(tmp_path, make_tier):
+    """An operator moves the shared directory away and makes it again: while it is missing the
+    tier is unavailable and makes nothing; once it is there the tier works on it (it stayed
+    unavailable until a restart, the directory not the one noted at start)."""
+    root = tmp_path / "shared"
+    a = make_tier(root)
+    b = make_tier(root, sweep_interval_s=60.0)
+    os.rename(root, tmp_path / "old")
+    wait_until(lambda: not a.statistics().guard.available, timeout=5)
+    time.sleep(0.5)  # some probes
+    assert not root.exists()
+    root.mkdir()
+    page, data = make_page(1)
+    wait_until(lambda: writes(a, page, data), timeout=5)
+    assert os.path.exists(Layout(root).page_path(place(page.name)))
+    wait_until(lambda: b.contains_many([page.name]) == [True])  # announced in the new directory's journal
+    assert read_page(b, page.name) == data

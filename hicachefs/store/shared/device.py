@@ -17,6 +17,8 @@ import os
 import time
 from typing import NamedTuple
 
+from hicachefs.store.shared import engine_checks
+
 _MAKEDIRS_PAUSES_S = (0.05, 0.25, 1.0)
 #: The errnos of a file another host removed or replaced: a plain miss, not a failure.
 GONE = (errno.ENOENT, errno.ESTALE)
@@ -64,6 +66,12 @@ class DirectoryDevice:
 
     def stat(self, path: str) -> os.stat_result:
         return os.stat(path)
+
+    def mount_of(self, path: str) -> tuple[str, int] | None:
+        """The mountpoint and mount ID of the mount ``path`` lies on (``engine_checks.mount_of``):
+        they change when a volume is mounted over it, or unmounted from under it."""
+        mount = engine_checks.mount_of(path)
+        return None if mount is None else (mount.mountpoint, mount.mount_id)
 
     def makedirs(self, path: str) -> None:
         """``os.makedirs``, tried again when another host makes the same directories at once:

@@ -37,6 +37,7 @@ class Mount:
     mountpoint: str
     fstype: str
     options: dict[str, str]  # the filesystem's own options ("super options"); flags map to ""
+    mount_id: int  # unique in the mount namespace: a mount made again gets another
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def find_mount(path: str, mountinfo: str) -> Mount | None:
         inside = path == mountpoint or path.startswith(mountpoint.rstrip("/") + "/")
         if inside and len(after) >= 3 and (best is None or len(mountpoint) >= len(best.mountpoint)):
             options = dict(option.partition("=")[::2] for option in after[2].split(","))
-            best = Mount(mountpoint, after[0], options)
+            best = Mount(mountpoint, after[0], options, int(fields[0]))
     return best
 
 
@@ -122,7 +123,7 @@ def _glusterfs_client(mountpoint: str) -> list[str] | None:
     return None
 
 
-def _mount_of(path: str) -> Mount | None:
+def mount_of(path: str) -> Mount | None:
     """The mount ``path`` lies on, from this process's /proc/self/mountinfo."""
     with open("/proc/self/mountinfo") as file:
         return find_mount(os.path.realpath(path), file.read())
@@ -130,7 +131,7 @@ def _mount_of(path: str) -> Mount | None:
 
 def local_mount(path: str) -> Mount | None:
     """The mount ``path`` lies on if it is a local filesystem (``LOCAL_FILESYSTEMS``), else None."""
-    mount = _mount_of(path)
+    mount = mount_of(path)
     return mount if mount is not None and mount.fstype in LOCAL_FILESYSTEMS else None
 
 
@@ -143,7 +144,7 @@ def local_warning(path: str, mount: Mount) -> str:
 def settings(path: str) -> Settings | None:
     """What the engine under ``path`` uses; None for a filesystem it cannot tell about, or
     settings it cannot read (JuiceFS's ``.config`` is root's alone)."""
-    mount = _mount_of(path)
+    mount = mount_of(path)
     try:
         return _settings_of(mount) if mount is not None else None
     except (ValueError, TypeError, AttributeError):

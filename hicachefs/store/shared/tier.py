@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from hicachefs.store.shared import engine_checks
 from hicachefs.store.shared import format as page_format
@@ -92,6 +93,28 @@ class _Opened:
         self.payload_offset = payload_offset
         self.ahead = ahead
         self.at = time.monotonic()
+
+
+class _Root(NamedTuple):
+    """Which directory the root is (``inode``: None while it is missing) and the mount it lies
+    on (its mountpoint and mount ID)."""
+
+    inode: int | None
+    mount: tuple[str, int] | None
+
+
+def _came(seen: _Root, now: _Root) -> bool:
+    """Whether the root, ``seen`` before and looked at ``now``, is a volume or a directory that
+    came since, to be taken up: a mount appeared over it (its mount deeper, or another one
+    stacked at the same mountpoint), or it was made again on its mount. Not when it is missing
+    on its mount, or its mount lies above the one seen: that one went, and the path names its
+    bare mountpoint."""
+    if seen.mount is None or now.mount is None:
+        return False
+    if now.mount == seen.mount:
+        return now.inode is not None and now.inode != seen.inode
+    mountpoint, seen_mountpoint = now.mount[0], seen.mount[0]
+    return mountpoint == seen_mountpoint or mountpoint.startswith(seen_mountpoint.rstrip("/") + "/")
 
 
 class _Corrupt(Exception):
@@ -163,7 +186,7 @@ class SharedTier(Tier):
         self._temp_numbers = itertools.count()
         writer = re.sub(r"[^A-Za-z0-9_-]", "_", f"{socket.gethostname()}-{os.getpid()}")[:100]
         self._guard = CallGuard(io_threads)
-        self._root_inode: int | None = None  # the root's st_ino, as the first probe found it
+        self._root_seen: _Root | None = None  # the root as the probe that took it up found it
         self._presence = PresenceIndex()
         self._journal = Journal(self._device, self._layout, f"{writer}-{self._token}", keep_s=journal_keep_s,
                                 on_volume=self._on_volume)
@@ -438,34 +461,52 @@ class SharedTier(Tier):
     # -- filesystem work, run on guard threads -------------------------------------------
 
     def _probe(self) -> None:
-        """Whether the filesystem answers, and the root is still the directory the tier started
-        on: a listing always reaches it (a stat may not). The first makes the root if it is
-        missing and notes which directory it is; later ones make nothing unless it is there."""
-        if self._root_inode is None:
+        """Whether the filesystem answers, and the root is still the directory the tier took up:
+        a listing always reaches it (a stat may not). The first probe, and one that finds a
+        volume mounted over the root or the root made again (``_came``), takes the root up:
+        makes it if it is missing and notes which directory it is and on which mount; the
+        others make nothing unless it is there."""
+        if self._root_seen is not None:
+            try:
+                self._on_volume()
+            except OSError:
+                if self._root_seen is not None:
+                    raise  # not there: nothing is made
+        if self._root_seen is None:
             self._device.makedirs(self._layout.journal)
-            self._root_inode = self._device.stat(str(self.root)).st_ino
+            self._root_seen = self._look_at_root()
+            self._sweep_wanted = True  # what the tier counted lay elsewhere
         else:
-            self._on_volume()
             self._device.makedirs(self._layout.journal)
         self._device.listdir(self._layout.journal)
 
-    def _on_volume(self) -> bool:
-        """Check that the root is still the directory the tier started on, else mark the tier
-        unavailable and raise ENOTCONN: once the volume is unmounted its path names the bare
-        mountpoint, where a page written would reach no host and fill the local disk, a
-        directory made would hide the journal after a remount, and a removal finding no file
-        would be taken as done (the page coming back with the volume). The directory's inode
-        number tells, not its st_dev: a FUSE volume mounted again gets a new device number,
-        its directories keep theirs (GlusterFS's come from their gfids)."""
+    def _look_at_root(self) -> _Root:
         try:
             inode = self._device.stat(str(self.root)).st_ino
         except FileNotFoundError:
             inode = None  # not made again: it would be made on the bare mountpoint
-        if inode != self._root_inode:
-            reason = f"shared directory {self.root} is not the one it was at start (its volume unmounted?)"
-            self._guard.mark_unavailable(reason)
-            raise OSError(errno.ENOTCONN, reason)
-        return True
+        return _Root(inode, self._device.mount_of(str(self.root)))
+
+    def _on_volume(self) -> bool:
+        """Check that the root is still the directory the tier took up, else mark the tier
+        unavailable and raise ENOTCONN: once the volume is unmounted its path names the bare
+        mountpoint, where a page written would reach no host and fill the local disk, a
+        directory made would hide the journal after a remount, and a removal finding no file
+        would be taken as done (the page coming back with the volume). The mount the root lies
+        on tells (once the volume is unmounted, that of a directory above its mountpoint), and
+        the root's inode number on that mount. A volume mounted over the root since (a daemon
+        started before its volume was mounted, a volume mounted again) or the root made again
+        on its mount is taken up by the next probe (``_came``)."""
+        seen, now = self._root_seen, self._look_at_root()
+        if seen is not None and now == seen:
+            return True
+        if seen is not None and _came(seen, now):
+            self._root_seen = None
+            reason = f"shared directory {self.root} changed (a volume mounted over it, or made again): taken up anew"
+        else:
+            reason = f"shared directory {self.root} is not the one the tier took up (its volume unmounted?)"
+        self._guard.mark_unavailable(reason)
+        raise OSError(errno.ENOTCONN, reason)
 
     def _check_engine(self) -> None:
         """Say once, in one line, what the filesystem's mount uses that the tier cannot work
