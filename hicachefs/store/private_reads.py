@@ -39,8 +39,7 @@ class PrivateReads:
         shares = (self._all, self._others) if bounded else (self._all,)
         with self._lock:
             if not _room(shares, size):
-                raise PrivateReadsFull(f"{self._all.held} bytes of pages are being read into private memory "
-                                       f"(at most {self._all.limit}); try again", room=lambda: self.has_room(size, bounded))
+                raise self._full(size, bounded)
             for share in shares:
                 share.add(size)
         view = memoryview(mmap.mmap(-1, size)) if size >= MAPPED_FROM else memoryview(bytearray(size))
@@ -49,6 +48,16 @@ class PrivateReads:
     def has_room(self, size: int, bounded: bool = False) -> bool:
         with self._lock:
             return _room((self._all, self._others) if bounded else (self._all,), size)
+
+    def check(self, size: int, bounded: bool = False) -> None:
+        """``PrivateReadsFull`` when a copy of ``size`` would find no room now: a read asks
+        before it counts itself (a miss, an access), as a refused read is made again."""
+        if not self.has_room(size, bounded):
+            raise self._full(size, bounded)
+
+    def _full(self, size: int, bounded: bool) -> PrivateReadsFull:
+        return PrivateReadsFull(f"{self._all.held} bytes of pages are being read into private memory "
+                                f"(at most {self._all.limit}); try again", room=lambda: self.has_room(size, bounded))
 
     def _give_back(self, shares: tuple[Share, ...], size: int) -> None:
         with self._lock:

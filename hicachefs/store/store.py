@@ -412,13 +412,16 @@ class PageStore:
                     if slot >= 0:
                         self._counted_hit(row)
                         return self._pinned_reader(row, slot)
-                    index.atime[row] = time.time_ns()
-                    self._ram.count_miss()
                     position = index.top_tier(row)
-                    tier, location, page, info = self._tiers[position], int(index.loc[row, position]), self._meta(row), self._info(row)
+                    page = self._meta(row)
                     # Promote on the second read only: a page read once from a lower tier is often
                     # never read again, and promoting it would push another page down (a write).
                     slot = self._slot_for_promotion(page.size) if index.hits[row] > 0 else None
+                    if slot is None:  # refused before it counts: a read refused for room is made again
+                        self._private.check(page.size, bounded)
+                    index.atime[row] = time.time_ns()
+                    self._ram.count_miss()
+                    tier, location, info = self._tiers[position], int(index.loc[row, position]), self._info(row)
             if row < 0:
                 if self._ahead.wait(name):  # was being fetched ahead: read it here now
                     continue

@@ -72,3 +72,21 @@ def test_one_copy_is_allowed_whatever_its_size_when_none_is_held():
     assert not reads.has_room(4 * KiB, bounded=True) and not reads.has_room(4 * KiB)
     release_big()
     assert every.held == others.held == 0
+
+
+def test_a_read_refused_for_room_counts_no_miss_until_it_is_made(make_store):
+    """A read refused for room is made again once there is (``posix.blocking``): it counted the
+    RAM tier's miss, and the page's access, at every try (found by review)."""
+    store = make_store(memory=8 * MiB, disk=64 * MiB, max_page_size=256 * KiB)
+    pages = on_disk(store, 5)
+    readers = [store.open(page_name(i)) for i in pages[:4]]
+    misses = store.statistics().tier("memory").misses
+    for _ in range(3):
+        with pytest.raises(PrivateReadsFull):
+            store.open(page_name(pages[4]))
+    assert store.statistics().tier("memory").misses == misses
+    readers[0].close()
+    store.open(page_name(pages[4])).close()
+    assert store.statistics().tier("memory").misses == misses + 1
+    for reader in readers[1:]:
+        reader.close()
