@@ -176,12 +176,17 @@ class Plane:
         return attachment
 
     def let_go_if_gone(self) -> bool:
-        """Drop the attachment of a daemon that is gone (its memory is then no longer held
-        here once no thread still copies); whether one is held."""
+        """Drop the attachment of a daemon that is gone, or that the mount's path no longer
+        leads to (its memory is then no longer held here once no thread still copies); whether
+        one is held."""
         with self._lock:
             if self._attachment is not None and not self._attachment.live:
                 self._attachment = None
                 self._forget_arena_if_gone()
+            attachment = self._attachment
+        if attachment is not None and not attachment.reached_by_path():
+            self._let_go(attachment.arena_map)
+        with self._lock:
             return self._attachment is not None
 
     def _let_go(self, arena: ArenaMapping) -> None:

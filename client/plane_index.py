@@ -116,6 +116,8 @@ class Attachment:
         # directory number -> key -> (table hash, key identity) of keys looked up lately: SGLang
         # asks for a prefix's pages again at every request that shares it.
         self._places: Dict[int, Dict[str, Tuple[int, bytes]]] = {}
+        self.root = root
+        self._mount_dev = os.stat(root).st_dev  # the mount this daemon serves (``reached_by_path``)
         index_path = os.path.join(root, INDEX_LINK)
         self.index_fd = self._open(index_path, os.O_RDONLY)
         self._map = mmap.mmap(self.index_fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -150,6 +152,16 @@ class Attachment:
         fd = os.open(path, flags | os.O_CLOEXEC)
         self._fds.append(fd)
         return fd
+
+    def reached_by_path(self) -> bool:
+        """Whether the mount's path still leads to this index's daemon (a system call: asked
+        twice a second by the reports' thread). A daemon that still runs (hung, then taken down
+        by an abort of its connection) keeps its liveness word, and a client that only asks
+        whether pages exist sends it no request that would fail."""
+        try:
+            return os.stat(self.root).st_dev == self._mount_dev
+        except OSError:
+            return False
 
     @property
     def live(self) -> bool:

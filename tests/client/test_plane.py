@@ -355,6 +355,33 @@ def test_a_client_lets_go_of_a_hung_daemon_taken_down_and_serves_the_next_ones_p
     client.close()
 
 
+def test_a_client_that_only_asks_whether_pages_exist_lets_go_of_a_hung_daemon_taken_down(mount_factory):
+    """Such a client sends the hung daemon no request that would fail, and its liveness word does
+    not change: it answered from the hung daemon's index for good, pages of the next daemon
+    missing (so SGLang never read them; found by review)."""
+    mount = mount_factory("--memory", "64M")
+    pool = MHAHostPool(pages=PAGES)
+    writer = make_fs(mount.path, pool)
+    before, after = [key("before", i) for i in range(PAGES)], [key("after", i) for i in range(PAGES)]
+    assert writer.batch_set_v1(before, indices(pool, range(PAGES))) == [True] * PAGES
+    writer.close()
+    asking = make_fs(mount.path, MHAHostPool(pages=PAGES))
+    assert asking.batch_exists(before) == PAGES
+    os.kill(mount.pid, signal.SIGSTOP)
+    try:
+        mount_table.abort(mount.path)
+        mount_table.remove(mount.path)
+        mount_factory("--memory", "64M", path=mount.path)
+        writer = make_fs(mount.path, pool)
+        assert writer.batch_set_v1(after, indices(pool, range(PAGES))) == [True] * PAGES
+        writer.close()
+        wait_until(lambda: asking.batch_exists(after) == PAGES and asking.batch_exists(before) == 0)
+    finally:
+        os.kill(mount.pid, signal.SIGKILL)
+        assert mounting.wait_gone(mount.pid, 10)
+    asking.close()
+
+
 def test_handles_left_at_a_hung_daemon_do_not_make_the_client_let_go_of_the_next_one(mount_factory, monkeypatch):
     """After a hung daemon is taken down and the client serves from the next one, each other
     thread's plane handle still open at the hung daemon meets its aborted connection once: that
