@@ -297,8 +297,11 @@ class Mountpoint(DirectoryDevice):
     mountpoint's paths then name the bare directory below it, on the mount of /. Each mount
     gives the volume a new st_dev, as FUSE does, and has a mount ID of its own."""
 
-    def __init__(self, volume: Path, mountpoint: Path) -> None:
+    def __init__(self, volume: Path, mountpoint: Path, placeholder: bool = False) -> None:
+        """``placeholder``: unmounted, the mountpoint shows a mount under the volume's (its
+        directory then of that mount, ID 0), not the bare directory on the mount of /."""
         self.volume, self.mountpoint, self.mounted, self.mounts = str(volume), str(mountpoint), True, 1
+        self.placeholder = placeholder
 
     def _path(self, path):
         if self.mounted and isinstance(path, str) and path.startswith(self.mountpoint):
@@ -307,7 +310,8 @@ class Mountpoint(DirectoryDevice):
 
     def __getattribute__(self, name):
         method = super().__getattribute__(name)
-        if name.startswith("_") or name in ("stat", "mount_of", "volume", "mountpoint", "mounted", "mounts"):
+        if name.startswith("_") or name in ("stat", "mount_of", "volume", "mountpoint", "mounted", "mounts",
+                                            "placeholder"):
             return method
         return lambda *args: method(*(self._path(arg) for arg in args))
 
@@ -320,7 +324,9 @@ class Mountpoint(DirectoryDevice):
         return os.stat_result(fields)
 
     def mount_of(self, path):
-        return (self.mountpoint, self.mounts) if self._path(path) != path else ("/", 0)
+        if self._path(path) != path:
+            return self.mountpoint, self.mounts
+        return (self.mountpoint, 0) if self.placeholder else ("/", 0)
 
 
 def test_a_volume_unmounted_under_the_tier_is_unavailable_and_nothing_lands_on_the_mountpoint(tmp_path, make_tier):
@@ -399,3 +405,27 @@ def test_the_shared_directory_made_again_under_a_running_tier_is_taken_up(tmp_pa
     assert os.path.exists(Layout(root).page_path(place(page.name)))
     wait_until(lambda: b.contains_many([page.name]) == [True])  # announced in the new directory's journal
     assert read_page(b, page.name) == data
+
+
+def test_a_directory_the_unmounted_volume_reveals_at_its_mountpoint_is_not_taken_up(tmp_path, make_tier):
+    """The volume was mounted over a placeholder that holds a directory of the shared
+    directory's name: unmounted, the placeholder shows at the same mountpoint. The tier took that
+    directory up and wrote its pages and journal there, where no other host sees them (found by
+    review); it stays unavailable now, and takes the volume up again once it is back."""
+    volume, mountpoint = tmp_path / "volume", tmp_path / "mnt"
+    volume.mkdir(), mountpoint.mkdir()
+    (mountpoint / "hc").mkdir()  # the placeholder's directory, under the volume
+    device = Mountpoint(volume, mountpoint, placeholder=True)
+    a = make_tier(mountpoint / "hc", device=device)
+    page, data = make_page(0)
+    wait_until(lambda: writes(a, page, data))
+    device.mounted = False
+    wait_until(lambda: not a.statistics().guard.available, timeout=5)
+    time.sleep(0.5)  # some probes
+    later, later_data = make_page(1)
+    assert not writes(a, later, later_data)
+    assert not a.statistics().guard.available and os.listdir(mountpoint / "hc") == []
+    device.mounted, device.mounts = True, 2
+    wait_until(lambda: a.statistics().guard.available, timeout=5)
+    assert writes(a, later, later_data) and os.listdir(mountpoint / "hc") == []
+    assert os.path.exists(Layout(volume / "hc").page_path(place(later.name)))

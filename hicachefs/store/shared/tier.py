@@ -96,25 +96,30 @@ class _Opened:
 
 
 class _Root(NamedTuple):
-    """Which directory the root is (``inode``: None while it is missing) and the mount it lies
-    on (its mountpoint and mount ID)."""
+    """Which directory the root is (``inode``: None while it is missing; ``device``: its
+    st_dev) and the mount it lies on (its mountpoint and mount ID)."""
 
     inode: int | None
+    device: int | None
     mount: tuple[str, int] | None
 
 
 def _came(seen: _Root, now: _Root) -> bool:
     """Whether the root, ``seen`` before and looked at ``now``, is a volume or a directory that
-    came since, to be taken up: a mount appeared over it (its mount deeper, or another one
-    stacked at the same mountpoint), or it was made again on its mount. Not when it is missing
-    on its mount, or its mount lies above the one seen: that one went, and the path names its
-    bare mountpoint."""
+    came since, to be taken up: a mount appeared over it (its mount deeper), the same directory
+    is mounted again at the same mountpoint (its inode number kept, as GlusterFS's and JuiceFS's
+    are), or it was made again on its mount. Not when it is missing on its mount, or its mount
+    lies above the one seen (that one went, and the path names its bare mountpoint), nor when
+    another directory shows at the same mountpoint: the volume unmounted may reveal one mounted
+    under it (a placeholder), which no other host sees (found by review)."""
     if seen.mount is None or now.mount is None:
         return False
     if now.mount == seen.mount:
         return now.inode is not None and now.inode != seen.inode
     mountpoint, seen_mountpoint = now.mount[0], seen.mount[0]
-    return mountpoint == seen_mountpoint or mountpoint.startswith(seen_mountpoint.rstrip("/") + "/")
+    if mountpoint == seen_mountpoint:
+        return now.inode == seen.inode
+    return mountpoint.startswith(seen_mountpoint.rstrip("/") + "/")
 
 
 class _Corrupt(Exception):
@@ -480,12 +485,17 @@ class SharedTier(Tier):
             self._device.makedirs(self._layout.journal)
         self._device.listdir(self._layout.journal)
 
-    def _look_at_root(self) -> _Root:
+    def _look_at_root(self, seen: _Root | None = None) -> _Root:
+        """The root now; ``seen`` itself while it is the same directory of the same filesystem,
+        without reading the mount table (every tick: 8 ms with 3,000 mounts, found by review)."""
         try:
-            inode = self._device.stat(str(self.root)).st_ino
+            stat = self._device.stat(str(self.root))
         except FileNotFoundError:
-            inode = None  # not made again: it would be made on the bare mountpoint
-        return _Root(inode, self._device.mount_of(str(self.root)))
+            stat = None  # not made again: it would be made on the bare mountpoint
+        if seen is not None and stat is not None and (stat.st_ino, stat.st_dev) == (seen.inode, seen.device):
+            return seen
+        return _Root(None if stat is None else stat.st_ino, None if stat is None else stat.st_dev,
+                     self._device.mount_of(str(self.root)))
 
     def _on_volume(self) -> bool:
         """Check that the root is still the directory the tier took up, else mark the tier
@@ -497,7 +507,8 @@ class SharedTier(Tier):
         the root's inode number on that mount. A volume mounted over the root since (a daemon
         started before its volume was mounted, a volume mounted again) or the root made again
         on its mount is taken up by the next probe (``_came``)."""
-        seen, now = self._root_seen, self._look_at_root()
+        seen = self._root_seen
+        now = self._look_at_root(seen)
         if seen is not None and now == seen:
             return True
         if seen is not None and _came(seen, now):
