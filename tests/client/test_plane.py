@@ -6,6 +6,7 @@ trusted again, while the same client serves from the next daemon within seconds.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -322,6 +323,21 @@ def test_a_handle_that_reaches_the_next_daemon_is_not_used_with_the_last_ones_me
     io.close()
 
 
+@contextlib.contextmanager
+def hung_and_taken_down(mount_factory, mount):
+    """The mount's daemon hangs (stopped) and is taken down as ``hicachefs umount`` does (its FUSE
+    connection aborted, the mount removed), and the next one is mounted at the path. The hung
+    one still runs, so its liveness word and index say it serves; it is killed by its PID after."""
+    os.kill(mount.pid, signal.SIGSTOP)
+    try:
+        mount_table.abort(mount.path)
+        mount_table.remove(mount.path)
+        yield mount_factory("--memory", "64M", path=mount.path)
+    finally:
+        os.kill(mount.pid, signal.SIGKILL)
+        assert mounting.wait_gone(mount.pid, 10)
+
+
 def test_a_client_lets_go_of_a_hung_daemon_taken_down_and_serves_the_next_ones_pages(mount_factory):
     """A hung daemon is taken down as ``hicachefs umount`` does (its FUSE connection aborted, the
     mount removed) and another mounted at the path. The hung one still runs, so its liveness word
@@ -333,11 +349,7 @@ def test_a_client_lets_go_of_a_hung_daemon_taken_down_and_serves_the_next_ones_p
     before = [key("hung", i) for i in range(PAGES)]
     assert client.batch_set_v1(before, indices(pool, range(PAGES))) == [True] * PAGES
     client.settle()
-    os.kill(mount.pid, signal.SIGSTOP)
-    try:
-        mount_table.abort(mount.path)
-        mount_table.remove(mount.path)
-        mount_factory("--memory", "64M", path=mount.path)
+    with hung_and_taken_down(mount_factory, mount):
         after = [key("next", i) for i in range(PAGES)]
 
         def served_by_the_next() -> bool:
@@ -349,9 +361,6 @@ def test_a_client_lets_go_of_a_hung_daemon_taken_down_and_serves_the_next_ones_p
         fresh = make_fs(mount.path, MHAHostPool(pages=PAGES))
         assert fresh.batch_exists(after) == PAGES and fresh.batch_exists(before) == 0
         fresh.close()
-    finally:
-        os.kill(mount.pid, signal.SIGKILL)
-        assert mounting.wait_gone(mount.pid, 10)
     client.close()
 
 
@@ -367,18 +376,11 @@ def test_a_client_that_only_asks_whether_pages_exist_lets_go_of_a_hung_daemon_ta
     writer.close()
     asking = make_fs(mount.path, MHAHostPool(pages=PAGES))
     assert asking.batch_exists(before) == PAGES
-    os.kill(mount.pid, signal.SIGSTOP)
-    try:
-        mount_table.abort(mount.path)
-        mount_table.remove(mount.path)
-        mount_factory("--memory", "64M", path=mount.path)
+    with hung_and_taken_down(mount_factory, mount):
         writer = make_fs(mount.path, pool)
         assert writer.batch_set_v1(after, indices(pool, range(PAGES))) == [True] * PAGES
         writer.close()
         wait_until(lambda: asking.batch_exists(after) == PAGES and asking.batch_exists(before) == 0)
-    finally:
-        os.kill(mount.pid, signal.SIGKILL)
-        assert mounting.wait_gone(mount.pid, 10)
     asking.close()
 
 
@@ -405,28 +407,23 @@ def test_handles_left_at_a_hung_daemon_do_not_make_the_client_let_go_of_the_next
     wait_until(lambda: len(first) == threads)
     client.settle()
     assert first == [[True] * PAGES] * threads
-    os.kill(mount.pid, signal.SIGSTOP)
     try:
-        mount_table.abort(mount.path)
-        mount_table.remove(mount.path)
-        mount_factory("--memory", "64M", path=mount.path)
-        probe = [key("probe", i) for i in range(PAGES)]
-        wait_until(lambda: client.batch_set_v1(probe, indices(pool, range(PAGES))) == [True] * PAGES
-                   and client.settle() is None and client.batch_exists(probe) == PAGES)
-        attached = []
-        made = plane_index.Attachment
-        monkeypatch.setattr(plane_module, "Attachment", lambda *args: attached.append(1) or made(*args))
-        go.set()
-        for worker in workers:
-            worker.join(30)
-        client.settle()
-        assert done == [[True] * PAGES] * threads
-        assert attached == []  # the next daemon's memory was kept
-        assert client.batch_exists([key(f"next {t}", i) for t in range(threads) for i in range(PAGES)]) == threads * PAGES
+        with hung_and_taken_down(mount_factory, mount):
+            probe = [key("probe", i) for i in range(PAGES)]
+            wait_until(lambda: client.batch_set_v1(probe, indices(pool, range(PAGES))) == [True] * PAGES
+                       and client.settle() is None and client.batch_exists(probe) == PAGES)
+            attached = []
+            made = plane_index.Attachment
+            monkeypatch.setattr(plane_module, "Attachment", lambda *args: attached.append(1) or made(*args))
+            go.set()
+            for worker in workers:
+                worker.join(30)
+            client.settle()
+            assert done == [[True] * PAGES] * threads
+            assert attached == []  # the next daemon's memory was kept
+            assert client.batch_exists([key(f"next {t}", i) for t in range(threads) for i in range(PAGES)]) == threads * PAGES
     finally:
         go.set()
-        os.kill(mount.pid, signal.SIGKILL)
-        assert mounting.wait_gone(mount.pid, 10)
     client.close()
 
 

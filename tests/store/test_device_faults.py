@@ -245,13 +245,14 @@ def test_a_removed_page_stays_removed_after_a_failed_write_at_the_wrap_and_a_cra
         store.close()
 
 
-def _reopened_after_a_crash(tmp_path, work, write_through: bool, memory: int = 4 * MiB) -> PageStore:
+def _reopened_after_a_crash(tmp_path, work, write_through: bool, memory: int = 4 * MiB,
+                            disk_bytes: int = 64 * MiB) -> PageStore:
     """Run ``work(store, device)`` in a child process on a store whose arena sits on a
     FaultyDevice, let the child die without closing it (as a SIGKILL leaves the disk tier), and
     open the store again, as the next start does (it scans the arena)."""
     disk = tmp_path / "disk"
     disk.mkdir(exist_ok=True)
-    config = StoreConfig(memory_bytes=memory, disk_dir=disk, disk_bytes=64 * MiB, max_page_size=PAGE,
+    config = StoreConfig(memory_bytes=memory, disk_dir=disk, disk_bytes=disk_bytes, max_page_size=PAGE,
                          write_through=write_through)
     pid = os.fork()
     if pid == 0:
@@ -696,43 +697,30 @@ def test_an_old_record_left_live_is_marked_dead_when_the_ring_passes_over_its_re
     that held the only copy of a name replaced while its old record was left live (its dead
     marks failed) in the region passed over. The scan after a crash then found only the old
     record and served it, or brought back the page removed since (found by review)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    config = StoreConfig(memory_bytes=16 * MiB, disk_dir=disk, disk_bytes=8 * MiB + 4096, max_page_size=PAGE,
-                         write_through=True)  # 8 regions of 1 MiB
     name = page_name(1000)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            device = FaultyDevice(FileDevice(disk / ARENA_NAME))
-            store = PageStore(config, disk_device=device)
-            log, filled = store._tiers[1].log, iter(range(10_000))
 
-            def fill_until(done) -> None:
-                while not done():
-                    i = next(filled)
-                    store.put(page_name(i), content(i, PAGE))
+    def work(store, device):
+        log, filled = store._tiers[1].log, iter(range(10_000))
 
-            fill_until(lambda: log.current == 2)
-            store.put(name, content("old", PAGE))  # in region 2
-            fill_until(lambda: log.current == 3)
-            device.inject(Fault("pwrite", errno=errno.EIO, count=3))  # the dead marks of the replace
-            store.put(name, content("new", PAGE))  # in region 3, the old record left live
-            fill_until(lambda: log.current == 1 and log.tail + PAGE + 4096 > log.region_start(2))
-            device.inject(Fault("pwrite", errno=errno.EIO, count=1))  # region 2's erase: passed over
-            fill_until(lambda: log.current == 3)  # region 3 reclaimed: the new copy is RAM's only
-            assert read_all(store, name) == content("new", PAGE)
-            if then == "removed":
-                assert store.remove(name) is True
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)  # a crash: no close
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the work before the crash failed"
-    store = PageStore(config)
+        def fill_until(done) -> None:
+            while not done():
+                i = next(filled)
+                store.put(page_name(i), content(i, PAGE))
+
+        fill_until(lambda: log.current == 2)
+        store.put(name, content("old", PAGE))  # in region 2
+        fill_until(lambda: log.current == 3)
+        device.inject(Fault("pwrite", errno=errno.EIO, count=3))  # the dead marks of the replace
+        store.put(name, content("new", PAGE))  # in region 3, the old record left live
+        fill_until(lambda: log.current == 1 and log.tail + PAGE + 4096 > log.region_start(2))
+        device.inject(Fault("pwrite", errno=errno.EIO, count=1))  # region 2's erase: passed over
+        fill_until(lambda: log.current == 3)  # region 3 reclaimed: the new copy is RAM's only
+        assert read_all(store, name) == content("new", PAGE)
+        if then == "removed":
+            assert store.remove(name) is True
+
+    store = _reopened_after_a_crash(tmp_path, work, write_through=True, memory=16 * MiB,
+                                    disk_bytes=8 * MiB + 4096)  # 8 regions of 1 MiB
     try:
         assert store.info(name) is None, "an older version, or a removed page, came back"
     finally:

@@ -8,12 +8,13 @@ queue ahead of it would be written within ``max_lag_s`` at the pace writes have 
 its publish even when publishing outruns the filesystem; the rest are dropped, not delayed.
 Worker threads take pages in order, copy each into a private buffer (reused for the next
 page while it is at most twice that page's size; one past ``IDLE_BUFFER_BYTES`` is let go when
-the worker waits for work, so one large page leaves no large buffer behind), call ``release`` (the engine keeps the page's RAM slot pinned until then), check the copy
-against the page's checksum (the data plane's clients write RAM pages themselves: a page
-scribbled on in RAM is dropped and counted, never spread to other hosts), and only then write
-the copy. So a write stuck in a hung filesystem holds no engine memory, and the bytes it
-eventually writes can never be those of a slot reused meanwhile. ``release`` is called exactly
-once per offered page, whatever happens.
+the worker waits for work, so one large page leaves no large buffer behind), call ``release``
+(the engine keeps the page's RAM slot pinned until then), check the copy against the page's
+checksum (the data plane's clients write RAM pages themselves: a page scribbled on in RAM is
+dropped and counted, never spread to other hosts), and only then write the copy. So a write
+stuck in a hung filesystem holds no engine memory, and the bytes it eventually writes can never
+be those of a slot reused meanwhile. ``release`` is called exactly once per offered page,
+whatever happens.
 
 Versions of one name land in the order they were offered: a queued page whose name was offered
 again is skipped (``superseded``), and one whose name another worker is writing waits for that
