@@ -849,18 +849,30 @@ class SharedTier(Tier):
         removes no file of the directory's other data that merely lies where a page would. A
         file whose first bytes cannot be read (a GlusterFS split-brain, a JuiceFS block whose
         object is lost: unlink still works) is taken for the page its name hashes to and
-        removed: checked again, it would stop every eviction for good as the oldest candidate."""
-        fd = self._device.open(path, os.O_RDONLY)
+        removed: checked again, it would stop every eviction for good as the oldest candidate.
+        A file another host removed while it was read is gone (FileNotFoundError), whatever
+        the error its read met (JuiceFS answers such a read with another errno)."""
         try:
-            return page_format.may_be_page(self._device.pread(fd, len(page_format.MAGIC), 0))
+            fd = self._device.open(path, os.O_RDONLY)
+            try:
+                return page_format.may_be_page(self._device.pread(fd, len(page_format.MAGIC), 0))
+            finally:
+                self._close_quietly(fd)
         except OSError as error:
-            if error.errno in GONE:
-                raise
+            if error.errno in GONE or not self._exists(path):
+                raise FileNotFoundError(errno.ENOENT, "removed meanwhile", path) from error
             self._count(io_errors=1)
             _log.warning("shared tier: %s unreadable (%s), evicted unchecked", path, error)
             return True
-        finally:
-            self._close_quietly(fd)
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self._device.stat(path)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            pass  # there, as far as can be told
+        return True
 
     def _over_capacity(self) -> bool:
         if self._limit is not None and self.used_bytes > self._limit:
