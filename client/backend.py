@@ -573,8 +573,13 @@ class HiCacheFS(HiCacheStorage):
     def statistics(self) -> Dict[str, Any]:
         """Counters since construction: hits, misses, bytes, failures by kind, refused keys, and
         what went through the data plane (``plane_reads``, ``plane_writes``, ``plane_retries``:
-        copies made again because their page changed under them, ``plane_requests``)."""
-        self.settle()  # commits under way are counted once answered
+        copies made again because their page changed under them, ``plane_requests``). For tools:
+        it waits for the commits under way (``settle``), which count their pages once answered."""
+        self.settle()
+        return self._counts()
+
+    def _counts(self) -> Dict[str, Any]:
+        """The counters as they are now; pages whose commit is under way are not in them yet."""
         stats: Dict[str, Any] = self.counters.snapshot()
         stats["errors"] = self.failures.counts()
         stats["refused"] = self._refusals.counts()
@@ -596,10 +601,12 @@ class HiCacheFS(HiCacheStorage):
 
     def get_stats(self):
         """SGLang's ``StorageMetrics`` (per-batch samples since the last call, when
-        ``enable_storage_metrics``), with ``.counters`` = ``statistics()``."""
+        ``enable_storage_metrics``), with ``.counters``: the counters of ``statistics()`` as they
+        are now. SGLang calls it on its scheduler thread every step: it waits for no commit
+        under way (those pages are counted at a later call; ``settle()`` first for all of them)."""
         with self._metrics_lock:
             metrics, self._metrics = self._metrics, storage_metrics_class()()
-        metrics.counters = self.statistics()
+        metrics.counters = self._counts()
         return metrics
 
     def close(self) -> None:

@@ -260,6 +260,7 @@ def test_get_stats(store_root):
     keys = [key("stats", i) for i in range(3)]
     fs.batch_set_v1(keys, indices(pool, [0, 1, 2]))
     fs.batch_get_v1(keys + [key("stats", "missing")], indices(pool, [3, 4, 5, 6]))
+    fs.settle()  # get_stats waits for no commit under way
     metrics = fs.get_stats()
     assert metrics.backup_pgs == [3] and metrics.prefetch_pgs == [3]
     assert len(metrics.backup_bandwidth) == 1 and metrics.prefetch_bandwidth[0] > 0

@@ -475,6 +475,30 @@ def test_a_write_returns_before_its_commit_and_this_process_sees_its_pages_at_on
     assert page.exists() and mounted.stats()["published"] == published + PAGES
 
 
+def test_get_stats_answers_while_a_commit_is_under_way(mounted, monkeypatch):
+    """SGLang calls get_stats on its scheduler thread every step (storage metrics on): it must not
+    wait for the commits sent behind the backups; their pages are counted at a later call."""
+    pool = MHAHostPool(pages=2 * PAGES)
+    writer = make_fs(mounted.path, pool, metrics=True)
+    assert writer.batch_set_v1([key("stats", i) for i in range(PAGES)], indices(pool, range(PAGES))) == [True] * PAGES
+    writer.settle()
+    released = hold_back_commits(monkeypatch)
+    second = [key("stats", i) for i in range(PAGES, 2 * PAGES)]
+    assert writer.batch_set_v1(second, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
+    got = []
+    asking = threading.Thread(target=lambda: got.append(writer.get_stats()))
+    asking.start()
+    asking.join(5)
+    still_held = not released.is_set()
+    released.set()
+    asking.join(10)
+    assert still_held and got and got[0].backup_pgs == [PAGES, PAGES]
+    assert got[0].counters["plane_writes"] == PAGES  # the held commit's pages are not in yet
+    writer.settle()
+    assert writer.get_stats().counters["plane_writes"] == 2 * PAGES
+    writer.close()
+
+
 def test_a_batch_written_while_the_last_ones_commit_is_under_way_does_not_wait_for_it(mounted, monkeypatch):
     """SGLang's backups come back to back: the second goes through the thread's second handle."""
     pool = MHAHostPool(pages=3 * PAGES)
