@@ -90,11 +90,42 @@ def _all_failed(keys: Sequence[Any], *_: Any, **__: Any) -> List[bool]:
     return [False] * len(keys)
 
 
+# extra_config's keys: HiCacheFS's own, and those SGLang puts there for every backend (its
+# dynamic factory's, the controller's interface_v1, and those its controller takes out first
+# in some versions and leaves in others).
+OWN_KEYS = ("mountpoint", "read_threads", "write_threads", "data_plane", "commit_behind",
+            "plane_verify_reads")
+SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
+               "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+               "hicache_storage_pass_prefix_keys")
+
+
+def check_keys(extra: Dict[str, Any]) -> None:
+    """A key of neither list is a mistake (a misspelled ``read_thread`` would be ignored)."""
+    unknown = sorted(str(key) for key in extra if key not in OWN_KEYS and key not in SGLANG_KEYS)
+    if unknown:
+        raise ValueError(f"hicachefs: unknown extra_config key(s) {', '.join(map(repr, unknown))}; "
+                         f"hicachefs knows {', '.join(OWN_KEYS)} (beside SGLang's own "
+                         f"{', '.join(SGLANG_KEYS)})")
+
+
+def mountpoint_setting(extra: Dict[str, Any]) -> str:
+    """extra_config's ``mountpoint``, or env ``HICACHEFS_MOUNTPOINT``: an absolute path (a
+    relative one would depend on the directory SGLang was started in)."""
+    value = extra.get("mountpoint") or os.environ.get("HICACHEFS_MOUNTPOINT")
+    if not value:
+        raise ValueError("hicachefs: no mountpoint; set extra_config['mountpoint'] "
+                         "or HICACHEFS_MOUNTPOINT")
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise ValueError(f"hicachefs: the mountpoint must be an absolute path, not {value!r}")
+    return os.path.normpath(value)
+
+
 def threads_setting(extra: Dict[str, Any], key: str) -> int:
     """extra_config's ``key``: an integer from 1 (one page at a time) to 64."""
     value = extra.get(key, DEFAULT_THREADS[key])
     if isinstance(value, bool) or not isinstance(value, (int, str)) or \
-            not str(value).strip().isdigit() or not 1 <= int(value) <= MAX_THREADS:
+            not str(value).strip().isdecimal() or not 1 <= int(value) <= MAX_THREADS:
         raise ValueError(f"hicachefs: extra_config {key} must be an integer from 1 to "
                          f"{MAX_THREADS}, not {value!r}")
     return int(value)
@@ -122,11 +153,8 @@ class HiCacheFS(HiCacheStorage):
     def __init__(self, storage_config: Any = None, kwargs: Optional[dict] = None) -> None:
         self.storage_config = storage_config
         extra = dict(getattr(storage_config, "extra_config", None) or {})
-        mountpoint = extra.get("mountpoint") or os.environ.get("HICACHEFS_MOUNTPOINT")
-        if not mountpoint:
-            raise ValueError("hicachefs: no mountpoint; set extra_config['mountpoint'] "
-                             "or HICACHEFS_MOUNTPOINT")
-        self.mountpoint = os.path.abspath(str(mountpoint))
+        check_keys(extra)
+        self.mountpoint = mountpoint_setting(extra)
         self.shard = paths.ShardIdentity.from_storage_config(storage_config)
         self.model = paths.model_segment(getattr(storage_config, "model_name", None))
         self.failures = FailureLog()

@@ -346,6 +346,19 @@ def test_no_mountpoint_is_a_config_error(monkeypatch):
     assert HiCacheFS(storage_config(None), {}).mountpoint == "/nonexistent/hicache"
 
 
+@pytest.mark.parametrize("mountpoint", [5, "mnt/hicache", ["/mnt/hicache"]])
+def test_a_mountpoint_that_is_no_absolute_path_is_a_config_error(mountpoint):
+    with pytest.raises(ValueError, match="the mountpoint must be an absolute path"):
+        HiCacheFS(storage_config(None, extra={"mountpoint": mountpoint}), {})
+
+
+def test_an_unknown_extra_config_key_is_a_config_error(plain_root):
+    with pytest.raises(ValueError, match="unknown extra_config key.*'read_thread'.*read_threads"):
+        HiCacheFS(storage_config(plain_root, extra={"read_thread": 4}), {})
+    sglang_keys = {"tp_lcm_size": 8, "prefetch_threshold": 256, "hicache_storage_pass_prefix_keys": True}
+    assert HiCacheFS(storage_config(plain_root, extra=sglang_keys), {}).mountpoint == str(plain_root)
+
+
 def test_key_with_a_line_break_is_asked_by_stat(store_root):
     pool = MHAHostPool()
     fs = make_fs(store_root, pool)

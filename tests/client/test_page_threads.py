@@ -175,7 +175,7 @@ def test_many_sglang_threads_share_the_page_threads(store_root, small_runs):
 
 
 @pytest.mark.parametrize("key", ["read_threads", "write_threads"])
-@pytest.mark.parametrize("value", [0, -1, 65, "four", 2.5, True, None, [2]])
+@pytest.mark.parametrize("value", [0, -1, 65, "four", "²", 2.5, True, None, [2]])
 def test_bad_thread_count_is_a_clear_error(plain_root, key, value):
     with pytest.raises(ValueError, match=f"{key} must be an integer from 1 to 64") as info:
         HiCacheFS(storage_config(plain_root, extra={key: value}), {})
