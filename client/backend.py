@@ -279,6 +279,16 @@ class HiCacheFS(HiCacheStorage):
             return None
         return layout, starts, self._valid_indices(keys)
 
+    def _copyable(self, name: str, layout: PageLayout) -> bool:
+        """Whether the pool's pages can be copied (``get_data_page``): a pool without flat pages
+        is served by zero copy alone; a call that would copy them is refused, logged once."""
+        if not layout.flat_page:
+            self._refusals.failure(f"NO_FLAT_PAGE_{name}", f"pool {name} ({type(layout.pool).__name__}) has "
+                                   "no flat pages (get_data_page is not implemented): only the zero-copy "
+                                   "calls (batch_get_v1, batch_set_v1, the v2 calls) serve it",
+                                   level=logging.ERROR)
+        return layout.flat_page
+
     @guarded(False)
     def _run_of_pages(self, transfer: Callable[[int], bool], run: int) -> bool:
         """``transfer(run)`` on a page thread: an unexpected exception fails that run alone."""
@@ -304,6 +314,8 @@ class HiCacheFS(HiCacheStorage):
         layout, starts, wanted = plan
         directory = self._pool_dir(name, layout)
         zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
+        if zero_copy is None and not self._copyable(name, layout):
+            return results
         chunks = self._chunks(len(wanted), layout.page_bytes, self.read_threads.threads, zero_copy is None)
 
         def read(c: int) -> bool:
@@ -339,6 +351,8 @@ class HiCacheFS(HiCacheStorage):
         directory = self._pool_dir(name, layout)
         # Pages already stored are kept as they are (``PageIO.publish_pages``): all are sent.
         zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
+        if zero_copy is None and not self._copyable(name, layout):
+            return results
         chunks = self._chunks(len(wanted), layout.page_bytes, self.write_threads.threads, zero_copy is None)
         if zero_copy is not None and self.io.plane_attached():  # one commit, the copies spread
             spread = lambda copy, runs: self.write_threads.run(functools.partial(self._run_of_pages, copy), runs)  # noqa: E731
@@ -526,7 +540,7 @@ class HiCacheFS(HiCacheStorage):
         target = target_location
         if target is None:
             layout = self._layout(KV)
-            if layout is None:
+            if layout is None or not self._copyable(KV, layout):
                 return None
             target = layout.pool.get_dummy_flat_data_page()
         direct = target.device.type == "cpu" and target.is_contiguous()

@@ -10,7 +10,9 @@ order (docs/contract.md: byte-compatible with SGLang's file backend). Two ways t
   SGLang's strided pools do, pages not seen yet are placed by that rule instead of asking. A
   pool whose pages move in its buffer (``stores_page_envelope``) is asked on every call.
   The piece order is checked once against ``get_data_page`` on a page whose bytes can tell the
-  order apart; a pool that fails the check (or whose pointers fall outside its tensors) uses:
+  order apart (a pool without flat pages, SGLang's ``AsymmetricMHATokenToKVPoolHost``, has
+  none to check against: its page is its pieces in that order, and zero copy alone serves it);
+  a pool that fails the check (or whose pointers fall outside its tensors) uses:
 - a copy, for every other layout (``layer_first`` interleaves layers, so one page is not a
   run of pieces in file order): ``get_data_page(flat=True)`` for writing, and a flat page
   buffer then ``set_from_flat_data_page`` for reading.
@@ -100,25 +102,28 @@ class PageLayout:
         self.page_size = int(pool.page_size)
         # The stride of a page in host indices: DCP pools index logical (widened) pages.
         self.index_step = int(getattr(pool, "logical_page_size", self.page_size) or self.page_size)
-        dummy = pool.get_dummy_flat_data_page()
-        self.page_bytes = int(dummy.numel() * dummy.element_size())
+        can_zero_copy = str(pool.layout) in ZERO_COPY_LAYOUTS and hasattr(pool, "get_page_buffer_meta")
+        page_bytes, dtype = self._page_bytes_and_dtype(can_zero_copy)
+        # A pool without the flat-page calls (SGLang's AsymmetricMHATokenToKVPoolHost: K and V of
+        # other head sizes) is served by zero copy alone, in the order of its page's pieces.
+        self.flat_page = page_bytes is not None
+        self.page_bytes = page_bytes if page_bytes is not None else self._meta_page_bytes()
         self.marker = self.page_bytes == 0  # its pages are stored as MARKER (module docstring)
         if self.marker:
             self.page_bytes = len(MARKER)
-        self.format = format_segment(getattr(pool, "dtype", dummy.dtype), str(pool.layout),
-                                     self.page_size, getattr(pool, "storage_format_tag", None))
+        self.format = format_segment(dtype, str(pool.layout), self.page_size,
+                                     getattr(pool, "storage_format_tag", None))
         # An MHA pool (SGLang's have ``head_num``) holds this rank's share of the KV heads, even
         # in an MLA model (an MHA draft): never the bytes of every rank (``ShardIdentity``).
         self.rank_heads = hasattr(pool, "head_num")
         self._lock = threading.Lock()
         self._regions: Optional[List[_Region]] = None
         self._local = threading.local()
-        self.zero_copy = not self.marker and str(pool.layout) in ZERO_COPY_LAYOUTS and \
-            hasattr(pool, "get_page_buffer_meta")
+        self.zero_copy = not self.marker and can_zero_copy
         self._page_views: "collections.OrderedDict[int, List[memoryview]]" = collections.OrderedDict()
         # Per piece (pointer at host index 0, pointer stride per host index, size), once learnt.
         self._strided: Optional[List[Tuple[int, int, int]]] = None
-        self._verified = False
+        self._verified = not self.flat_page  # no flat page to check the order against
         self._inconclusive = 0
         # A pool whose host pages move in its buffer (SGLang's page-envelope pools: a table
         # places each page, and compaction changes it between calls) is asked every call.
@@ -128,6 +133,22 @@ class PageLayout:
     def forked(self) -> None:
         """In a forked child: a thread of the parent's may have held the lock at the fork."""
         self._lock = threading.Lock()
+
+    def _page_bytes_and_dtype(self, can_zero_copy: bool) -> Tuple[Optional[int], Any]:
+        """A flat page's size and the pool's dtype; a size of None where the pool does not
+        implement flat pages but names its page's pieces (``_meta_page_bytes`` then)."""
+        try:
+            dummy = self.pool.get_dummy_flat_data_page()
+        except NotImplementedError:
+            if not can_zero_copy:
+                raise
+            return None, self.pool.dtype
+        return int(dummy.numel() * dummy.element_size()), getattr(self.pool, "dtype", dummy.dtype)
+
+    def _meta_page_bytes(self) -> int:
+        """A page's size as the sum of its pieces' (``get_page_buffer_meta`` of host page 0)."""
+        _, sizes = self.pool.get_page_buffer_meta(torch.arange(0, self.index_step, dtype=torch.int64))
+        return sum(int(size) for size in sizes)
 
     # ---------------------------------------------------------------- indices
 

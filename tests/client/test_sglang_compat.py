@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import subprocess
 import sys
@@ -189,3 +190,47 @@ def test_a_pool_of_pages_without_bytes_is_stored_as_hicache_file_stores_it(store
     reader = HiCacheFS(storage_config(store_root, mla=True, extra={"data_plane": data_plane}), {})
     reader.register_mem_pool_host(LogicalHostPool(64 * 8, 64))
     assert reader.batch_exists(keys) == 3
+
+
+def asymmetric_pool(layout="page_first"):
+    """SGLang's ``AsymmetricMHATokenToKVPoolHost`` (K and V of other head sizes, MiMo-V2), its
+    buffers set as its ``init_kv_buffer`` makes them (its ``__init__`` needs a device pool)."""
+    from hicachefs_testing import sglang_cpu
+
+    sglang_cpu.install()  # (the import chain below reaches torchvision)
+    from sglang.srt.mem_cache.pool_host.mha import AsymmetricMHATokenToKVPoolHost
+
+    pool = object.__new__(AsymmetricMHATokenToKVPoolHost)
+    pool.layout, pool.page_size, pool.layer_num, pool.head_num, pool.head_dim, pool.v_head_dim = \
+        layout, 16, 2, 2, 16, 8
+    pool.dtype, pool.device, pool.pin_memory, pool.size = torch.bfloat16, "cpu", False, 16 * 8
+    pool.kv_buffer = [torch.randn(pool.size, 2, 2, 16).to(torch.bfloat16),
+                      torch.randn(pool.size, 2, 2, 8).to(torch.bfloat16)]
+    return pool
+
+
+@pytest.mark.parametrize("data_plane", [True, False])
+def test_a_pool_without_flat_pages_is_served_by_zero_copy(hicachefs_mount, caplog, data_plane):
+    """SGLang's pool for K and V of other head sizes raises NotImplementedError for its flat
+    page (``get_dummy_flat_data_page``, ``get_data_page``) but names its page's pieces; before,
+    the layout asked the flat page for the page size and nothing was ever stored."""
+    source, target = asymmetric_pool(), asymmetric_pool()
+    keys = [key("asymmetric", data_plane, i) for i in range(3)]
+    writer = HiCacheFS(storage_config(hicachefs_mount, extra={"data_plane": data_plane}), {})
+    writer.register_mem_pool_host(source)
+    assert writer.batch_set_v1(keys, torch.arange(16, 64)) == [True] * 3
+    writer.settle()
+    reader = HiCacheFS(storage_config(hicachefs_mount, extra={"data_plane": data_plane}), {})
+    reader.register_mem_pool_host(target)
+    assert reader.batch_exists(keys) == 3
+    assert reader.batch_get_v1(keys, torch.arange(64, 112)) == [True] * 3
+    for buffer in range(2):  # K, then V: each side's tokens as they were
+        assert torch.equal(target.kv_buffer[buffer][64:112], source.kv_buffer[buffer][16:64])
+    page = (16 * 2 * 2 * 16 + 16 * 2 * 2 * 8) * 2
+    stored = [p for p in hicachefs_mount.rglob("*") if p.name in keys]
+    assert len(stored) == 3 and {p.stat().st_size for p in stored} == {page}
+    assert reader.statistics()["errors"] == {}
+    with caplog.at_level(logging.ERROR, logger="hicachefs_client"):
+        assert reader.get(keys[0]) is None and reader.get(keys[1]) is None  # a flat page it cannot make
+    refusals = [r for r in caplog.records if "no flat pages" in r.getMessage()]
+    assert len(refusals) == 1
