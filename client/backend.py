@@ -94,7 +94,7 @@ def _all_failed(keys: Sequence[Any], *_: Any, **__: Any) -> List[bool]:
 # dynamic factory's, the controller's interface_v1, and those its controller takes out first
 # in some versions and leaves in others).
 OWN_KEYS = ("mountpoint", "read_threads", "write_threads", "data_plane", "commit_behind",
-            "plane_verify_reads")
+            "plane_verify_reads", "plain_directory")
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
                "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
                "hicache_storage_pass_prefix_keys")
@@ -146,8 +146,9 @@ class HiCacheFS(HiCacheStorage):
 
     ``HiCacheFS(storage_config, kwargs)`` as SGLang's backend factory calls it;
     ``storage_config.extra_config["mountpoint"]`` (or env ``HICACHEFS_MOUNTPOINT``) names the
-    mount. The host pools arrive later through ``register_mem_pool_host`` (KV) and
-    ``register_mem_host_pool_v2`` (every named pool).
+    mount; until it is a hicachefs mount, nothing is stored (``PageIO.served``), unless
+    ``plain_directory`` says to serve a plain directory. The host pools arrive later through
+    ``register_mem_pool_host`` (KV) and ``register_mem_host_pool_v2`` (every named pool).
     """
 
     def __init__(self, storage_config: Any = None, kwargs: Optional[dict] = None) -> None:
@@ -163,7 +164,8 @@ class HiCacheFS(HiCacheStorage):
         self.io = PageIO(self.mountpoint, self.failures, self.counters,
                          data_plane=switch_setting(extra, "data_plane", True),
                          verify_reads=switch_setting(extra, "plane_verify_reads", None),
-                         commit_behind=switch_setting(extra, "commit_behind", True))
+                         commit_behind=switch_setting(extra, "commit_behind", True),
+                         plain_directory=switch_setting(extra, "plain_directory", False))
         self.read_threads = PageThreads(threads_setting(extra, "read_threads"))
         self.write_threads = PageThreads(threads_setting(extra, "write_threads"))
         self.mem_pool_host = None

@@ -1,8 +1,10 @@
 """Plain file I/O against a hicachefs mount: read pages, publish pages, ask which pages exist.
 
 Everything here follows docs/contract.md ("Page files", the control files, the data plane) and nothing
-else, so it works against any daemon that keeps the contract, and against a plain directory (no
-``.hicachefs/``: existence is then answered by ``stat``, pages are files, which the tests use).
+else, so it works against any daemon that keeps the contract, and, when asked to
+(``plain_directory``), against a plain directory (no ``.hicachefs/``: existence is then answered
+by ``stat``, pages are files). Otherwise a root that is no hicachefs mount yet is served nothing
+(``served``) until the mount appears.
 Batches go through the data plane where this user may (``plane.py``: the client moves the bytes
 and reads the index itself), and what it cannot take through the control files: many pages
 published by one write on ``ingest`` (``ingest.py``), read by one request on ``fetch``
@@ -27,6 +29,8 @@ import re
 import secrets
 import shutil
 import stat
+import threading
+import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import fetch, ingest
@@ -69,6 +73,9 @@ def _exists_request(rels: Sequence[str], sizes: Sequence[Optional[int]]) -> Tupl
     return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"), answer_at, len(lines)
 
 
+# How often a client whose root is no hicachefs mount yet looks whether it is one now (seconds).
+MOUNT_LOOK_INTERVAL_S = 1.0
+
 # Kinds of failure that are not errno values.
 WRONG_SIZE = "WRONG_SIZE"
 BAD_ANSWER = "BAD_EXISTS_ANSWER"
@@ -80,20 +87,48 @@ class PageIO:
 
     def __init__(self, mountpoint: str, failures: Optional[FailureLog] = None,
                  counters: Optional[Counters] = None, data_plane: bool = True,
-                 verify_reads: Optional[bool] = None, commit_behind: bool = True) -> None:
+                 verify_reads: Optional[bool] = None, commit_behind: bool = True,
+                 plain_directory: bool = False) -> None:
         """``data_plane``: read and write pages through the daemon's shared memory where this
         user may (``plane.py``); ``verify_reads``: check each page read that way against its
         checksum (None: where the CPU needs it); ``commit_behind``: a write through it returns
-        once its pages are in the daemon's memory, its commit sent by a thread of the client's."""
+        once its pages are in the daemon's memory, its commit sent by a thread of the client's;
+        ``plain_directory``: serve a root that is no hicachefs mount as a plain directory."""
         self.root = os.path.abspath(mountpoint)
         self.failures = failures or FailureLog()
         self.counters = counters or Counters()
         self.handles = ControlHandles(self.root, self.failures)
         self.plane = Plane(self.root, self.failures, self.counters, verify_reads, commit_behind) if data_plane else None
+        self.plain_directory = plain_directory
+        self._look_lock = threading.Lock()
+        self._look_again_at = 0.0
         if not self.handles.seen_daemon:
-            logger.warning(
-                "hicachefs client: %s has no %s/ (not a live hicachefs mount yet); existence "
-                "is checked with stat until it appears", self.root, CONTROL_DIR)
+            if plain_directory:
+                logger.info("hicachefs client: %s is served as a plain directory (plain_directory)", self.root)
+            else:
+                logger.warning(
+                    "hicachefs client: %s is no hicachefs mount (it has no %s/): every page is a miss "
+                    "and nothing is written there until it is mounted (extra_config plain_directory: "
+                    "true serves a plain directory)", self.root, CONTROL_DIR)
+
+    def served(self) -> bool:
+        """Whether pages are read and written under the root: a hicachefs mount, once seen (a
+        root unmounted later is refused where it would be written: ``_make_dirs``), or a plain
+        directory by choice. Until then every call is a miss or False and writes nothing: pages
+        written to the bare mountpoint would fill the disk below it, never evicted, and the
+        mount made later would be refused (not empty). Looked at once a second."""
+        if self.plain_directory or self.handles.seen_daemon:
+            return True
+        with self._look_lock:
+            if self.handles.seen_daemon or time.monotonic() < self._look_again_at:
+                return self.handles.seen_daemon
+            self._look_again_at = time.monotonic() + MOUNT_LOOK_INTERVAL_S
+            if not os.path.isdir(os.path.join(self.root, CONTROL_DIR)):
+                return False
+            self.handles.seen_daemon = True
+        logger.warning("hicachefs client: %s is a hicachefs mount now; pages are read and written there",
+                       self.root)
+        return True
 
     # ---------------------------------------------------------------- paths
 
@@ -103,7 +138,7 @@ class PageIO:
 
     def prepare(self, rel_dir: str) -> None:
         """Get ready to serve pages of pool directory ``rel_dir`` (the data plane attached)."""
-        if self.plane is not None:
+        if self.plane is not None and self.served():
             self.plane.prepare(rel_dir)
 
     def path(self, rel: str) -> str:
@@ -117,6 +152,9 @@ class PageIO:
 
         On a miss the buffers may hold part of the page; callers must not use them.
         """
+        if not self.served():
+            self.counters.add(misses=1)
+            return False
         path = self.path(rel)
         if self.plane is not None:
             self.plane.commits.wait([rel])  # this process's commit of it under way: answered first
@@ -163,6 +201,9 @@ class PageIO:
         published in its pool, which saves two round trips per page. Directories are made on
         ENOENT.
         """
+        if not self.served():
+            self.counters.add(write_failures=1)
+            return False
         directory = self.path(rel_dir)
         tmp = None
         try:
@@ -251,6 +292,9 @@ class PageIO:
         """Fill ``buffers[i]`` with the page at ``rels[i]`` (``size`` bytes each); per page:
         read? Through the data plane where it can, the rest in one fetch request (a file per
         page where the mount has none). ``alone``: these are the whole batch, in one run."""
+        if not self.served():
+            self.counters.add(misses=len(rels))
+            return [False] * len(rels)
         if self.plane is None:
             return self._fetch(rels, buffers, size)
         read = self.plane.read_pages(rels, buffers, size, alone)
@@ -306,6 +350,9 @@ class PageIO:
         the ingest file, in as few writes as the kernel allows (a temporary file and rename per
         page where the mount has no ingest file); pages already stored are kept as they are.
         Per page: stored?"""
+        if not self.served():
+            self.counters.add(write_failures=len(keys))
+            return [False] * len(keys)
         if self.plane is not None:
             outcome = self.plane.publish(rel_dir, keys, buffers, size, spread, runs)
             if True in outcome:
@@ -355,15 +402,15 @@ class PageIO:
     def exists(self, rels: Sequence[str], sizes: Optional[Sequence[Optional[int]]] = None) -> List[bool]:
         """For each relative page path: published and readable (as a page of ``sizes[i]``
         bytes, when given)? One request for all of them."""
-        if not rels:
-            return []
+        if not rels or not self.served():
+            return [False] * len(rels)
         answers = self.plane.find(rels, sizes) if self.plane is not None else [None] * len(rels)
         return self._answered(answers, lambda i: rels[i], lambda i: None if sizes is None else sizes[i])
 
     def exists_in(self, rel_dir: str, keys: Sequence[str], size: Optional[int] = None) -> List[bool]:
         """``exists`` for pages of one pool directory, SGLang's usual ask."""
-        if not keys:
-            return []
+        if not keys or not self.served():
+            return [False] * len(keys)
         answers = self.plane.find_in(rel_dir, keys, size) if self.plane is not None else [None] * len(keys)
         return self._answered(answers, lambda i: f"{rel_dir}/{keys[i]}", lambda i: size)
 
@@ -375,6 +422,8 @@ class PageIO:
         ``valid_prefix(keys)``: how many keys from the first are valid names (refusing the
         first that is not); the plane asks it only of the key it stopped at, the daemon is
         asked only of valid ones."""
+        if not self.served():
+            return 0
         held, sure = 0, False
         if self.plane is not None:
             held, sure = self.plane.held_prefix(rel_dir, keys, size)
@@ -472,6 +521,8 @@ class PageIO:
             if not isinstance(info[1], FileNotFoundError):
                 raise info[1]
 
+        if not self.served():
+            return False
         if self.plane is not None:
             self.plane.settle()
         try:

@@ -1,9 +1,15 @@
 """The SGLang storage config a client test gives ``HiCacheFS``, as SGLang would build it.
 
 A module of its own, not the conftest: pytest loads several directories' conftests under the
-one name ``conftest``, so a test that imported from it could get another directory's."""
+one name ``conftest``, so a test that imported from it could get another directory's.
+
+A mountpoint that is no live hicachefs mount when the config is made (the ``plain`` store roots,
+a root not made yet) is served as a plain directory (``plain_directory``), as these tests of the
+file-per-page path mean it; a test of a mount that comes later says ``plain_directory: False``."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
@@ -14,6 +20,8 @@ def storage_config(mountpoint=None, *, model="Qwen/Qwen2.5-0.5B-Instruct", mla=F
                     "class_name": "HiCacheFS", "interface_v1": 1}
     if mountpoint is not None:
         extra_config["mountpoint"] = str(mountpoint)
+        if not (Path(mountpoint) / ".hicachefs").is_dir():
+            extra_config["plain_directory"] = True
     extra_config.update(extra or {})
     return HiCacheStorageConfig(
         tp_rank=tp[0], tp_size=tp[1], pp_rank=pp[0], pp_size=pp[1], attn_cp_rank=cp[0],

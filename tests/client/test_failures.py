@@ -16,6 +16,7 @@ from hicachefs_client.accounting import FailureLog
 from hicachefs_client.sglang_types import PoolName, PoolTransfer
 from hicachefs_testing.host_pools import MHAHostPool, page_bytes
 from hicachefs_testing.workload import fill_writing_share
+from pages import wait_until
 from test_backend import files_under, indices, key, make_fs
 
 
@@ -88,6 +89,33 @@ def test_the_first_calls_after_a_quick_restart_are_served_without_the_plane(moun
     assert [page_bytes(pool, 16 + i) for i in range(8)] == [page_bytes(pool, i) for i in range(8)]
 
 
+def test_a_client_made_before_the_mount_writes_nothing_there_and_serves_the_mount_once_it_comes(
+        mount_factory, tmp_path, caplog):
+    """SGLang started before ``hicachefs mount``: the client took the bare mountpoint for a store
+    and wrote its pages there (on the disk below, never evicted), and the mount made then was
+    refused, the directory not being empty."""
+    root = tmp_path / "mnt"
+    root.mkdir()
+    pool = MHAHostPool(pages=16)
+    caplog.set_level(logging.INFO, logger="hicachefs_client")
+    fs = make_fs(root, pool, extra={"plain_directory": False})
+    keys = [key("before the mount", i) for i in range(4)]
+    assert fs.batch_set_v1(keys, indices(pool, range(4))) == [False] * 4
+    assert fs.batch_exists(keys) == 0 and not fs.exists(keys[0])
+    assert fs.batch_get_v1(keys, indices(pool, range(4, 8))) == [False] * 4
+    assert not fs.set(keys[0], pool.get_data_page(0)) and fs.get(keys[0]) is None
+    assert os.listdir(root) == []
+    mount_factory("--memory", "64M", path=root)  # refused before: not empty
+    wait_until(lambda: fs.batch_set_v1(keys, indices(pool, range(4))) == [True] * 4, timeout=5)
+    assert fs.batch_exists(keys) == 4
+    assert fs.batch_get_v1(keys, indices(pool, range(4, 8))) == [True] * 4
+    assert [page_bytes(pool, 4 + i) for i in range(4)] == [page_bytes(pool, i) for i in range(4)]
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("is no hicachefs mount" in line for line in said) == 1
+    assert sum("is a hicachefs mount now" in line for line in said) == 1
+    fs.close()
+
+
 def test_control_files_of_their_own_are_used_once_the_mount_comes_up(mount_factory, tmp_path):
     """A client made before the mount (or called while it was down) took the missing
     ``.hicachefs/exists.N`` for a daemon without such files, and every thread queued on the one
@@ -95,7 +123,7 @@ def test_control_files_of_their_own_are_used_once_the_mount_comes_up(mount_facto
     root = tmp_path / "mnt"
     root.mkdir()
     pool = MHAHostPool(pages=16)
-    fs = make_fs(root, pool, extra={"data_plane": False})
+    fs = make_fs(root, pool, extra={"data_plane": False, "plain_directory": False})
     keys = [key("lane", i) for i in range(4)]
     assert fs.batch_exists(keys) == 0  # a bare directory
     mount_factory("--memory", "64M", path=root)
