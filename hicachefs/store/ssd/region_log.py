@@ -1,14 +1,22 @@
 """The SSD tier's on-disk format: a preallocated file of equal regions, written append-only
 as a ring, of self-describing records (CacheLib Navy's block cache, simplified).
 
-File layout: a 4 KiB superblock (magic, version, file size, region size, a random file id;
-at byte 512 the clean mark; at byte 1024 the sequence number limit), then ``regions`` regions of ``region_bytes``. A record is a
+File layout: a 4 KiB superblock block, then ``regions`` regions of ``region_bytes``. The
+superblock (magic, version, file size, region size, a random file id, an xxh3_64 of those) is
+kept twice, at byte 0 and in the block's last sector (byte 3584); at byte 512 lies the clean
+mark, at byte 1024 the sequence number limit: each field set in a sector of its own, so that
+writing one cannot tear another. A start takes the first copy whose checksum holds and writes
+it over a damaged one, so one bad sector at the file's head loses nothing; with both copies
+damaged the arena is formatted anew (its pages dropped, never served wrong: a bit flipped in
+the file id would make every record foreign). An arena of version 1 (one copy, no checksum) is read
+as it stands, its pages kept, and given the checksum and the second copy. A record is a
 56-byte header, the page name (UTF-8), the payload; records start 64-byte aligned. The header
 holds a magic (live or dead), the file id, a global sequence number, the payload length and
 xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
 that a delete can flip the magic in place and the region stays walkable). Opening takes an
-empty file or one that starts with the magic (reinitialised if its size or version differs) and
-refuses any other, unchanged (``check_ours``): the magic is what says the bytes are ours to drop.
+empty file or one that starts with the magic, or whose second copy of the superblock holds
+(reinitialised if its size or version differs), and refuses any other, unchanged
+(``check_ours``): the magic is what says the bytes are ours to drop.
 
 Recovery needs no other database: regions are sorted by the sequence number of their first
 record and walked; a region's walk ends at the first record whose header does not check,
@@ -57,10 +65,13 @@ from hicachefs.store.tier import ReadResult
 
 log = logging.getLogger(__name__)
 
-_SUPER = struct.Struct("<8sIIQQQ")  # magic, version, reserved, file bytes, region bytes, file id
+_SUPER = struct.Struct("<8sIIQQQQ")  # magic, version, reserved, file bytes, region bytes, file id, xxh3_64 of them
 _SUPER_MAGIC = b"HICACHE\x01"
 _SUPER_BYTES = 4096
-_VERSION = 1
+_VERSION = 2
+_UNCHECKED = struct.Struct("<8sIIQQQ")  # version 1's: the same fields, no checksum, one copy
+_UNCHECKED_VERSION = 1
+_COPY_AT = _SUPER_BYTES - 512  # the superblock's second copy: the block's last sector
 _CLEAN = struct.Struct("<8s16sQ")  # magic, snapshot token, xxh3_64 of the two
 _CLEAN_MAGIC = b"HCclean1"
 _CLEAN_AT = 512  # a sector of its own: written alone, it cannot tear the superblock's fields
@@ -103,7 +114,7 @@ def check_ours(device: FileDevice) -> None:
     (of any version or size: ours to reinitialise). Reads the first 4 KiB, changes nothing."""
     size = device.size()
     head = device.pread(_SUPER_BYTES, 0)
-    if size == 0 or head.startswith(_SUPER_MAGIC):
+    if size == 0 or head.startswith(_SUPER_MAGIC) or _checked_copy(head, _COPY_AT) is not None:
         return
     if head.strip(b"\0"):
         found = f"it starts with {head[:len(_SUPER_MAGIC)].hex(' ')}"
@@ -111,6 +122,47 @@ def check_ours(device: FileDevice) -> None:
         found = "its first 4 KiB are zeros" if len(head) == _SUPER_BYTES else "it holds only zeros"
     raise ArenaRefused(f"{device.path} is not a hicachefs disk arena (a file of {size:,} bytes; {found}): "
                        "refusing to overwrite it")
+
+
+class Superblock(NamedTuple):
+    version: int
+    file_bytes: int
+    region_bytes: int
+    file_id: int
+
+
+def _packed_superblock(file_bytes: int, region_bytes: int, file_id: int) -> bytes:
+    raw = bytearray(_SUPER.pack(_SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, file_id, 0))
+    _SUPER.pack_into(raw, 0, _SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, file_id,
+                     xxhash.xxh3_64_intdigest(raw[:-8]))
+    return bytes(raw)
+
+
+def _checked_copy(head: bytes, at: int) -> Superblock | None:
+    """The copy of the superblock at ``at`` in the file's first 4 KiB, if its checksum holds."""
+    raw = head[at : at + _SUPER.size]
+    if len(raw) != _SUPER.size:
+        return None
+    magic, version, _, file_bytes, region_bytes, file_id, check = _SUPER.unpack(raw)
+    if magic != _SUPER_MAGIC or check != xxhash.xxh3_64_intdigest(raw[:-8]):
+        return None
+    return Superblock(version, file_bytes, region_bytes, file_id)
+
+
+def _read_superblock(head: bytes) -> tuple[Superblock | None, list[int]]:
+    """The superblock in the file's first 4 KiB, and where the copies lie that do not hold it
+    (to write again, the second copy first): the first copy whose checksum holds; that of a
+    version 1 arena as it stands (its one copy has no checksum, its second's sector is zeros);
+    None when neither holds (both damaged, or no arena yet)."""
+    copies = [(at, _checked_copy(head, at)) for at in (0, _COPY_AT)]
+    found = next((copy for _, copy in copies if copy is not None), None)
+    if found is not None:
+        return found, [at for at, copy in reversed(copies) if copy is None]
+    if len(head) >= _UNCHECKED.size and head.startswith(_SUPER_MAGIC) and not head[_COPY_AT:].strip(b"\0"):
+        _, version, _, file_bytes, region_bytes, file_id = _UNCHECKED.unpack_from(head)
+        if version == _UNCHECKED_VERSION:
+            return Superblock(version, file_bytes, region_bytes, file_id), [_COPY_AT, 0]
+    return None, []
 
 
 class LogState(NamedTuple):
@@ -156,23 +208,27 @@ class RegionLog:
 
     def _open_or_format(self, file_bytes: int, region_bytes: int) -> None:
         """Reuse a matching arena; reinitialise an empty file or one of ours of another size or
-        version (its pages are cache, dropping them is safe); refuse any other file, unchanged."""
+        version, or whose superblock is damaged in both copies (its pages are cache, dropping
+        them is safe); refuse any other file, unchanged."""
         check_ours(self.device)
-        raw = self.device.pread(_SUPER.size, 0)
+        head = self.device.pread(_SUPER_BYTES, 0)
+        found, damaged = _read_superblock(head)
         dropped = None  # why an arena of ours that held pages is formatted anew
-        if len(raw) == _SUPER.size:
-            _, version, _, old_bytes, old_region, file_id = _SUPER.unpack(raw)
-            # (a region size that no start writes: the field is damaged, and the regions with it)
+        if found is not None:
+            version, old_bytes, old_region, file_id = found
+            # (a region size that no start writes: a version 1 superblock damaged, and the regions with it)
             sane = old_region >= 4096 and old_region % 4096 == 0 and _SUPER_BYTES + old_region <= file_bytes
-            if version == _VERSION and old_bytes == file_bytes and self.device.size() == file_bytes and sane:
+            ours = version in (_VERSION, _UNCHECKED_VERSION)
+            if ours and old_bytes == file_bytes and self.device.size() == file_bytes and sane:
                 self.region_bytes, self.file_id = old_region, file_id
                 self._clean_token = self._read_clean_mark()
                 self._seq_limit = self._read_seq_limit()
+                self._write_superblock_over(damaged, version)
                 return
-            if version == _VERSION and not sane:
+            if ours and not sane:
                 dropped = (f"its superblock is damaged (a region size of {old_region:,} bytes): "
                            "what it held is dropped")
-            elif version != _VERSION:
+            elif not ours:
                 dropped = f"the arena was written by another version of hicachefs ({version}): its pages are dropped"
             elif old_bytes != file_bytes:
                 dropped = (f"the arena was made with --disk-size {old_bytes:,} bytes, not {file_bytes:,}: "
@@ -181,12 +237,18 @@ class RegionLog:
                 dropped = (f"the arena's file is {self.device.size():,} bytes, not the {file_bytes:,} its "
                        "superblock says (a start that died while making it, or a change by hand): what it "
                        "held is dropped")
+        elif head.startswith(_SUPER_MAGIC):
+            dropped = ("its superblock is damaged (both copies fail their checksum): "
+                       "what it held is dropped")
         # A new file id makes records of any earlier file invalid without wiping it. The
         # superblock is written before the file is sized, so that a start that dies meanwhile
         # leaves a file that the next start knows for ours (and reinitialises, its size being off).
         self.region_bytes, self.file_id = region_bytes, int.from_bytes(os.urandom(8), "little")
-        superblock = _SUPER.pack(_SUPER_MAGIC, _VERSION, 0, file_bytes, region_bytes, self.file_id)
-        self.device.pwrite(superblock.ljust(_SUPER_BYTES, b"\0"), 0)  # no clean mark of an earlier file
+        block = bytearray(_SUPER_BYTES)  # no clean mark of an earlier file
+        superblock = _packed_superblock(file_bytes, region_bytes, self.file_id)
+        for at in (0, _COPY_AT):
+            block[at : at + len(superblock)] = superblock
+        self.device.pwrite(block, 0)
         self.device.fsync()
         try:
             self.device.allocate(file_bytes)
@@ -196,6 +258,26 @@ class RegionLog:
         self.formatted = dropped or "the arena is new"
         if dropped:
             log.warning("%s formatted anew: %s", self.path, dropped)
+
+    def _write_superblock_over(self, damaged: list[int], version: int) -> None:
+        """Write the superblock over its copies at ``damaged``, one sector at a time, durably,
+        the clean mark and the limit left as they are: the copy that holds stays untouched until
+        the other holds too, so a write torn by a power loss leaves one that holds. A version 1
+        arena gets both (the second copy first). A failed write leaves the arena as it was."""
+        if not damaged:
+            return
+        if version == _VERSION:
+            log.warning("%s: a copy of its superblock is damaged (at byte %d): the other one serves, "
+                        "and is written over it", self.path, damaged[0])
+        superblock = _packed_superblock(self.file_bytes, self.region_bytes, self.file_id)
+        try:
+            for at in damaged:
+                if self.device.pwrite(superblock, at) != len(superblock):
+                    raise OSError(errno.EIO, "short write")
+                self.device.fsync()
+        except OSError as exc:
+            log.warning("%s: its superblock could not be written again (%s): the copy that holds "
+                        "serves", self.path, exc.strerror or exc)
 
     # -- the clean mark ----------------------------------------------------------------
 
