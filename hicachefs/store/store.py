@@ -1054,16 +1054,25 @@ class PageStore:
         made RAM-only that way are written down in further passes. The tier counts the room as
         it packs the pages, in the order they are written (``_write_down_order``; a ring leaves
         the end of a region empty when the next record does not fit there): what is written in
-        all fits, so nothing written here is reclaimed."""
+        all fits, so nothing written here is reclaimed. A region whose first block cannot be
+        written takes its room away (the ring passes over it, ``Tier.passed_over``): the pages
+        not yet written are planned again, the newest that still fit, and the tier is fenced
+        (``Tier.fence``) so that no write wraps onto the first pages written and the newest
+        there before them."""
         below = self._tiers[1]
         newest_first = [row for row in reversed(self._ram.oldest_first()) if self._index.top_tier(row) == RAM
                         and below.fits(self._index.name(row).encode(), int(self._index.size[row]))]
-        rank = {row: i for i, row in enumerate(newest_first)}
-        order = self._write_down_order(newest_first)
-        records = [(len(self._index.name(row).encode()), int(self._index.size[row])) for row in order]
-        kept = _most_that_fit(len(newest_first), lambda count: below.holds(
-            record for row, record in zip(order, records) if rank[row] < count))
-        order = [row for row in order if rank[row] < kept]
+        below.fence(True)
+        try:
+            self._write_down(newest_first)
+        finally:
+            below.fence(False)
+
+    def _write_down(self, newest_first: list[int]) -> None:
+        """``_write_down_for_restart``'s passes over the pages planned, planned again after the
+        ring passes over a region."""
+        below = self._tiers[1]
+        order = self._write_down_plan(newest_first)
         tried: set[int] = set()
         while True:
             rows = [r for r in order if r not in tried and self._index.dir[r] >= 0
@@ -1074,8 +1083,23 @@ class PageStore:
                 tried.add(row)
                 if self._index.dir[row] >= 0 and not (self._index.loc[row, 1:] >= 0).any():
                     view = self._ram.view(int(self._index.loc[row, RAM]), int(self._index.size[row]))
+                    passed_over = below.passed_over()
                     if self._intact(row, view) and self._write_below(self._meta(row), view, RAM, row) is None:
                         return  # the device fails: what is left stays unwritten
+                    if below.passed_over() != passed_over:  # less room than planned
+                        order = self._write_down_plan([r for r in newest_first if r not in tried])
+                        break
+
+    def _write_down_plan(self, newest_first: list[int]) -> list[int]:
+        """The pages to write down, in the order to write them: the newest of these RAM pages
+        whose records the tier holds (``Tier.holds``) in that order."""
+        below = self._tiers[1]
+        rank = {row: i for i, row in enumerate(newest_first)}
+        order = self._write_down_order(newest_first)
+        records = [(len(self._index.name(row).encode()), int(self._index.size[row])) for row in order]
+        kept = _most_that_fit(len(newest_first), lambda count: below.holds(
+            record for row, record in zip(order, records) if rank[row] < count))
+        return [row for row in order if rank[row] < kept]
 
     def _write_down_order(self, newest_first: list[int]) -> list[int]:
         """The order the write-down writes these RAM pages in: those in RAM only, oldest first,

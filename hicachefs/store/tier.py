@@ -152,6 +152,18 @@ class Tier(ABC):
         page dropped only after what is written now."""
         return 0
 
+    def fence(self, on: bool) -> None:
+        """From now on (``on``) until ``fence(False)``, writing here never drops, to make room,
+        what it wrote since, nor what the tier held newest before (a ring stops short of the
+        region written when the fence was set): a write that would fails (ENOSPC), and ``holds``
+        and ``reclaim_turn`` count room up to there. For a clean close's write-down."""
+
+    def passed_over(self) -> int:
+        """How many times writing here has passed over room it could not use (a ring's region
+        whose first block cannot be written): each time there is less room than ``holds``
+        counted before."""
+        return 0
+
     # -- pages found by name (a tier that is not indexed) ---------------------------------
 
     def contains_many(self, names: list[str]) -> list[bool]:

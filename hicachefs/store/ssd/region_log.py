@@ -36,7 +36,9 @@ written, no snapshot matches and the start scans. A session that only reads leav
 Writing appends to the current region; when it is full the next region in the ring (always
 the oldest) is reclaimed: its records are handed to a callback so the index can drop them,
 then it is overwritten from its start. One whose first header cannot be written (a bad block)
-is passed over, its records kept, for the one after, and tried again a round later.
+is passed over, its records kept, for the one after, and tried again a round later. A fence
+(``fence``, for a clean close's write-down) stops the ring short of the region written when it
+was set: what is written after it never takes the place of what was written first.
 
 Blocking: every method does I/O on the tier's ``FileDevice`` (buffered: pwrite lands in the
 page cache and survives a process kill; ``sync`` makes it survive a power loss), and raises
@@ -205,6 +207,8 @@ class RegionLog:
         self.next_seq = 1
         self.current = 0
         self.tail = _SUPER_BYTES  # file offset where the next record goes
+        self.passed_over = 0  # regions passed over so far, their first header not erased
+        self._fence: int | None = None  # the region writing must not come back to (``fence``)
 
     def _open_or_format(self, file_bytes: int, region_bytes: int) -> None:
         """Reuse a matching arena; reinitialise an empty file or one of ours of another size or
@@ -339,14 +343,28 @@ class RegionLog:
     def fits(self, name_len: int, size: int) -> bool:
         return record_length(name_len, size) <= self.region_bytes
 
+    def fence(self, on: bool) -> None:
+        """From now on (``on``) until ``fence(False)``, writing never comes back to the region
+        written now: an append that would reclaim it raises ENOSPC, also when the ring passes
+        over a region on its way there, and ``holds`` and ``reclaim_turn`` count up to it. A
+        clean close's write-down: what it writes first, and the newest records before them,
+        lie there."""
+        self._fence = self.current if on else None
+
+    def _regions_to_fence(self) -> int:
+        """How many regions appending may still start before it reaches the fence (the region
+        written now when there is none)."""
+        fence = self.current if self._fence is None else self._fence
+        return (fence - self.current - 1) % self.regions
+
     def holds(self, lengths: Iterable[int]) -> bool:
         """Whether records of these lengths (``record_length``), appended in this order, all fit
         before the ring comes back to the region written now, whose reclaim would drop the first
-        of them: a record that does not fit in what is left of a region starts the next one, the
-        rest left empty. Then so do any of them appended in the same order (one left out never
-        makes a later one start a region sooner)."""
+        of them, or to the fence (``fence``): a record that does not fit in what is left of a
+        region starts the next one, the rest left empty. Then so do any of them appended in the
+        same order (one left out never makes a later one start a region sooner)."""
         room = self.region_start(self.current) + self.region_bytes - self.tail
-        regions_left = self.regions - 1
+        regions_left = self._regions_to_fence()
         for length in lengths:
             if length > room:
                 if not regions_left:
@@ -358,8 +376,10 @@ class RegionLog:
 
     def reclaim_turn(self, offset: int) -> int:
         """How many regions appending reclaims up to the one holding ``offset``, that one
-        included; 0 for the region written now (reclaimed only once the ring comes back to it)."""
-        return ((offset - _SUPER_BYTES) // self.region_bytes - self.current) % self.regions
+        included; 0 for the region written now (reclaimed only once the ring comes back to it),
+        and for the fence and the regions past it (not reclaimed while it stands)."""
+        turn = ((offset - _SUPER_BYTES) // self.region_bytes - self.current) % self.regions
+        return turn if turn <= self._regions_to_fence() else 0
 
     def state(self) -> LogState:
         return LogState(np.array(self.region_live, np.int64), self.used_bytes, self.current, self.tail, self.next_seq)
@@ -485,20 +505,28 @@ class RegionLog:
         """Move on to the next region of the ring (the oldest), its records forgotten (``reclaim``).
         One whose first header cannot be erased (a bad block) is passed over, its pages kept, for
         the one after: a bad block does not stop the ring, and that region, the oldest again a
-        round later, is tried then. Raises OSError when the one after fails too."""
-        following = (self.current + 1) % self.regions
+        round later, is tried then. Raises OSError when the one after fails too, ENOSPC (nothing
+        changed) when the region to reclaim is the fence's."""
+        following = self._short_of_fence((self.current + 1) % self.regions)
         try:
             self._erase_first_header(following)
         except OSError:
             if self.regions < 3:  # the one after is the current region
                 raise
-            following = (following + 1) % self.regions
+            following = self._short_of_fence((following + 1) % self.regions)
             self._erase_first_header(following)
+            self.passed_over += 1
         self.current = following
         self.tail = self.region_start(following)
         reclaim(self.tail, self.tail + self.region_bytes)
         self.used_bytes -= self.region_live[following]
         self.region_live[following] = 0
+
+    def _short_of_fence(self, region: int) -> int:
+        """``region``, to reclaim; ENOSPC, nothing changed, when it is the fence's (``fence``)."""
+        if region == self._fence:
+            raise OSError(errno.ENOSPC, f"{self.path}: the ring came back to the region a write-down began in")
+        return region
 
     def _erase_first_header(self, region: int) -> None:
         """Erase the region's first header before its pages are forgotten: should a write after

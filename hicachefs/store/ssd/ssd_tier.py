@@ -126,6 +126,12 @@ class SsdTier(Tier):
     def reclaim_turn(self, location: int) -> int:
         return self.log.reclaim_turn(location)
 
+    def fence(self, on: bool) -> None:
+        self.log.fence(on)
+
+    def passed_over(self) -> int:
+        return self.log.passed_over
+
     def recover(self, sink: RecoverySink, progress: RecoveryListener | None = None) -> None:
         """Give ``sink`` this tier's pages: loaded from the snapshot if it describes the arena
         exactly, else scanned (then a name found twice, when a process died between writing a
