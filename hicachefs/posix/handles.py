@@ -98,13 +98,17 @@ class PendingHandle:
     """An open file that is (or was) being written. Once the file is published, its handles
     read the page it became; once it is discarded (removed, replaced by a rename onto its name,
     abandoned), they read nothing more: EIO, never zeros where its bytes were. ``writing``: the
-    handle was opened for writing; a read-only one never writes."""
+    handle was opened for writing; a read-only one never writes. ``bounded``: opened by a user
+    who may not change the store, whose copies of the published page read from a lower tier
+    count against ``private_reads_of_others``, as its other reads' do."""
 
     cacheable = False
 
-    def __init__(self, pending: PendingFile, writing: bool, closed: Callable[[PendingFile, bool], None]):
+    def __init__(self, pending: PendingFile, writing: bool, closed: Callable[[PendingFile, bool], None],
+                 bounded: bool = False):
         self.pending = pending
         self.writing = writing
+        self.bounded = bounded
         self._closed = closed
 
     async def read(self, offset: int, size: int):
@@ -115,7 +119,7 @@ class PendingHandle:
             raise FsError(errno.EIO, "the file was removed or replaced before it was published")
         published = pending.published
         name = published.name if pending.node is None else pending.node.current_name(published.name)
-        with await find_version(pending.store, name, published.version) as reader:
+        with await find_version(pending.store, name, published.version, self.bounded) as reader:
             return bytes(reader.read(offset, size))  # a copy: the pin ends here
 
     async def write(self, offset: int, data: bytes) -> int:

@@ -346,7 +346,8 @@ class Namespace:
         if pending is not None:
             if flags & os.O_TRUNC:
                 pending.truncate(0)
-            return self.publishing.open(pending, writing=bool(flags & (os.O_WRONLY | os.O_RDWR)))
+            return self.publishing.open(pending, writing=bool(flags & (os.O_WRONLY | os.O_RDWR)),
+                                        bounded=not self.may_change(uid))
         node = self.nodes.get(inode)
         if node is None:
             if self.tree.is_directory(inode):

@@ -85,13 +85,14 @@ class Publishing:
         self._pending[pending.inode] = pending
         return pending
 
-    def open(self, pending: PendingFile, writing: bool) -> PendingHandle:
-        """A handle on the file; ``writing``: opened for writing (see ``PendingFile``)."""
+    def open(self, pending: PendingFile, writing: bool, bounded: bool = False) -> PendingHandle:
+        """A handle on the file; ``writing``: opened for writing (see ``PendingFile``);
+        ``bounded``: by a user who may not change the store (``PendingHandle``)."""
         if writing:
             pending.writers += 1
         else:
             pending.readers += 1
-        return PendingHandle(pending, writing, self.closed)
+        return PendingHandle(pending, writing, self.closed, bounded)
 
     def closed(self, pending: PendingFile, writing: bool) -> None:
         """A handle on the file closed: a file created under a key is published at its last

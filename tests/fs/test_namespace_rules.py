@@ -8,9 +8,10 @@ import time
 
 import pytest
 
+from hicachefs.posix import blocking
 from hicachefs.posix.errors import FsError
 from hicachefs.posix.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INODE
-from hicachefs.store import DeviceError, NeedsIO, PageStore, StoreConfig
+from hicachefs.store import DeviceError, NeedsIO, PageStore, PrivateReadsFull, StoreConfig
 from hicachefs.store.ssd.device import FileDevice
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs_testing.faults import Fault, FaultyDevice
@@ -278,5 +279,37 @@ def test_a_second_try_refused_with_eio_lets_go_of_the_page_it_read(tmp_path):
             assert refusal.value.errno == errno.EIO
             other.release()
         assert made.store.statistics().ram_budget.shares["private_reads"].held_bytes == 0
+    finally:
+        made.store.close()
+
+
+def test_a_plain_users_read_through_a_file_opened_while_written_counts_against_others_share(tmp_path, monkeypatch):
+    """A plain user who opened a file while it was being written, and read it once it was
+    published and gone down to the disk tier, had its copy counted in root's part of
+    ``private_reads``, not in ``private_reads_of_others`` as every other read of such a user:
+    plain users could take the room the store's own readers need (found by review). Such a read
+    now waits for room in its user's share, and is refused when none comes."""
+    monkeypatch.setattr(blocking, "PRIVATE_ROOM_WAIT_S", 0.2)
+    made = alone(tmp_path)  # 16 MiB RAM, 1 MiB pages, a disk tier; others' share: one page
+    plain = 12345
+    try:
+        inode, writer = made.create(b".tmp-k")
+        made.write(writer, b"k" * MiB)
+        readers = {uid: made.ns.handles.add(settled(made.ns.open(inode, os.O_RDONLY, uid=uid)), uid)
+                   for uid in (plain, 0)}
+        made.close(writer)
+        made.ns.rename(made.pool, b".tmp-k", made.pool, b"k", 0)
+        for i in range(24):  # the page goes down to the disk tier, and so does f0
+            made.publish(b"f%d" % i, bytes(MiB))
+        assert made.store.info("/".join(POOL) + "/k").tier == "disk"
+        held = settled(made.ns.open(made.lookup(b"f0").inode, os.O_RDONLY, uid=plain))  # a copy of its own
+        assert made.store.statistics().ram_budget.shares["private_reads_of_others"].held_bytes == MiB
+        with pytest.raises(PrivateReadsFull):  # (ENOBUFS through FUSE)
+            made.read(readers[plain])
+        assert made.read(readers[0]) == b"k" * MiB  # root's read finds room in the store's share
+        held.release()
+        assert made.read(readers[plain]) == b"k" * MiB
+        for fh in readers.values():
+            made.close(fh)
     finally:
         made.store.close()
