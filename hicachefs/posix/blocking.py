@@ -27,14 +27,15 @@ T = TypeVar("T")
 
 async def in_thread(work: Callable[[], T]) -> T:
     """``work()`` in a worker thread; tried again once there may be room when it found none
-    for a private copy, and the refusal raised when none came in time."""
+    for a private copy, and the refusal raised when none came in time, or once the daemon
+    stops (a stopping daemon answers the requests in flight before it exits)."""
     deadline = trio.current_time() + PRIVATE_ROOM_WAIT_S
     while True:
         try:
             return await trio.to_thread.run_sync(work)
         except PrivateReadsFull as full:
             while not full.room():
-                if trio.current_time() >= deadline:
+                if full.ended() or trio.current_time() >= deadline:
                     raise
                 await trio.sleep(_LOOK_S)
 

@@ -21,11 +21,14 @@ class StoreFull(StoreError):
 
 class PrivateReadsFull(StoreError):
     """Raised by open when the pages being read into readers' own memory fill their share
-    (``private_reads``): ``room()`` says when a try again may find room (ENOBUFS)."""
+    (``private_reads``): ``room()`` says when a try again may find room, ``ended()`` that none
+    is to come, the daemon stopping, so a read waiting for it is refused at once (ENOBUFS)."""
 
-    def __init__(self, message: str, room: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, message: str, room: Callable[[], bool] = lambda: True,
+                 ended: Callable[[], bool] = lambda: False) -> None:
         super().__init__(message)
         self.room = room
+        self.ended = ended
 
 
 class PageCorrupt(StoreError):

@@ -32,6 +32,7 @@ class PrivateReads:
     def __init__(self, share: Share, of_others: Share) -> None:
         self._all, self._others = share, of_others
         self._lock = threading.Lock()
+        self._ended = False
 
     def buffer(self, size: int, bounded: bool = False) -> tuple[memoryview, Callable[[], None]]:
         """A writable buffer of ``size`` bytes, and the release that gives its bytes back (call
@@ -55,9 +56,16 @@ class PrivateReads:
         if not self.has_room(size, bounded):
             raise self._full(size, bounded)
 
+    def end_waits(self) -> None:
+        """The daemon is stopping: reads refused for room wait no more (``PrivateReadsFull.ended``),
+        as the requests in flight, theirs among them, are answered before it exits; waiting for
+        room, each kept it up for as long as its wait, 10 s."""
+        self._ended = True
+
     def _full(self, size: int, bounded: bool) -> PrivateReadsFull:
         return PrivateReadsFull(f"{self._all.held} bytes of pages are being read into private memory "
-                                f"(at most {self._all.limit}); try again", room=lambda: self.has_room(size, bounded))
+                                f"(at most {self._all.limit}); try again", room=lambda: self.has_room(size, bounded),
+                                ended=lambda: self._ended)
 
     def _give_back(self, shares: tuple[Share, ...], size: int) -> None:
         with self._lock:

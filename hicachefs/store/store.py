@@ -759,9 +759,11 @@ class PageStore:
     def stopping(self) -> None:
         """The daemon is stopping (a stop signal, or its mount unmounted lazily): the data
         plane's clients stop trusting its memory now, not after the requests in flight, the
-        shared tier's flush and the write-down that come before ``close``."""
+        shared tier's flush and the write-down that come before ``close``; and reads waiting for
+        room for a private copy are refused now, not at the end of their wait."""
         with self._lock:
             self._index.memory.closed()
+        self._private.end_waits()
 
     def close(self) -> None:
         """Write RAM-only pages down (the most recent ones, as room allows), let every tier

@@ -6,6 +6,8 @@ directory."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import errno
 import os
 import signal
 import subprocess
@@ -15,13 +17,14 @@ import time
 from pathlib import Path
 
 import pyfuse3
+import pytest
 import trio
 
 from hicachefs.fuse import kernel_notifier
 from hicachefs.store.budget import Share
 from hicachefs_testing import mounting
 from hicachefs_testing.workload import content
-from pages import ingest_batch
+from pages import ingest_batch, publish
 
 POOL = "model/bfloat16-page_first-64/tp0of1/kv"
 LOOKER = """
@@ -147,3 +150,35 @@ def test_stop_gives_back_the_pushes_it_never_sent(monkeypatch):
     notifier.stop(timeout=0.2)
     release.set()
     assert reader.closed and share.held == 0 and notifier.statistics().push_queue_bytes == 0
+
+
+def test_a_read_waiting_for_room_for_its_copy_is_refused_when_the_daemon_stops(mount_factory, tmp_path):
+    """A read of a disk page that found the ``private_reads`` share full waits for room, up to
+    10 s, and a daemon told to stop answers the requests in flight before it exits: SIGTERM (or
+    ``hicachefs umount``) while such a read waited kept the daemon up until the wait ended
+    (found by review). A stopping daemon refuses such a read at once (ENOBUFS, as when no room
+    comes), and exits, its mount gone."""
+    mount = mount_factory("--memory", "32M", "--max-page-size", "1M", "--disk", str(tmp_path / "ssd"),
+                          "--disk-size", "64M", "--no-kernel-cache")  # private_reads: 4 MiB, pins: more
+    pool = mount.page_dir()
+    for i in range(40):  # 1 MiB each: the oldest go down to the disk tier
+        publish(pool, f"k{i}", content(i, 1 << 20))
+    share = mount.stats()["ram_budget"]["shares"]["private_reads"]
+    holding = share["limit_bytes"] >> 20
+    held = [os.open(pool / f"k{i}", os.O_RDONLY) for i in range(holding)]  # each a copy of its own
+    pidfd = mounting.daemon_pidfd(mount)
+    try:
+        assert mount.stats()["ram_budget"]["shares"]["private_reads"]["held_bytes"] == share["limit_bytes"]
+        with concurrent.futures.ThreadPoolExecutor(1) as opener:
+            waiting = opener.submit(os.open, pool / f"k{holding}", os.O_RDONLY)
+            with pytest.raises(concurrent.futures.TimeoutError):
+                waiting.result(timeout=0.3)  # waits for room (the copies are let go 2 s after their open)
+            assert mounting._signal(pidfd, signal.SIGTERM, 5), "the daemon still runs"
+            with pytest.raises(OSError) as refused:
+                os.close(waiting.result(timeout=5))
+        assert refused.value.errno == errno.ENOBUFS
+    finally:
+        os.close(pidfd)
+        for fd in held:
+            os.close(fd)
+    assert not mounting.is_mounted(mount.path)
