@@ -1,13 +1,19 @@
 """``--metrics-listen HOST:PORT``: serve ``/metrics`` over HTTP for Prometheus to scrape.
 
-A small HTTP/1.1 server, bounded whatever its clients do. One thread accepts connections and a
-fixed pool of ``SERVERS`` threads answers them, one request each (``Connection: close``). At most
-``SERVERS + WAITING`` connections are held at once; one more is answered ``503 Service
-Unavailable`` at once and closed. Each held connection has ``CONNECTION_TIMEOUT_S`` from its
-accept for the whole exchange: a client that sends nothing, or drips its request, is cut off
-then without an answer. So 1,000 idle connections cost no thread and hold the endpoint for
-that long at most. (prometheus_client's own server, used before, started a thread per
-connection and never timed one out: 1,000 idle connections made 1,004 daemon threads.)
+A small HTTP/1.1 server, bounded whatever its clients do. One thread accepts connections and
+reads their requests, all of them on one selector, and a fixed pool of ``SERVERS`` threads
+answers the whole requests, one each (``Connection: close``). Each connection has
+``CONNECTION_TIMEOUT_S`` from its accept for the whole exchange: a client that sends nothing, or
+drips its request, is cut off then without an answer. So 1,000 idle connections cost no thread.
+
+Nor do they keep a scraper out. At most ``READING`` connections are held while their request
+comes, ``PER_ADDRESS`` of them from one client address; a new connection past either takes the
+place of the one that has waited longest, from its own address, or, when all are held, from the
+address that holds the most, which is answered ``503 Service Unavailable`` and closed. A
+request that comes at once, as Prometheus's does, is then read before idle or slow clients can
+take its place: held that way, 20 idle connections made every scrape answer 503 for 10 s,
+whoever made them. At most ``SERVERS + WAITING`` whole requests are held for the server threads;
+one more is answered 503 at once.
 
 The daemon's counters (the request and error counters, the namespace's files being written)
 belong to the trio thread and are changed between awaits without a lock, so a scrape never
@@ -34,6 +40,7 @@ import contextlib
 import errno
 import logging
 import queue
+import selectors
 import socket
 import threading
 import time
@@ -50,8 +57,12 @@ log = logging.getLogger(__name__)
 #: Connections answered at once. A scrape costs milliseconds, and one Prometheus server (two in
 #: an HA pair) scrapes an endpoint once per interval: four leave room for a person's curl.
 SERVERS = 4
-#: Connections accepted beyond those being answered, each waiting for a server thread.
+#: Whole requests held beyond those being answered, each waiting for a server thread.
 WAITING = 16
+#: Connections held while their request comes (each a socket and its bytes so far, no thread) ...
+READING = 16
+#: ... of which from one client address: one address's idle connections take only its own places.
+PER_ADDRESS = 4
 #: From its accept to the last byte of the answer: Prometheus's default scrape timeout, after
 #: which it has given up on the scrape anyway.
 CONNECTION_TIMEOUT_S = 10.0
@@ -84,7 +95,7 @@ class MetricsEndpoint:
         self._last: bytes | None = None  # the last evaluation, rendered
         self._fresh_until = 0.0  # time.monotonic() until which ``_last`` is the answer
         self._slots = threading.BoundedSemaphore(SERVERS + WAITING)
-        self._held: queue.SimpleQueue[tuple[socket.socket, float] | None] = queue.SimpleQueue()
+        self._held: queue.SimpleQueue[tuple[socket.socket, bytes, float] | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._accept, name="metrics-accept", daemon=True)]
         self._threads += [threading.Thread(target=self._serve, name=f"metrics-{i}", daemon=True) for i in range(SERVERS)]
         for thread in self._threads:
@@ -121,35 +132,43 @@ class MetricsEndpoint:
         return facts, time.perf_counter() - started
 
     def _accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self._listener.accept()
-            except OSError as exc:
-                if self._closing:
-                    return
-                if exc.errno in _SHORT_OF_RESOURCES:
-                    time.sleep(0.1)  # out of descriptors or memory: let closes catch up, do not spin
-                continue
-            if self._slots.acquire(blocking=False):
-                self._held.put((connection, time.monotonic() + CONNECTION_TIMEOUT_S))
-            else:
-                _refuse(connection)
+        """Accept connections and read their requests until ``close``; each whole request goes
+        to the server threads, or is answered 503 when ``SERVERS + WAITING`` are held."""
+        incoming = _Incoming(self._listener)
+        try:
+            while not self._closing:
+                for connection in incoming.wait():
+                    if connection is None:
+                        self._take(incoming)
+                    elif (whole := incoming.read(connection)) is not None:
+                        if self._slots.acquire(blocking=False):
+                            self._held.put(whole)
+                        else:
+                            _refuse(connection)
+        finally:
+            incoming.close()
+
+    def _take(self, incoming: _Incoming) -> None:
+        try:
+            connection, address = self._listener.accept()
+        except OSError as exc:
+            if not self._closing and exc.errno in _SHORT_OF_RESOURCES:
+                time.sleep(0.1)  # out of descriptors or memory: let closes catch up, do not spin
+            return
+        incoming.add(connection, address[0])
 
     def _serve(self) -> None:
         while (held := self._held.get()) is not None:
-            connection, until = held
+            connection, head, until = held
             try:
-                self._answer(connection, until)
+                self._answer(connection, head, until)
             except OSError:
                 pass  # timed out, reset or gone: the client's loss, nothing to tell
             finally:
                 connection.close()
                 self._slots.release()
 
-    def _answer(self, connection: socket.socket, until: float) -> None:
-        head = _request_head(connection, until)
-        if head is None:
-            return
+    def _answer(self, connection: socket.socket, head: bytes, until: float) -> None:
         request = head.split(b"\n", 1)[0].decode("latin-1").split()
         if len(request) != 3:
             response = _response("400 Bad Request", b"not an HTTP request\n")
@@ -177,20 +196,91 @@ class MetricsEndpoint:
             thread.join(0.5 / len(self._threads))
 
 
-def _request_head(connection: socket.socket, until: float) -> bytes | None:
-    """The request line and headers, or None if the client closes, sends too much, or takes
-    longer than ``until`` (raised as a timeout)."""
-    data = bytearray()
-    while b"\r\n\r\n" not in data and b"\n\n" not in data:
-        remaining = until - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("the request took too long")
-        connection.settimeout(remaining)
-        chunk = connection.recv(MAX_REQUEST_HEAD)
+class _Incoming:
+    """The connections whose request is still coming, oldest first, and the selector that waits
+    for their bytes and for new connections: the accept thread's alone."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        self._held: dict[socket.socket, tuple[str, float, bytearray]] = {}  # address, until, bytes so far
+        self._by_address: dict[str, int] = {}
+
+    def wait(self) -> list[socket.socket | None]:
+        """The connections with bytes to read (None: a new connection to accept), once there
+        are any; those whose time is up are cut off meanwhile, without an answer."""
+        while True:
+            now = time.monotonic()
+            for connection, (_, until, _) in list(self._held.items()):
+                if until > now:
+                    break
+                self._drop(connection)
+            first = next(iter(self._held.values()), None)
+            ready = self._selector.select(None if first is None else first[1] - now)
+            if ready:
+                return [key.data for key, _ in ready]
+
+    def add(self, connection: socket.socket, address: str) -> None:
+        """Hold ``connection`` until its request is whole, taking the place of the one held
+        longest from its address when that holds ``PER_ADDRESS``, or, when ``READING`` are
+        held, of the one held longest from the address that holds the most."""
+        if self._by_address.get(address, 0) >= PER_ADDRESS:
+            self._let_go(address)
+        elif len(self._held) >= READING:
+            most = max(self._by_address.values())
+            self._let_go(next(held_from for held_from, _, _ in self._held.values()
+                              if self._by_address[held_from] == most))
+        connection.setblocking(False)
+        self._held[connection] = (address, time.monotonic() + CONNECTION_TIMEOUT_S, bytearray())
+        self._by_address[address] = self._by_address.get(address, 0) + 1
+        self._selector.register(connection, selectors.EVENT_READ, connection)
+
+    def read(self, connection: socket.socket) -> tuple[socket.socket, bytes, float] | None:
+        """What came on ``connection``: once its request line and headers are whole, the
+        connection, them and its deadline, no longer held here. A client that closes or sends
+        more than ``MAX_REQUEST_HEAD`` is dropped without an answer; one let go since it was
+        found ready (``add``) is no longer held."""
+        if connection not in self._held:
+            return None
+        _, until, data = self._held[connection]
+        try:
+            chunk = connection.recv(MAX_REQUEST_HEAD)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            chunk = b""
         if not chunk or len(data) + len(chunk) > MAX_REQUEST_HEAD:
+            self._drop(connection)
             return None
         data += chunk
-    return bytes(data)
+        if b"\r\n\r\n" not in data and b"\n\n" not in data:
+            return None
+        self._forget(connection)
+        return connection, bytes(data), until
+
+    def _let_go(self, address: str) -> None:
+        """Answer 503 to the connection held longest from ``address``, and close it."""
+        oldest = next(c for c, (held_from, _, _) in self._held.items() if held_from == address)
+        self._forget(oldest)
+        _refuse(oldest)
+
+    def _drop(self, connection: socket.socket) -> None:
+        self._forget(connection)
+        connection.close()
+
+    def _forget(self, connection: socket.socket) -> None:
+        self._selector.unregister(connection)
+        address = self._held.pop(connection)[0]
+        left = self._by_address[address] - 1
+        if left:
+            self._by_address[address] = left
+        else:
+            del self._by_address[address]
+
+    def close(self) -> None:
+        for connection in list(self._held):
+            self._drop(connection)
+        self._selector.close()
 
 
 def _response(status: str, body: bytes, extra: tuple[str, ...] = (), content_type: str = "text/plain; charset=utf-8",
