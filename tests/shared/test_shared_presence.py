@@ -35,7 +35,7 @@ def test_a_listing_replaces_what_was_known_but_keeps_updates_made_during_it():
     index.begin_listing(directory)
     add(index, added_during)  # published while the listing ran: the listing missed it
     add(index, removed_during, present=False)  # removed while the listing ran: the listing saw it
-    index.end_listing(directory, np.array([place(n).key_hash for n in listed], dtype=np.uint64), 1000)
+    index.end_listing(directory, np.array([place(n).key_hash for n in listed], dtype=np.uint64), np.full(10, 100))
     expected = {n: n in listed or n == added_during for n in in_dir[:21]}
     expected[removed_during] = False
     assert index.contains_many(list(expected)) == list(expected.values())
@@ -47,5 +47,5 @@ def test_an_empty_listing_forgets_the_directory():
     name = page_name(1)
     add(index, name)
     index.begin_listing(place(name).directory)
-    index.end_listing(place(name).directory, np.empty(0, dtype=np.uint64), 0)
+    index.end_listing(place(name).directory, np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64))
     assert index.contains_many([name]) == [False] and index.directories() == []

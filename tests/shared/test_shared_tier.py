@@ -348,6 +348,26 @@ def test_pages_found_gone_leave_the_count_of_bytes_the_size_bound_measures(tmp_p
     assert tier.statistics().pages == 0 and tier.used_bytes == 0
 
 
+def test_a_page_written_again_at_another_size_counts_the_bytes_its_file_holds_on_each_host(tmp_path, make_tier):
+    """A page replaced by one of another size: the host that wrote it and the host that heard of
+    it (an announcement of a name it already counted) count the bytes its file holds now; they
+    kept the old size until the next sweep, so the size bound measured the wrong total (found by
+    review). A removal then takes off what was counted, leaving nothing."""
+    root = tmp_path / "shared"
+    no_sweeps = dict(sweep_interval_s=60.0)  # after the first: what is counted comes from the writes and journals
+    a, b = make_tier(root, **no_sweeps), make_tier(root, **no_sweeps)
+    wait_until(lambda: min(a.statistics().sweep.sweep_cycles, b.statistics().sweep.sweep_cycles) >= 1)
+    for written, size in enumerate((4 * KiB, 64 * KiB, 1 * KiB), 1):
+        page, data = make_page(1, size=size)
+        a.write(page, data)
+        wait_until(lambda: b.statistics().journal_received == written)
+        on_volume = os.path.getsize(page_path(root, page.name))
+        assert (a.used_bytes, b.used_bytes) == (on_volume, on_volume)
+    a.drop(page, 0)
+    wait_until(lambda: b.contains_many([page.name]) == [False])
+    assert (a.used_bytes, b.used_bytes) == (0, 0)
+
+
 def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     root = tmp_path / "shared"
     file_size = page_format.header_length(page_name(0)) + 16 * KiB

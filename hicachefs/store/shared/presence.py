@@ -12,6 +12,11 @@ A listing races with updates that land while it runs: ``begin_listing`` starts r
 directory's updates, and ``end_listing`` replays them over the listing's result, so an update
 made during the listing is never lost.
 
+Each directory counts its pages' bytes (the size bound measures them). A pool's pages share one
+size, so a directory keeps its usual size and only the sizes of the pages that differ (a dict,
+empty in practice): a page written again at another size, or removed, changes the count by what
+was counted for it, so the count stays what the files hold between sweeps.
+
 A 64-bit hash collision could answer yes for a page that is not there; reading it would then
 find no such file (a miss), never wrong bytes.
 
@@ -30,7 +35,7 @@ _FOLD_AT = 1024  # adds + removals a directory keeps beside its array before fol
 
 
 class _Directory:
-    __slots__ = ("hashes", "added", "removed", "pages", "bytes", "replay")
+    __slots__ = ("hashes", "added", "removed", "pages", "bytes", "usual", "sizes", "replay")
 
     def __init__(self) -> None:
         self.hashes = np.empty(0, dtype=np.uint64)
@@ -38,6 +43,8 @@ class _Directory:
         self.removed: set[int] = set()
         self.pages = 0
         self.bytes = 0
+        self.usual = 0  # the size of most of its pages
+        self.sizes: dict[int, int] = {}  # pages of another size than ``usual``
         self.replay: list[tuple[bool, int, int]] | None = None  # updates during a listing
 
     def has(self, hashed: int) -> bool:
@@ -49,20 +56,31 @@ class _Directory:
         return index < len(self.hashes) and int(self.hashes[index]) == hashed
 
     def update(self, present: bool, hashed: int, size: int) -> None:
+        """A page appeared (again, maybe at another size: its new size counts) or went (what
+        was counted for it goes, whatever ``size`` says)."""
         if self.replay is not None:
             self.replay.append((present, hashed, size))
-        if present == self.has(hashed):
+        held = self.has(hashed)
+        if not (present or held):
             return
-        if not present and size <= 0 and self.pages:
-            size = self.bytes // self.pages  # not known: the mean here (a pool's pages share one size)
+        if held:
+            self.bytes -= self.sizes.pop(hashed, self.usual)
+            self.pages -= 1
+        if present:
+            if not self.pages:
+                self.usual = size
+            if size != self.usual:
+                self.sizes[hashed] = size
+            self.bytes += size
+            self.pages += 1
+        if present == held:
+            return
         if present:
             self.removed.discard(hashed)
             self.added.add(hashed)
         else:
             self.added.discard(hashed)
             self.removed.add(hashed)
-        self.pages += 1 if present else -1
-        self.bytes = max(0, self.bytes + (size if present else -size))
         if len(self.added) + len(self.removed) >= _FOLD_AT:
             self.fold()
 
@@ -96,8 +114,8 @@ class PresenceIndex:
             return entry is not None and entry.has(hashed)
 
     def update(self, directory: str, hashed: int, size: int, present: bool) -> None:
-        """A page appeared (``present``) or went away; ``size`` keeps the byte count (0 for a
-        page found gone, whose size is not known here: its directory's mean is taken)."""
+        """A page appeared (``present``, of ``size`` bytes) or went away (what was counted for
+        it goes: ``size`` is not needed)."""
         with self._lock:
             entry = self._directories.get(directory)
             if entry is None:
@@ -110,15 +128,21 @@ class PresenceIndex:
         with self._lock:
             self._directories.setdefault(directory, _Directory()).replay = []
 
-    def end_listing(self, directory: str, hashes: np.ndarray, total_bytes: int) -> None:
+    def end_listing(self, directory: str, hashes: np.ndarray, sizes: np.ndarray) -> None:
         """Replace what is known of ``directory`` by a listing begun with ``begin_listing``:
-        ``hashes`` of its pages (any order, uint64), ``total_bytes`` their sizes' sum."""
-        hashes = np.unique(hashes.astype(np.uint64, copy=False))
+        ``hashes`` of its pages (any order, uint64) and their ``sizes``."""
+        hashes, first = np.unique(hashes.astype(np.uint64, copy=False), return_index=True)
+        sizes = np.asarray(sizes, dtype=np.int64)[first]
         with self._lock:
             old = self._directories.get(directory)
             replay = old.replay if old is not None and old.replay is not None else []
             fresh = _Directory()
-            fresh.hashes, fresh.pages, fresh.bytes = hashes, len(hashes), total_bytes
+            fresh.hashes, fresh.pages, fresh.bytes = hashes, len(hashes), int(sizes.sum())
+            if len(sizes):
+                values, counts = np.unique(sizes, return_counts=True)
+                fresh.usual = int(values[np.argmax(counts)])
+                other = sizes != fresh.usual
+                fresh.sizes = dict(zip(hashes[other].tolist(), sizes[other].tolist()))
             for present, hashed, size in replay:
                 fresh.update(present, hashed, size)
             if fresh.pages:

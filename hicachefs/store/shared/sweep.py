@@ -128,7 +128,7 @@ class Sweeper:
         fan = relative.rpartition("/")[2]
         parent = relative.rpartition("/")[0]
         hashes: list[int] = []
-        total = 0
+        sizes: list[int] = []
         temp_cutoff = time.time_ns() - int(self._temp_keep_s * 1e9)
         # Below the fan-out directories' depth nothing is the tier's: not listed.
         deeper = (relative.count("/") + 1 if relative else 0) < FANOUT_DEPTH
@@ -150,7 +150,7 @@ class Sweeper:
             if name in removing:
                 continue
             hashes.append(hashed)
-            total += entry.size
+            sizes.append(entry.size)
             item = (-entry.mtime_ns, name, entry.size)
             if len(self._oldest) < self._oldest_kept:
                 heapq.heappush(self._oldest, item)
@@ -158,7 +158,7 @@ class Sweeper:
                 heapq.heapreplace(self._oldest, item)
         if fanout:
             self._seen.add(relative)
-            self._presence.end_listing(relative, np.array(hashes, dtype=np.uint64), total)
+            self._presence.end_listing(relative, np.array(hashes, dtype=np.uint64), np.array(sizes, dtype=np.int64))
 
     def _remove_temp(self, path: str) -> None:
         try:
