@@ -2,6 +2,7 @@
 fast and are right or a miss, the tier is marked unavailable, and it recovers."""
 
 import errno
+import logging
 import os
 import threading
 import time
@@ -13,6 +14,7 @@ from shared_helpers import FAST
 from shared_helpers import KiB, Releases, make_page, read_page
 
 from hicachefs_testing.faults import Fault, FaultyDevice
+from hicachefs.store.shared import engine_checks
 from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import Layout, place
 from hicachefs.store.tier import ReadResult
@@ -386,6 +388,42 @@ def test_a_tier_started_before_its_volume_is_mounted_takes_the_volume_up_once_it
     wait_until(lambda: writes(a, page, data), timeout=5)
     wait_until(lambda: b.contains_many([page.name]) == [True])  # announced in the volume's journal
     assert read_page(b, page.name) == data and a.statistics().guard.available
+
+
+def test_a_volume_taken_up_after_start_has_its_mount_settings_checked_as_at_start(tmp_path, make_tier, monkeypatch,
+                                                                                  caplog):
+    """The daemon came up before its volume was mounted: the start warned of the bare
+    mountpoint's local filesystem, and the volume mounted later, with caches too long for the
+    tier, was taken up without a word (found by review); unmounted and mounted again, the same.
+    Each take-up checks the mount's settings, as the start does."""
+    volume, mountpoint = tmp_path / "volume", tmp_path / "mnt"
+    volume.mkdir(), mountpoint.mkdir()
+    device = Mountpoint(volume, mountpoint)
+    device.mounted = False
+    bare = engine_checks.Mount(str(tmp_path), "ext4", {}, 0)
+    monkeypatch.setattr(engine_checks, "local_mount", lambda path: None if device.mounted else bare)
+    monkeypatch.setattr(engine_checks, "settings", lambda path: engine_checks.Settings("JuiceFS", {"attribute cache": 5.0}))
+    caplog.set_level(logging.INFO, logger="hicachefs.store.shared.tier")
+
+    def warnings():
+        return [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING
+                and ("local filesystem" in record.getMessage() or "JuiceFS mount" in record.getMessage())]
+
+    a = make_tier(mountpoint / "hc", device=device)
+    assert len(warnings()) == 1 and "local filesystem" in warnings()[0]
+    device.mounted = True
+    page, data = make_page(1)
+    wait_until(lambda: writes(a, page, data), timeout=5)
+    wait_until(lambda: len(warnings()) == 2, timeout=5)
+    assert "JuiceFS mount has attribute cache 5 s (at most 1 s)" in warnings()[1]
+    device.mounted = False
+    wait_until(lambda: not a.statistics().guard.available, timeout=5)
+    device.mounted, device.mounts = True, 2
+    wait_until(lambda: a.statistics().guard.available, timeout=5)
+    wait_until(lambda: len(warnings()) == 3, timeout=5)
+    assert "JuiceFS mount has attribute cache 5 s" in warnings()[2]
+    time.sleep(0.3)  # some ticks: once a take-up
+    assert len(warnings()) == 3
 
 
 def test_the_shared_directory_made_again_under_a_running_tier_is_taken_up(tmp_path, make_tier):

@@ -192,6 +192,7 @@ class SharedTier(Tier):
         writer = re.sub(r"[^A-Za-z0-9_-]", "_", f"{socket.gethostname()}-{os.getpid()}")[:100]
         self._guard = CallGuard(io_threads)
         self._root_seen: _Root | None = None  # the root as the probe that took it up found it
+        self._engine_unchecked = False  # the root was taken up, its mount's settings not checked since
         self._presence = PresenceIndex()
         self._journal = Journal(self._device, self._layout, f"{writer}-{self._token}", keep_s=journal_keep_s,
                                 on_volume=self._on_volume)
@@ -481,6 +482,7 @@ class SharedTier(Tier):
             self._device.makedirs(self._layout.journal)
             self._root_seen = self._look_at_root()
             self._sweep_wanted = True  # what the tier counted lay elsewhere
+            self._engine_unchecked = True  # maybe another mount than at start
         else:
             self._device.makedirs(self._layout.journal)
         self._device.listdir(self._layout.journal)
@@ -521,12 +523,17 @@ class SharedTier(Tier):
 
     def _check_engine(self) -> None:
         """Say once, in one line, what the filesystem's mount uses that the tier cannot work
-        well with (``engine_checks``); raises ``OSError`` when the filesystem does not answer."""
+        well with (``engine_checks``); raises ``OSError`` when the filesystem does not answer.
+        Done at start and again each time a probe takes the root up (a volume mounted after
+        start, or mounted again: its settings may differ, or the start saw the bare
+        mountpoint's local filesystem), so a late mount is told of as the start's is."""
         local = self._guard.call(engine_checks.local_mount, str(self.root), timeout=self._deadline_s)
+        settings = None if local is not None else self._guard.call(engine_checks.settings, str(self.root),
+                                                                    timeout=self._deadline_s)
+        self._engine_unchecked = False
         if local is not None:
             _log.warning("shared tier %s", engine_checks.local_warning(str(self.root), local))
             return
-        settings = self._guard.call(engine_checks.settings, str(self.root), timeout=self._deadline_s)
         if settings is None:
             return
         problems = settings.problems()
@@ -901,6 +908,11 @@ class SharedTier(Tier):
                     continue
                 if self._guarded(self._on_volume) is None:
                     continue  # unavailable now, or the filesystem failed
+                if self._engine_unchecked:
+                    try:
+                        self._check_engine()
+                    except OSError as error:  # checked again next tick
+                        self._count_failure(error)
                 if self._removals:
                     self._apply_removals()
                 self._close_stale(now)
