@@ -4,6 +4,7 @@ fast and are right or a miss, the tier is marked unavailable, and it recovers.""
 import errno
 import logging
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from shared_helpers import KiB, Releases, make_page, read_page
 from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs.store.shared import engine_checks
 from hicachefs.store.shared.device import DirectoryDevice
-from hicachefs.store.shared.layout import Layout, place
+from hicachefs.store.shared.layout import JOURNAL_DIR, Layout, place
 from hicachefs.store.tier import ReadResult
 
 OPS = [name for name in vars(DirectoryDevice) if not name.startswith("_")]
@@ -299,11 +300,15 @@ class Mountpoint(DirectoryDevice):
     mountpoint's paths then name the bare directory below it, on the mount of /. Each mount
     gives the volume a new st_dev, as FUSE does, and has a mount ID of its own."""
 
-    def __init__(self, volume: Path, mountpoint: Path, placeholder: bool = False) -> None:
+    VOLUME, LOCAL = "fuse.glusterfs server:/volume", "ext4 /dev/sda1"  # filesystems: type and source
+
+    def __init__(self, volume: Path, mountpoint: Path, placeholder: bool = False, renumbered: bool = False) -> None:
         """``placeholder``: unmounted, the mountpoint shows a mount under the volume's (its
-        directory then of that mount, ID 0), not the bare directory on the mount of /."""
+        directory then of that mount, ID 0, another filesystem), not the bare directory on the
+        mount of /. ``renumbered``: each mount numbers the volume's directories anew (their
+        inode numbers differ from one mount to the next)."""
         self.volume, self.mountpoint, self.mounted, self.mounts = str(volume), str(mountpoint), True, 1
-        self.placeholder = placeholder
+        self.placeholder, self.renumbered = placeholder, renumbered
 
     def _path(self, path):
         if self.mounted and isinstance(path, str) and path.startswith(self.mountpoint):
@@ -313,7 +318,7 @@ class Mountpoint(DirectoryDevice):
     def __getattribute__(self, name):
         method = super().__getattribute__(name)
         if name.startswith("_") or name in ("stat", "mount_of", "volume", "mountpoint", "mounted", "mounts",
-                                            "placeholder"):
+                                            "placeholder", "renumbered", "VOLUME", "LOCAL"):
             return method
         return lambda *args: method(*(self._path(arg) for arg in args))
 
@@ -323,12 +328,14 @@ class Mountpoint(DirectoryDevice):
             return real
         fields = list(real[:10])
         fields[2] = real.st_dev + self.mounts  # the volume's filesystem, as this mount numbers it
+        if self.renumbered and stat.S_ISDIR(real.st_mode):
+            fields[1] = real.st_ino + (self.mounts << 40)
         return os.stat_result(fields)
 
     def mount_of(self, path):
         if self._path(path) != path:
-            return self.mountpoint, self.mounts
-        return (self.mountpoint, 0) if self.placeholder else ("/", 0)
+            return self.mountpoint, self.mounts, self.VOLUME
+        return (self.mountpoint, 0, self.LOCAL) if self.placeholder else ("/", 0, self.LOCAL)
 
 
 def test_a_volume_unmounted_under_the_tier_is_unavailable_and_nothing_lands_on_the_mountpoint(tmp_path, make_tier):
@@ -390,6 +397,31 @@ def test_a_tier_started_before_its_volume_is_mounted_takes_the_volume_up_once_it
     assert read_page(b, page.name) == data and a.statistics().guard.available
 
 
+def test_a_volume_mounted_again_whose_root_has_a_new_inode_number_is_taken_up(tmp_path, make_tier):
+    """The volume unmounted and mounted again at its mountpoint by an engine that numbers
+    inodes anew at each mount: the shared directory, with the tier's journal in it, has another
+    inode number, and the tier stayed unavailable until a restart (found by review). It is taken
+    up as the same filesystem (type and source) holding the journal; a placeholder directory the
+    unmounted volume revealed meanwhile is not, though it holds a journal directory too (one a
+    tier made there while the volume was not mounted)."""
+    volume, mountpoint = tmp_path / "volume", tmp_path / "mnt"
+    volume.mkdir(), mountpoint.mkdir()
+    (mountpoint / "hc" / JOURNAL_DIR).mkdir(parents=True)  # the placeholder's, under the volume
+    device = Mountpoint(volume, mountpoint, placeholder=True, renumbered=True)
+    a = make_tier(mountpoint / "hc", device=device)
+    b = make_tier(volume / "hc", sweep_interval_s=60.0)  # another host: what it learns comes from the journals
+    wait_until(lambda: b.statistics().sweep.sweep_cycles >= 1)
+    device.mounted = False
+    wait_until(lambda: not a.statistics().guard.available, timeout=5)
+    time.sleep(0.5)  # some probes
+    page, data = make_page(1)
+    assert not writes(a, page, data) and not a.statistics().guard.available
+    device.mounted, device.mounts = True, 2
+    wait_until(lambda: writes(a, page, data), timeout=5)
+    wait_until(lambda: b.contains_many([page.name]) == [True])  # announced in the volume's journal
+    assert read_page(b, page.name) == data and os.listdir(mountpoint / "hc") == [JOURNAL_DIR]
+
+
 def test_a_volume_taken_up_after_start_has_its_mount_settings_checked_as_at_start(tmp_path, make_tier, monkeypatch,
                                                                                   caplog):
     """The daemon came up before its volume was mounted: the start warned of the bare
@@ -400,7 +432,7 @@ def test_a_volume_taken_up_after_start_has_its_mount_settings_checked_as_at_star
     volume.mkdir(), mountpoint.mkdir()
     device = Mountpoint(volume, mountpoint)
     device.mounted = False
-    bare = engine_checks.Mount(str(tmp_path), "ext4", {}, 0)
+    bare = engine_checks.Mount(str(tmp_path), "ext4", "/dev/sda1", {}, 0)
     monkeypatch.setattr(engine_checks, "local_mount", lambda path: None if device.mounted else bare)
     monkeypatch.setattr(engine_checks, "settings", lambda path: engine_checks.Settings("JuiceFS", {"attribute cache": 5.0}))
     caplog.set_level(logging.INFO, logger="hicachefs.store.shared.tier")

@@ -67,11 +67,12 @@ class DirectoryDevice:
     def stat(self, path: str) -> os.stat_result:
         return os.stat(path)
 
-    def mount_of(self, path: str) -> tuple[str, int] | None:
-        """The mountpoint and mount ID of the mount ``path`` lies on (``engine_checks.mount_of``):
-        they change when a volume is mounted over it, or unmounted from under it."""
+    def mount_of(self, path: str) -> tuple[str, int, str] | None:
+        """The mountpoint, mount ID and filesystem (its type and source) of the mount ``path``
+        lies on (``engine_checks.mount_of``): they change when a volume is mounted over it, or
+        unmounted from under it; the filesystem stays when the same volume is mounted again."""
         mount = engine_checks.mount_of(path)
-        return None if mount is None else (mount.mountpoint, mount.mount_id)
+        return None if mount is None else (mount.mountpoint, mount.mount_id, f"{mount.fstype} {mount.source}")
 
     def makedirs(self, path: str) -> None:
         """``os.makedirs``, tried again when another host makes the same directories at once:

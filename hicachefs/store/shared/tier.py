@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISDIR
 from typing import NamedTuple
 
 from hicachefs.store.shared import engine_checks
@@ -97,28 +98,32 @@ class _Opened:
 
 class _Root(NamedTuple):
     """Which directory the root is (``inode``: None while it is missing; ``device``: its
-    st_dev) and the mount it lies on (its mountpoint and mount ID)."""
+    st_dev) and the mount it lies on (its mountpoint, mount ID and filesystem: type and source)."""
 
     inode: int | None
     device: int | None
-    mount: tuple[str, int] | None
+    mount: tuple[str, int, str] | None
 
 
-def _came(seen: _Root, now: _Root) -> bool:
+def _came(seen: _Root, now: _Root, journaled: Callable[[], bool]) -> bool:
     """Whether the root, ``seen`` before and looked at ``now``, is a volume or a directory that
     came since, to be taken up: a mount appeared over it (its mount deeper), the same directory
     is mounted again at the same mountpoint (its inode number kept, as GlusterFS's and JuiceFS's
-    are), or it was made again on its mount. Not when it is missing on its mount, or its mount
-    lies above the one seen (that one went, and the path names its bare mountpoint), nor when
-    another directory shows at the same mountpoint: the volume unmounted may reveal one mounted
-    under it (a placeholder), which no other host sees (found by review)."""
+    are, or the same filesystem, whose root holds the tier's journal directory: ``journaled()``,
+    for an engine that numbers inodes anew at each mount), or it was made again on its mount.
+    Not when it is missing on its mount, or its mount lies above the one seen (that one went, and
+    the path names its bare mountpoint), nor when another directory shows at the same mountpoint:
+    the volume unmounted may reveal one mounted under it (a placeholder, of another filesystem),
+    which no other host sees (found by review), even one holding a journal directory that a tier
+    made there while the volume was not mounted."""
     if seen.mount is None or now.mount is None:
         return False
     if now.mount == seen.mount:
         return now.inode is not None and now.inode != seen.inode
     mountpoint, seen_mountpoint = now.mount[0], seen.mount[0]
     if mountpoint == seen_mountpoint:
-        return now.inode == seen.inode
+        same_filesystem = now.inode is not None and now.mount[2] == seen.mount[2]
+        return now.inode == seen.inode or (same_filesystem and journaled())
     return mountpoint.startswith(seen_mountpoint.rstrip("/") + "/")
 
 
@@ -513,13 +518,20 @@ class SharedTier(Tier):
         now = self._look_at_root(seen)
         if seen is not None and now == seen:
             return True
-        if seen is not None and _came(seen, now):
+        if seen is not None and _came(seen, now, self._journaled):
             self._root_seen = None
             reason = f"shared directory {self.root} changed (a volume mounted over it, or made again): taken up anew"
         else:
             reason = f"shared directory {self.root} is not the one the tier took up (its volume unmounted?)"
         self._guard.mark_unavailable(reason)
         raise OSError(errno.ENOTCONN, reason)
+
+    def _journaled(self) -> bool:
+        """Whether the root holds the journal directory, which only the tier makes."""
+        try:
+            return S_ISDIR(self._device.stat(self._layout.journal).st_mode)
+        except OSError:
+            return False
 
     def _check_engine(self) -> None:
         """Say once, in one line, what the filesystem's mount uses that the tier cannot work
