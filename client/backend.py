@@ -91,13 +91,14 @@ def _all_failed(keys: Sequence[Any], *_: Any, **__: Any) -> List[bool]:
 
 
 # extra_config's keys: HiCacheFS's own, and those SGLang puts there for every backend (its
-# dynamic factory's, the controller's interface_v1, and those its controller takes out first
-# in some versions and leaves in others).
+# dynamic factory's, the controller's interface_v1, those its controller takes out first
+# in some versions and leaves in others, the radix cache's file_storage_path default and the
+# host pool's allocator choice).
 OWN_KEYS = ("mountpoint", "read_threads", "write_threads", "data_plane", "commit_behind",
             "plane_verify_reads", "plain_directory")
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
                "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
-               "hicache_storage_pass_prefix_keys")
+               "hicache_storage_pass_prefix_keys", "file_storage_path", "allocator")
 
 
 def check_keys(extra: Dict[str, Any]) -> None:

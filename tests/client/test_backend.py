@@ -355,7 +355,9 @@ def test_a_mountpoint_that_is_no_absolute_path_is_a_config_error(mountpoint):
 def test_an_unknown_extra_config_key_is_a_config_error(plain_root):
     with pytest.raises(ValueError, match="unknown extra_config key.*'read_thread'.*read_threads"):
         HiCacheFS(storage_config(plain_root, extra={"read_thread": 4}), {})
-    sglang_keys = {"tp_lcm_size": 8, "prefetch_threshold": 256, "hicache_storage_pass_prefix_keys": True}
+    sglang_keys = {"tp_lcm_size": 8, "prefetch_threshold": 256, "hicache_storage_pass_prefix_keys": True,
+                   "file_storage_path": "/data/kv",  # SGLang's radix cache sets it from --file-storage-path
+                   "allocator": "shm"}  # SGLang's host pools read it for dynamic backends
     assert HiCacheFS(storage_config(plain_root, extra=sglang_keys), {}).mountpoint == str(plain_root)
 
 
