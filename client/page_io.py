@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from . import fetch, ingest
+from . import fetch, forks, ingest
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, EXISTS_FILE, FETCH_FILE, INGEST_FILE, ControlHandles
 from .plane import Plane, Spread
@@ -102,6 +102,7 @@ class PageIO:
         self.plain_directory = plain_directory
         self._look_lock = threading.Lock()
         self._look_again_at = 0.0
+        forks.renew_in_child(self)
         if not self.handles.seen_daemon:
             if plain_directory:
                 logger.info("hicachefs client: %s is served as a plain directory (plain_directory)", self.root)
@@ -110,6 +111,10 @@ class PageIO:
                     "hicachefs client: %s is no hicachefs mount (it has no %s/): every page is a miss "
                     "and nothing is written there until it is mounted (extra_config plain_directory: "
                     "true serves a plain directory)", self.root, CONTROL_DIR)
+
+    def forked(self) -> None:
+        """In a forked child: a look for the mount another thread was making holds no lock here."""
+        self._look_lock = threading.Lock()
 
     def served(self) -> bool:
         """Whether pages are read and written under the root: a hicachefs mount, once seen (a
@@ -204,6 +209,9 @@ class PageIO:
         if not self.served():
             self.counters.add(write_failures=1)
             return False
+        if self._mount_gone():
+            self.counters.add(write_failures=1)
+            return False
         directory = self.path(rel_dir)
         tmp = None
         try:
@@ -265,6 +273,16 @@ class PageIO:
                 self.handles.drop(handle)
             return outcome
 
+    def _mount_gone(self) -> bool:
+        """Whether the mount seen here is gone (its root has no ``.hicachefs/``), logged: a page
+        file written then would land on the disk below the mountpoint, in a pool directory left
+        there, never evicted. Asked on the file-per-page path only, where a write touches the
+        root's filesystem (the data plane and the ingest file reach the daemon or fail)."""
+        if not self.handles.seen_daemon or os.path.isdir(os.path.join(self.root, CONTROL_DIR)):
+            return False
+        self.failures.failure(MOUNT_GONE, f"{self.root} is no longer a hicachefs mount")
+        return True
+
     def _make_dirs(self, rel_dir: str) -> bool:
         """Make ``rel_dir`` and its parents below the mount root. False if that must not be done.
 
@@ -275,8 +293,7 @@ class PageIO:
         if not os.path.isdir(self.root):
             self.failures.failure(MOUNT_GONE, f"mountpoint {self.root} does not exist")
             return False
-        if self.handles.seen_daemon and not os.path.isdir(os.path.join(self.root, CONTROL_DIR)):
-            self.failures.failure(MOUNT_GONE, f"{self.root} is no longer a hicachefs mount")
+        if self._mount_gone():
             return False
         try:
             os.makedirs(self.path(rel_dir), exist_ok=True)

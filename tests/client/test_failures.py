@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -113,6 +114,63 @@ def test_a_client_made_before_the_mount_writes_nothing_there_and_serves_the_moun
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum("is no hicachefs mount" in line for line in said) == 1
     assert sum("is a hicachefs mount now" in line for line in said) == 1
+    fs.close()
+
+
+def test_a_child_forked_while_a_thread_looks_for_the_mount_takes_the_mount_up(mount_factory, tmp_path):
+    """The look for a mount not seen yet holds a lock: a child forked while another thread held
+    it waited on it at every call, for good, never serving the mount."""
+    root = tmp_path / "mnt"
+    root.mkdir()
+    pool = MHAHostPool(pages=8)
+    fs = make_fs(root, pool, extra={"plain_directory": False})
+    keys = [key("forked before the mount", i) for i in range(4)]
+    assert fs.batch_exists(keys) == 0
+    mount = mount_factory("--memory", "64M", path=root)
+    held, release = threading.Event(), threading.Event()
+
+    def look() -> None:  # another thread inside the look at the fork
+        with fs.io._look_lock:
+            held.set()
+            release.wait(30)
+
+    looking = threading.Thread(target=look)
+    looking.start()
+    assert held.wait(10)
+    child = os.fork()
+    if child == 0:
+        try:
+            signal.alarm(20)  # a hung child dies of it
+            wait_until(lambda: fs.batch_set_v1(keys, indices(pool, range(4))) == [True] * 4, timeout=10)
+            os._exit(0 if fs.batch_exists(keys) == 4 else 1)
+        finally:
+            os._exit(2)
+    release.set()
+    looking.join()
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's calls failed or hung"
+    assert mount.stats()["pages"] >= 4
+    fs.close()
+
+
+def test_pages_are_not_written_below_a_mount_that_went_away(mount_factory, tmp_path):
+    """A client that had seen the mount refused to write below it only where it had to make the
+    pool's directories: with one left on the disk below (made by hand, or by an older client),
+    its page files landed there, never evicted, and were served from there."""
+    root = tmp_path / "mnt"
+    root.mkdir()
+    pool = MHAHostPool(pages=8)
+    mount = mount_factory("--memory", "64M", path=root)
+    fs = make_fs(root, pool, extra={"data_plane": False})
+    keys = [key("gone", i) for i in range(2)]
+    assert fs.batch_set_v1(keys, indices(pool, range(2))) == [True] * 2
+    pool_dir = os.path.join(root, os.path.dirname(files_under(root)[0]))
+    mounting.stop(mount)
+    os.makedirs(pool_dir)  # left on the disk below the mountpoint
+    more = [key("gone later", i) for i in range(2)]
+    assert fs.batch_set_v1(more, indices(pool, range(2))) == [False] * 2
+    assert not fs.set(more[0], pool.get_data_page(0))
+    assert os.listdir(pool_dir) == []
     fs.close()
 
 
