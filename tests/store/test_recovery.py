@@ -343,6 +343,31 @@ def test_a_superblock_damaged_in_both_copies_reinitialises_the_arena(tmp_path, c
         store.close()
 
 
+@pytest.mark.parametrize("mask", [0x10, 0x11], ids=["one bit", "two bits"])
+@pytest.mark.parametrize("copy", SUPERBLOCK_COPIES)
+def test_a_superblock_damaged_in_both_copies_one_in_its_magic_is_formatted_anew(tmp_path, caplog, copy, mask):
+    """Both copies damaged, one of them in its magic: the start refused the arena as foreign
+    (found by review) and the daemon would not start until someone removed the file. A magic
+    within 2 bits of ours is ours: the arena is formatted anew, saying why, and works."""
+    config = _write_and_close(tmp_path, {"d/a": b"abc"})
+    arena = tmp_path / ARENA_NAME
+    with open(arena, "r+b") as f:
+        f.seek(SUPERBLOCK_COPIES[copy] + 1)
+        byte = f.read(1)[0]
+        f.seek(SUPERBLOCK_COPIES[copy] + 1)
+        f.write(bytes([byte ^ mask]))
+    other = next(name for name in SUPERBLOCK_COPIES if name != copy)
+    _flip_bit(arena, SUPERBLOCK_COPIES[other] + FILE_ID_AT + 2)
+    store = PageStore(config)
+    try:
+        assert store.info("d/a") is None
+        assert "formatted anew: its superblock is damaged (both copies fail their checksum)" in caplog.text
+        store.put("d/b", b"b" * 100)
+        assert read_all(store, "d/b") == b"b" * 100
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("crash", [True, False], ids=["scan after a crash", "snapshot after a clean close"])
 def test_an_arena_of_version_1_keeps_its_pages_and_gets_a_second_superblock(tmp_path, crash):
     """Version 1 wrote one copy of the superblock, without a checksum (the rest of its sector

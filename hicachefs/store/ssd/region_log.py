@@ -14,9 +14,9 @@ as it stands, its pages kept, and given the checksum and the second copy. A reco
 holds a magic (live or dead), the file id, a global sequence number, the payload length and
 xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
 that a delete can flip the magic in place and the region stays walkable). Opening takes an
-empty file or one that starts with the magic, or whose second copy of the superblock holds
-(reinitialised if its size or version differs), and refuses any other, unchanged
-(``check_ours``): the magic is what says the bytes are ours to drop.
+empty file or one with the magic at the start of either copy of the superblock, 2 bits flipped
+at most (reinitialised if its size or version differs, or if neither copy holds), and refuses
+any other, unchanged (``check_ours``): the magic is what says the bytes are ours to drop.
 
 Recovery needs no other database: regions are sorted by the sequence number of their first
 record and walked; a region's walk ends at the first record whose header does not check,
@@ -112,11 +112,11 @@ def _header_check(header: bytes | bytearray | memoryview, name: bytes | memoryvi
 
 
 def check_ours(device: FileDevice) -> None:
-    """Raise ArenaRefused unless ``device``'s file is empty or starts with our superblock's magic
+    """Raise ArenaRefused unless ``device``'s file is empty or holds our superblock's magic
     (of any version or size: ours to reinitialise). Reads the first 4 KiB, changes nothing."""
     size = device.size()
     head = device.pread(_SUPER_BYTES, 0)
-    if size == 0 or head.startswith(_SUPER_MAGIC) or _checked_copy(head, _COPY_AT) is not None:
+    if size == 0 or _has_our_magic(head):
         return
     if head.strip(b"\0"):
         found = f"it starts with {head[:len(_SUPER_MAGIC)].hex(' ')}"
@@ -124,6 +124,19 @@ def check_ours(device: FileDevice) -> None:
         found = "its first 4 KiB are zeros" if len(head) == _SUPER_BYTES else "it holds only zeros"
     raise ArenaRefused(f"{device.path} is not a hicachefs disk arena (a file of {size:,} bytes; {found}): "
                        "refusing to overwrite it")
+
+
+def _has_our_magic(head: bytes) -> bool:
+    """Whether either copy of the superblock in the file's first 4 KiB starts with our magic,
+    2 bits flipped at most: with both copies damaged, one flip in the first copy's magic must
+    not make our arena foreign (refused, the daemon not starting until someone removes it),
+    while a foreign file that close to the magic at either place is implausible."""
+    return any(len(magic) == len(_SUPER_MAGIC) and _bits_apart(magic, _SUPER_MAGIC) <= 2
+               for magic in (head[at : at + len(_SUPER_MAGIC)] for at in (0, _COPY_AT)))
+
+
+def _bits_apart(a: bytes, b: bytes) -> int:
+    return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).bit_count()
 
 
 class Superblock(NamedTuple):
@@ -241,7 +254,7 @@ class RegionLog:
                 dropped = (f"the arena's file is {self.device.size():,} bytes, not the {file_bytes:,} its "
                        "superblock says (a start that died while making it, or a change by hand): what it "
                        "held is dropped")
-        elif head.startswith(_SUPER_MAGIC):
+        elif _has_our_magic(head):
             dropped = ("its superblock is damaged (both copies fail their checksum): "
                        "what it held is dropped")
         # A new file id makes records of any earlier file invalid without wiping it. The
