@@ -368,11 +368,14 @@ def test_a_superblock_damaged_in_both_copies_one_in_its_magic_is_formatted_anew(
         store.close()
 
 
+@pytest.mark.parametrize("last_sector", ["zeros", "torn upgrade", "one bit"])
 @pytest.mark.parametrize("crash", [True, False], ids=["scan after a crash", "snapshot after a clean close"])
-def test_an_arena_of_version_1_keeps_its_pages_and_gets_a_second_superblock(tmp_path, crash):
+def test_an_arena_of_version_1_keeps_its_pages_and_gets_a_second_superblock(tmp_path, crash, last_sector):
     """Version 1 wrote one copy of the superblock, without a checksum (the rest of its sector
     and the block's last sector zeros): such an arena opens with its pages, and is given the
-    checksum and the second copy, so a bit flipped in its file id later loses nothing."""
+    checksum and the second copy, so a bit flipped in its file id later loses nothing. The
+    upgrade's first write (the second copy) torn by a power loss, or a bit flipped in that
+    sector version 1 never used, lost every page (found by review): they are kept too."""
     pages = {page_name(i): content(i, 64 * KiB) for i in range(20)}
     config = _write_and_close(tmp_path, pages, crash)
     arena = tmp_path / ARENA_NAME
@@ -382,6 +385,8 @@ def test_an_arena_of_version_1_keeps_its_pages_and_gets_a_second_superblock(tmp_
         f.write(fields[:8] + (1).to_bytes(4, "little") + fields[12:] + bytes(8))
         f.seek(SUPERBLOCK_COPIES["second"])
         f.write(bytes(512))
+        f.seek(SUPERBLOCK_COPIES["second"])
+        f.write({"zeros": b"", "torn upgrade": fields[:24], "one bit": b"\x10"}[last_sector])
     _all_back(config, pages, "scan" if crash else "snapshot")
     _flip_bit(arena, FILE_ID_AT + 2)
     _all_back(config, pages, "snapshot")

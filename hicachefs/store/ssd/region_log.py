@@ -167,13 +167,14 @@ def _checked_copy(head: bytes, at: int) -> Superblock | None:
 def _read_superblock(head: bytes) -> tuple[Superblock | None, list[int]]:
     """The superblock in the file's first 4 KiB, and where the copies lie that do not hold it
     (to write again, the second copy first): the first copy whose checksum holds; that of a
-    version 1 arena as it stands (its one copy has no checksum, its second's sector is zeros);
-    None when neither holds (both damaged, or no arena yet)."""
+    version 1 arena as it stands (its one copy has no checksum), whatever the block's last
+    sector holds: version 1 never wrote it, and the upgrade's write there may be torn (the
+    caller checks its sizes); None when neither holds (both damaged, or no arena yet)."""
     copies = [(at, _checked_copy(head, at)) for at in (0, _COPY_AT)]
     found = next((copy for _, copy in copies if copy is not None), None)
     if found is not None:
         return found, [at for at, copy in reversed(copies) if copy is None]
-    if len(head) >= _UNCHECKED.size and head.startswith(_SUPER_MAGIC) and not head[_COPY_AT:].strip(b"\0"):
+    if len(head) >= _UNCHECKED.size and head.startswith(_SUPER_MAGIC):
         _, version, _, file_bytes, region_bytes, file_id = _UNCHECKED.unpack_from(head)
         if version == _UNCHECKED_VERSION:
             return Superblock(version, file_bytes, region_bytes, file_id), [_COPY_AT, 0]
