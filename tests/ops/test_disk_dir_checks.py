@@ -145,3 +145,40 @@ def test_an_arena_that_cannot_be_opened_is_one_line_and_left_as_it_was(tmp_path)
     finally:
         subprocess.run(["chattr", "-i", str(arena)], capture_output=True)
     assert arena.read_bytes() == b"\0" * 4096
+
+
+#: ``hicachefs mount`` with the arena's sector at argv[1] unreadable (EIO), as a disk's bad block.
+BAD_SECTOR_MOUNT = """
+import errno, sys
+from hicachefs.cli import main
+from hicachefs.store.ssd.device import FileDevice
+bad, read = int(sys.argv[1]), FileDevice.pread
+def pread(self, size, offset):
+    if offset < bad + 512 and bad < offset + size:
+        raise OSError(errno.EIO, "Input/output error")
+    return read(self, size, offset)
+FileDevice.pread = pread
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("bad", [0, 3584], ids=["first copy", "second copy"])
+def test_an_arena_whose_superblock_block_cannot_be_read_is_one_line_saying_what_to_do(tmp_path, bad):
+    """A bad sector under either copy of the superblock: both lie in one 4 KiB block, which the
+    page cache reads whole, so neither serves. The start died with a raw OSError, and the
+    command's line named no file (found by review): it names the arena and what to do."""
+    mountpoint, disk, log = tmp_path / "mnt", tmp_path / "ssd", tmp_path / "daemon.log"
+    mountpoint.mkdir()
+    store = PageStore(StoreConfig(memory_bytes=16 << 20, disk_dir=disk, disk_bytes=64 << 20, write_through=True))
+    store.put("d/a", b"abc")
+    store.close()
+    arena = disk / ARENA_NAME
+    before = fingerprint(arena)
+    result = subprocess.run([sys.executable, "-c", BAD_SECTOR_MOUNT, str(bad), "mount", str(mountpoint),
+                             "--memory", "32M", "--disk", str(disk), *DISK, "--log-file", str(log)],
+                            capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in result.stderr, result.stderr
+    line = refused(result, mountpoint, log)
+    assert line == (f"--disk {disk}: {arena}: its first 4 KiB, which hold the superblock, cannot be read "
+                    "(Input/output error): remove it to start with an empty disk tier")
+    assert fingerprint(arena) == before

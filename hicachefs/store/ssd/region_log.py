@@ -6,8 +6,9 @@ superblock (magic, version, file size, region size, a random file id, an xxh3_64
 kept twice, at byte 0 and in the block's last sector (byte 3584); at byte 512 lies the clean
 mark, at byte 1024 the sequence number limit: each field set in a sector of its own, so that
 writing one cannot tear another. A start takes the first copy whose checksum holds and writes
-it over a damaged one, so one bad sector at the file's head loses nothing; with both copies
-damaged the arena is formatted anew (its pages dropped, never served wrong: a bit flipped in
+it over a damaged one, so bits flipped in one copy, or a write of either torn, lose nothing (a
+block that cannot be read is refused: both copies lie in it, the page cache reading it whole);
+with both copies damaged the arena is formatted anew (its pages dropped, never served wrong: a bit flipped in
 the file id would make every record foreign). An arena of version 1 (one copy, no checksum) is read
 as it stands, its pages kept, and given the checksum and the second copy. A record is a
 56-byte header, the page name (UTF-8), the payload; records start 64-byte aligned. The header
@@ -113,9 +114,15 @@ def _header_check(header: bytes | bytearray | memoryview, name: bytes | memoryvi
 
 def check_ours(device: FileDevice) -> None:
     """Raise ArenaRefused unless ``device``'s file is empty or holds our superblock's magic
-    (of any version or size: ours to reinitialise). Reads the first 4 KiB, changes nothing."""
+    (of any version or size: ours to reinitialise). Reads the first 4 KiB, changes nothing.
+    Both copies of the superblock lie in that block, which the page cache reads whole: when it
+    cannot be read (a bad sector), no copy serves, and the refusal says what to do."""
     size = device.size()
-    head = device.pread(_SUPER_BYTES, 0)
+    try:
+        head = device.pread(_SUPER_BYTES, 0)
+    except OSError as exc:
+        raise ArenaRefused(f"{device.path}: its first 4 KiB, which hold the superblock, cannot be read "
+                           f"({exc.strerror or exc}): remove it to start with an empty disk tier") from None
     if size == 0 or _has_our_magic(head):
         return
     if head.strip(b"\0"):
