@@ -79,48 +79,6 @@ def test_a_page_removed_on_one_host_goes_from_the_others(tmp_path, make_tier):
     assert stats.checksum_failures == 0 and stats.io_errors == 0
 
 
-class _PageOpens(DirectoryDevice):
-    """Counts the opens of page files (the journal's left out)."""
-
-    def __init__(self) -> None:
-        self.opens = 0
-
-    def open(self, path, flags, mode=0o777):
-        self.opens += f"/{JOURNAL_DIR}/" not in path
-        return super().open(path, flags, mode)
-
-
-def _found_and_read(tier, name):
-    """find told a read follows, then the read (as the store does): the page and its bytes."""
-    page = tier.find(name, reading=True)
-    out = bytearray(page.size)
-    assert tier.read_into(page, 0, memoryview(out)) is ReadResult.OK
-    return page, bytes(out)
-
-
-def test_a_page_found_again_before_it_is_read_is_not_opened_again(tmp_path, make_tier):
-    """A read refused for room for the reader's own copy is made again once there is: each try
-    found the page anew, opening its file and reading its payload ahead again (found by review).
-    The file the last such find opened is used while no read took it and the page was not
-    replaced; a page replaced since, here or on another host, is opened anew."""
-    root = tmp_path / "shared"
-    device = _PageOpens()
-    a, b = make_tier(root), make_tier(root, device=device)
-    page, data = make_page(1)
-    a.write(page, data)
-    wait_until(lambda: b.contains_many([page.name]) == [True])
-    assert [b.find(page.name, reading=True) for _ in range(3)] == [page] * 3 and device.opens == 1
-    assert _found_and_read(b, page.name) == (page, data) and device.opens == 1
-    newer, newer_data = page._replace(checksum=page_checksum(data[::-1]), mtime_ns=page.mtime_ns + 1), data[::-1]
-    b.find(page.name, reading=True)
-    a.write(newer, newer_data)
-    wait_until(lambda: b.statistics().journal_received >= 2)
-    assert _found_and_read(b, page.name) == (newer, newer_data)
-    b.find(page.name, reading=True)
-    b.write(page, data)
-    assert _found_and_read(b, page.name) == (page, data)
-
-
 def test_a_page_removed_between_find_and_read_is_a_plain_miss(tmp_path, make_tier):
     a, b = make_tier(tmp_path / "shared"), make_tier(tmp_path / "shared")
     page, data = make_page(1)

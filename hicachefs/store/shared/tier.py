@@ -84,12 +84,9 @@ def _stored_size(page: PageMeta) -> int:
 class _Opened:
     """A page file ``find`` opened and checked, kept for the ``read_into`` that usually follows,
     which then skips the open and the header read (two network round trips). ``ahead``: the
-    start of the payload, read with the header when ``find`` was told a read follows.
-    ``found_again``: whether a find told a read follows may take this file too (``_still_open``):
-    it was opened for such a find, and the page was not written again since (here, or announced
-    by another host; a read still takes this file then)."""
+    start of the payload, read with the header when ``find`` was told a read follows."""
 
-    __slots__ = ("fd", "page", "payload_offset", "ahead", "at", "found_again")
+    __slots__ = ("fd", "page", "payload_offset", "ahead", "at")
 
     def __init__(self, fd: int, page: PageMeta, payload_offset: int, ahead: memoryview) -> None:
         self.fd = fd
@@ -97,7 +94,6 @@ class _Opened:
         self.payload_offset = payload_offset
         self.ahead = ahead
         self.at = time.monotonic()
-        self.found_again = False
 
 
 class _Root(NamedTuple):
@@ -287,11 +283,7 @@ class SharedTier(Tier):
         """The page's size, checksum and publish time from its file's header; None on a miss,
         a damaged file (counted and removed), a timeout or an unavailable tier. Blocks up to
         the deadline. ``reading``: ``read_into`` follows, so the payload is read along with the
-        header, as long as the last page read from the same pool (one round trip, not two).
-        A page found so before whose file no read took since is not opened again (``_still_open``)."""
-        kept = self._still_open(name) if reading else None
-        if kept is not None:
-            return kept
+        header, as long as the last page read from the same pool (one round trip, not two)."""
         where = place(name)
         pool = name.rpartition("/")[0]
         ahead_bytes = self._payload_sizes.get(pool, 0) if reading else 0
@@ -316,7 +308,6 @@ class SharedTier(Tier):
         self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), True)
         if reading:
             self._payload_sizes[pool] = opened.page.size
-            opened.found_again = True
         self._remember(opened)
         return opened.page
 
@@ -662,7 +653,6 @@ class SharedTier(Tier):
         if replaced:  # neither counted nor announced: the check of the later version removes it
             return
         self._presence.update(where.directory, where.key_hash, stored, True)
-        self._replaced(page.name)
         self._journal.announce(True, stored, page.name)
 
     def _landed_late(self, page: PageMeta, _result: None) -> None:
@@ -996,11 +986,9 @@ class SharedTier(Tier):
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
             if not announcement.present:
                 self._forget_recent(announcement.name)
-            else:
-                self._replaced(announcement.name)
-                if self._foreign:
-                    with self._lock:
-                        self._foreign.pop(announcement.name, None)  # rewritten: maybe in this version now
+            elif self._foreign:
+                with self._lock:
+                    self._foreign.pop(announcement.name, None)  # rewritten: maybe in this version now
             if self._events is not None:
                 self._events.changed(announcement.name)
 
@@ -1042,25 +1030,6 @@ class SharedTier(Tier):
             self._recent[opened.page.name] = opened
             while len(self._recent) > self._recent_max:
                 self._to_close.append(self._recent.popitem(last=False)[1].fd)
-
-    def _still_open(self, name: str) -> PageMeta | None:
-        """The page of the file a find told a read follows opened for ``name`` lately, unless
-        the read took it or the page was replaced or removed since: a read refused for room for
-        its reader's copy, made again once there is, opened the file and read its payload ahead
-        at each try (found by review)."""
-        with self._lock:
-            opened = self._recent.get(name)
-        if opened is None or not opened.found_again:
-            return None
-        where = place(name)
-        return opened.page if self._presence.contains(where.directory, where.key_hash) else None
-
-    def _replaced(self, name: str) -> None:
-        """The page ``name`` was written again: a find opens its new file."""
-        with self._lock:
-            opened = self._recent.get(name)
-            if opened is not None:
-                opened.found_again = False
 
     def _take_recent(self, page: PageMeta) -> _Opened | None:
         with self._lock:
