@@ -7,6 +7,7 @@ import pytest
 from shared_helpers import FAST
 
 from hicachefs.store.shared import SharedTier, engine_checks
+from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs_testing.engine import EngineDidNotStart
 from hicachefs_testing.juicefs import JuiceVolume
 
@@ -49,3 +50,20 @@ def test_nfs_with_its_default_attribute_caches_is_named():
     assert engine_checks.nfs_settings(slow.options).problems() == [
         "attribute cache 60 s (at most 1 s)", "entry cache 60 s (at most 1 s)", "negative entry cache 60 s (at most 1 s)"]
     assert engine_checks.nfs_settings(fast.options).problems() == []
+
+
+def test_another_directory_of_the_volume_bound_at_the_mountpoint_is_another_filesystem(monkeypatch):
+    """A volume's other directory bind-mounted at the mountpoint (another deployment's tier,
+    holding a journal too) has the volume's type and source: it was taken up as the volume
+    mounted again, and the host's pages went where no other host looks (found by review)."""
+    volume = "48 25 0:40 / /mnt/shared rw - fuse.juicefs JuiceFS:hicachefs rw,user_id=0\n"
+    other = "49 25 0:40 /other\\040tier /mnt/shared rw - fuse.juicefs JuiceFS:hicachefs rw,user_id=0\n"
+    mounts = {}
+    monkeypatch.setattr(engine_checks, "mount_of", lambda path: engine_checks.find_mount(path, mounts["now"]))
+    seen = {}
+    for name, text in (("volume", volume), ("other", other), ("again", volume.replace("48 ", "50 ", 1))):
+        mounts["now"] = text
+        seen[name] = DirectoryDevice().mount_of("/mnt/shared/hc")
+    assert engine_checks.find_mount("/mnt/shared/hc", other).root == "/other tier"
+    assert seen["other"][2] != seen["volume"][2]  # another directory of it: not the volume again
+    assert seen["again"][2] == seen["volume"][2] and seen["again"][1] != seen["volume"][1]

@@ -68,11 +68,14 @@ class DirectoryDevice:
         return os.stat(path)
 
     def mount_of(self, path: str) -> tuple[str, int, str] | None:
-        """The mountpoint, mount ID and filesystem (its type and source) of the mount ``path``
-        lies on (``engine_checks.mount_of``): they change when a volume is mounted over it, or
-        unmounted from under it; the filesystem stays when the same volume is mounted again."""
+        """The mountpoint, mount ID and filesystem (its type, source and the directory of it
+        mounted there) of the mount ``path`` lies on (``engine_checks.mount_of``): they change
+        when a volume is mounted over it, or unmounted from under it; the filesystem stays when
+        the same volume is mounted again, and differs for another directory of it (a bind mount
+        of another tier's directory: its pages are not this tier's)."""
         mount = engine_checks.mount_of(path)
-        return None if mount is None else (mount.mountpoint, mount.mount_id, f"{mount.fstype} {mount.source}")
+        return None if mount is None else (mount.mountpoint, mount.mount_id,
+                                           f"{mount.fstype} {mount.source} {mount.root}")
 
     def makedirs(self, path: str) -> None:
         """``os.makedirs``, tried again when another host makes the same directories at once:

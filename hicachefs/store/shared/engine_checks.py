@@ -39,6 +39,7 @@ class Mount:
     source: str  # what is mounted (a volume's server and name, a block device)
     options: dict[str, str]  # the filesystem's own options ("super options"); flags map to ""
     mount_id: int  # unique in the mount namespace: a mount made again gets another
+    root: str = "/"  # the directory of the filesystem mounted there (a bind mount's, a JuiceFS --subdir's)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def find_mount(path: str, mountinfo: str) -> Mount | None:
         inside = path == mountpoint or path.startswith(mountpoint.rstrip("/") + "/")
         if inside and len(after) >= 3 and (best is None or len(mountpoint) >= len(best.mountpoint)):
             options = dict(option.partition("=")[::2] for option in after[2].split(","))
-            best = Mount(mountpoint, after[0], _unescape(after[1]), options, int(fields[0]))
+            best = Mount(mountpoint, after[0], _unescape(after[1]), options, int(fields[0]), _unescape(fields[3]))
     return best
 
 

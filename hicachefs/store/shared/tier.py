@@ -98,7 +98,8 @@ class _Opened:
 
 class _Root(NamedTuple):
     """Which directory the root is (``inode``: None while it is missing; ``device``: its
-    st_dev) and the mount it lies on (its mountpoint, mount ID and filesystem: type and source)."""
+    st_dev) and the mount it lies on (its mountpoint, mount ID and filesystem: type, source and
+    the directory of it mounted there)."""
 
     inode: int | None
     device: int | None
