@@ -13,6 +13,7 @@ import pytest
 from store_helpers import KiB, MiB, crash_after, page_name, read_all, reopen
 
 from hicachefs.store import PageCorrupt, PageStore, StoreConfig, StoreError
+from hicachefs.store.ssd.device import FileDevice
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs_testing.workload import content
 
@@ -343,9 +344,11 @@ def test_a_superblock_damaged_in_both_copies_reinitialises_the_arena(tmp_path, c
         store.close()
 
 
+@pytest.mark.parametrize("other_at", ["file id", "magic"])
 @pytest.mark.parametrize("mask", [0x10, 0x11], ids=["one bit", "two bits"])
 @pytest.mark.parametrize("copy", SUPERBLOCK_COPIES)
-def test_a_superblock_damaged_in_both_copies_one_in_its_magic_is_formatted_anew(tmp_path, caplog, copy, mask):
+def test_a_superblock_damaged_in_both_copies_one_in_its_magic_is_formatted_anew(tmp_path, caplog, copy, mask,
+                                                                                other_at):
     """Both copies damaged, one of them in its magic: the start refused the arena as foreign
     (found by review) and the daemon would not start until someone removed the file. A magic
     within 2 bits of ours is ours: the arena is formatted anew, saying why, and works."""
@@ -357,7 +360,7 @@ def test_a_superblock_damaged_in_both_copies_one_in_its_magic_is_formatted_anew(
         f.seek(SUPERBLOCK_COPIES[copy] + 1)
         f.write(bytes([byte ^ mask]))
     other = next(name for name in SUPERBLOCK_COPIES if name != copy)
-    _flip_bit(arena, SUPERBLOCK_COPIES[other] + FILE_ID_AT + 2)
+    _flip_bit(arena, SUPERBLOCK_COPIES[other] + (FILE_ID_AT if other_at == "file id" else 0) + 2)
     store = PageStore(config)
     try:
         assert store.info("d/a") is None
@@ -492,5 +495,29 @@ def test_a_clean_close_keeps_the_newest_ram_pages_where_each_region_leaves_its_e
         assert kept and not any(back[kept:]), f"newest RAM pages first, back after the restart: {back}"
         for name in newest_first[:kept]:
             assert read_all(store, name) == content(names.index(name), page)
+    finally:
+        store.close()
+
+
+def test_the_superblock_block_is_read_once_at_start(tmp_path, monkeypatch):
+    """The start read the head block twice, the second read unguarded: a sector that failed only
+    then (flaky, the page cache dropped in between) killed the daemon with a raw OSError after the
+    first read had passed (found by review). One read serves both the ownership check and the
+    superblock."""
+    config = _write_and_close(tmp_path, {"d/a": b"abc"})
+    reads = []
+    real_pread = FileDevice.pread
+
+    def flaky(device, size, offset):
+        if offset == 0 and size == 4096:
+            reads.append(offset)
+            if len(reads) > 1:
+                raise OSError(5, "Input/output error")
+        return real_pread(device, size, offset)
+
+    monkeypatch.setattr(FileDevice, "pread", flaky)
+    store = PageStore(config)
+    try:
+        assert read_all(store, "d/a") == b"abc"
     finally:
         store.close()

@@ -15,8 +15,9 @@ as it stands, its pages kept, and given the checksum and the second copy. A reco
 holds a magic (live or dead), the file id, a global sequence number, the payload length and
 xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
 that a delete can flip the magic in place and the region stays walkable). Opening takes an
-empty file or one with the magic at the start of either copy of the superblock, 2 bits flipped
-at most (reinitialised if its size or version differs, or if neither copy holds), and refuses
+empty file or one with the magic at the start of either copy of the superblock, or of both
+with 2 bits flipped at most each (reinitialised if its size or version differs, or if neither
+copy holds), and refuses
 any other, unchanged (``check_ours``): the magic is what says the bytes are ours to drop.
 
 Recovery needs no other database: regions are sorted by the sequence number of their first
@@ -112,10 +113,10 @@ def _header_check(header: bytes | bytearray | memoryview, name: bytes | memoryvi
     return h.intdigest()
 
 
-def check_ours(device: FileDevice) -> None:
-    """Raise ArenaRefused unless ``device``'s file is empty or holds our superblock's magic
-    (of any version or size: ours to reinitialise). Reads the first 4 KiB, changes nothing.
-    Both copies of the superblock lie in that block, which the page cache reads whole: when it
+def check_ours(device: FileDevice) -> bytes:
+    """The file's first 4 KiB; raise ArenaRefused unless ``device``'s file is empty or holds our
+    superblock's magic (of any version or size: ours to reinitialise). Changes nothing. Both
+    copies of the superblock lie in that block, which the page cache reads whole: when it
     cannot be read (a bad sector), no copy serves, and the refusal says what to do."""
     size = device.size()
     try:
@@ -124,7 +125,7 @@ def check_ours(device: FileDevice) -> None:
         raise ArenaRefused(f"{device.path}: its first 4 KiB, which hold the superblock, cannot be read "
                            f"({exc.strerror or exc}): remove it to start with an empty disk tier") from None
     if size == 0 or _has_our_magic(head):
-        return
+        return head
     if head.strip(b"\0"):
         found = f"it starts with {head[:len(_SUPER_MAGIC)].hex(' ')}"
     else:
@@ -134,16 +135,20 @@ def check_ours(device: FileDevice) -> None:
 
 
 def _has_our_magic(head: bytes) -> bool:
-    """Whether either copy of the superblock in the file's first 4 KiB starts with our magic,
-    2 bits flipped at most: with both copies damaged, one flip in the first copy's magic must
-    not make our arena foreign (refused, the daemon not starting until someone removes it),
-    while a foreign file that close to the magic at either place is implausible."""
-    return any(len(magic) == len(_SUPER_MAGIC) and _bits_apart(magic, _SUPER_MAGIC) <= 2
-               for magic in (head[at : at + len(_SUPER_MAGIC)] for at in (0, _COPY_AT)))
+    """Whether a copy of the superblock in the file's first 4 KiB starts with our magic, or both
+    start with it but for 2 bits each at most: with both copies damaged, one flip in the first
+    copy's magic must not make our arena foreign (refused, the daemon not starting until
+    someone removes it). One near magic alone is not enough: text starting ``HICACHE `` is 2
+    bits from it."""
+    apart = [_bits_apart(head[at : at + len(_SUPER_MAGIC)], _SUPER_MAGIC) for at in (0, _COPY_AT)]
+    return min(apart) == 0 or max(apart) <= 2
 
 
 def _bits_apart(a: bytes, b: bytes) -> int:
+    if len(a) != len(b):
+        return 8 * len(b)
     return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).bit_count()
+
 
 
 class Superblock(NamedTuple):
@@ -235,8 +240,7 @@ class RegionLog:
         """Reuse a matching arena; reinitialise an empty file or one of ours of another size or
         version, or whose superblock is damaged in both copies (its pages are cache, dropping
         them is safe); refuse any other file, unchanged."""
-        check_ours(self.device)
-        head = self.device.pread(_SUPER_BYTES, 0)
+        head = check_ours(self.device)  # read once: a second read of a flaky sector could fail
         found, damaged = _read_superblock(head)
         dropped = None  # why an arena of ours that held pages is formatted anew
         if found is not None:
