@@ -31,6 +31,7 @@ FSTYPE = "fuse.hicachefs"
 #: What stat on a FUSE mount answers once its daemon is gone.
 DEAD_ERRNOS = frozenset({errno.ENOTCONN, errno.ECONNABORTED})
 FUSE_CONNECTIONS = "/sys/fs/fuse/connections"
+MOUNTINFO = "/proc/self/mountinfo"
 
 
 class Answer(enum.Enum):
@@ -50,7 +51,7 @@ def _entries() -> list[tuple[str, str, str, str]]:
     """(mount point, type, major:minor, superblock options) of every mount, in mount order, from
     mountinfo."""
     entries = []
-    with open("/proc/self/mountinfo") as mountinfo:
+    with open(MOUNTINFO, errors="surrogateescape") as mountinfo:  # paths are bytes: any mount's may not be UTF-8
         for line in mountinfo:  # "42 27 0:39 / /mnt rw,nosuid - fuse.hicachefs hicachefs rw,user_id=0,..."
             fields, _, rest = line.partition(" - ")
             fields, rest = fields.split(), rest.split()

@@ -2,10 +2,12 @@
 scripts make them give what the tier needs, and a mount that does not is named in one warning."""
 
 import logging
+import os
 
 import pytest
 from shared_helpers import FAST
 
+from hicachefs import mount_table
 from hicachefs.store.shared import SharedTier, engine_checks
 from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs_testing.engine import EngineDidNotStart
@@ -67,3 +69,19 @@ def test_another_directory_of_the_volume_bound_at_the_mountpoint_is_another_file
     assert engine_checks.find_mount("/mnt/shared/hc", other).root == "/other tier"
     assert seen["other"][2] != seen["volume"][2]  # another directory of it: not the volume again
     assert seen["again"][2] == seen["volume"][2] and seen["again"][1] != seen["volume"][1]
+
+
+def test_a_mount_whose_path_is_not_utf8_breaks_neither_the_tier_nor_the_mount_table(tmp_path, monkeypatch):
+    """mountinfo lists every mount of the namespace, paths as bytes: one mount of anybody's under
+    a name that is not UTF-8 made the shared tier's start and ``hicachefs mount`` (with or without
+    ``--shared``) fail with a traceback (found by review)."""
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_bytes(b"22 1 254:0 / / rw - ext4 /dev/vda rw\n"
+                          b"48 22 0:40 / /mnt/shared rw - fuse.glusterfs server:/volume rw\n"
+                          b"70 22 254:0 /home/x/\xff /srv/\xff\xfe rw - ext4 /dev/vda rw\n"
+                          b"71 22 0:52 / /mnt/cache rw - fuse.hicachefs hicachefs rw\n")
+    monkeypatch.setattr(engine_checks, "MOUNTINFO", str(mountinfo))
+    monkeypatch.setattr(mount_table, "MOUNTINFO", str(mountinfo))
+    assert engine_checks.mount_of("/mnt/shared/hc").source == "server:/volume"
+    assert mount_table.filesystem_type("/mnt/cache") == "fuse.hicachefs" and mount_table.device("/mnt/cache") == "0:52"
+    assert mount_table.device(os.fsdecode(b"/srv/\xff\xfe")) == "254:0"

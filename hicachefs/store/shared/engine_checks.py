@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 #: The longest a cache may keep what another host changed, for the 2 s visibility target.
 MAX_CACHE_S = 1.0
+MOUNTINFO = "/proc/self/mountinfo"
 #: Filesystems that live on this host alone: a shared tier there reaches no other host.
 LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "zfs", "vfat", "exfat",
                                "tmpfs", "ramfs", "overlay"})
@@ -127,7 +128,7 @@ def _glusterfs_client(mountpoint: str) -> list[str] | None:
 
 def mount_of(path: str) -> Mount | None:
     """The mount ``path`` lies on, from this process's /proc/self/mountinfo."""
-    with open("/proc/self/mountinfo") as file:
+    with open(MOUNTINFO, errors="surrogateescape") as file:  # paths are bytes: any mount's may not be UTF-8
         return find_mount(os.path.realpath(path), file.read())
 
 
