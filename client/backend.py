@@ -111,15 +111,15 @@ def check_keys(extra: Dict[str, Any]) -> None:
 
 
 def mountpoint_setting(extra: Dict[str, Any]) -> str:
-    """extra_config's ``mountpoint``, or env ``HICACHEFS_MOUNTPOINT``: an absolute path (a
-    relative one would depend on the directory SGLang was started in)."""
+    """extra_config's ``mountpoint``, or env ``HICACHEFS_MOUNTPOINT``: a path, made absolute
+    from the working directory SGLang runs in (as a shell resolves it there)."""
     value = extra.get("mountpoint") or os.environ.get("HICACHEFS_MOUNTPOINT")
     if not value:
         raise ValueError("hicachefs: no mountpoint; set extra_config['mountpoint'] "
                          "or HICACHEFS_MOUNTPOINT")
-    if not isinstance(value, str) or not os.path.isabs(value):
-        raise ValueError(f"hicachefs: the mountpoint must be an absolute path, not {value!r}")
-    return os.path.normpath(value)
+    if not isinstance(value, str):
+        raise ValueError(f"hicachefs: the mountpoint must be a path (a string), not {value!r}")
+    return os.path.abspath(value)
 
 
 def threads_setting(extra: Dict[str, Any], key: str) -> int:
