@@ -43,15 +43,19 @@ def test_a_second_store_on_one_disk_directory_is_refused_while_the_first_is_open
     second.close()
 
 
-@pytest.mark.parametrize("kind", ["zeros then data", "data", "larger than the tier", "text near the magic"])
+@pytest.mark.parametrize("kind", ["zeros then data", "data", "larger than the tier", "text near the magic",
+                                  "fixed-width lines near the magic"])
 def test_a_foreign_file_is_refused_and_left_as_it_was(tmp_path, kind):
     """(A text starting ``HICACHE `` is 2 bits from the superblock's magic: taken for an arena
-    whose superblock was damaged, it was formatted over; found by review.)"""
+    whose superblock was damaged, it was formatted over; found by review. In lines of 64 bytes it
+    is near the magic at both copies' places, 0 and 3584.)"""
     arena = tmp_path / ARENA_NAME
     data = {"zeros then data": bytes(4096) + content(1, 1 * MiB),
             "data": b"%PDF-1.7 precious" + content(2, 100_000),
             "larger than the tier": content(3, DISK_BYTES + MiB),
-            "text near the magic": b"HICACHE notes: keep the disk tier on the NVMe\n" * 200}[kind]
+            "text near the magic": b"HICACHE notes: keep the disk tier on the NVMe\n" * 200,
+            "fixed-width lines near the magic": b"".join(
+                b"HICACHE record %048d\n" % i for i in range(1000))}[kind]
     arena.write_bytes(data)
     before = fingerprint(arena)
     with pytest.raises(ArenaRefused) as refused:

@@ -16,7 +16,7 @@ holds a magic (live or dead), the file id, a global sequence number, the payload
 xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
 that a delete can flip the magic in place and the region stays walkable). Opening takes an
 empty file or one with the magic at the start of either copy of the superblock, or of both
-with 2 bits flipped at most each (reinitialised if its size or version differs, or if neither
+with 2 bits flipped at most each, one holding a superblock's other fields (reinitialised if its size or version differs, or if neither
 copy holds), and refuses
 any other, unchanged (``check_ours``): the magic is what says the bytes are ours to drop.
 
@@ -136,12 +136,28 @@ def check_ours(device: FileDevice) -> bytes:
 
 def _has_our_magic(head: bytes) -> bool:
     """Whether a copy of the superblock in the file's first 4 KiB starts with our magic, or both
-    start with it but for 2 bits each at most: with both copies damaged, one flip in the first
-    copy's magic must not make our arena foreign (refused, the daemon not starting until
-    someone removes it). One near magic alone is not enough: text starting ``HICACHE `` is 2
-    bits from it."""
+    start with it but for 2 bits each at most and one of them holds a superblock's other fields
+    (``_superblock_like``): with both copies damaged, one flip in the first copy's magic must
+    not make our arena foreign (refused, the daemon not starting until someone removes it).
+    Near magics alone are not enough: text starting ``HICACHE `` is 2 bits from it, at both
+    places in a file of fixed-width lines."""
     apart = [_bits_apart(head[at : at + len(_SUPER_MAGIC)], _SUPER_MAGIC) for at in (0, _COPY_AT)]
-    return min(apart) == 0 or max(apart) <= 2
+    return min(apart) == 0 or (max(apart) <= 2 and any(_superblock_like(head, at) for at in (0, _COPY_AT)))
+
+
+def _superblock_like(head: bytes, at: int) -> bool:
+    """Whether the copy at ``at`` holds a superblock's fields past its magic, as no text does: a
+    version of ours, the reserved word zero, a region size of whole 4 KiB blocks."""
+    if len(head) < at + _UNCHECKED.size:
+        return False
+    _, version, reserved, _, region_bytes, _ = _UNCHECKED.unpack_from(head, at)
+    return version in (_UNCHECKED_VERSION, _VERSION) and reserved == 0 and region_bytes and not region_bytes % 4096
+
+
+def _version_1_at_head(head: bytes) -> bool:
+    """Whether the file's first sector is a version 1 superblock (its magic exact)."""
+    return head.startswith(_SUPER_MAGIC) and len(head) >= _UNCHECKED.size and \
+        _UNCHECKED.unpack_from(head)[1] == _UNCHECKED_VERSION
 
 
 def _bits_apart(a: bytes, b: bytes) -> int:
@@ -252,7 +268,7 @@ class RegionLog:
                 self.region_bytes, self.file_id = old_region, file_id
                 self._clean_token = self._read_clean_mark()
                 self._seq_limit = self._read_seq_limit()
-                self._write_superblock_over(damaged, version)
+                self._write_superblock_over(damaged, version, head)
                 return
             if ours and not sane:
                 dropped = (f"its superblock is damaged (a region size of {old_region:,} bytes): "
@@ -267,7 +283,7 @@ class RegionLog:
                        "superblock says (a start that died while making it, or a change by hand): what it "
                        "held is dropped")
         elif _has_our_magic(head):
-            dropped = ("its superblock is damaged (both copies fail their checksum): "
+            dropped = ("its superblock is damaged (no copy of it holds): "
                        "what it held is dropped")
         # A new file id makes records of any earlier file invalid without wiping it. The
         # superblock is written before the file is sized, so that a start that dies meanwhile
@@ -288,14 +304,17 @@ class RegionLog:
         if dropped:
             log.warning("%s formatted anew: %s", self.path, dropped)
 
-    def _write_superblock_over(self, damaged: list[int], version: int) -> None:
+    def _write_superblock_over(self, damaged: list[int], version: int, head: bytes) -> None:
         """Write the superblock over its copies at ``damaged``, one sector at a time, durably,
         the clean mark and the limit left as they are: the copy that holds stays untouched until
         the other holds too, so a write torn by a power loss leaves one that holds. A version 1
-        arena gets both (the second copy first). A failed write leaves the arena as it was."""
+        arena gets both (the second copy first): an upgrade cut short after the first is no
+        damage. A failed write leaves the arena as it was."""
         if not damaged:
             return
-        if version == _VERSION:
+        if version == _VERSION and damaged == [0] and _version_1_at_head(head):
+            log.info("%s: the upgrade of its superblock to version %d, cut short, is finished", self.path, _VERSION)
+        elif version == _VERSION:
             log.warning("%s: a copy of its superblock is damaged (at byte %d): the other one serves, "
                         "and is written over it", self.path, damaged[0])
         superblock = _packed_superblock(self.file_bytes, self.region_bytes, self.file_id)
