@@ -66,10 +66,6 @@ PER_ADDRESS = 4
 #: From its accept to the last byte of the answer: Prometheus's default scrape timeout, after
 #: which it has given up on the scrape anyway.
 CONNECTION_TIMEOUT_S = 10.0
-#: After an answer, how long a server thread reads and drops what the client still sends, until
-#: the client closes: a socket closed with input unread, or arriving later, is reset by the
-#: kernel, and the client loses the end of its answer (one that pipelines a second request).
-LINGER_S = 1.0
 #: The request line and headers; a scrape sends a few hundred bytes.
 MAX_REQUEST_HEAD = 8192
 #: Connections the kernel holds for the accept thread, which accepts (or refuses) them at once.
@@ -169,7 +165,7 @@ class MetricsEndpoint:
             except OSError:
                 pass  # timed out, reset or gone: the client's loss, nothing to tell
             finally:
-                _linger(connection, until)
+                connection.close()
                 self._slots.release()
 
     def _answer(self, connection: socket.socket, head: bytes, until: float) -> None:
@@ -296,23 +292,6 @@ def _response(status: str, body: bytes, extra: tuple[str, ...] = (), content_typ
 
 _BUSY = _response("503 Service Unavailable", b"busy: too many connections to the metrics endpoint\n",
                   (f"Retry-After: {CONNECTION_TIMEOUT_S:.0f}",))
-
-
-def _linger(connection: socket.socket, until: float) -> None:
-    """Close once the client has the answer: the write side first (the client reads to its
-    end), then what the client still sends is read and dropped until it closes, for
-    ``LINGER_S`` at most and never past its connection's time, ``until``."""
-    try:
-        connection.shutdown(socket.SHUT_WR)
-        end = min(time.monotonic() + LINGER_S, until)
-        while (left := end - time.monotonic()) > 0:
-            connection.settimeout(left)
-            if not connection.recv(MAX_REQUEST_HEAD):
-                break
-    except OSError:
-        pass  # timed out, reset or gone
-    finally:
-        connection.close()
 
 
 def _refuse(connection: socket.socket) -> None:
