@@ -111,15 +111,24 @@ def check_keys(extra: Dict[str, Any]) -> None:
 
 
 def mountpoint_setting(extra: Dict[str, Any]) -> str:
-    """extra_config's ``mountpoint``, or env ``HICACHEFS_MOUNTPOINT``: a path, made absolute
-    from the working directory SGLang runs in (as a shell resolves it there)."""
-    value = extra.get("mountpoint") or os.environ.get("HICACHEFS_MOUNTPOINT")
-    if not value:
-        raise ValueError("hicachefs: no mountpoint; set extra_config['mountpoint'] "
-                         "or HICACHEFS_MOUNTPOINT")
-    if not isinstance(value, str):
+    """extra_config's ``mountpoint``, or env ``HICACHEFS_MOUNTPOINT``: a path, with ``~`` and
+    ``$VARIABLES`` expanded and made absolute from the working directory SGLang runs in, as a
+    shell there would; one that cannot name a directory (not a string or path, a NUL byte,
+    whitespace at its ends) is refused."""
+    value = extra.get("mountpoint")
+    if value is None or value == "":
+        value = os.environ.get("HICACHEFS_MOUNTPOINT")
+        if not value:
+            raise ValueError("hicachefs: no mountpoint; set extra_config['mountpoint'] "
+                             "or HICACHEFS_MOUNTPOINT")
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str):
         raise ValueError(f"hicachefs: the mountpoint must be a path (a string), not {value!r}")
-    return os.path.abspath(value)
+    path = os.path.expandvars(os.path.expanduser(path))
+    if "\0" in path or path != path.strip():
+        raise ValueError(f"hicachefs: the mountpoint {value!r} is not a usable path "
+                         "(a NUL byte, or whitespace at its ends)")
+    return os.path.abspath(path)
 
 
 def threads_setting(extra: Dict[str, Any], key: str) -> int:

@@ -346,10 +346,27 @@ def test_no_mountpoint_is_a_config_error(monkeypatch):
     assert HiCacheFS(storage_config(None), {}).mountpoint == "/nonexistent/hicache"
 
 
-@pytest.mark.parametrize("mountpoint", [5, ["/mnt/hicache"]])
+@pytest.mark.parametrize("mountpoint", [5, 0, ["/mnt/hicache"], b"/mnt/hicache"])
 def test_a_mountpoint_that_is_no_path_is_a_config_error(mountpoint):
     with pytest.raises(ValueError, match="the mountpoint must be a path"):
         HiCacheFS(storage_config(None, extra={"mountpoint": mountpoint}), {})
+
+
+@pytest.mark.parametrize("mountpoint", ["/mnt/hi\0cache", " /mnt/hicache", "/mnt/hicache\n"])
+def test_a_mountpoint_that_names_no_directory_is_a_config_error(mountpoint):
+    """(Taken from the working directory, ``' /mnt/hicache'`` named a directory no one meant,
+    and every page was a miss; a NUL byte failed every call inside.)"""
+    with pytest.raises(ValueError, match="is not a usable path"):
+        HiCacheFS(storage_config(None, extra={"mountpoint": mountpoint}), {})
+
+
+def test_a_mountpoint_is_expanded_as_a_shell_would(tmp_path, monkeypatch):
+    """``~/hicache`` and ``$HOME/hicache`` were taken from the working directory, literally (found
+    by review: nothing was stored); a ``pathlib.Path`` was refused."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for given in ("~/hicache", "$HOME/hicache", "${HOME}/hicache", tmp_path / "home" / "hicache"):
+        assert HiCacheFS(storage_config(None, extra={"mountpoint": given}), {}).mountpoint == str(tmp_path / "home/hicache")
 
 
 def test_a_relative_mountpoint_is_taken_from_the_working_directory(tmp_path, monkeypatch):
