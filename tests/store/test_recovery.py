@@ -403,6 +403,29 @@ def test_an_arena_of_version_1_keeps_its_pages_and_gets_a_second_superblock(tmp_
     _all_back(config, pages, "snapshot")
 
 
+def test_a_version_1_arena_with_a_bit_flipped_in_its_magic_is_formatted_anew(tmp_path, caplog):
+    """Version 1 had one copy of the superblock: a bit flipped in its magic made the arena
+    foreign, refused, and the daemon did not start until someone removed the file (found by
+    review). It is formatted anew, saying so, as an arena of ours whose superblock no copy holds."""
+    config = _write_and_close(tmp_path, {"d/a": b"abc"})
+    arena = tmp_path / ARENA_NAME
+    with open(arena, "r+b") as f:
+        fields = f.read(40)
+        f.seek(0)
+        f.write(fields[:8] + (1).to_bytes(4, "little") + fields[12:] + bytes(8))  # version 1
+        f.seek(SUPERBLOCK_COPIES["second"])
+        f.write(bytes(512))
+    _flip_bit(arena, 3)
+    store = PageStore(config)
+    try:
+        assert store.info("d/a") is None
+        assert "formatted anew: its superblock is damaged (no copy of it holds)" in caplog.text
+        store.put("d/b", b"b" * 100)
+        assert read_all(store, "d/b") == b"b" * 100
+    finally:
+        store.close()
+
+
 def test_foreign_file_is_refused_and_left_alone(tmp_path):
     (tmp_path / ARENA_NAME).write_bytes(b"precious data" * 1000)
     with pytest.raises(StoreError, match="not a hicachefs disk arena"):

@@ -142,7 +142,10 @@ def _has_our_magic(head: bytes) -> bool:
     Near magics alone are not enough: text starting ``HICACHE `` is 2 bits from it, at both
     places in a file of fixed-width lines."""
     apart = [_bits_apart(head[at : at + len(_SUPER_MAGIC)], _SUPER_MAGIC) for at in (0, _COPY_AT)]
-    return min(apart) == 0 or (max(apart) <= 2 and any(_superblock_like(head, at) for at in (0, _COPY_AT)))
+    if min(apart) == 0 or (max(apart) <= 2 and any(_superblock_like(head, at) for at in (0, _COPY_AT))):
+        return True
+    # A version 1 arena has one copy: a flip in its magic must not make it foreign either.
+    return apart[0] <= 2 and _superblock_like(head, 0) and not head[_COPY_AT:].strip(b"\0")
 
 
 def _superblock_like(head: bytes, at: int) -> bool:
