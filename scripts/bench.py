@@ -100,11 +100,13 @@ from lib.bench_report import (
     table,
 )
 from lib.bench_sglang import (
+    LLAMA_1B,
     MIB,
     PAGES,
     STORAGE_BATCH_SIZE,
     TORCH_THREADS,
     Pool,
+    Shape,
     as_sglang_runs,
     found_then_read,
     keys_for,
@@ -152,6 +154,9 @@ FULL = Plan("5G", dict(zip(RAM_CASES, (400, 400, 64, 16, 3))), 2, 2, 4, {"1 MiB"
 QUICK = Plan("2560M", dict(zip(RAM_CASES, (100, 100, 16, 4, 2))), 1, 1, 2, {"1 MiB": 4},
              10_000, 100, 256 << 20, 3)
 RANKS_PAGE = "1 MiB"
+#: The existence case's pages: 64 bytes (one layer, one head of 16, one token), the smallest
+#: page a pool can have, so that its hundred thousand keys take little room.
+EXISTS_SHAPE = Shape(LLAMA_1B, 1, 1, 16, 1, 8)
 #: The ranks cases: page size, pages a call, calls per rank and phase as a multiple of
 #: ``ranks_calls``: SGLang's large batches of 1 MiB pages, and its controller's usual 8 pages a
 #: call of 128 KiB (the same bytes: a phase of small calls lasts a few tenths of a second, not a
@@ -447,8 +452,10 @@ class Bench:
         return f"disk arena resident in page cache after drop_caches: {resident / MIB:.0f} MiB"
 
     def exists_case(self, daemon: Daemon, file_dir: Path) -> None:
-        """batch_exists of 128 stored keys with many pages stored."""
-        pool = Pool(PAGES["1 MiB"])
+        """batch_exists of 128 stored keys with many pages stored: pages of 64 bytes
+        (``EXISTS_SHAPE``), so that a hundred thousand fit; the query's cost is per key, not per
+        byte, and a page counts as held only at its pool's page size."""
+        pool = Pool(EXISTS_SHAPE)
         model = "bench/exists"
         count = self.plan.exists_pages
         keys = keys_for("exists", count)
@@ -456,10 +463,10 @@ class Bench:
         file_dir.mkdir(parents=True, exist_ok=True)
         hf = make_file(file_dir, pool, model=model)
 
-        # Stored with plain file I/O (64-byte pages), on a few threads: only the query is timed.
+        # Stored with plain file I/O, on a few threads: only the query is timed.
         directory = Path(daemon.mount.path, fs._dir_of("kv"))
         directory.mkdir(parents=True, exist_ok=True)
-        payload = b"\0" * 64
+        payload = b"\0" * pool.page_bytes
 
         def publish(key: str) -> None:
             tmp = directory / f".{secrets.token_hex(8)}"
