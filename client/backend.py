@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
@@ -112,9 +113,9 @@ def check_keys(extra: Dict[str, Any]) -> None:
 
 def mountpoint_setting(extra: Dict[str, Any]) -> str:
     """extra_config's ``mountpoint``, or env ``HICACHEFS_MOUNTPOINT``: a path, with ``~`` and
-    ``$VARIABLES`` expanded and made absolute from the working directory SGLang runs in, as a
-    shell there would; one that cannot name a directory (not a string or path, a NUL byte,
-    whitespace at its ends) is refused."""
+    ``$VARIABLES`` expanded and made absolute from the working directory SGLang runs in; one
+    that cannot name the directory meant (not a string or path, a NUL byte, whitespace at its
+    ends, a variable not set or a user not known, which a shell would leave or drop) is refused."""
     value = extra.get("mountpoint")
     if value is None or value == "":
         value = os.environ.get("HICACHEFS_MOUNTPOINT")
@@ -128,6 +129,9 @@ def mountpoint_setting(extra: Dict[str, Any]) -> str:
     if "\0" in path or path != path.strip():
         raise ValueError(f"hicachefs: the mountpoint {value!r} is not a usable path "
                          "(a NUL byte, or whitespace at its ends)")
+    if path.startswith("~") or re.search(r"\$(\w|\{)", path):
+        raise ValueError(f"hicachefs: the mountpoint {value!r} names a variable that is not set, "
+                         "or a user that does not exist")
     return os.path.abspath(path)
 
 

@@ -352,11 +352,14 @@ def test_a_mountpoint_that_is_no_path_is_a_config_error(mountpoint):
         HiCacheFS(storage_config(None, extra={"mountpoint": mountpoint}), {})
 
 
-@pytest.mark.parametrize("mountpoint", ["/mnt/hi\0cache", " /mnt/hicache", "/mnt/hicache\n"])
-def test_a_mountpoint_that_names_no_directory_is_a_config_error(mountpoint):
-    """(Taken from the working directory, ``' /mnt/hicache'`` named a directory no one meant,
-    and every page was a miss; a NUL byte failed every call inside.)"""
-    with pytest.raises(ValueError, match="is not a usable path"):
+@pytest.mark.parametrize("mountpoint", ["/mnt/hi\0cache", " /mnt/hicache", "/mnt/hicache\n",
+                                        "$HICACHE_ROOT_NOT_SET/hicache", "${HICACHE_ROOT_NOT_SET:-/mnt}/hicache",
+                                        "~no-such-user-here/hicache"])
+def test_a_mountpoint_that_names_no_directory_is_a_config_error(mountpoint, monkeypatch):
+    """(Taken from the working directory, ``' /mnt/hicache'`` or ``$UNSET/hicache`` named a
+    directory no one meant, and every page was a miss; a NUL byte failed every call inside.)"""
+    monkeypatch.delenv("HICACHE_ROOT_NOT_SET", raising=False)
+    with pytest.raises(ValueError, match="is not a usable path|names a variable that is not set"):
         HiCacheFS(storage_config(None, extra={"mountpoint": mountpoint}), {})
 
 
