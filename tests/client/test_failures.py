@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from hicachefs_client.accounting import FailureLog
 from hicachefs_client.sglang_types import PoolName, PoolTransfer
 from hicachefs_testing.host_pools import MHAHostPool, page_bytes
 from hicachefs_testing.workload import fill_writing_share
+from forking import forked_while_held
 from pages import wait_until
 from test_backend import files_under, indices, key, make_fs
 
@@ -127,28 +127,13 @@ def test_a_child_forked_while_a_thread_looks_for_the_mount_takes_the_mount_up(mo
     keys = [key("forked before the mount", i) for i in range(4)]
     assert fs.batch_exists(keys) == 0
     mount = mount_factory("--memory", "64M", path=root)
-    held, release = threading.Event(), threading.Event()
 
-    def look() -> None:  # another thread inside the look at the fork
-        with fs.io._look_lock:
-            held.set()
-            release.wait(30)
+    def served() -> bool:
+        wait_until(lambda: fs.batch_set_v1(keys, indices(pool, range(4))) == [True] * 4, timeout=10)
+        return fs.batch_exists(keys) == 4
 
-    looking = threading.Thread(target=look)
-    looking.start()
-    assert held.wait(10)
-    child = os.fork()
-    if child == 0:
-        try:
-            signal.alarm(20)  # a hung child dies of it
-            wait_until(lambda: fs.batch_set_v1(keys, indices(pool, range(4))) == [True] * 4, timeout=10)
-            os._exit(0 if fs.batch_exists(keys) == 4 else 1)
-        finally:
-            os._exit(2)
-    release.set()
-    looking.join()
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child's calls failed or hung"
+    # another thread inside the look for the mount at the fork
+    assert forked_while_held([fs.io._look_lock], served) == 0, "the child's calls failed or hung"
     assert mount.stats()["pages"] >= 4
     fs.close()
 

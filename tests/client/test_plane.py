@@ -30,6 +30,7 @@ from hicachefs import mount_table
 from hicachefs_client.plane import MIN_AHEAD_BYTES, Plane
 from hicachefs_testing import mounting
 from hicachefs_testing.host_pools import MHAHostPool, page_bytes
+from forking import forked_while_held
 from pages import as_nobody, requests_of, wait_until
 from test_backend import indices, key, make_fs
 
@@ -749,33 +750,14 @@ def test_a_child_forked_while_another_thread_holds_the_clients_locks_can_use_the
     client.settle()
     locks = client_locks(client)
     assert len(locks) >= 6
-    held, release = threading.Event(), threading.Event()
 
-    def hold() -> None:
-        taken = [lock for lock in locks if lock.acquire(blocking=False)]  # a Condition's lock is listed too
-        held.set()
-        release.wait(30)
-        for lock in reversed(taken):
-            lock.release()
+    def calls() -> bool:
+        more = [key("fork child", i) for i in range(PAGES)]
+        return (client.batch_exists(keys) == PAGES
+                and client.batch_get_v1(keys, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
+                and client.batch_set_v1(more, indices(pool, range(PAGES))) == [True] * PAGES)
 
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert held.wait(10)
-    child = os.fork()
-    if child == 0:
-        try:
-            signal.alarm(20)  # a hung child dies of it
-            more = [key("fork child", i) for i in range(PAGES)]
-            ok = (client.batch_exists(keys) == PAGES
-                  and client.batch_get_v1(keys, indices(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
-                  and client.batch_set_v1(more, indices(pool, range(PAGES))) == [True] * PAGES)
-            os._exit(0 if ok else 1)
-        finally:
-            os._exit(2)
-    release.set()
-    holder.join()
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child's calls failed or hung"
+    assert forked_while_held(locks, calls) == 0, "the child's calls failed or hung"
     client.close()
 
 

@@ -5,6 +5,7 @@ long scan prints its progress every few seconds, and so does a long fill of the 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -195,16 +196,24 @@ def test_a_start_with_another_disk_size_says_that_the_disk_tiers_pages_are_dropp
     publish(mount.page_dir(), "k", content(1, 4096))
     assert hicachefs("umount", str(mount.path)).returncode == 0
     log = tmp_path / "again.log"
-    result = hicachefs("mount", str(mount.path), "--memory", "32M", "--disk", str(ssd), "--disk-size", "64M",
-                       "--log-file", str(log))
-    again = mounting.Mount(mount.path, log, [])
-    try:
-        assert result.returncode == 0, result.stderr
-        again.pid = int(re.search(r"\(pid (\d+),", result.stdout)[1])
+    with mounted_again(mount.path, ssd, log) as (result, _):
         said = ("the arena was made with --disk-size 134,217,728 bytes, not 67,108,864: its pages are dropped")
         assert said in result.stdout.splitlines()[0], result.stdout
         assert said in log.read_text() and " WARNING " in log.read_text()
         assert not (mount.path / "model" / "bfloat16-page_first-64" / "tp0of1" / "kv" / "k").exists()
+
+
+@contextlib.contextmanager
+def mounted_again(path, ssd, log):
+    """``hicachefs mount`` at ``path`` again on the disk tier in ``ssd`` (64 MiB), logging to
+    ``log``: its command's result and its mount, unmounted after."""
+    result = hicachefs("mount", str(path), "--memory", "32M", "--disk", str(ssd), "--disk-size", "64M",
+                       "--log-file", str(log))
+    again = mounting.Mount(path, log, [])
+    try:
+        assert result.returncode == 0, result.stderr
+        again.pid = int(re.search(r"\(pid (\d+),", result.stdout)[1])
+        yield result, again
     finally:
         mounting.stop(again)
 
@@ -227,12 +236,7 @@ def test_a_bit_flipped_in_the_arenas_superblock_loses_no_page_while_one_copy_hol
             arena.seek(copy + 32 + 2)
             arena.write(bytes([byte ^ 0x10]))
     log = tmp_path / "again.log"
-    result = hicachefs("mount", str(mount.path), "--memory", "32M", "--disk", str(ssd), "--disk-size", "64M",
-                       "--log-file", str(log))
-    again = mounting.Mount(mount.path, log, [])
-    try:
-        assert result.returncode == 0, result.stderr
-        again.pid = int(re.search(r"\(pid (\d+),", result.stdout)[1])
+    with mounted_again(mount.path, ssd, log) as (result, again):
         page = again.page_dir() / "k"
         if damaged == (0,):
             assert "loaded the disk index from its snapshot: 1 pages" in result.stdout, result.stdout
@@ -243,5 +247,3 @@ def test_a_bit_flipped_in_the_arenas_superblock_loses_no_page_while_one_copy_hol
             assert not page.exists()
             publish(again.page_dir(), "k", content(2, 4096))
             assert read_page(page) == content(2, 4096)
-    finally:
-        mounting.stop(again)

@@ -278,12 +278,37 @@ SUPERBLOCK_COPIES = {"first": 0, "second": 4096 - 512}  # the file's first secto
 REGION_BYTES_AT, FILE_ID_AT = 24, 32  # in each copy: magic, version, reserved, file bytes; region bytes, file id
 
 
-def _flip_bit(path: Path, at: int) -> None:
+def _flip_bit(path: Path, at: int, mask: int = 0x10) -> None:
     with open(path, "r+b") as f:
         f.seek(at)
         byte = f.read(1)[0]
         f.seek(at)
-        f.write(bytes([byte ^ 0x10]))
+        f.write(bytes([byte ^ mask]))
+
+
+def _as_version_1(arena: Path, second_copy: bytes | None = b"") -> None:
+    """Make the arena's superblock what version 1 wrote: one copy, no checksum; the block's last
+    sector then holds ``second_copy`` (None: left as it is)."""
+    with open(arena, "r+b") as f:
+        fields = f.read(40)
+        f.seek(0)
+        f.write(fields[:8] + (1).to_bytes(4, "little") + fields[12:] + bytes(8))
+        if second_copy is not None:
+            f.seek(SUPERBLOCK_COPIES["second"])
+            f.write(second_copy.ljust(512, b"\0"))
+
+
+def _formatted_anew(config: StoreConfig, caplog) -> None:
+    """The store opens on an arena whose superblock no copy holds: its page ``d/a`` is dropped,
+    the log says why, and the arena formatted anew works."""
+    store = PageStore(config)
+    try:
+        assert store.info("d/a") is None
+        assert "formatted anew: its superblock is damaged (no copy of it holds)" in caplog.text
+        store.put("d/b", b"b" * 100)
+        assert read_all(store, "d/b") == b"b" * 100
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("crash", [True, False], ids=["scan after a crash", "snapshot after a clean close"])
@@ -330,14 +355,7 @@ def test_a_superblock_damaged_in_both_copies_reinitialises_the_arena(tmp_path, c
         for at in SUPERBLOCK_COPIES.values():
             arena.seek(at + field)
             arena.write(value.to_bytes(8, "little"))
-    store = PageStore(config)
-    try:
-        assert store.info("d/a") is None
-        assert "formatted anew: its superblock is damaged (no copy of it holds)" in caplog.text
-        store.put("d/b", b"b" * 100)
-        assert read_all(store, "d/b") == b"b" * 100
-    finally:
-        store.close()
+    _formatted_anew(config, caplog)
     store = PageStore(config)
     try:
         assert read_all(store, "d/b") == b"b" * 100
@@ -355,21 +373,10 @@ def test_a_superblock_damaged_in_both_copies_one_in_its_magic_is_formatted_anew(
     within 2 bits of ours is ours: the arena is formatted anew, saying why, and works."""
     config = _write_and_close(tmp_path, {"d/a": b"abc"})
     arena = tmp_path / ARENA_NAME
-    with open(arena, "r+b") as f:
-        f.seek(SUPERBLOCK_COPIES[copy] + 1)
-        byte = f.read(1)[0]
-        f.seek(SUPERBLOCK_COPIES[copy] + 1)
-        f.write(bytes([byte ^ mask]))
+    _flip_bit(arena, SUPERBLOCK_COPIES[copy] + 1, mask)
     other = next(name for name in SUPERBLOCK_COPIES if name != copy)
     _flip_bit(arena, SUPERBLOCK_COPIES[other] + (FILE_ID_AT if other_at == "file id" else 0) + 2)
-    store = PageStore(config)
-    try:
-        assert store.info("d/a") is None
-        assert "formatted anew: its superblock is damaged (no copy of it holds)" in caplog.text
-        store.put("d/b", b"b" * 100)
-        assert read_all(store, "d/b") == b"b" * 100
-    finally:
-        store.close()
+    _formatted_anew(config, caplog)
 
 
 @pytest.mark.parametrize("last_sector", ["zeros", "torn upgrade", "one bit", "upgrade cut short"])
@@ -386,15 +393,9 @@ def test_an_arena_of_version_1_keeps_its_pages_and_gets_a_second_superblock(tmp_
     pages = {page_name(i): content(i, 64 * KiB) for i in range(20)}
     config = _write_and_close(tmp_path, pages, crash)
     arena = tmp_path / ARENA_NAME
-    with open(arena, "r+b") as f:
-        fields = f.read(40)
-        f.seek(0)
-        f.write(fields[:8] + (1).to_bytes(4, "little") + fields[12:] + bytes(8))
-        if last_sector != "upgrade cut short":
-            f.seek(SUPERBLOCK_COPIES["second"])
-            f.write(bytes(512))
-            f.seek(SUPERBLOCK_COPIES["second"])
-            f.write({"zeros": b"", "torn upgrade": fields[:24], "one bit": b"\x10"}[last_sector])
+    with open(arena, "rb") as f:
+        torn = f.read(24)  # what a torn upgrade leaves of its first write: version 2's first fields
+    _as_version_1(arena, {"zeros": b"", "torn upgrade": torn, "one bit": b"\x10", "upgrade cut short": None}[last_sector])
     _all_back(config, pages, "scan" if crash else "snapshot")
     assert "superblock is damaged" not in caplog.text
     assert ("the upgrade of its superblock to version 2, cut short, is finished" in caplog.text) == (
@@ -409,21 +410,9 @@ def test_a_version_1_arena_with_a_bit_flipped_in_its_magic_is_formatted_anew(tmp
     review). It is formatted anew, saying so, as an arena of ours whose superblock no copy holds."""
     config = _write_and_close(tmp_path, {"d/a": b"abc"})
     arena = tmp_path / ARENA_NAME
-    with open(arena, "r+b") as f:
-        fields = f.read(40)
-        f.seek(0)
-        f.write(fields[:8] + (1).to_bytes(4, "little") + fields[12:] + bytes(8))  # version 1
-        f.seek(SUPERBLOCK_COPIES["second"])
-        f.write(bytes(512))
+    _as_version_1(arena)
     _flip_bit(arena, 3)
-    store = PageStore(config)
-    try:
-        assert store.info("d/a") is None
-        assert "formatted anew: its superblock is damaged (no copy of it holds)" in caplog.text
-        store.put("d/b", b"b" * 100)
-        assert read_all(store, "d/b") == b"b" * 100
-    finally:
-        store.close()
+    _formatted_anew(config, caplog)
 
 
 def test_foreign_file_is_refused_and_left_alone(tmp_path):

@@ -169,7 +169,6 @@ def _bits_apart(a: bytes, b: bytes) -> int:
     return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).bit_count()
 
 
-
 class Superblock(NamedTuple):
     version: int
     file_bytes: int
@@ -205,10 +204,9 @@ def _read_superblock(head: bytes) -> tuple[Superblock | None, list[int]]:
     found = next((copy for _, copy in copies if copy is not None), None)
     if found is not None:
         return found, [at for at, copy in reversed(copies) if copy is None]
-    if len(head) >= _UNCHECKED.size and head.startswith(_SUPER_MAGIC):
+    if _version_1_at_head(head):
         _, version, _, file_bytes, region_bytes, file_id = _UNCHECKED.unpack_from(head)
-        if version == _UNCHECKED_VERSION:
-            return Superblock(version, file_bytes, region_bytes, file_id), [_COPY_AT, 0]
+        return Superblock(version, file_bytes, region_bytes, file_id), [_COPY_AT, 0]
     return None, []
 
 
