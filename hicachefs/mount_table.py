@@ -101,14 +101,6 @@ def filesystem_type(path: str | os.PathLike) -> str | None:
     return None if found is None else found[0]
 
 
-def type_holding(path: str | os.PathLike) -> str | None:
-    """The type of the filesystem that holds ``path`` (which must exist: ``OSError`` else; a stat
-    of it, so not for a path in a mount whose daemon may hang), or None if none is listed."""
-    found = os.stat(path).st_dev
-    device = f"{os.major(found)}:{os.minor(found)}"
-    return next((fstype for _, fstype, listed, _ in reversed(_entries()) if listed == device), None)
-
-
 def owner(path: str | os.PathLike) -> int | None:
     """The user who made the topmost FUSE mount at ``path`` (its ``user_id`` option), or None."""
     target = resolve(path)

@@ -11,6 +11,7 @@ behind. Blocks for at most ``SHARED_PROBE_TIMEOUT_S`` on a shared filesystem tha
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import math
 import os
@@ -205,6 +206,7 @@ def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
     disk = Path(args.disk).resolve()
     if disk == mountpoint or mountpoint in disk.parents:
         raise UsageError(f"--disk {args.disk} is the mountpoint or inside it: the mount would hide the disk tier")
+    _refuse_inside_a_mount(f"--disk {args.disk}", disk)
     try:
         if disk.exists() and not disk.is_dir():
             raise UsageError(f"--disk {args.disk} is not a directory")
@@ -226,7 +228,8 @@ def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
     existing = sum(f.stat().st_size for f in disk.glob("*.arena"))
     free = shutil.disk_usage(disk).free
     if size > free + existing:
-        raise UsageError(f"--disk-size {args.disk_size} is more than the {free >> 30} GiB free in {args.disk}")
+        raise UsageError(f"--disk-size {args.disk_size} is more than the {free / (1 << 30):.1f} GiB free "
+                         f"in {args.disk}")
     return str(disk), size
 
 
@@ -246,6 +249,7 @@ def _shared_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
     shared = Path(args.shared).resolve()
     if shared == mountpoint or mountpoint in shared.parents:
         raise UsageError(f"--shared {args.shared} is inside the mountpoint")
+    _refuse_inside_a_mount(f"--shared {args.shared}", shared)
     probe = _ProbeWrite(shared)
     probe.start()
     probe.join(SHARED_PROBE_TIMEOUT_S)
@@ -255,6 +259,8 @@ def _shared_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
         return str(shared), size, None
     made.add(probe.made)
     if probe.error is not None:
+        if probe.error.errno in (errno.EEXIST, errno.ENOTDIR):  # (mkdir's answer where a file stands)
+            raise UsageError(f"--shared {args.shared} is not a directory")
         raise UsageError(f"shared directory {args.shared} cannot be written: {probe.error.strerror}")
     local = engine_checks.local_mount(str(shared))
     return str(shared), size, None if local is None else f"--shared {engine_checks.local_warning(args.shared, local)}"
@@ -289,14 +295,22 @@ def _check_temp_timeout(seconds: float) -> None:
         raise UsageError(f"--temp-timeout {seconds:g} is above the maximum of {MAX_TEMP_TIMEOUT_S:g} seconds")
 
 
+def _refuse_inside_a_mount(what: str, path: Path) -> None:
+    """A disk tier, shared tier or log file inside another hicachefs mount (as the mount table
+    says: nothing there is touched): its files would become pages of that mount, evicted or
+    read-only, and the next start could not open them."""
+    holder = engine_checks.mount_of(str(path))
+    if holder is not None and holder.fstype == mount_table.FSTYPE:
+        raise UsageError(f"{what} is inside the hicachefs mount at {holder.mountpoint}: its files are pages there")
+
+
 def _check_log_file(path: str, given: str | None) -> None:
     """The background daemon logs to ``path``: one it cannot append to fails here, in one line;
     so do a FIFO or socket (opening one waits for a reader, for good) and a place in another
     hicachefs mount (the file would become a page there, and could not be appended to)."""
     where = f"--log-file {given}" if given else f"the log file {path}"
+    _refuse_inside_a_mount(where, Path(path).resolve())
     try:
-        if mount_table.type_holding(os.path.dirname(os.path.abspath(path))) == mount_table.FSTYPE:
-            raise UsageError(f"{where} is inside a hicachefs mount: its files are pages")
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         mode = stat.S_IFREG

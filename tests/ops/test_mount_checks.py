@@ -184,6 +184,33 @@ def test_a_log_file_the_daemon_could_not_append_to_is_refused_in_one_line(tmp_pa
         assert not log.exists() and mounted.stats()["pages"] == 0
 
 
+@pytest.mark.parametrize("flag", ["--disk", "--shared"])
+def test_a_tier_inside_another_hicachefs_mount_is_refused_in_one_line(tmp_path, mounted, flag):
+    """A disk tier in another mount's pool was accepted: its arena became a read-only page of
+    that mount, evicted with the rest, and the next start could not open it (EPERM)."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    where = mounted.page_dir() / "tier"
+    sizes = ["--disk-size", "64M"] if flag == "--disk" else []
+    result = hicachefs("mount", str(mountpoint), "--memory", "32M", "--max-page-size", "1M", flag, str(where), *sizes)
+    was_mounted = mounting.is_mounted(mountpoint)
+    mounting.stop_if_mounted(mountpoint)
+    assert result.returncode == 2 and not was_mounted, result.stdout + result.stderr
+    assert f"{flag} {where} is inside the hicachefs mount at {mounted.path}" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert not where.exists() and mounted.stats()["pages"] == 0
+
+
+def test_a_shared_tier_naming_a_file_says_so(tmp_path):
+    """It said "cannot be written: File exists" (mkdir's answer), where --disk says what is wrong."""
+    mountpoint, file = tmp_path / "mnt", tmp_path / "file"
+    mountpoint.mkdir()
+    file.write_bytes(b"not a directory")
+    result = hicachefs("mount", str(mountpoint), "--memory", "32M", "--shared", str(file))
+    mounting.stop_if_mounted(mountpoint)
+    assert result.returncode == 2 and result.stderr == f"hicachefs: --shared {file} is not a directory\n"
+
+
 def _daemon_of(pid: int, timeout: float) -> int:
     """The daemon that ``hicachefs mount`` (process ``pid``) started, waited for."""
     children = Path(f"/proc/{pid}/task/{pid}/children")
