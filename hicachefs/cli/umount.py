@@ -43,7 +43,7 @@ def command(args: argparse.Namespace) -> int:
     if fstype != mount_table.FSTYPE:
         raise UsageError(f"{args.mountpoint} is a mount of type {fstype}, not hicachefs")
     try:
-        pid = _daemon_pid(mountpoint)
+        pid, disk = _daemon_of(mountpoint)
     except deadline.NoAnswer as exc:
         return _abort_and_remove(mountpoint, exc.about(mountpoint))
     except OSError as exc:
@@ -68,20 +68,23 @@ def command(args: argparse.Namespace) -> int:
             return _abort_and_remove(mountpoint, f"{mountpoint}: daemon {pid} did not unmount it within "
                                                  f"{UNMOUNT_AFTER_SIGTERM_S:g} s of SIGTERM")
         time.sleep(0.05)
-    if not _wait_for_exit(pid, stall_s):
-        print(f"hicachefs: unmounted {mountpoint}, but daemon {pid} made no progress writing its RAM tier "
-              f"down for {stall_s:g} s; gave up waiting for it (it still runs)", file=sys.stderr)
+    if not _wait_for_exit(pid, stall_s, disk):
+        doing = "writing its RAM tier down" if disk else "exiting"
+        print(f"hicachefs: unmounted {mountpoint}, but daemon {pid} made no progress {doing} for {stall_s:g} s; "
+              "gave up waiting for it (it still runs)", file=sys.stderr)
         return 1
     print(f"hicachefs: unmounted {mountpoint}")
     return 0
 
 
-def _daemon_pid(mountpoint: str) -> int:
-    """The daemon's pid, from the mount's config; ValueError, in words, when the config names no
-    process of the user who made the mount: any user may mount a FUSE filesystem typed hicachefs
-    and write its config, and root's umount signalled whatever it named (-1: every process)."""
+def _daemon_of(mountpoint: str) -> tuple[int, bool]:
+    """The daemon's pid, and whether it has a disk tier to write down to, from the mount's
+    config; ValueError, in words, when the config names no process of the user who made the
+    mount: any user may mount a FUSE filesystem typed hicachefs and write its config, and root's
+    umount signalled whatever it named (-1: every process)."""
     try:
-        pid = json.loads(deadline.read_bytes(Path(mountpoint, ".hicachefs", "config")))["pid"]
+        config = json.loads(deadline.read_bytes(Path(mountpoint, ".hicachefs", "config")))
+        pid, disk = config["pid"], bool(config.get("disk_dir"))
     except (ValueError, KeyError, TypeError):
         raise ValueError("its config is not a hicachefs daemon's (no pid in it)") from None
     if type(pid) is not int or pid <= 0:
@@ -89,12 +92,12 @@ def _daemon_pid(mountpoint: str) -> int:
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except FileNotFoundError:
-        return pid  # gone since: nothing is signalled
+        return pid, disk  # gone since: nothing is signalled
     owner = mount_table.owner(mountpoint)
     if uid != owner:
         raise ValueError(f"its config names pid {pid}, a process of uid {uid}, not of the user who "
                          f"mounted it (uid {owner})")
-    return pid
+    return pid, disk
 
 
 def _stall_window() -> float:
@@ -111,9 +114,10 @@ def _stall_window() -> float:
     return seconds
 
 
-def _wait_for_exit(pid: int, stall_s: float) -> bool:
+def _wait_for_exit(pid: int, stall_s: float, disk: bool) -> bool:
     """Wait for the daemon to end, as long as it makes progress, saying now and then on stderr
-    how its write-down goes; False once it made none for ``stall_s``."""
+    how its write-down goes (``disk``: it has a disk tier; else it only frees its memory); False
+    once it made none for ``stall_s``."""
     started = last_progress = time.monotonic()
     report_at = started + FIRST_REPORT_S
     first = last = _activity(pid)
@@ -126,8 +130,9 @@ def _wait_for_exit(pid: int, stall_s: float) -> bool:
             return False
         if now >= report_at:
             written = (activity[0] - first[0]) / (1 << 20)
-            print(f"hicachefs: daemon {pid} is writing its RAM tier down to disk: {written:.0f} MiB written "
-                  f"in {now - started:.0f} s", file=sys.stderr)
+            doing = (f"writing its RAM tier down to disk: {written:.0f} MiB written" if disk
+                     else "freeing its memory (it has no disk tier)")
+            print(f"hicachefs: daemon {pid} is {doing}, {now - started:.0f} s so far", file=sys.stderr)
             report_at = now + REPORT_EVERY_S
         time.sleep(0.05)
     return True

@@ -72,6 +72,21 @@ def test_umount_waits_for_a_write_down_longer_than_its_stall_window(mount_factor
         assert read_page(again.page_dir() / key) == data
 
 
+def test_umount_of_a_daemon_without_a_disk_tier_speaks_of_no_write_down(tmp_path):
+    """A RAM-only daemon slow to exit (a large arena freed) was said to be "writing its RAM tier
+    down to disk: 0 MiB written", though it has no disk."""
+    daemon, mount = start_slow_daemon(tmp_path, 2.5, ["--memory", "32M"])
+    try:
+        result = umount(mount.path)
+        assert (result.returncode, result.stdout) == (0, f"hicachefs: unmounted {mount.path}\n"), result.stderr
+        lines = result.stderr.splitlines()
+        assert lines and all(f"daemon {daemon.pid} is freeing its memory (it has no disk tier)" in line
+                             for line in lines), result.stderr
+    finally:
+        mounting.stop(mount)
+        daemon.wait()
+
+
 def test_umount_gives_up_on_a_daemon_that_makes_no_progress(tmp_path):
     flags = ["--memory", "64M", "--disk", str(tmp_path / "ssd"), "--disk-size", "128M"]
     daemon, mount = start_slow_daemon(tmp_path, 3600, flags)  # its write-down never goes on
