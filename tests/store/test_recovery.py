@@ -178,10 +178,91 @@ def test_a_flipped_header_byte_loses_pages_but_serves_no_wrong_bytes(tmp_path, c
         store.close()
 
 
+@pytest.mark.parametrize("at", [-32, 2], ids=["its sequence number", "its name"])
+def test_a_damaged_record_header_loses_its_page_alone_after_a_crash(tmp_path, caplog, at):
+    """The scan walked a region up to a damaged header and stopped there: the pages after it in
+    its region were lost too, uncounted and unlogged. It goes on at the next record that checks."""
+    pages = {page_name(i): content(i, 64 * KiB) for i in range(20)}
+    config = _write_and_close(tmp_path, pages, crash=True)
+    with open(tmp_path / ARENA_NAME, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        where = m.find(page_name(5).encode()) + at  # 4 bytes of its header's or its name's
+        m[where : where + 4] = bytes(b ^ 0xFF for b in m[where : where + 4])
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "scan"
+        assert store.info(page_name(5)) is None
+        for i in set(range(20)) - {5}:
+            assert read_all(store, page_name(i)) == pages[page_name(i)]
+        assert store.statistics().tier("disk").checksum_failures == 1
+        damage = [r.getMessage() for r in caplog.records if "past a damaged record header" in r.getMessage()]
+        assert len(damage) == 1 and damage[0].startswith("region 0 of ")
+    finally:
+        store.close()
+
+
+def _ring(tmp_path: Path) -> StoreConfig:
+    """A disk tier of 8 regions of 1 MiB, each holding ten pages of ``_RING_PAGE`` bytes."""
+    return StoreConfig(memory_bytes=64 * MiB, disk_dir=tmp_path, disk_bytes=8 * MiB + 4096,
+                       max_page_size=2 * MiB, write_through=True)
+
+
+_RING_PAGE, _REGION = 100 * KiB, 1 * MiB
+
+
+def _put(numbers, version: int = 0):
+    def work(store: PageStore) -> None:
+        for i in numbers:
+            store.put(page_name(i), content(i + version, _RING_PAGE))
+    return work
+
+
+def test_a_region_whose_first_header_is_damaged_keeps_its_other_pages(tmp_path, caplog):
+    """A region whose first record header is damaged is placed by its next record (numbered
+    above the first of the region before it): its other pages come back, and writing goes on
+    after its last one."""
+    config = _ring(tmp_path)
+    crash_after(config, _put(range(25)))  # region 2 holds pages 20 to 24, the newest
+    _flip_bit(tmp_path / ARENA_NAME, 4096 + 2 * _REGION + 16, 0xFF)  # page 20's sequence number
+    crash_after(config, _put([25]))
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "scan"
+        assert store.info(page_name(20)) is None
+        for i in set(range(26)) - {20}:
+            assert read_all(store, page_name(i)) == content(i, _RING_PAGE)
+        assert store.statistics().tier("disk").checksum_failures == 1
+        assert "region 2 of " in caplog.text and "past a damaged record header" in caplog.text
+    finally:
+        store.close()
+
+
+def test_a_torn_last_record_ends_the_scan_quietly_and_brings_back_no_reclaimed_page(tmp_path, caplog):
+    """The newest record torn (its header never written), in a region the ring reused: the
+    records of its previous use lying further on are numbered lower, and are not taken; no
+    damage is logged or counted."""
+    config = _ring(tmp_path)
+    crash_after(config, _put(range(84)))  # the ring came round: region 0 holds pages 80 to 83, then 4 to 9
+    crash_after(config, _put([84]))
+    with open(tmp_path / ARENA_NAME, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        where = m.find(page_name(84).encode()) - 56
+        assert 4096 < where < 4096 + _REGION
+        m[where : where + 512] = bytes(512)
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "scan"
+        assert store.info(page_name(84)) is None
+        assert [i for i in range(10) if store.info(page_name(i)) is not None] == []
+        assert read_all(store, page_name(83)) == content(83, _RING_PAGE)
+        assert store.statistics().tier("disk").checksum_failures == 0
+        assert "damaged" not in caplog.text
+    finally:
+        store.close()
+
+
 def test_a_damaged_header_never_brings_back_an_older_version_after_the_next_crash(tmp_path):
-    """The first header of the newest region is damaged: the scan skips that region. The page
-    republished in the next session, and crashed again, must read as republished, not as the
-    version lying in the skipped region."""
+    """The first header of the newest region is damaged: the scan walks that region from its
+    next record. The page republished in the next session, and crashed again, must read as
+    republished, not as the version lying in that region."""
     config = StoreConfig(memory_bytes=64 * MiB, disk_dir=tmp_path, disk_bytes=8 * MiB + 4096,
                          max_page_size=2 * MiB, write_through=True)
     size = 100 * KiB
@@ -217,10 +298,11 @@ def test_a_damaged_header_never_brings_back_an_older_version_after_the_next_cras
 def test_a_damaged_header_never_lets_a_later_scan_walk_records_of_an_earlier_session(tmp_path):
     """Each scan after a crash starts numbering records well above the newest it walked, so the
     numbers have gaps. Region 2 was filled over two sessions (a gap between them), then its first
-    header went bad: the next scan skips it, and numbers new records from above region 1's newest
-    only, below the second session's records still lying in region 2. Those were walked as live
-    after the ring reused region 2 and the next crash: a replaced page came back as its old
-    version, a version with a higher number than its replacement."""
+    header went bad, and region 1's too (so that nothing tells region 2's records from those of
+    its previous use): the next scan skips region 2, and numbered new records from above region
+    1's newest only, below the second session's records still lying in region 2. Those were
+    walked as live after the ring reused region 2 and the next crash: a replaced page came back
+    as its old version, a version with a higher number than its replacement."""
     config = StoreConfig(memory_bytes=64 * MiB, disk_dir=tmp_path, disk_bytes=8 * MiB + 4096,
                          max_page_size=2 * MiB, write_through=True)
     size = 100 * KiB  # ten records a region (8 regions of 1 MiB)
@@ -236,11 +318,8 @@ def test_a_damaged_header_never_lets_a_later_scan_walk_records_of_an_earlier_ses
     crash_after(config, puts(range(0, 15)))  # region 0 full, region 1 half
     crash_after(config, puts(range(15, 23)))  # region 1 full, region 2: three records
     crash_after(config, puts(range(23, 30)))  # region 2 full (the victim 6th of these 7)
-    with open(tmp_path / ARENA_NAME, "r+b") as arena:  # bit rot in region 2's first record's magic
-        arena.seek(4096 + 2 * region_bytes)
-        byte = arena.read(1)
-        arena.seek(4096 + 2 * region_bytes)
-        arena.write(bytes([byte[0] ^ 0xFF]))
+    for region in (1, 2):  # bit rot in the magic of regions 1 and 2's first records
+        _flip_bit(tmp_path / ARENA_NAME, 4096 + region * region_bytes, 0xFF)
 
     def fourth(store: PageStore) -> None:
         assert store.info(victim) is None  # its region was skipped

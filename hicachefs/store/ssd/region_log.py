@@ -21,13 +21,22 @@ copy holds), and refuses
 any other, unchanged (``check_ours``): the magic is what says the bytes are ours to drop.
 
 Recovery needs no other database: regions are sorted by the sequence number of their first
-record and walked; a region's walk ends at the first record whose header does not check,
-whose file id differs (left over from an earlier file of another size), or whose sequence
-number is not larger than the one before (left over from the region's previous use). Live
-records whose payload checks are reported; the others are counted as corrupt. That last rule
-needs every new record numbered above every record in the file, also those no scan could walk
-(past a damaged header): writing keeps a limit above the numbers it hands out in the superblock,
-raised durably a million at a time, and a scan numbers new records from there.
+record and walked; a region's walk ends where no record follows: at a header that does not
+check, or whose file id differs (left over from an earlier file of another size), or whose
+sequence number is not larger than the one before (left over from the region's previous use),
+when no record of this file that checks lies further on in the region numbered above the last
+one walked (looked for at the records' alignment, in one pass of numpy over the region). One
+that does lies past damage: the walk goes on there, each span skipped counted as a corrupt
+page, the bytes logged once for the region. So a torn last record, after which nothing newer lies, ends
+the walk quietly, and a damaged one loses its page alone. A region whose first header is
+damaged is placed by the first record after it that checks, when that one is numbered above
+the first record of the region before it in the ring (written after the region's previous
+use); else it is dropped, saying so: its records could be those of its previous use, which
+the erased first header keeps any scan from walking. Live records whose payload checks are
+reported; the others are counted as corrupt. The walk's rule needs every new record numbered
+above every record in the file, also those no scan could walk (a region dropped so): writing
+keeps a limit above the numbers it hands out in the superblock, raised durably a million at a
+time, and a scan numbers new records from there.
 
 The clean mark says that the arena has not changed since the last clean close, and names the
 index snapshot that close wrote (a random token, see ``snapshot.py``): a start may then load
@@ -88,6 +97,7 @@ _LIMIT_STEP = 1 << 20
 HEADER = struct.Struct("<4sHHQQQQqI4x")  # magic, name len, reserved, file id, seq, size, checksum, mtime, hcheck
 LIVE = b"HCr1"
 DEAD = b"HCd1"
+_LIVE_WORD, _DEAD_WORD = (int.from_bytes(magic, "little") for magic in (LIVE, DEAD))
 _ALIGN = 64
 
 
@@ -441,69 +451,178 @@ class RegionLog:
         self, on_corrupt: Callable[[], None], progress: Callable[[int, int, int], None] | None = None
     ) -> Iterator[Record]:
         """Yield every live, checking record in sequence order, and leave the write position
-        after the newest one. ``on_corrupt`` is called per live record that fails its checksum;
+        after the newest one. ``on_corrupt`` is called per live record that fails its checksum,
+        and per span skipped past a damaged header (a page lost at least);
         ``progress(scanned_bytes, total_bytes, records_found)`` after each region."""
-        firsts = []
-        for region in range(self.regions):
-            try:
-                header = self.device.pread(HEADER.size, self.region_start(region))
-            except OSError as exc:
-                self._unreadable(region, exc)
-                continue
-            first = self._parse(header, -1)
-            if first is not None:
-                firsts.append((first[3], region))
-        firsts.sort()
+        firsts = self._firsts(on_corrupt)
         total, done, found = len(firsts) * self.region_bytes, 0, 0
         buf = bytearray(self.region_bytes)
         view = memoryview(buf)
-        for _, region in firsts:
+        for _, region, first in firsts:
             start = self.region_start(region)
             try:
                 got = self.device.preadv([buf], start)
             except OSError as exc:
                 self._unreadable(region, exc)
                 got = 0  # written over in its turn, as a region whose first header is damaged
-            pos, seq = 0, 0
+            ours = None  # where this file's records lie in the region past the first damage
+            pos, seq, skipped = first, 0, first
             while pos + HEADER.size <= got:
-                parsed = self._parse(view[pos : pos + HEADER.size], seq)
-                if parsed is None:
-                    break
+                parsed = self._checked_header(view, pos, seq, got)
+                if parsed is None or pos + record_length(parsed[1], parsed[2]) > got:
+                    ours = ours if ours is not None else self._records_of_ours(buf, pos, got)
+                    after = self._next_record(view, ours, pos + _ALIGN, seq, got)
+                    if after < 0:
+                        break  # the end of what the region's use wrote, a torn last record included
+                    on_corrupt()  # damage, followed by good records: at least a page lost there
+                    skipped, pos = skipped + after - pos, after
+                    continue
                 magic, name_len, size, seq, checksum, mtime = parsed
-                length = record_length(name_len, size)
-                if pos + length > got:
-                    break
                 name_at = pos + HEADER.size
-                name = view[name_at : name_at + name_len]
-                if _header_check(view[pos : pos + HEADER.size], name) != HEADER.unpack_from(buf, pos)[8]:
-                    break
                 if magic == LIVE:
                     payload = view[name_at + name_len : name_at + name_len + size]
                     if page_checksum(payload) == checksum:
+                        length = record_length(name_len, size)
                         self.region_live[region] += length
                         self.used_bytes += length
                         found += 1
-                        yield Record(start + pos, seq, bytes(name).decode(), size, checksum, mtime)
+                        yield Record(start + pos, seq, bytes(view[name_at : name_at + name_len]).decode(),
+                                     size, checksum, mtime)
                     else:
                         on_corrupt()
-                pos += length
+                pos += record_length(name_len, size)
+            if skipped:
+                log.warning("region %d of %s: %d bytes past a damaged record header were skipped (their "
+                            "pages are lost); the scan went on at the next record that checks",
+                            region, self.path, skipped)
             self.current, self.tail, self.next_seq = region, start + pos, max(self.next_seq, seq + 1)
             done += self.region_bytes
             if progress is not None:
                 progress(done, total, found)
         view.release()
-        # Past a damaged header the walk stops, and so does it at a region whose first header is
-        # damaged: the records beyond may carry any sequence number written so far. New records
-        # start above them all, so that no later scan walks on from a new record into one of them
-        # (taking it for newer than what replaced it): above the limit that writing keeps ahead
-        # of itself in the superblock, and (for an arena written before it was kept) above the
-        # last one walked by as many as the arena holds.
+        # A region skipped (its first header damaged, and nothing to place it by; unreadable): its
+        # records may carry any sequence number written so far. New records start above them
+        # all, so that no later scan walks on from a new record into one of them (taking it for
+        # newer than what replaced it): above the limit that writing keeps ahead of itself in the
+        # superblock, and (for an arena written before it was kept) above the last one walked by
+        # as many as the arena holds.
         self.next_seq = max(self.next_seq + self.regions * (self.region_bytes // HEADER.size), self._seq_limit)
+
+    def _firsts(self, on_corrupt: Callable[[], None]) -> list[tuple[int, int, int]]:
+        """(sequence number, region, where in it the walk starts) of each region that holds
+        records of this file, oldest first: its first record, or, where that one's header is
+        damaged, the first record after it that checks (``_placed_past_damage``)."""
+        firsts, damaged = [], []
+        for region in range(self.regions):
+            try:
+                head = self._head_of(region)
+            except OSError as exc:
+                self._unreadable(region, exc)
+                continue
+            parsed = self._checked_header(head, 0, 0, len(head))
+            if parsed is not None:
+                firsts.append((parsed[3], region, 0))
+            elif self._damaged_ours(head):
+                damaged.append(region)
+        seqs = {region: seq for seq, region, _ in firsts}
+        for region in damaged:
+            placed = self._placed_past_damage(region, seqs.get((region - 1) % self.regions), on_corrupt)
+            if placed is not None:
+                firsts.append(placed)
+        firsts.sort()
+        return firsts
+
+    def _head_of(self, region: int) -> bytes:
+        """The region's first header and name (the first 4 KiB read: the cost of a sector)."""
+        head = self.device.pread(min(4096, self.region_bytes), self.region_start(region))
+        if len(head) >= HEADER.size and HEADER.size + HEADER.unpack_from(head)[1] > len(head):
+            head = self.device.pread(HEADER.size + HEADER.unpack_from(head)[1], self.region_start(region))
+        return head
+
+    def _damaged_ours(self, head: bytes) -> bool:
+        """Whether a first header that does not check is a record of this file damaged: its
+        magic or its file id is ours (a few bytes flipped leave one of them). Zeros are a
+        region reclaimed or never written, anything else (a whole record of another file id
+        among it) bytes of an earlier file: no region is read twice for those."""
+        if len(head) < HEADER.size or not head[: HEADER.size].strip(b"\0"):
+            return False
+        magic, name_len, _, file_id, *_, hcheck = HEADER.unpack_from(head)
+        if file_id == self.file_id:
+            return True
+        whole = _header_check(head[: HEADER.size], head[HEADER.size : HEADER.size + name_len]) == hcheck
+        return magic in (LIVE, DEAD) and not whole  # (whole: a record of an earlier file)
+
+    def _placed_past_damage(self, region: int, before: int | None,
+                            on_corrupt: Callable[[], None]) -> tuple[int, int, int] | None:
+        """A region whose first header is damaged: the first record after it that checks, placed
+        by its sequence number, when that is above the first record of the region before it in
+        the ring (``before``), which the ring wrote after the region's previous use, else None.
+        One at or below it may be a record of that previous use (its first header was erased
+        only), or of a region the ring reclaims next: not taken, and the region is dropped,
+        saying so."""
+        buf = bytearray(self.region_bytes)
+        try:
+            got = self.device.preadv([buf], self.region_start(region))
+        except OSError as exc:
+            self._unreadable(region, exc)
+            return None
+        with memoryview(buf) as view:
+            at = self._next_record(view, self._records_of_ours(buf, 0, got), _ALIGN, 0, got)
+            if at < 0:
+                return None  # nothing of ours past it: no page there to lose
+            seq = HEADER.unpack_from(buf, at)[4]
+        on_corrupt()  # the damaged first record's page, at least, is lost (the walk logs the bytes)
+        if before is not None and seq > before:
+            return seq, region, at
+        log.warning("region %d of %s: its first record header is damaged, and the records after it "
+                    "cannot be told from those of its previous use: its pages are lost", region, self.path)
+        return None
 
     def _unreadable(self, region: int, exc: OSError) -> None:
         """A region the scan cannot read (a bad block): its pages are lost, not the start."""
         log.warning("region %d of %s cannot be read (%s): its pages are lost", region, self.path,
                     exc.strerror or exc)
+
+    def _checked_header(self, buf, pos: int, prev_seq: int, got: int):
+        """(magic, name_len, size, seq, checksum, mtime) of the record at ``pos`` in ``buf``
+        (``got`` bytes read), if its header and name check and it can follow sequence number
+        ``prev_seq``; else None. Its payload may lie past ``got``."""
+        if pos + HEADER.size > got:
+            return None
+        parsed = self._parse(buf[pos : pos + HEADER.size], prev_seq)
+        if parsed is None or pos + HEADER.size + parsed[1] > got:
+            return None
+        name = buf[pos + HEADER.size : pos + HEADER.size + parsed[1]]
+        if _header_check(buf[pos : pos + HEADER.size], name) != HEADER.unpack_from(buf, pos)[8]:
+            return None
+        return parsed
+
+    def _records_of_ours(self, buf: bytearray, start: int, got: int) -> tuple[np.ndarray, np.ndarray]:
+        """Where headers bearing a record magic and this file's id lie in a region read into
+        ``buf``, from its aligned offset ``start`` on, and their sequence numbers: a pass of
+        numpy, not a Python step per offset (regions are up to 256 MiB); from where the walk
+        stopped, so that a full region's costs nothing."""
+        rows = (got - start) // _ALIGN
+        words = np.frombuffer(buf, np.uint64, rows * _ALIGN // 8, start).reshape(rows, _ALIGN // 8)
+        magics = np.frombuffer(buf, np.uint32, rows * _ALIGN // 4, start)[:: _ALIGN // 4]
+        ours = (magics == _LIVE_WORD) | (magics == _DEAD_WORD)
+        ours &= words[:, 1] == np.uint64(self.file_id)
+        at = np.flatnonzero(ours)
+        return start + at * _ALIGN, words[at, 2]
+
+    def _next_record(self, view: memoryview, ours: tuple[np.ndarray, np.ndarray], start: int,
+                     prev_seq: int, got: int) -> int:
+        """Where the first record at or after ``start`` lies whose header and name check, with
+        a sequence number above ``prev_seq`` (and below the limit, when the superblock keeps
+        one): records of the region's previous use are numbered lower. -1 if none."""
+        offsets, seqs = ours
+        later = (offsets >= start) & (seqs > np.uint64(prev_seq))
+        if self._seq_limit:
+            later &= seqs < np.uint64(self._seq_limit)
+        for at in offsets[later].tolist():
+            if self._checked_header(view, at, prev_seq, got) is not None:
+                return at
+        return -1
 
     def _parse(self, header, prev_seq: int):
         """(magic, name_len, size, seq, checksum, mtime) if ``header`` can start a record after
