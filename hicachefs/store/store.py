@@ -834,7 +834,9 @@ class PageStore:
                 self._ram.unpin(slot)
             else:
                 release()
-            if unchanged:  # the copy is where the index says, and it is bad (the tier counted it)
+            if unchanged:  # the copy is where the index says, and it is bad
+                if result is ReadResult.MISMATCH:  # a damaged header or name, counted here: the tier
+                    tier.counters.checksum_failures += 1  # cannot tell it from a record reclaimed meanwhile
                 self._drop_bad_copy(row, tier, position, page, location)
         return None
 

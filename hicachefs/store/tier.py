@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 class ReadResult(enum.Enum):
     OK = "ok"
-    MISMATCH = "mismatch"  # not the expected page there (reclaimed, replaced, removed): a miss
+    MISMATCH = "mismatch"  # not the expected page there (reclaimed, replaced, removed): a miss; where
+    # the index still holds it there, a damaged header (the store counts it, as a corrupt page)
     CORRUPT = "corrupt"  # the expected page, but its bytes fail the checksum (the tier counted it)
 
 

@@ -259,6 +259,27 @@ def test_a_torn_last_record_ends_the_scan_quietly_and_brings_back_no_reclaimed_p
         store.close()
 
 
+@pytest.mark.parametrize("at", [-32, 2], ids=["its sequence number", "its name"])
+def test_a_damaged_record_header_read_from_a_snapshot_is_counted(tmp_path, at):
+    """A clean start listed the page from its snapshot; its first read found its header or name
+    damaged and failed (EIO), as it should, but checksum_failures stayed 0."""
+    pages = {page_name(i): content(i, 64 * KiB) for i in range(20)}
+    config = _write_and_close(tmp_path, pages)
+    with open(tmp_path / ARENA_NAME, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        where = m.find(page_name(5).encode()) + at
+        m[where : where + 4] = bytes(b ^ 0xFF for b in m[where : where + 4])
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "snapshot"
+        with pytest.raises(PageCorrupt):
+            store.open(page_name(5))
+        assert store.info(page_name(5)) is None
+        assert store.statistics().tier("disk").checksum_failures == 1
+        assert read_all(store, page_name(6)) == pages[page_name(6)]
+    finally:
+        store.close()
+
+
 def test_a_damaged_header_never_brings_back_an_older_version_after_the_next_crash(tmp_path):
     """The first header of the newest region is damaged: the scan walks that region from its
     next record. The page republished in the next session, and crashed again, must read as
