@@ -60,7 +60,7 @@ from . import forks
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
 from .plane_arena import ArenaMapping
-from .plane_commits import CommitsUnderWay
+from .plane_commits import UNDER_WAY
 from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, page_checksum
 from .plane_reports import MISSED, Noted, Read, Reports
 
@@ -125,7 +125,7 @@ class Plane:
         self.counters = counters
         self.verify_reads = (not ORDERED_LOADS) if verify_reads is None else verify_reads
         self.commit_behind = commit_behind
-        self.commits = CommitsUnderWay.of(root)
+        self.commits = UNDER_WAY
         self._pools_made: set = set()  # (daemon token, directory) a commit of this client's published into
         self._senders: Optional[ThreadPoolExecutor] = None
         self._closed = False

@@ -1,12 +1,14 @@
 """The pages whose plane commits are under way in this process (``plane.py``: a write returns
-before its commit is answered), so that the process's lookups of them wait for it.
+before its commit is answered), so that the process's lookups of them wait for it: one record
+for the process (``UNDER_WAY``), whatever path each client names its mount by (through a
+symbolic link, a bind mount: the same mount); a page of the same name on another mount only
+waits for that commit to be answered.
 
 Thread-safe.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Dict, Sequence
 
@@ -14,17 +16,9 @@ from . import forks
 
 
 class CommitsUnderWay:
-    """The pages whose commits are under way in this process, per mount: every client of the
-    mount in this process waits for them before it looks one up, so it sees what this process
-    wrote as soon as the write returned."""
-
-    _of: Dict[str, "CommitsUnderWay"] = {}
-    _of_lock = threading.Lock()
-
-    @classmethod
-    def of(cls, root: str) -> "CommitsUnderWay":
-        with cls._of_lock:
-            return cls._of.setdefault(root, cls())
+    """The pages whose commits are under way in this process: every client in this process
+    waits for them before it looks one up, so it sees what this process wrote as soon as the
+    write returned."""
 
     def __init__(self) -> None:
         self._count: Dict[str, int] = {}  # page path -> commits of it under way
@@ -64,9 +58,4 @@ class CommitsUnderWay:
             self._changed.wait_for(lambda: not self._count)
 
 
-def _renew_the_mounts_lock() -> None:
-    """In a forked child: a thread of the parent's may have held it at the fork, in ``of``."""
-    CommitsUnderWay._of_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_renew_the_mounts_lock)
+UNDER_WAY = CommitsUnderWay()
