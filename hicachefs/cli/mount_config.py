@@ -201,8 +201,13 @@ def _disk_tier(args: argparse.Namespace, max_page: int, mountpoint: Path,
     if args.disk is None:
         return None, 0
     size = parse_size(args.disk_size)
-    if size < max_page:
-        raise UsageError(f"--disk-size {args.disk_size} is smaller than --max-page-size")
+    from ..store import smallest_disk  # numpy with it, as check_disk_dir below
+
+    if size < smallest_disk(max_page):
+        page = args.max_page_size or f"{max_page / (1 << 20):g}M (the default at this --memory)"
+        raise UsageError(f"--disk-size {args.disk_size} is too small for --max-page-size {page}: the disk tier "
+                         "needs 3 regions that each hold the largest page, so give --disk-size "
+                         f"{-(-smallest_disk(max_page) // (1 << 20))}M or more, or a smaller --max-page-size")
     disk = Path(args.disk).resolve()
     if disk == mountpoint or mountpoint in disk.parents:
         raise UsageError(f"--disk {args.disk} is the mountpoint or inside it: the mount would hide the disk tier")

@@ -5,7 +5,8 @@ between them, ``budget.py`` the owner of the RAM tier's shares.
 
 Never imports pyfuse3 or torch; the daemon (``hicachefs.posix``, ``hicachefs.control``) is one
 caller, the tests and ``scripts/bench_store.py`` are others. What they may use is exported here;
-the CLI checks a disk directory before mounting with ``check_disk_dir``.
+the CLI checks a disk directory before mounting with ``check_disk_dir``, and its size with
+``smallest_disk``.
 """
 
 import importlib
@@ -32,6 +33,7 @@ _EXPORTS = {
     "StoreStatistics": "statistics",
     "check_disk_dir": "ssd.ssd_tier",
     "size_class": "ram.arena",
+    "smallest_disk": "ssd.ssd_tier",
 }
 
 
@@ -63,4 +65,5 @@ __all__ = [  # noqa: F822 (defined by __getattr__)
     "StoreStatistics",
     "check_disk_dir",
     "size_class",
+    "smallest_disk",
 ]

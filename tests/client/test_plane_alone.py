@@ -50,7 +50,8 @@ def read(attachment: Attachment, store: PageStore, key: str, size: int = SIZE):
 
 @pytest.fixture
 def store(tmp_path):
-    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=tmp_path / "disk", disk_bytes=64 << 20))
+    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=tmp_path / "disk", disk_bytes=64 << 20,
+                                  max_page_size=1 << 20))
     yield store
     store.close()
 

@@ -47,7 +47,7 @@ def held_store(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     device = HeldReads(FileDevice(disk / "hicachefs.arena"))
-    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=disk, disk_bytes=64 << 20), disk_device=device)
+    store = PageStore(StoreConfig(memory_bytes=2 << 20, disk_dir=disk, disk_bytes=64 << 20, max_page_size=1 << 20), disk_device=device)
     store.put(f"{POOL}/on-disk", content(1, SIZE))
     for i in range(40):  # more than RAM holds: the first page is demoted to disk
         store.put(f"{POOL}/filler{i}", content(100 + i, SIZE))

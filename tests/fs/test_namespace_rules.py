@@ -73,7 +73,7 @@ def test_a_temporary_file_whose_publish_failed_is_never_published_with_other_byt
     file's bytes with it: a second rename must fail too, not publish zeros."""
     device = FaultyDevice(FileDevice(tmp_path / ARENA_NAME))
     store = PageStore(StoreConfig(memory_bytes=16 << 20, disk_dir=tmp_path, disk_bytes=64 << 20,
-                                  write_through=True), disk_device=device)
+                                  max_page_size=1 << 20, write_through=True), disk_device=device)
     ns = Alone(store)
     try:
         inode, fh = ns.create(b".tmp")

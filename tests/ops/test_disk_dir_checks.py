@@ -51,7 +51,7 @@ def test_a_second_daemon_on_one_disk_directory_is_refused(mount_factory, tmp_pat
     assert line == f"--disk {disk}: {disk / ARENA_NAME} is in use by another hicachefs daemon (pid {first.pid})"
     # The daemon holds the arena for its life, not only while the command checks it.
     with pytest.raises(ArenaRefused):
-        PageStore(StoreConfig(memory_bytes=16 << 20, disk_dir=disk, disk_bytes=64 << 20)).close()
+        PageStore(StoreConfig(memory_bytes=16 << 20, disk_dir=disk, disk_bytes=64 << 20, max_page_size=1 << 20)).close()
     assert read_page(first.page_dir() / "k") == content(1, 1 << 20)
     mounting.stop(first)
     again = mount_factory("--memory", "32M", "--disk", str(disk), *DISK, path=second)  # free once it is gone
@@ -169,7 +169,8 @@ def test_an_arena_whose_superblock_block_cannot_be_read_is_one_line_saying_what_
     command's line named no file (found by review): it names the arena and what to do."""
     mountpoint, disk, log = tmp_path / "mnt", tmp_path / "ssd", tmp_path / "daemon.log"
     mountpoint.mkdir()
-    store = PageStore(StoreConfig(memory_bytes=16 << 20, disk_dir=disk, disk_bytes=64 << 20, write_through=True))
+    store = PageStore(StoreConfig(memory_bytes=16 << 20, disk_dir=disk, disk_bytes=64 << 20, max_page_size=1 << 20,
+                                  write_through=True))
     store.put("d/a", b"abc")
     store.close()
     arena = disk / ARENA_NAME

@@ -134,6 +134,23 @@ def test_memory_beyond_what_the_host_has_is_refused_up_front(tmp_path):
     assert not mounting.is_mounted(mountpoint) and not log.exists()  # no daemon was started
 
 
+def test_a_disk_too_small_for_the_largest_page_is_refused_naming_the_size_that_works(tmp_path, mount_factory):
+    """--disk-size 16M at --memory 64M (pages of up to 8M) mounted, and pages of 8M were evicted
+    from RAM while the disk stayed empty (found by review): the tier takes three regions that
+    each hold the largest page."""
+    mountpoint, disk = tmp_path / "mnt", tmp_path / "ssd"
+    mountpoint.mkdir()
+    result = hicachefs("mount", str(mountpoint), "--memory", "64M", "--disk", str(disk), "--disk-size", "16M")
+    mounted = mounting.is_mounted(mountpoint)
+    mounting.stop_if_mounted(mountpoint)
+    assert result.returncode == 2 and not mounted
+    assert result.stderr == ("hicachefs: --disk-size 16M is too small for --max-page-size 8M (the default at this "
+                             "--memory): the disk tier needs 3 regions that each hold the largest page, so give "
+                             "--disk-size 25M or more, or a smaller --max-page-size\n")
+    mount = mount_factory("--memory", "64M", "--disk", str(disk), "--disk-size", "25M", path=mountpoint)
+    assert mount.stats()["tiers"]["disk"]["capacity_bytes"] >= 3 * (8 << 20)
+
+
 @pytest.mark.parametrize("flag", ["--memory", "--max-page-size", "--disk-size", "--shared-size"])
 def test_an_enormous_size_is_one_line(tmp_path, flag):
     """A size of 400 digits became a float's infinity and a traceback (OverflowError)."""

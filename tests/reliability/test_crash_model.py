@@ -79,7 +79,7 @@ def test_random_ops_and_a_kill_never_give_a_wrong_page(mount_factory, tmp_path, 
     seed += SEED
     rng = random.Random(seed)
     disk, path = tmp_path / "disk", tmp_path / "mnt"
-    flags = ["--memory", "16M", "--disk", str(disk), "--disk-size", str(DISK)]
+    flags = ["--memory", "16M", "--max-page-size", "1M", "--disk", str(disk), "--disk-size", str(DISK)]
     if write_through:
         flags.append("--write-through")
     pool = MHAHostPool(pages=16, head_dim=128)  # 64 KiB pages

@@ -20,7 +20,7 @@ DISK_BYTES = 32 * MiB
 
 
 def config(disk: Path) -> StoreConfig:
-    return StoreConfig(memory_bytes=4 * MiB, disk_dir=disk, disk_bytes=DISK_BYTES)
+    return StoreConfig(memory_bytes=4 * MiB, disk_dir=disk, disk_bytes=DISK_BYTES, max_page_size=1 * MiB)
 
 
 def fingerprint(path: Path) -> tuple:

@@ -178,7 +178,7 @@ def test_a_block_the_scan_cannot_read_loses_its_region_not_the_start(tmp_path, f
     others, each intact."""
     disk = tmp_path / "disk"
     config = StoreConfig(memory_bytes=16 * MiB, disk_dir=disk, disk_bytes=8 * MiB + 4096,
-                         max_page_size=1 * MiB, write_through=True)
+                         max_page_size=512 * KiB, write_through=True)
     pages = {page_name(i): content(i, 100 * KiB) for i in range(20)}
     crash_after(config, lambda store: [store.put(name, data) for name, data in pages.items()])
     bad_block = 4096 + 1 * MiB
@@ -464,7 +464,7 @@ def test_a_region_whose_first_header_cannot_be_written_is_passed_over(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     config = StoreConfig(memory_bytes=16 * MiB, disk_dir=disk, disk_bytes=8 * MiB + 4096,
-                         max_page_size=1 * MiB, write_through=True)
+                         max_page_size=512 * KiB, write_through=True)
     bad_block = 4096 + 1 * MiB
 
     class BadBlock(FileDevice):

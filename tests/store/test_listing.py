@@ -94,7 +94,8 @@ def test_pages_demoted_and_evicted_keep_or_leave_their_place(make_store):
 
 
 def test_a_restart_from_the_snapshot_lists_every_page(tmp_path):
-    config = StoreConfig(memory_bytes=1 * MiB, disk_dir=tmp_path / "disk", disk_bytes=16 * MiB)
+    config = StoreConfig(memory_bytes=1 * MiB, disk_dir=tmp_path / "disk", disk_bytes=16 * MiB,
+                         max_page_size=1 * MiB)
     store = PageStore(config)
     names = [page_name(i) for i in range(100)] + [page_name(i, "other/dir") for i in range(50)]
     for name in names:

@@ -285,7 +285,7 @@ def test_a_damaged_header_never_brings_back_an_older_version_after_the_next_cras
     next record. The page republished in the next session, and crashed again, must read as
     republished, not as the version lying in that region."""
     config = StoreConfig(memory_bytes=64 * MiB, disk_dir=tmp_path, disk_bytes=8 * MiB + 4096,
-                         max_page_size=2 * MiB, write_through=True)
+                         max_page_size=512 * KiB, write_through=True)
     size = 100 * KiB
 
     def first(store: PageStore) -> None:
@@ -325,7 +325,7 @@ def test_a_damaged_header_never_lets_a_later_scan_walk_records_of_an_earlier_ses
     walked as live after the ring reused region 2 and the next crash: a replaced page came back
     as its old version, a version with a higher number than its replacement."""
     config = StoreConfig(memory_bytes=64 * MiB, disk_dir=tmp_path, disk_bytes=8 * MiB + 4096,
-                         max_page_size=2 * MiB, write_through=True)
+                         max_page_size=512 * KiB, write_through=True)
     size = 100 * KiB  # ten records a region (8 regions of 1 MiB)
     region_bytes = 1 * MiB
     victim = page_name(28)
@@ -363,7 +363,7 @@ def test_a_damaged_header_never_lets_a_later_scan_walk_records_of_an_earlier_ses
 
 def test_arena_of_another_size_is_reinitialised(tmp_path):
     config = _write_and_close(tmp_path, {"d/a": b"abc"})
-    bigger = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=48 * MiB)
+    bigger = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=48 * MiB, max_page_size=256 * KiB)
     store = PageStore(bigger)
     try:
         assert store.info("d/a") is None and store.statistics().tier("disk").capacity_bytes > 32 * MiB
@@ -518,7 +518,7 @@ def test_a_version_1_arena_with_a_bit_flipped_in_its_magic_is_formatted_anew(tmp
 def test_foreign_file_is_refused_and_left_alone(tmp_path):
     (tmp_path / ARENA_NAME).write_bytes(b"precious data" * 1000)
     with pytest.raises(StoreError, match="not a hicachefs disk arena"):
-        PageStore(StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=32 * MiB))
+        PageStore(StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=32 * MiB, max_page_size=256 * KiB))
     assert (tmp_path / ARENA_NAME).read_bytes() == b"precious data" * 1000
 
 

@@ -146,9 +146,11 @@ def test_ram_pages_written_down_at_close_are_in_the_snapshot(tmp_path):
         store.close()
 
 
-def test_a_ram_page_too_large_for_the_disk_tier_does_not_stop_the_others_going_down_at_close(tmp_path):
+def test_every_ram_page_goes_down_at_close_to_a_small_disk_tier(tmp_path):
+    """An 8 MiB disk tier had eighths of 1 MiB for regions: a RAM page of up to max_page_size
+    larger than that never went down, and was gone after the restart (found by review)."""
     config = StoreConfig(memory_bytes=16 * MiB, disk_dir=tmp_path, disk_bytes=8 * MiB + 4096, max_page_size=2 * MiB)
-    sizes = [64 * KiB, 1536 * KiB, 64 * KiB, 64 * KiB]  # the second larger than a region (1 MiB)
+    sizes = [64 * KiB, 1536 * KiB, 64 * KiB, 2 * MiB]
     store = PageStore(config)
     for i, size in enumerate(sizes):
         store.put(page_name(i), content(i, size))
@@ -156,8 +158,7 @@ def test_a_ram_page_too_large_for_the_disk_tier_does_not_stop_the_others_going_d
     store, recovery = reopen(config)
     try:
         assert recovery.method == "snapshot"
-        assert [store.info(page_name(i)) is not None for i in range(len(sizes))] == [True, False, True, True]
-        assert all(read_all(store, page_name(i)) == content(i, sizes[i]) for i in (0, 2, 3))
+        assert all(read_all(store, page_name(i)) == content(i, sizes[i]) for i in range(len(sizes)))
     finally:
         store.close()
 

@@ -295,6 +295,25 @@ def test_restart_after_clean_close_is_warm(tmp_path):
         store.close()
 
 
+def test_pages_of_the_largest_size_go_down_to_a_small_disk_tier(make_store):
+    """A disk tier of 16 MiB, cut into eighths, had regions too small for a page of
+    --max-page-size (2 MiB): such pages were evicted from RAM while the disk stayed empty
+    (found by review). A region holds the largest page now."""
+    store = make_store(memory=16 * MiB, disk=16 * MiB, max_page_size=2 * MiB)
+    for i in range(12):  # RAM holds 8 at most
+        store.put(page_name(i), content(i, 2 * MiB))
+    held = [i for i in range(12) if store.info(page_name(i)) is not None]
+    assert store.statistics().tier("disk").pages >= 4 and held == list(range(12))
+    assert all(read_all(store, page_name(i)) == content(i, 2 * MiB) for i in held)
+
+
+def test_a_disk_tier_too_small_for_the_largest_page_is_refused(tmp_path):
+    """Three regions that each hold a page of max_page_size: less is refused, saying how much."""
+    config = StoreConfig(memory_bytes=16 * MiB, disk_dir=tmp_path, disk_bytes=6 * MiB, max_page_size=2 * MiB)
+    with pytest.raises(ValueError, match="too small for pages of up to 2,097,152 bytes: .* 6,320,128 bytes at least"):
+        PageStore(config)
+
+
 def test_disk_tier_evicts_its_oldest_region_when_full(tmp_path):
     config = StoreConfig(
         memory_bytes=2 * MiB, disk_dir=tmp_path, disk_bytes=16 * MiB, max_page_size=256 * KiB, write_through=True

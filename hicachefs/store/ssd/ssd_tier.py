@@ -3,7 +3,10 @@
 Chooses the region size: four of the largest records, so that the tail a region cannot use
 (a record never straddles two) wastes at most a quarter and usually a few percent; at
 least 16 MiB; and at least 8 regions, so that reclaiming one drops at most an eighth of the
-tier (a small tier gets smaller regions, and pages too large for them stay in RAM only).
+tier. A small tier gets smaller regions, never smaller than one record of the largest page
+(the longest name, ``max_page_size``): a page that the store takes must fit below, or it
+would be evicted while the disk stays empty (found by review). A tier too small for
+``MIN_REGIONS`` such regions is refused (``smallest_disk``).
 
 Making room is the tier's own business: when the ring wraps, the oldest region is reclaimed,
 the engine it is bound to is told which locations are about to be overwritten
@@ -44,10 +47,39 @@ ARENA_NAME = "hicachefs.arena"
 _MiB = 1 << 20
 
 
+#: The fewest regions a disk tier has: the ring reclaims one while writing another, and it
+#: passes over a region whose first block cannot be written for the one after only with a
+#: third (``RegionLog._reclaim_next``); a clean close's write-down then has two regions.
+MIN_REGIONS = 3
+#: Longer than any valid page name (five components of 200 bytes): the records a region holds.
+_LONGEST_NAME_BYTES = 4096
+
+
+def largest_record(max_page_size: int) -> int:
+    """Bytes the record of the largest page takes: the longest name and ``max_page_size``."""
+    return record_length(_LONGEST_NAME_BYTES, max_page_size)
+
+
+def smallest_disk(max_page_size: int) -> int:
+    """The smallest ``disk_bytes`` for pages up to ``max_page_size``: the superblock's block
+    and ``MIN_REGIONS`` regions, each holding the largest record in whole 4 KiB blocks."""
+    return 4096 + MIN_REGIONS * _whole_blocks(largest_record(max_page_size))
+
+
+def _whole_blocks(size: int) -> int:
+    return (size + 4095) // 4096 * 4096
+
+
 def region_size(capacity: int, max_page_size: int) -> int:
-    region = max(16 * _MiB, (4 * record_length(4096, max_page_size) + _MiB - 1) // _MiB * _MiB)
+    """The region size for a tier of ``capacity`` bytes (see the module's docstring); raises
+    ValueError for one smaller than ``smallest_disk``."""
+    if capacity < smallest_disk(max_page_size):
+        raise ValueError(f"a disk tier of {capacity:,} bytes is too small for pages of up to {max_page_size:,} "
+                         f"bytes: it takes {MIN_REGIONS} regions that each hold the largest page, "
+                         f"{smallest_disk(max_page_size):,} bytes at least")
+    region = max(16 * _MiB, (4 * largest_record(max_page_size) + _MiB - 1) // _MiB * _MiB)
     if (capacity - 4096) // region < 8:
-        region = max(4096, (capacity - 4096) // 8 // 4096 * 4096)
+        region = max(_whole_blocks(largest_record(max_page_size)), (capacity - 4096) // 8 // 4096 * 4096)
     return region
 
 
