@@ -222,8 +222,9 @@ class PageStore:
     def publish(self, draft: Draft, name: str, mtime_ns: int | None = None,
                 keep_existing: bool = False) -> PageInfo | None:
         """Checksum the draft and make it visible under ``name``, replacing any page of that
-        name atomically; with write_through it is on the next tier when this returns. On any
-        failure the draft is given back and the store is as it was (an old page stays).
+        name atomically; with write_through it is on the next tier when this returns (StoreFull
+        when no lower tier takes it). On any failure the draft is given back and the store is
+        as it was (an old page stays).
         ``keep_existing``: a page of that name and of the draft's size stored here or on a
         named tier (``holds``) is kept as it is instead, the draft given back, and None
         returned; one of another size is replaced (no reader of this size could take it)."""
@@ -264,9 +265,11 @@ class PageStore:
                 if slot is None or (self.config.write_through if write_through is None else write_through):
                     # The new copy goes down before the old page is dropped, so that a kill in
                     # between leaves one of the two versions (recovery keeps the newer), never none.
+                    # A page that no lower tier takes is not published: under write-through, one
+                    # in RAM alone would be lost by a crash (found by review).
                     lower = self._write_below(page, draft.buffer, RAM)
-                    if slot is None and lower is None:
-                        raise StoreFull(f"page name {name!r} is too long for the lower tiers' regions")
+                    if lower is None:
+                        raise StoreFull(f"{name}: no lower tier takes a page of {page.size:,} bytes under this name")
             except BaseException:
                 if slot is not None:
                     self._ram.retire(slot)

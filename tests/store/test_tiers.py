@@ -314,6 +314,21 @@ def test_a_disk_tier_too_small_for_the_largest_page_is_refused(tmp_path):
         PageStore(config)
 
 
+def test_under_write_through_a_page_no_lower_tier_takes_is_not_published(make_store):
+    """--write-through: a crash loses nothing published. A page that RAM took and the disk tier
+    did not (its regions too small for it, found by review) was published to RAM alone, and
+    gone after a crash: the publish fails (StoreFull, ENOSPC), and the name keeps what it held."""
+    store = make_store(memory=8 * MiB, disk=16 * MiB, max_page_size=1 * MiB, write_through=True)
+    store.put(page_name(0), content(0, 64 * KiB))
+    store._tiers[1].fits = lambda name, size: size <= 512 * KiB  # regions smaller than the largest page
+    for name in (page_name(0), page_name(1)):  # a replace, a new name
+        with pytest.raises(StoreFull):
+            store.put(name, content(1, 1 * MiB))
+    assert read_all(store, page_name(0)) == content(0, 64 * KiB) and store.info(page_name(1)) is None
+    store.put(page_name(2), content(2, 512 * KiB))
+    assert store.info(page_name(2)).tier == "memory" and store.statistics().tier("disk").pages == 2
+
+
 def test_disk_tier_evicts_its_oldest_region_when_full(tmp_path):
     config = StoreConfig(
         memory_bytes=2 * MiB, disk_dir=tmp_path, disk_bytes=16 * MiB, max_page_size=256 * KiB, write_through=True
