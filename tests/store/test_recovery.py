@@ -374,6 +374,23 @@ def test_arena_of_another_size_is_reinitialised(tmp_path):
     assert config.disk_bytes == 32 * MiB
 
 
+def test_an_arena_whose_regions_cannot_hold_the_new_largest_page_is_formatted_anew(tmp_path, caplog):
+    """An arena keeps the regions of its first start: started again with a larger
+    max_page_size, pages it allows were never written down (one that RAM could not take was
+    refused, StoreFull), the disk left empty (found by review). Its regions cannot hold them:
+    it is formatted anew, saying so, as for another disk size."""
+    _write_and_close(tmp_path, {"d/a": b"abc"})  # pages of 256 KiB at most: regions of 4 MiB
+    larger = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=32 * MiB, max_page_size=8 * MiB)
+    store = PageStore(larger)
+    try:
+        assert store.info("d/a") is None
+        assert "formatted anew: its regions of 4,190,208 bytes were made for smaller pages" in caplog.text
+        store.put("d/b", content(2, 8 * MiB))  # larger than a RAM slab: to the disk tier only
+        assert store.info("d/b").tier == "disk" and read_all(store, "d/b") == content(2, 8 * MiB)
+    finally:
+        store.close()
+
+
 SUPERBLOCK_COPIES = {"first": 0, "second": 4096 - 512}  # the file's first sector, and its block's last
 REGION_BYTES_AT, FILE_ID_AT = 24, 32  # in each copy: magic, version, reserved, file bytes; region bytes, file id
 

@@ -16,8 +16,8 @@ holds a magic (live or dead), the file id, a global sequence number, the payload
 xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
 that a delete can flip the magic in place and the region stays walkable). Opening takes an
 empty file or one with the magic at the start of either copy of the superblock, or of both
-with 2 bits flipped at most each, one holding a superblock's other fields (reinitialised if its size or version differs, or if neither
-copy holds), and refuses
+with 2 bits flipped at most each, one holding a superblock's other fields (reinitialised if its size or version differs, if neither
+copy holds, or if its regions are too small for the largest record), and refuses
 any other, unchanged (``check_ours``): the magic is what says the bytes are ours to drop.
 
 Recovery needs no other database: regions are sorted by the sequence number of their first
@@ -241,9 +241,11 @@ class Record(NamedTuple):
 
 class RegionLog:
     """One arena file on a device: format or reopen it, scan it, append to it, invalidate and
-    read records. The device is the caller's, and closed by ``close``."""
+    read records. The device is the caller's, and closed by ``close``. ``largest_record``: the
+    bytes of the largest record it must take (``record_length``): an arena whose regions are
+    smaller is formatted anew."""
 
-    def __init__(self, device: FileDevice, file_bytes: int, region_bytes: int) -> None:
+    def __init__(self, device: FileDevice, file_bytes: int, region_bytes: int, largest_record: int) -> None:
         if file_bytes < _SUPER_BYTES + region_bytes:
             raise StoreError(f"disk tier of {file_bytes} bytes is too small for one {region_bytes}-byte region")
         self.device = device
@@ -252,7 +254,7 @@ class RegionLog:
         self.formatted: str | None = None  # why this open made a new arena, if it did
         self._clean_token: bytes | None = None
         self._seq_limit = 0  # every record in the file has a lower sequence number (0: unknown)
-        self._open_or_format(file_bytes, region_bytes)
+        self._open_or_format(file_bytes, region_bytes, largest_record)
         self.regions = (file_bytes - _SUPER_BYTES) // self.region_bytes
         self.capacity = self.regions * self.region_bytes
         self.region_live = [0] * self.regions  # live record bytes per region
@@ -263,10 +265,11 @@ class RegionLog:
         self.passed_over = 0  # regions passed over so far, their first header not erased
         self._fence: int | None = None  # the region writing must not come back to (``fence``)
 
-    def _open_or_format(self, file_bytes: int, region_bytes: int) -> None:
+    def _open_or_format(self, file_bytes: int, region_bytes: int, largest_record: int) -> None:
         """Reuse a matching arena; reinitialise an empty file or one of ours of another size or
-        version, or whose superblock is damaged in both copies (its pages are cache, dropping
-        them is safe); refuse any other file, unchanged."""
+        version, whose regions cannot hold ``largest_record`` (made for a smaller page size: such
+        pages would never go down, found by review), or whose superblock is damaged in both
+        copies (its pages are cache, dropping them is safe); refuse any other file, unchanged."""
         head = check_ours(self.device)  # read once: a second read of a flaky sector could fail
         found, damaged = _read_superblock(head)
         dropped = None  # why an arena of ours that held pages is formatted anew
@@ -275,7 +278,8 @@ class RegionLog:
             # (a region size that no start writes: a version 1 superblock damaged, and the regions with it)
             sane = old_region >= 4096 and old_region % 4096 == 0 and _SUPER_BYTES + old_region <= file_bytes
             ours = version in (_VERSION, _UNCHECKED_VERSION)
-            if ours and old_bytes == file_bytes and self.device.size() == file_bytes and sane:
+            holds = old_region >= largest_record
+            if ours and old_bytes == file_bytes and self.device.size() == file_bytes and sane and holds:
                 self.region_bytes, self.file_id = old_region, file_id
                 self._clean_token = self._read_clean_mark()
                 self._seq_limit = self._read_seq_limit()
@@ -289,6 +293,9 @@ class RegionLog:
             elif old_bytes != file_bytes:
                 dropped = (f"the arena was made with --disk-size {old_bytes:,} bytes, not {file_bytes:,}: "
                        "its pages are dropped")
+            elif not holds:
+                dropped = (f"its regions of {old_region:,} bytes were made for smaller pages and cannot hold "
+                           f"one of --max-page-size (a record of {largest_record:,} bytes): its pages are dropped")
             else:
                 dropped = (f"the arena's file is {self.device.size():,} bytes, not the {file_bytes:,} its "
                        "superblock says (a start that died while making it, or a change by hand): what it "

@@ -107,7 +107,7 @@ class SsdTier(Tier):
         self.directory = directory
         device = device or FileDevice(directory / ARENA_NAME)
         try:
-            self.log = RegionLog(device, capacity, region_size(capacity, max_page_size))
+            self.log = RegionLog(device, capacity, region_size(capacity, max_page_size), largest_record(max_page_size))
         except BaseException:
             device.close()
             raise
