@@ -203,7 +203,7 @@ def test_a_damaged_record_header_loses_its_page_alone_after_a_crash(tmp_path, ca
 def _ring(tmp_path: Path) -> StoreConfig:
     """A disk tier of 8 regions of 1 MiB, each holding ten pages of ``_RING_PAGE`` bytes."""
     return StoreConfig(memory_bytes=64 * MiB, disk_dir=tmp_path, disk_bytes=8 * MiB + 4096,
-                       max_page_size=2 * MiB, write_through=True)
+                       max_page_size=512 * KiB, write_through=True)
 
 
 _RING_PAGE, _REGION = 100 * KiB, 1 * MiB
