@@ -59,12 +59,12 @@ from hicachefs.store.pages import (Draft, NeedsIO, PageInfo, PageMeta, PageReade
 from hicachefs.store.private_reads import PrivateReads
 from hicachefs.store.statistics import StoreStatistics, TierStatistics, summed
 from hicachefs.typed_stats import part
-from hicachefs.store.tier import ReadResult, RecoveryListener, Tier, TopTier
+from hicachefs.store.tier import LONGEST_NAME_BYTES, ReadResult, RecoveryListener, Tier, TopTier
 
 log = logging.getLogger(__name__)
 
 RAM = 0  # the RAM tier's position in the chain and the index's location columns
-_LONGEST_NAME = bytes(4096)  # longer than any valid page name (five components of 200 bytes)
+_LONGEST_NAME = bytes(LONGEST_NAME_BYTES)
 #: Pages found on a named tier whose facts are kept for ``info`` (a lookup is followed by
 #: getattr, getxattr and open of the same name).
 _FOUND_KEPT = 4096

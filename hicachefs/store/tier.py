@@ -27,6 +27,10 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from hicachefs.store.pages import PageMeta
 from hicachefs.store.statistics import TierCounters, TierStatistics
 
+#: Longer than any valid page name (five components of 200 bytes and their slashes): what a tier
+#: is asked to hold where the name is not known yet (``fits``), and what its records must take.
+LONGEST_NAME_BYTES = 4096
+
 if TYPE_CHECKING:
     from hicachefs.store.index import PageColumns
 

@@ -39,7 +39,8 @@ from hicachefs.store.index import PageColumns
 from hicachefs.store.ssd.region_log import RegionLog, check_ours, payload_offset, record_length
 from hicachefs.store.statistics import TierCounters
 from hicachefs.store.pages import PageMeta
-from hicachefs.store.tier import ReadResult, RecoveryListener, RecoveryProgress, RecoverySink, Tier, TierEvents
+from hicachefs.store.tier import (LONGEST_NAME_BYTES, ReadResult, RecoveryListener, RecoveryProgress, RecoverySink,
+                                  Tier, TierEvents)
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +52,11 @@ _MiB = 1 << 20
 #: passes over a region whose first block cannot be written for the one after only with a
 #: third (``RegionLog._reclaim_next``); a clean close's write-down then has two regions.
 MIN_REGIONS = 3
-#: Longer than any valid page name (five components of 200 bytes): the records a region holds.
-_LONGEST_NAME_BYTES = 4096
 
 
 def largest_record(max_page_size: int) -> int:
     """Bytes the record of the largest page takes: the longest name and ``max_page_size``."""
-    return record_length(_LONGEST_NAME_BYTES, max_page_size)
+    return record_length(LONGEST_NAME_BYTES, max_page_size)
 
 
 def smallest_disk(max_page_size: int) -> int:
