@@ -83,6 +83,27 @@ def test_stale_handles_on_page_files_are_plain_misses(tmp_path, make_tier):
     assert stats.guard.available and stats.io_errors == 0 and stats.checksum_failures == 0
 
 
+def test_a_page_a_read_found_gone_stays_counted_until_looked_at_again_past_the_entry_cache(tmp_path, make_tier):
+    """JuiceFS answers ENOENT for a name another host replaced by rename, for up to its 1 s entry
+    cache, on a mount that looked it up before (found by review): that miss made the host forget
+    the page, and answer absent until its next sweep (a minute) while the volume held the new
+    version. A read that finds a page gone misses and keeps it counted; looked at again once the
+    entry cache has expired, a page still there stays counted, one really gone is forgotten."""
+    root = tmp_path / "shared"
+    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)  # no sweep after the first
+    (kept, kept_data), (gone, gone_data) = make_page(1), make_page(2)
+    tier.write(kept, kept_data)
+    tier.write(gone, gone_data)
+    wait_until(lambda: tier.statistics().sweep.sweep_cycles >= 1)
+    os.unlink(Layout(root).page_path(place(gone.name)))  # removed unannounced (a journal lost)
+    device.inject(Fault("open", errno=errno.ENOENT, count=1))  # a stale entry for the page kept
+    assert tier.find(kept.name) is None and tier.find(gone.name) is None
+    assert tier.contains_many([kept.name, gone.name]) == [True, True]
+    wait_until(lambda: tier.contains_many([gone.name]) == [False], timeout=5)  # looked at in order: kept first
+    assert tier.contains_many([kept.name]) == [True]
+    assert read_page(tier, kept.name) == kept_data
+
+
 def test_a_full_filesystem_pauses_writes_frees_room_and_keeps_reads(tmp_path, make_tier):
     root = tmp_path / "shared"
     tier, device = faulty_tier(make_tier, root)

@@ -65,6 +65,10 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 #: Names a host remembers in each of its lists of pages (removed here, not written behind, to
 #: remove once the volume is back): some 10 MB each at most.
 REMOVED_REMEMBERED = 100_000
+#: Pages a read found gone that wait to be looked at again (``_vanished``); past that, forgotten at once.
+VANISHED_REMEMBERED = 1024
+#: The longest a page a read found gone is still counted, whatever the engine's entry cache.
+VANISHED_KEPT_MAX_S = 5.0
 _MiB = 1 << 20
 
 
@@ -222,6 +226,11 @@ class SharedTier(Tier):
         # Pages removed here while the tier was unavailable: their files go once it is back,
         # and until then they are absent here (``remove_later``).
         self._removals: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
+        # Pages presence holds whose file a read found gone (ENOENT, ESTALE), with when: the
+        # engine may have answered from an entry it cached before another host replaced the file,
+        # so each is looked at again once that cache expired (``_look_again``).
+        self._vanished: collections.OrderedDict[str, float] = collections.OrderedDict()  # under _lock
+        self._entry_cache_s = engine_checks.MAX_CACHE_S  # the engine's, where it can be read
         self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s,
                                          lost=self._lost, removed=self._removed_while_written)
         try:
@@ -294,7 +303,7 @@ class SharedTier(Tier):
                                       discard=self._discard_opened)
         except OSError as error:
             if error.errno in GONE:
-                self._presence.update(where.directory, where.key_hash, 0, False)
+                self._found_gone(name, where)
             else:
                 self._count_failure(error)
             self._count(misses=1)
@@ -333,7 +342,7 @@ class SharedTier(Tier):
             return ReadResult.MISMATCH
         except OSError as error:
             if error.errno in GONE:
-                self._presence.update(where.directory, where.key_hash, _stored_size(page), False)
+                self._found_gone(page.name, where)
             else:
                 self._count_failure(error)
             self._count(misses=1)
@@ -549,6 +558,7 @@ class SharedTier(Tier):
             return
         if settings is None:
             return
+        self._entry_cache_s = min(settings.caches_s.get("entry cache", engine_checks.MAX_CACHE_S), VANISHED_KEPT_MAX_S)
         problems = settings.problems()
         if problems:
             _log.warning("shared tier %s: its %s mount has %s; pages may take longer to reach other hosts "
@@ -702,6 +712,49 @@ class SharedTier(Tier):
                     for later in lost[position:]:
                         self._unwritten.setdefault(later[1].name, later)
                 return
+
+    def _found_gone(self, name: str, where: Place) -> None:
+        """A read found no file of ``name`` (ENOENT, ESTALE): a miss now, but a page presence
+        holds is not forgotten yet. The engine may have answered from an entry it cached before
+        another host replaced the file by rename (JuiceFS answers ENOENT so for up to its 1 s
+        entry cache, found by review), and forgotten, the page would answer absent here until the
+        next sweep while the volume holds its new version: it is looked at again once that cache
+        expired (``_look_again``). Past ``VANISHED_REMEMBERED`` names waiting (an ``rm -r``
+        elsewhere whose announcements are late), it is forgotten at once: the next sweep finds it
+        again if it is there."""
+        if not self._presence.contains(where.directory, where.key_hash):
+            return
+        with self._lock:
+            if name in self._vanished or len(self._vanished) < VANISHED_REMEMBERED:
+                self._vanished.setdefault(name, time.monotonic())
+                return
+        self._presence.update(where.directory, where.key_hash, 0, False)
+
+    def _look_again(self, now: float, budget: int = 64) -> None:
+        """Forget the pages a read found gone (``_found_gone``) that are still gone once the
+        engine's entry cache has expired since; the others stay counted."""
+        with self._lock:
+            due = [name for name, _ in itertools.takewhile(lambda item: now - item[1] >= self._entry_cache_s,
+                                                           itertools.islice(self._vanished.items(), budget))]
+        for name in due:
+            gone = self._guarded(self._is_gone, name)
+            if gone is None:
+                return  # the filesystem failed: again later
+            with self._lock:
+                self._vanished.pop(name, None)
+            if gone:
+                where = place(name)
+                self._presence.update(where.directory, where.key_hash, 0, False)
+
+    def _is_gone(self, name: str) -> bool:
+        """Whether no file of ``name`` is on the volume (raises ENOTCONN when the volume is gone)."""
+        try:
+            self._device.stat(self._layout.page_path(place(name)))
+        except OSError as error:
+            if error.errno in GONE:
+                return self._on_volume()
+            raise
+        return False
 
     def _apply_removals(self, budget: int = 64) -> None:
         """Remove the files of pages removed here while the tier was away (``remove_later``)."""
@@ -939,6 +992,8 @@ class SharedTier(Tier):
                     self._guarded(self._journal.expire, timeout=4 * self._deadline_s)
                 if self._unwritten:
                     self._check_unwritten()
+                if self._vanished:
+                    self._look_again(now)
                 if now - self._fs_checked >= 5.0:
                     self._fs_checked = now
                     self._guarded(self._refresh_free_space)
