@@ -27,12 +27,11 @@ sequence number is not larger than the one before (left over from the region's p
 when no record of this file that checks lies further on in the region numbered above the last
 one walked (looked for at the records' alignment, in one pass of numpy over the region). One
 that does lies past damage: the walk goes on there, each span skipped counted as a corrupt
-page, the bytes logged once for the region. So a torn last record, after which nothing newer lies, ends
-the walk quietly, and a damaged one loses its page alone. A region whose first header is
-damaged is placed by the first record after it that checks, when that one is numbered above
-the first record of the region before it in the ring (written after the region's previous
-use); else it is dropped, saying so: its records could be those of its previous use, which
-the erased first header keeps any scan from walking. Live records whose payload checks are
+page, the bytes logged once for the region. So a torn last record, after which nothing newer
+lies, ends the walk quietly, and a damaged one loses its page alone. A region whose first
+header is damaged is dropped, counted and logged: the records after it cannot be told from
+those of its previous use (which the erased first header keeps any scan from walking), as no
+other region's numbers bound them once the ring has passed over a region. Live records whose payload checks are
 reported; the others are counted as corrupt. The walk's rule needs every new record numbered
 above every record in the file, also those no scan could walk (a region dropped so): writing
 keeps a limit above the numbers it hands out in the superblock, raised durably a million at a
@@ -465,7 +464,7 @@ class RegionLog:
         total, done, found = len(firsts) * self.region_bytes, 0, 0
         buf = bytearray(self.region_bytes)
         view = memoryview(buf)
-        for _, region, first in firsts:
+        for _, region in firsts:
             start = self.region_start(region)
             try:
                 got = self.device.preadv([buf], start)
@@ -473,7 +472,7 @@ class RegionLog:
                 self._unreadable(region, exc)
                 got = 0  # written over in its turn, as a region whose first header is damaged
             ours = None  # where this file's records lie in the region past the first damage
-            pos, seq, skipped = first, 0, first
+            pos, seq, skipped = 0, 0, 0
             while pos + HEADER.size <= got:
                 parsed = self._checked_header(view, pos, seq, got)
                 if parsed is None or pos + record_length(parsed[1], parsed[2]) > got:
@@ -507,19 +506,22 @@ class RegionLog:
             if progress is not None:
                 progress(done, total, found)
         view.release()
-        # A region skipped (its first header damaged, and nothing to place it by; unreadable): its
-        # records may carry any sequence number written so far. New records start above them
+        # A region skipped (its first header damaged, or unreadable): its records may carry any
+        # sequence number written so far. New records start above them
         # all, so that no later scan walks on from a new record into one of them (taking it for
         # newer than what replaced it): above the limit that writing keeps ahead of itself in the
         # superblock, and (for an arena written before it was kept) above the last one walked by
         # as many as the arena holds.
         self.next_seq = max(self.next_seq + self.regions * (self.region_bytes // HEADER.size), self._seq_limit)
 
-    def _firsts(self, on_corrupt: Callable[[], None]) -> list[tuple[int, int, int]]:
-        """(sequence number, region, where in it the walk starts) of each region that holds
-        records of this file, oldest first: its first record, or, where that one's header is
-        damaged, the first record after it that checks (``_placed_past_damage``)."""
-        firsts, damaged = [], []
+    def _firsts(self, on_corrupt: Callable[[], None]) -> list[tuple[int, int]]:
+        """(sequence number, region) of each region whose first record checks, oldest first. One
+        whose first header is damaged (``_damaged_ours``) is dropped, counted and logged: the
+        records after it cannot be told from those of the region's previous use, which its
+        reclaim let go of (their later removals and replaces never marked them), as no other
+        region's numbers bound them once the ring passed over one (found by review: a removed
+        page came back)."""
+        firsts = []
         for region in range(self.regions):
             try:
                 head = self._head_of(region)
@@ -528,14 +530,11 @@ class RegionLog:
                 continue
             parsed = self._checked_header(head, 0, 0, len(head))
             if parsed is not None:
-                firsts.append((parsed[3], region, 0))
+                firsts.append((parsed[3], region))
             elif self._damaged_ours(head):
-                damaged.append(region)
-        seqs = {region: seq for seq, region, _ in firsts}
-        for region in damaged:
-            placed = self._placed_past_damage(region, seqs.get((region - 1) % self.regions), on_corrupt)
-            if placed is not None:
-                firsts.append(placed)
+                on_corrupt()
+                log.warning("region %d of %s: its first record header is damaged: its pages are lost (they "
+                            "cannot be told from those of its previous use)", region, self.path)
         firsts.sort()
         return firsts
 
@@ -550,7 +549,7 @@ class RegionLog:
         """Whether a first header that does not check is a record of this file damaged: its
         magic or its file id is ours (a few bytes flipped leave one of them). Zeros are a
         region reclaimed or never written, anything else (a whole record of another file id
-        among it) bytes of an earlier file: no region is read twice for those."""
+        among it) bytes of an earlier file."""
         if len(head) < HEADER.size or not head[: HEADER.size].strip(b"\0"):
             return False
         magic, name_len, _, file_id, *_, hcheck = HEADER.unpack_from(head)
@@ -558,32 +557,6 @@ class RegionLog:
             return True
         whole = _header_check(head[: HEADER.size], head[HEADER.size : HEADER.size + name_len]) == hcheck
         return magic in (LIVE, DEAD) and not whole  # (whole: a record of an earlier file)
-
-    def _placed_past_damage(self, region: int, before: int | None,
-                            on_corrupt: Callable[[], None]) -> tuple[int, int, int] | None:
-        """A region whose first header is damaged: the first record after it that checks, placed
-        by its sequence number, when that is above the first record of the region before it in
-        the ring (``before``), which the ring wrote after the region's previous use, else None.
-        One at or below it may be a record of that previous use (its first header was erased
-        only), or of a region the ring reclaims next: not taken, and the region is dropped,
-        saying so."""
-        buf = bytearray(self.region_bytes)
-        try:
-            got = self.device.preadv([buf], self.region_start(region))
-        except OSError as exc:
-            self._unreadable(region, exc)
-            return None
-        with memoryview(buf) as view:
-            at = self._next_record(view, self._records_of_ours(buf, 0, got), _ALIGN, 0, got)
-            if at < 0:
-                return None  # nothing of ours past it: no page there to lose
-            seq = HEADER.unpack_from(buf, at)[4]
-        on_corrupt()  # the damaged first record's page, at least, is lost (the walk logs the bytes)
-        if before is not None and seq > before:
-            return seq, region, at
-        log.warning("region %d of %s: its first record header is damaged, and the records after it "
-                    "cannot be told from those of its previous use: its pages are lost", region, self.path)
-        return None
 
     def _unreadable(self, region: int, exc: OSError) -> None:
         """A region the scan cannot read (a bad block): its pages are lost, not the start."""
