@@ -98,6 +98,8 @@ LIVE = b"HCr1"
 DEAD = b"HCd1"
 _LIVE_WORD, _DEAD_WORD = (int.from_bytes(magic, "little") for magic in (LIVE, DEAD))
 _ALIGN = 64
+#: Candidate records the scan looks at in one step past a damaged header (``_next_record``).
+_CANDIDATES = 256
 
 
 def record_length(name_len: int, size: int) -> int:
@@ -594,14 +596,18 @@ class RegionLog:
                      prev_seq: int, got: int) -> int:
         """Where the first record at or after ``start`` lies whose header and name check, with
         a sequence number above ``prev_seq`` (and below the limit, when the superblock keeps
-        one): records of the region's previous use are numbered lower. -1 if none."""
+        one): records of the region's previous use are numbered lower. -1 if none. Looks at
+        the candidates a block at a time from ``start`` on, so that a region with many damaged
+        headers costs a pass, not a pass per damaged header (found by review: 15 s for a 64 MiB
+        region with every other header damaged)."""
         offsets, seqs = ours
-        later = (offsets >= start) & (seqs > np.uint64(prev_seq))
-        if self._seq_limit:
-            later &= seqs < np.uint64(self._seq_limit)
-        for at in offsets[later].tolist():
-            if self._checked_header(view, at, prev_seq, got) is not None:
-                return at
+        limit = self._seq_limit or (1 << 64) - 1
+        for first in range(int(np.searchsorted(offsets, start)), len(offsets), _CANDIDATES):
+            block = slice(first, first + _CANDIDATES)
+            later = (seqs[block] > np.uint64(prev_seq)) & (seqs[block] < np.uint64(limit))
+            for at in offsets[block][later].tolist():
+                if self._checked_header(view, at, prev_seq, got) is not None:
+                    return at
         return -1
 
     def _parse(self, header, prev_seq: int):
