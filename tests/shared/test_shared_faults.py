@@ -104,6 +104,31 @@ def test_a_page_a_read_found_gone_stays_counted_until_looked_at_again_past_the_e
     assert read_page(tier, kept.name) == kept_data
 
 
+def test_a_page_read_again_after_a_miss_is_not_forgotten_by_the_look_again(tmp_path, make_tier):
+    """A page replaced twice on another host: a read here missed (a stale entry), the next read
+    found the new version, and the look again a second after the miss met an entry cached by
+    that read, stale in its turn: the page was forgotten until the next sweep while the volume
+    held it (found by review). A read since the miss ends the wait."""
+    root = tmp_path / "shared"
+    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)  # no sweep after the first
+    page, data = make_page(1)
+    tier.write(page, data)
+    wait_until(lambda: tier.statistics().sweep.sweep_cycles >= 1)
+    device.inject(Fault("open", errno=errno.ENOENT, count=1))  # a stale entry: a miss
+    assert tier.find(page.name) is None
+    assert read_page(tier, page.name) == data  # read again, by a fresh entry
+    file, stat = os.fspath(Layout(root).page_path(place(page.name))), device.stat
+
+    def stale(path, *args, **kwargs):  # that entry stale in its turn (the file replaced again)
+        if os.fspath(path) == file:
+            raise OSError(errno.ENOENT, "a stale entry")
+        return stat(path, *args, **kwargs)
+
+    device.stat = stale
+    time.sleep(engine_checks.MAX_CACHE_S + 1.0)  # past the entry cache, and a tick
+    assert tier.contains_many([page.name]) == [True]
+
+
 def test_a_full_filesystem_pauses_writes_frees_room_and_keeps_reads(tmp_path, make_tier):
     root = tmp_path / "shared"
     tier, device = faulty_tier(make_tier, root)

@@ -316,6 +316,7 @@ class SharedTier(Tier):
             self._count(misses=1)
             return None
         self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), True)
+        self._found_again(name)
         if reading:
             self._payload_sizes[pool] = opened.page.size
         self._remember(opened)
@@ -353,6 +354,7 @@ class SharedTier(Tier):
             self._count(misses=1)
             return ReadResult.MISMATCH
         out[: page.size] = payload
+        self._found_again(page.name)
         self._count(hits=int(counted), bytes_out=page.size * counted)
         return ReadResult.OK
 
@@ -741,10 +743,18 @@ class SharedTier(Tier):
             if gone is None:
                 return  # the filesystem failed: again later
             with self._lock:
-                self._vanished.pop(name, None)
-            if gone:
+                waited = self._vanished.pop(name, None) is not None  # (not read or announced since)
+            if gone and waited:
                 where = place(name)
                 self._presence.update(where.directory, where.key_hash, 0, False)
+
+    def _found_again(self, name: str) -> None:
+        """The page of ``name`` was read, or announced: a read that found it gone before says
+        nothing more. Looked at again, the name could meet an entry the engine cached since,
+        for a file replaced since (found by review: a page replaced twice was forgotten)."""
+        if self._vanished:
+            with self._lock:
+                self._vanished.pop(name, None)
 
     def _is_gone(self, name: str) -> bool:
         """Whether no file of ``name`` is on the volume (raises ENOTCONN when the volume is gone)."""
@@ -1040,6 +1050,7 @@ class SharedTier(Tier):
                 continue  # written before a removal (the sweep finds a later rewrite)
             where = place(announcement.name)
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
+            self._found_again(announcement.name)
             if not announcement.present:
                 self._forget_recent(announcement.name)
             elif self._foreign:
