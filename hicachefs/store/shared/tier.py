@@ -69,6 +69,9 @@ REMOVED_REMEMBERED = 100_000
 VANISHED_REMEMBERED = 1024
 #: The longest a page a read found gone is still counted, whatever the engine's entry cache.
 VANISHED_KEPT_MAX_S = 5.0
+#: The time a tick may spend looking at such names again (one stat each), so that a volume slow
+#: to answer for missing names does not hold up the journal and the sweep (found by review).
+LOOK_AGAIN_BUDGET_S = 0.02
 _MiB = 1 << 20
 
 
@@ -734,10 +737,12 @@ class SharedTier(Tier):
 
     def _look_again(self, now: float, budget: int = 64) -> None:
         """Forget the pages a read found gone (``_found_gone``) that are still gone once the
-        engine's entry cache has expired since; the others stay counted."""
+        engine's entry cache has expired since; the others stay counted. At most ``budget``
+        names a tick, for ``LOOK_AGAIN_BUDGET_S`` (one at least)."""
         with self._lock:
             due = [name for name, _ in itertools.takewhile(lambda item: now - item[1] >= self._entry_cache_s,
                                                            itertools.islice(self._vanished.items(), budget))]
+        end = time.monotonic() + LOOK_AGAIN_BUDGET_S
         for name in due:
             gone = self._guarded(self._is_gone, name)
             if gone is None:
@@ -747,6 +752,8 @@ class SharedTier(Tier):
             if gone and waited:
                 where = place(name)
                 self._presence.update(where.directory, where.key_hash, 0, False)
+            if time.monotonic() >= end:
+                return
 
     def _found_again(self, name: str) -> None:
         """The page of ``name`` was read, or announced: a read that found it gone before says
