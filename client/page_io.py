@@ -162,7 +162,7 @@ class PageIO:
             return False
         path = self.path(rel)
         if self.plane is not None:
-            self.plane.commits.wait([rel])  # this process's commit of it under way: answered first
+            self.plane.wait_for([rel])  # this process's commit of it under way: answered first
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:

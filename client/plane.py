@@ -60,7 +60,7 @@ from . import forks
 from .accounting import Counters, FailureLog, error_kind
 from .control_handles import CONTROL_DIR, ControlHandle, ControlHandles
 from .plane_arena import ArenaMapping
-from .plane_commits import UNDER_WAY
+from .plane_commits import CommitsUnderWay
 from .plane_index import ORDERED_LOADS, Attachment, Found, Unknown, page_checksum
 from .plane_reports import MISSED, Noted, Read, Reports
 
@@ -125,11 +125,11 @@ class Plane:
         self.counters = counters
         self.verify_reads = (not ORDERED_LOADS) if verify_reads is None else verify_reads
         self.commit_behind = commit_behind
-        self.commits = UNDER_WAY
         self._pools_made: set = set()  # (daemon token, directory) a commit of this client's published into
         self._senders: Optional[ThreadPoolExecutor] = None
         self._closed = False
         self._sent = itertools.count(1)  # commits sent behind, in order
+        self._sent_to: set = set()  # the tokens of the daemons commits were sent behind to
         self.handles = ControlHandles(root, failures)
         self._lock = threading.Lock()
         self._attachment: Optional[Attachment] = None
@@ -251,7 +251,7 @@ class Plane:
         attachment = self.attached()
         if attachment is None:
             return [None] * len(rels)
-        self.commits.wait(rels)
+        CommitsUnderWay.of(attachment.token).wait(rels)
         return self._locate(attachment, rels, rows=False, sizes=sizes)
 
     def find_in(self, directory: str, keys: Sequence[str], size: Optional[int] = None) -> List[Optional[bool]]:
@@ -280,7 +280,7 @@ class Plane:
         attachment = self.attached()
         if attachment is None:
             return None
-        self.commits.wait_in(directory, keys)
+        CommitsUnderWay.of(attachment.token).wait_in(directory, keys)
         dir_id = self._dir_id(attachment, directory)
         if dir_id is None:
             return None
@@ -295,7 +295,7 @@ class Plane:
         attachment = self.attached()
         if attachment is None:
             return [None] * len(rels)
-        self.commits.wait(rels)
+        CommitsUnderWay.of(attachment.token).wait(rels)
         read: List[Read] = []
         results = [self._read_one(attachment, rel, found, page, size, read, alone)
                    for rel, found, page in zip(rels, self._locate(attachment, rels), buffers)]
@@ -440,12 +440,14 @@ class Plane:
             sender = self._sender()
             if sender is not None:
                 state = self._state(attachment.arena_map, handle)
-                self.commits.add(placed_rels)
+                commits = CommitsUnderWay.of(attachment.token)
+                commits.add(placed_rels)
+                self._sent_to.add(attachment.token)
                 try:
                     state.behind = sender.submit(self._commit_behind, attachment, handle, state, placed_rels,
                                                  body, ahead, size)
                 except RuntimeError:  # the senders were shut down meanwhile (close, exit): sent here
-                    self.commits.done(placed_rels)
+                    commits.done(placed_rels)
                 else:
                     for j in placed:
                         results[where[j]] = True
@@ -495,7 +497,7 @@ class Plane:
                                       f"cannot publish {rel}: its commit was refused ({os.strerror(-outcome)})")
             self.counters.add(write_failures=len(refused))
         finally:
-            self.commits.done(rels)
+            CommitsUnderWay.of(attachment.token).done(rels)
 
     def _sender(self) -> Optional[ThreadPoolExecutor]:
         """The threads that send commits behind (made at first use, and anew in a forked
@@ -506,8 +508,16 @@ class Plane:
             return self._senders
 
     def settle(self) -> None:
-        """Wait until every commit sent behind its batch in this process has been answered."""
-        self.commits.wait_all()
+        """Wait until every commit sent behind its batch in this process to the daemons this
+        client sent to has been answered."""
+        for token in list(self._sent_to):
+            CommitsUnderWay.of(token).wait_all()
+
+    def wait_for(self, rels: Sequence[str]) -> None:
+        """Until this process's commits of these pages under way to the mount's daemon are answered."""
+        attachment = self.attached()
+        if attachment is not None:
+            CommitsUnderWay.of(attachment.token).wait(rels)
 
     def forget_pools(self, rel_dir: str) -> None:
         """The pools at and below ``rel_dir`` were removed: the next commit into one makes it

@@ -1,14 +1,15 @@
 """The pages whose plane commits are under way in this process (``plane.py``: a write returns
 before its commit is answered), so that the process's lookups of them wait for it: one record
-for the process (``UNDER_WAY``), whatever path each client names its mount by (through a
-symbolic link, a bind mount: the same mount); a page of the same name on another mount only
-waits for that commit to be answered.
+per daemon (``of`` its store's token), whatever path each client names its mount by (a symbolic
+link, a bind mount: the same daemon), and none shared by two mounts (a client of one must not
+wait on commits to another's hung daemon).
 
 Thread-safe.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Dict, Sequence
 
@@ -16,9 +17,19 @@ from . import forks
 
 
 class CommitsUnderWay:
-    """The pages whose commits are under way in this process: every client in this process
-    waits for them before it looks one up, so it sees what this process wrote as soon as the
-    write returned."""
+    """The pages whose commits to one daemon are under way in this process: every client of it
+    in this process waits for them before it looks one up, so it sees what this process wrote
+    as soon as the write returned."""
+
+    _of: Dict[bytes, "CommitsUnderWay"] = {}
+    _of_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, token: bytes) -> "CommitsUnderWay":
+        """The record of the daemon whose store's token is ``token`` (a few a process: one for
+        each daemon its clients met)."""
+        with cls._of_lock:
+            return cls._of.setdefault(token, cls())
 
     def __init__(self) -> None:
         self._count: Dict[str, int] = {}  # page path -> commits of it under way
@@ -58,4 +69,9 @@ class CommitsUnderWay:
             self._changed.wait_for(lambda: not self._count)
 
 
-UNDER_WAY = CommitsUnderWay()
+def _renew_the_records_lock() -> None:
+    """In a forked child: a thread of the parent's may have held it at the fork, in ``of``."""
+    CommitsUnderWay._of_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_the_records_lock)

@@ -949,6 +949,33 @@ def test_a_client_naming_the_mount_through_a_symbolic_link_sees_a_page_whose_com
     reader.close()
 
 
+def test_a_client_of_one_mount_waits_for_no_commit_to_another(mount_factory, monkeypatch):
+    """The commits under way were kept in one record for the process (beb857d): while a commit
+    to mount A was not answered (its daemon hung), a client of healthy mount B waited on it for
+    pages of the same names, and at its close, for good (found by review)."""
+    a, b = mount_factory("--memory", "64M"), mount_factory("--memory", "64M")
+    pages = 4
+    pool = MHAHostPool(pages=2 * pages)
+    names = [key("two mounts", i) for i in range(2 * pages)]
+    on_a, on_b = make_fs(a.path, pool), make_fs(b.path, pool)
+    for client in (on_a, on_b):  # the pools made (a pool's first commit is waited for)
+        assert client.batch_set_v1(names[:pages], indices(pool, range(pages))) == [True] * pages
+        client.settle()
+    released = hold_back_commits(monkeypatch)  # A's commit never answered meanwhile, as by a hung daemon
+    try:
+        assert on_a.batch_set_v1(names[pages:], indices(pool, range(pages, 2 * pages))) == [True] * pages
+        reader = make_fs(b.path, MHAHostPool(pages=pages))
+        answers = []
+        asking = threading.Thread(target=lambda: answers.append((reader.batch_exists(names), on_b.close())))
+        asking.start()
+        asking.join(5)
+        assert answers == [(pages, None)]  # B's own pages, at once; and B's writer closed
+        reader.close()
+    finally:
+        released.set()
+    on_a.close()
+
+
 def test_a_disk_page_the_plane_cannot_read_is_read_by_the_daemon_and_the_rest_of_the_run_by_the_plane(
         mount_factory, tmp_path, monkeypatch):
     """One page of the disk tier whose read fails in the client (EIO from the disk file) is
