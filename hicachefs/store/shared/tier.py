@@ -318,8 +318,7 @@ class SharedTier(Tier):
             self._not_ours(name, where, 0)
             self._count(misses=1)
             return None
-        self._presence.update(where.directory, where.key_hash, _stored_size(opened.page), True)
-        self._found_again(name)
+        self._found_again(name, where, _stored_size(opened.page))
         if reading:
             self._payload_sizes[pool] = opened.page.size
         self._remember(opened)
@@ -357,7 +356,7 @@ class SharedTier(Tier):
             self._count(misses=1)
             return ReadResult.MISMATCH
         out[: page.size] = payload
-        self._found_again(page.name)
+        self._found_again(page.name, where)
         self._count(hits=int(counted), bytes_out=page.size * counted)
         return ReadResult.OK
 
@@ -738,29 +737,43 @@ class SharedTier(Tier):
     def _look_again(self, now: float, budget: int = 64) -> None:
         """Forget the pages a read found gone (``_found_gone``) that are still gone once the
         engine's entry cache has expired since; the others stay counted. At most ``budget``
-        names a tick, for ``LOOK_AGAIN_BUDGET_S`` (one at least)."""
+        names a tick, for ``LOOK_AGAIN_BUDGET_S`` (one at least). A name no longer counted (a
+        sweep or an announcement said so) is let go unlooked at; one whose look failed goes to
+        the end, to wait its turn again (first in line, it failed every tick, found by review)."""
         with self._lock:
             due = [name for name, _ in itertools.takewhile(lambda item: now - item[1] >= self._entry_cache_s,
                                                            itertools.islice(self._vanished.items(), budget))]
         end = time.monotonic() + LOOK_AGAIN_BUDGET_S
         for name in due:
-            gone = self._guarded(self._is_gone, name)
-            if gone is None:
-                return  # the filesystem failed: again later
+            where = place(name)
+            if not self._presence.contains(where.directory, where.key_hash):
+                with self._lock:
+                    self._vanished.pop(name, None)
+                continue
+            # (a stat of the page, and of the volume's root where it is gone: two deadlines)
+            gone = self._guarded(self._is_gone, name, timeout=2 * self._deadline_s)
             with self._lock:
-                waited = self._vanished.pop(name, None) is not None  # (not read or announced since)
-            if gone and waited:
-                where = place(name)
-                self._presence.update(where.directory, where.key_hash, 0, False)
+                if gone is None:  # the filesystem failed: again later
+                    if self._vanished.pop(name, None) is not None:
+                        self._vanished[name] = time.monotonic()
+                    return
+                # Forgotten under the lock that a read finding the page takes to count it: the
+                # one or the other, whole (``_found_again``).
+                if self._vanished.pop(name, None) is not None and gone:
+                    self._presence.update(where.directory, where.key_hash, 0, False)
             if time.monotonic() >= end:
                 return
 
-    def _found_again(self, name: str) -> None:
-        """The page of ``name`` was read, or announced: a read that found it gone before says
-        nothing more. Looked at again, the name could meet an entry the engine cached since,
-        for a file replaced since (found by review: a page replaced twice was forgotten)."""
-        if self._vanished:
-            with self._lock:
+    def _found_again(self, name: str, where: Place, stored_size: int | None = None) -> None:
+        """The page of ``name`` was read (``stored_size``: counted as present, at that size), or
+        announced: a read that found it gone before says nothing more. Looked at again, the name
+        could meet an entry the engine cached since, for a file replaced since (found by review:
+        a page replaced twice was forgotten). Under the lock a look forgets a page under, so
+        that a read and a look of one name do not undo each other."""
+        with self._lock:
+            if stored_size is not None:
+                self._presence.update(where.directory, where.key_hash, stored_size, True)
+            if self._vanished:
                 self._vanished.pop(name, None)
 
     def _is_gone(self, name: str) -> bool:
@@ -1057,7 +1070,7 @@ class SharedTier(Tier):
                 continue  # written before a removal (the sweep finds a later rewrite)
             where = place(announcement.name)
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
-            self._found_again(announcement.name)
+            self._found_again(announcement.name, where)
             if not announcement.present:
                 self._forget_recent(announcement.name)
             elif self._foreign:
