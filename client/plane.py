@@ -508,9 +508,12 @@ class Plane:
             return self._senders
 
     def settle(self) -> None:
-        """Wait until every commit sent behind its batch in this process to the daemons this
-        client sent to has been answered."""
-        for token in list(self._sent_to):
+        """Wait until every commit sent behind its batch in this process, to the mount's daemon
+        and to those this client sent to before it, has been answered: a clear through one
+        client waits for another's (found by review: pages cleared came back)."""
+        attachment = self.attached()
+        tokens = set(self._sent_to) | ({attachment.token} if attachment is not None else set())
+        for token in tokens:
             CommitsUnderWay.of(token).wait_all()
 
     def wait_for(self, rels: Sequence[str]) -> None:

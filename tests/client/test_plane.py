@@ -976,6 +976,33 @@ def test_a_client_of_one_mount_waits_for_no_commit_to_another(mount_factory, mon
     on_a.close()
 
 
+def test_a_clear_through_one_client_waits_for_another_clients_commits_to_the_mount(mounted, monkeypatch):
+    """A clear waits for this process's commits under way to the mount, whichever client sent
+    them: one answered after the rm -r brought its pages back (found by review of 75602af,
+    which had a client wait only for the daemons it sent to itself)."""
+    pages = 4
+    pool = MHAHostPool(pages=2 * pages)
+    names = [key("clear", i) for i in range(2 * pages)]
+    writer = make_fs(mounted.path, pool)
+    assert writer.batch_set_v1(names[:pages], indices(pool, range(pages))) == [True] * pages
+    writer.settle()
+    released = hold_back_commits(monkeypatch)
+    assert writer.batch_set_v1(names[pages:], indices(pool, range(pages, 2 * pages))) == [True] * pages
+    other = make_fs(mounted.path, MHAHostPool(pages=pages))  # never wrote: sent no commit
+    cleared = []
+    clearing = threading.Thread(target=lambda: cleared.append(other.clear()))
+    clearing.start()
+    clearing.join(0.5)
+    assert cleared == []  # waiting for the writer's commit
+    released.set()
+    clearing.join(10)
+    writer.settle()
+    assert cleared == [True]
+    assert [other.exists(name) for name in names] == [False] * len(names)
+    for client in (writer, other):
+        client.close()
+
+
 def test_a_disk_page_the_plane_cannot_read_is_read_by_the_daemon_and_the_rest_of_the_run_by_the_plane(
         mount_factory, tmp_path, monkeypatch):
     """One page of the disk tier whose read fails in the client (EIO from the disk file) is
