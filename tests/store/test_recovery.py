@@ -236,6 +236,29 @@ def test_a_region_whose_first_header_is_damaged_loses_its_pages_counted_and_logg
         store.close()
 
 
+def test_a_torn_first_record_of_the_region_being_written_is_no_damage(tmp_path, caplog):
+    """The crash cut short the first record of the region after the newest (a long name's
+    second sector not written): the last record written, as a torn one at a region's end is,
+    and not logged or counted as damage (found by review)."""
+    config = _ring(tmp_path)
+    crash_after(config, _put(range(25)))  # region 2 holds pages 20 to 24, the newest
+    arena = tmp_path / ARENA_NAME
+    with open(arena, "r+b") as f:
+        f.seek(4096 + 2 * _REGION)
+        record = f.read(4096)  # page 20's header and name
+        f.seek(4096 + 3 * _REGION)
+        f.write(record[:80] + bytes(len(record) - 80))  # in region 3, its name cut short
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "scan"
+        for i in range(25):
+            assert read_all(store, page_name(i)) == content(i, _RING_PAGE)
+        assert store.statistics().tier("disk").checksum_failures == 0
+        assert "damaged" not in caplog.text
+    finally:
+        store.close()
+
+
 class _EraseFailsOnce(FileDevice):
     """A disk whose block at ``bad`` cannot be written once: the ring passes over its region."""
 

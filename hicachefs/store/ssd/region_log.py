@@ -522,8 +522,10 @@ class RegionLog:
         records after it cannot be told from those of the region's previous use, which its
         reclaim let go of (their later removals and replaces never marked them), as no other
         region's numbers bound them once the ring passed over one (found by review: a removed
-        page came back)."""
-        firsts = []
+        page came back). Unless it is the record a crash cut short: the first of the region after
+        the newest, with no record of this file numbered above the newest region's first after
+        it (found by review: a torn record was logged as damage)."""
+        firsts, damaged = [], []
         for region in range(self.regions):
             try:
                 head = self._head_of(region)
@@ -534,11 +536,25 @@ class RegionLog:
             if parsed is not None:
                 firsts.append((parsed[3], region))
             elif self._damaged_ours(head):
-                on_corrupt()
-                log.warning("region %d of %s: its first record header is damaged: its pages are lost (they "
-                            "cannot be told from those of its previous use)", region, self.path)
+                damaged.append(region)
         firsts.sort()
+        for region in damaged:
+            if firsts and region == (firsts[-1][1] + 1) % self.regions and not self._newer_in(region, firsts[-1][0]):
+                continue  # torn by the crash, the last record written: no damage
+            on_corrupt()
+            log.warning("region %d of %s: its first record header is damaged: its pages are lost (they "
+                        "cannot be told from those of its previous use)", region, self.path)
         return firsts
+
+    def _newer_in(self, region: int, seq: int) -> bool:
+        """Whether the region holds a record of this file numbered above ``seq`` that checks."""
+        buf = bytearray(self.region_bytes)
+        try:
+            got = self.device.preadv([buf], self.region_start(region))
+        except OSError:
+            return True  # (its damage is told as the region's)
+        with memoryview(buf) as view:
+            return self._next_record(view, self._records_of_ours(buf, 0, got), _ALIGN, seq, got) >= 0
 
     def _head_of(self, region: int) -> bytes:
         """The region's first header and name (the first 4 KiB read: the cost of a sector)."""
