@@ -541,6 +541,7 @@ class PageIO:
         if not self.served():
             return False
         if self.plane is not None:
+            self.plane.attached()  # (the mount's daemon met, if this client had not: its commits waited for)
             self.plane.settle()
         try:
             shutil.rmtree(self.path(rel_dir), onerror=on_error)

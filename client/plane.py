@@ -129,7 +129,7 @@ class Plane:
         self._senders: Optional[ThreadPoolExecutor] = None
         self._closed = False
         self._sent = itertools.count(1)  # commits sent behind, in order
-        self._sent_to: set = set()  # the tokens of the daemons commits were sent behind to
+        self._met: set = set()  # the tokens of the daemons this client attached to
         self.handles = ControlHandles(root, failures)
         self._lock = threading.Lock()
         self._attachment: Optional[Attachment] = None
@@ -169,6 +169,7 @@ class Plane:
                 self._say_why_not(exc)
                 return None
             self._attachment, self._arena_map = attachment, attachment.arena_map
+            self._met.add(attachment.token)
             if attachment.new_mapping:
                 threading.Thread(target=attachment.arena_map.map_ahead, name="hicachefs-map-ahead",
                                  daemon=True).start()
@@ -442,7 +443,6 @@ class Plane:
                 state = self._state(attachment.arena_map, handle)
                 commits = CommitsUnderWay.of(attachment.token)
                 commits.add(placed_rels)
-                self._sent_to.add(attachment.token)
                 try:
                     state.behind = sender.submit(self._commit_behind, attachment, handle, state, placed_rels,
                                                  body, ahead, size)
@@ -508,12 +508,11 @@ class Plane:
             return self._senders
 
     def settle(self) -> None:
-        """Wait until every commit sent behind its batch in this process, to the mount's daemon
-        and to those this client sent to before it, has been answered: a clear through one
-        client waits for another's (found by review: pages cleared came back)."""
-        attachment = self.attached()
-        tokens = set(self._sent_to) | ({attachment.token} if attachment is not None else set())
-        for token in tokens:
+        """Wait until every commit sent behind its batch in this process to the daemons this
+        client attached to has been answered: a clear through one client waits for another's
+        (found by review: pages cleared came back). Nothing of the mount is touched: a close
+        must not attach to a daemon that hangs (found by review)."""
+        for token in list(self._met):
             CommitsUnderWay.of(token).wait_all()
 
     def wait_for(self, rels: Sequence[str]) -> None:

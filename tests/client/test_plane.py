@@ -1003,6 +1003,27 @@ def test_a_clear_through_one_client_waits_for_another_clients_commits_to_the_mou
         client.close()
 
 
+def test_a_client_closes_while_its_mounts_new_daemon_hangs(mount_factory):
+    """A close waits for this process's commits under way, and touches nothing of the mount:
+    its daemon restarted, and the new one hung, a close that looked for the mount's daemon
+    (to wait for its commits) hung on it for good (found by review of d1d8832)."""
+    mount = mount_factory("--memory", "64M")
+    pool = MHAHostPool(pages=4)
+    client = make_fs(mount.path, pool)
+    assert client.batch_set_v1([key("hung", i) for i in range(4)], indices(pool, range(4))) == [True] * 4
+    client.settle()
+    mounting.stop(mount)
+    again = mount_factory("--memory", "64M", path=mount.path)
+    os.kill(again.pid, signal.SIGSTOP)
+    try:
+        closing = threading.Thread(target=client.close, daemon=True)
+        closing.start()
+        closing.join(5)
+        assert not closing.is_alive()
+    finally:
+        os.kill(again.pid, signal.SIGCONT)
+
+
 def test_a_disk_page_the_plane_cannot_read_is_read_by_the_daemon_and_the_rest_of_the_run_by_the_plane(
         mount_factory, tmp_path, monkeypatch):
     """One page of the disk tier whose read fails in the client (EIO from the disk file) is
