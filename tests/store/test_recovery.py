@@ -6,6 +6,7 @@ import mmap
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from store_helpers import KiB, MiB, crash_after, page_name, read_all, reopen
 
 from hicachefs.store import PageCorrupt, PageStore, StoreConfig, StoreError
 from hicachefs.store.ssd.device import FileDevice
+from hicachefs.store.ssd.region_log import record_length
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs_testing.workload import content
 
@@ -242,12 +244,13 @@ def test_a_torn_first_record_of_the_region_being_written_is_no_damage(tmp_path, 
     and not logged or counted as damage (found by review)."""
     config = _ring(tmp_path)
     crash_after(config, _put(range(25)))  # region 2 holds pages 20 to 24, the newest
-    arena = tmp_path / ARENA_NAME
-    with open(arena, "r+b") as f:
-        f.seek(4096 + 2 * _REGION)
-        record = f.read(4096)  # page 20's header and name
+    newest = 4096 + 2 * _REGION + 4 * record_length(len(page_name(24).encode()), _RING_PAGE)
+    with open(tmp_path / ARENA_NAME, "r+b") as f:
+        f.seek(newest)
+        header = bytearray(f.read(80))  # page 24's header and the start of its name
+        struct.pack_into("<Q", header, 16, struct.unpack_from("<Q", header, 16)[0] + 1)  # the next number
         f.seek(4096 + 3 * _REGION)
-        f.write(record[:80] + bytes(len(record) - 80))  # in region 3, its name cut short
+        f.write(header)  # in region 3, the rest of its name not written
     store, recovery = reopen(config)
     try:
         assert recovery.method == "scan"
@@ -255,6 +258,23 @@ def test_a_torn_first_record_of_the_region_being_written_is_no_damage(tmp_path, 
             assert read_all(store, page_name(i)) == content(i, _RING_PAGE)
         assert store.statistics().tier("disk").checksum_failures == 0
         assert "damaged" not in caplog.text
+    finally:
+        store.close()
+
+
+def test_damage_to_the_oldest_regions_first_header_is_counted_and_logged(tmp_path, caplog):
+    """The ring wrapped: the region after the newest is the oldest. Its first header damaged
+    (its name), its pages are lost, and that is damage, counted and logged, not a record a crash
+    cut short (found by review: taken for one, nothing said)."""
+    config = _ring(tmp_path)
+    crash_after(config, _put(range(85)))  # region 0 again holds pages 80 to 84; region 1, 10 to 19
+    _flip_bit(tmp_path / ARENA_NAME, 4096 + _REGION + 64 + 2, 0xFF)  # page 10's name
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "scan"
+        assert [i for i in range(10, 20) if store.info(page_name(i)) is not None] == []
+        assert store.statistics().tier("disk").checksum_failures == 1
+        assert "region 1 of " in caplog.text and "its first record header is damaged" in caplog.text
     finally:
         store.close()
 

@@ -462,7 +462,8 @@ class RegionLog:
         after the newest one. ``on_corrupt`` is called per live record that fails its checksum,
         and per span skipped past a damaged header (a page lost at least);
         ``progress(scanned_bytes, total_bytes, records_found)`` after each region."""
-        firsts = self._firsts(on_corrupt)
+        firsts, damaged = self._firsts()
+        newest = 0  # the sequence number of the newest record walked
         total, done, found = len(firsts) * self.region_bytes, 0, 0
         buf = bytearray(self.region_bytes)
         view = memoryview(buf)
@@ -504,10 +505,12 @@ class RegionLog:
                             "pages are lost); the scan went on at the next record that checks",
                             region, self.path, skipped)
             self.current, self.tail, self.next_seq = region, start + pos, max(self.next_seq, seq + 1)
+            newest = max(newest, seq)
             done += self.region_bytes
             if progress is not None:
                 progress(done, total, found)
         view.release()
+        self._report_damaged(damaged, newest, on_corrupt)
         # A region skipped (its first header damaged, or unreadable): its records may carry any
         # sequence number written so far. New records start above them
         # all, so that no later scan walks on from a new record into one of them (taking it for
@@ -516,15 +519,13 @@ class RegionLog:
         # as many as the arena holds.
         self.next_seq = max(self.next_seq + self.regions * (self.region_bytes // HEADER.size), self._seq_limit)
 
-    def _firsts(self, on_corrupt: Callable[[], None]) -> list[tuple[int, int]]:
-        """(sequence number, region) of each region whose first record checks, oldest first. One
-        whose first header is damaged (``_damaged_ours``) is dropped, counted and logged: the
-        records after it cannot be told from those of the region's previous use, which its
-        reclaim let go of (their later removals and replaces never marked them), as no other
-        region's numbers bound them once the ring passed over one (found by review: a removed
-        page came back). Unless it is the record a crash cut short: the first of the region after
-        the newest, with no record of this file numbered above the newest region's first after
-        it (found by review: a torn record was logged as damage)."""
+    def _firsts(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(sequence number, region) of each region whose first record checks, oldest first; and
+        (region, the sequence number its header says) of each whose first header is damaged
+        (``_damaged_ours``). These are dropped: the records after such a header cannot be told
+        from those of the region's previous use, which its reclaim let go of (their later
+        removals and replaces never marked them), as no other region's numbers bound them once
+        the ring passed over one (found by review: a removed page came back)."""
         firsts, damaged = [], []
         for region in range(self.regions):
             try:
@@ -536,15 +537,22 @@ class RegionLog:
             if parsed is not None:
                 firsts.append((parsed[3], region))
             elif self._damaged_ours(head):
-                damaged.append(region)
+                damaged.append((region, HEADER.unpack_from(head)[4]))
         firsts.sort()
-        for region in damaged:
-            if firsts and region == (firsts[-1][1] + 1) % self.regions and not self._newer_in(region, firsts[-1][0]):
-                continue  # torn by the crash, the last record written: no damage
+        return firsts, damaged
+
+    def _report_damaged(self, damaged: list[tuple[int, int]], newest: int, on_corrupt: Callable[[], None]) -> None:
+        """Count and log the regions dropped for a damaged first header, but for the record a
+        crash cut short: the last one written, its header whole (one sector), numbered above
+        every record walked (``newest``) and below the limit writing keeps, with no record behind
+        it numbered above ``newest`` (found by review: a torn record was logged as damage)."""
+        for region, seq in damaged:
+            after_newest = seq < self._seq_limit if self._seq_limit else seq == newest + 1
+            if newest < seq and after_newest and not self._newer_in(region, newest):
+                continue
             on_corrupt()
             log.warning("region %d of %s: its first record header is damaged: its pages are lost (they "
                         "cannot be told from those of its previous use)", region, self.path)
-        return firsts
 
     def _newer_in(self, region: int, seq: int) -> bool:
         """Whether the region holds a record of this file numbered above ``seq`` that checks."""
@@ -552,7 +560,7 @@ class RegionLog:
         try:
             got = self.device.preadv([buf], self.region_start(region))
         except OSError:
-            return True  # (its damage is told as the region's)
+            return True  # (told as damage)
         with memoryview(buf) as view:
             return self._next_record(view, self._records_of_ours(buf, 0, got), _ALIGN, seq, got) >= 0
 
