@@ -172,6 +172,35 @@ def test_a_page_gone_is_forgotten_on_a_volume_whose_stats_take_most_of_a_deadlin
     assert tier.contains_many([kept.name]) == [True]
 
 
+def test_a_page_written_here_while_its_name_is_looked_at_again_stays_counted(tmp_path, make_tier):
+    """A page a read found gone, written here while the tick looked at its name again: the look
+    had found no file, and forgot the page after the write had counted it, so this host answered
+    absent for a page it had just written, until the next sweep (found by review)."""
+    root = tmp_path / "shared"
+    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)  # no sweep after the first
+    page, data = make_page(1)
+    tier.write(page, data)
+    wait_until(lambda: tier.statistics().sweep.sweep_cycles >= 1)
+    file, stat = Layout(root).page_path(place(page.name)), device.stat
+    os.unlink(file)  # removed unannounced (a journal lost)
+    assert tier.find(page.name) is None
+    looked = threading.Event()
+
+    def gone_then_written(path, *args, **kwargs):  # the look finds no file, and the write comes
+        if os.fspath(path) == os.fspath(file) and not looked.is_set():
+            looked.set()
+            writing = threading.Thread(target=tier.write, args=(page, data))
+            writing.start()
+            writing.join(5)
+            raise OSError(errno.ENOENT, "gone when looked at")
+        return stat(path, *args, **kwargs)
+
+    device.stat = gone_then_written
+    wait_until(looked.is_set, timeout=5)
+    time.sleep(0.5)  # the look done, some ticks after
+    assert os.path.exists(file) and tier.contains_many([page.name]) == [True]
+
+
 def test_a_full_filesystem_pauses_writes_frees_room_and_keeps_reads(tmp_path, make_tier):
     root = tmp_path / "shared"
     tier, device = faulty_tier(make_tier, root)

@@ -664,10 +664,13 @@ class SharedTier(Tier):
                 self._unwritten.pop(page.name, None)  # this version replaced whatever was there
                 self._removals.pop(page.name, None)
                 self._foreign.pop(page.name, None)
+                # Counted under the lock a look at a name found gone forgets it under, and no
+                # longer waiting for that look (found by review: a write during it was undone).
+                self._vanished.pop(page.name, None)
+                self._presence.update(where.directory, where.key_hash, stored, True)
         self._count(bytes_in=page.size)
         if replaced:  # neither counted nor announced: the check of the later version removes it
             return
-        self._presence.update(where.directory, where.key_hash, stored, True)
         self._journal.announce(True, stored, page.name)
 
     def _landed_late(self, page: PageMeta, _result: None) -> None:
