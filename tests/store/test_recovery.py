@@ -262,13 +262,14 @@ def test_a_torn_first_record_of_the_region_being_written_is_no_damage(tmp_path, 
         store.close()
 
 
-def test_damage_to_the_oldest_regions_first_header_is_counted_and_logged(tmp_path, caplog):
-    """The ring wrapped: the region after the newest is the oldest. Its first header damaged
-    (its name), its pages are lost, and that is damage, counted and logged, not a record a crash
-    cut short (found by review: taken for one, nothing said)."""
+@pytest.mark.parametrize("where, mask", [(64 + 2, 0xFF), (16 + 1, 0x04)], ids=["its name", "bit 10 of its number"])
+def test_damage_to_the_oldest_regions_first_header_is_counted_and_logged(tmp_path, caplog, where, mask):
+    """The ring wrapped: the region after the newest is the oldest. Its first header damaged,
+    its pages are lost, and that is damage, counted and logged, not a record a crash cut short
+    (found by review: taken for one, nothing said; a flipped number above the newest, too)."""
     config = _ring(tmp_path)
     crash_after(config, _put(range(85)))  # region 0 again holds pages 80 to 84; region 1, 10 to 19
-    _flip_bit(tmp_path / ARENA_NAME, 4096 + _REGION + 64 + 2, 0xFF)  # page 10's name
+    _flip_bit(tmp_path / ARENA_NAME, 4096 + _REGION + where, mask)  # page 10's header
     store, recovery = reopen(config)
     try:
         assert recovery.method == "scan"

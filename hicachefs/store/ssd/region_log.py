@@ -543,12 +543,14 @@ class RegionLog:
 
     def _report_damaged(self, damaged: list[tuple[int, int]], newest: int, on_corrupt: Callable[[], None]) -> None:
         """Count and log the regions dropped for a damaged first header, but for the record a
-        crash cut short: the last one written, its header whole (one sector), numbered above
-        every record walked (``newest``) and below the limit writing keeps, with no record behind
-        it numbered above ``newest`` (found by review: a torn record was logged as damage)."""
+        crash cut short: the last one written, its header whole (one sector), so numbered
+        ``newest`` + 1 (the newest record walked), with no record behind it numbered above
+        ``newest`` (found by review: a torn record was logged as damage; a number read from a
+        damaged header is trusted no further, so that bits flipped in it do not make damage
+        pass for a torn record). The first record written after a start, numbered from the
+        limit, torn, is logged as damage: a line too many, nothing lost."""
         for region, seq in damaged:
-            after_newest = seq < self._seq_limit if self._seq_limit else seq == newest + 1
-            if newest < seq and after_newest and not self._newer_in(region, newest):
+            if seq == newest + 1 and not self._newer_in(region, newest):
                 continue
             on_corrupt()
             log.warning("region %d of %s: its first record header is damaged: its pages are lost (they "
