@@ -201,6 +201,29 @@ def test_a_page_written_here_while_its_name_is_looked_at_again_stays_counted(tmp
     assert os.path.exists(file) and tier.contains_many([page.name]) == [True]
 
 
+def test_removals_owed_on_a_slow_volume_hold_up_no_announcement(tmp_path, make_tier):
+    """Pages removed here while the volume was away: their files go once it is back, 64 a tick,
+    each a stat and an unlink; on a volume slow to unlink that held up the tick, and another
+    host's new page reached this one seconds late. The removals take 20 ms of a tick."""
+    root = tmp_path / "shared"
+    writer = make_tier(root)
+    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)  # no sweep after the first
+    pages = [make_page(i, 4096) for i in range(200)]
+    for page, data in pages:
+        writer.write(page, data)
+    wait_until(lambda: tier.statistics().pages == len(pages))
+    device.inject(Fault("stat", errno=errno.ENOTCONN))  # the volume away
+    wait_until(lambda: not tier.statistics().guard.available)
+    assert all(tier.remove_later(page.name) for page, _ in pages)  # removed here meanwhile
+    device.clear()
+    device.inject(Fault("unlink", delay_s=0.1))  # back, slow to unlink
+    wait_until(lambda: tier.statistics().guard.available, timeout=10)
+    for number in range(1000, 1004):
+        new, data = make_page(number, 4096)
+        writer.write(new, data)
+        wait_until(lambda: tier.contains_many([new.name]) == [True], timeout=3)
+
+
 def test_a_full_filesystem_pauses_writes_frees_room_and_keeps_reads(tmp_path, make_tier):
     root = tmp_path / "shared"
     tier, device = faulty_tier(make_tier, root)

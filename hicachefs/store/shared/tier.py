@@ -69,9 +69,10 @@ REMOVED_REMEMBERED = 100_000
 VANISHED_REMEMBERED = 1024
 #: The longest a page a read found gone is still counted, whatever the engine's entry cache.
 VANISHED_KEPT_MAX_S = 5.0
-#: The time a tick may spend looking at such names again (one stat each), so that a volume slow
-#: to answer for missing names does not hold up the journal and the sweep (found by review).
-LOOK_AGAIN_BUDGET_S = 0.02
+#: The time a tick may spend on each of its backlogs (names found gone looked at again, one stat
+#: each; removals owed since the volume was away, a stat and an unlink each), so that a volume slow
+#: to answer does not hold up the journal and the sweep (found by review).
+BACKLOG_BUDGET_S = 0.02
 _MiB = 1 << 20
 
 
@@ -740,13 +741,13 @@ class SharedTier(Tier):
     def _look_again(self, now: float, budget: int = 64) -> None:
         """Forget the pages a read found gone (``_found_gone``) that are still gone once the
         engine's entry cache has expired since; the others stay counted. At most ``budget``
-        names a tick, for ``LOOK_AGAIN_BUDGET_S`` (one at least). A name no longer counted (a
+        names a tick, for ``BACKLOG_BUDGET_S`` (one at least). A name no longer counted (a
         sweep or an announcement said so) is let go unlooked at; one whose look failed goes to
         the end, to wait its turn again (first in line, it failed every tick, found by review)."""
         with self._lock:
             due = [name for name, _ in itertools.takewhile(lambda item: now - item[1] >= self._entry_cache_s,
                                                            itertools.islice(self._vanished.items(), budget))]
-        end = time.monotonic() + LOOK_AGAIN_BUDGET_S
+        end = time.monotonic() + BACKLOG_BUDGET_S
         for name in due:
             where = place(name)
             if not self._presence.contains(where.directory, where.key_hash):
@@ -790,14 +791,18 @@ class SharedTier(Tier):
         return False
 
     def _apply_removals(self, budget: int = 64) -> None:
-        """Remove the files of pages removed here while the tier was away (``remove_later``)."""
+        """Remove the files of pages removed here while the tier was away (``remove_later``): at
+        most ``budget`` a tick, for ``BACKLOG_BUDGET_S`` (one at least)."""
         with self._lock:
             names = list(itertools.islice(self._removals, budget))
+        end = time.monotonic() + BACKLOG_BUDGET_S
         for name in names:
             if self._guarded(self._remove_file, name) is None:
                 return  # the filesystem failed: again later
             with self._lock:
                 self._removals.pop(name, None)
+            if time.monotonic() >= end:
+                return
 
     def _remove_file(self, name: str) -> bool:
         """Remove the file of ``name`` if there is one, announced to the other hosts; True once
