@@ -60,6 +60,16 @@ def hold_back_commits(monkeypatch) -> threading.Event:
     return released
 
 
+def stored_and_settled(path, pool: MHAHostPool, tag: str, pages: int):
+    """A client of the mount at ``path`` that stored pages ``key(tag, 0..pages-1)`` from the
+    pool's first slots, its commit answered (its first makes the pool): the client and the keys."""
+    writer = make_fs(path, pool)
+    first = [key(tag, i) for i in range(pages)]
+    assert writer.batch_set_v1(first, indices(pool, range(pages))) == [True] * pages
+    writer.settle()
+    return writer, first
+
+
 # Pages of small pieces (4 KiB: read with one preadv each) and of large ones (64 KiB: copied
 # from the arena's mapping).
 SHAPES = {"small pieces": {}, "large pieces": dict(head_num=8, head_dim=64)}
@@ -899,10 +909,7 @@ def test_legacy_get_sees_a_page_whose_commit_is_under_way_in_this_process(mounte
     miss for a page batch_set_v1 had just reported stored)."""
     pages = 4
     pool = MHAHostPool(pages=2 * pages)
-    writer = make_fs(mounted.path, pool)
-    first = [key("legacy", i) for i in range(pages)]
-    assert writer.batch_set_v1(first, indices(pool, range(pages))) == [True] * pages  # makes the pool
-    writer.settle()
+    writer, _ = stored_and_settled(mounted.path, pool, "legacy", pages)
     released = hold_back_commits(monkeypatch)
     second = [key("legacy", i) for i in range(pages, 2 * pages)]
     assert writer.batch_set_v1(second, indices(pool, range(pages, 2 * pages))) == [True] * pages
@@ -927,10 +934,7 @@ def test_a_client_naming_the_mount_through_a_symbolic_link_sees_a_page_whose_com
     reported stored (found by review: 6,368 of 6,400)."""
     pages = 4
     pool = MHAHostPool(pages=2 * pages)
-    writer = make_fs(mounted.path, pool)
-    first = [key("link", i) for i in range(pages)]
-    assert writer.batch_set_v1(first, indices(pool, range(pages))) == [True] * pages  # makes the pool
-    writer.settle()
+    writer, first = stored_and_settled(mounted.path, pool, "link", pages)
     link = tmp_path / "link-to-mount"
     link.symlink_to(mounted.path)
     reader = make_fs(link, MHAHostPool(pages=pages))
@@ -983,9 +987,7 @@ def test_a_clear_through_one_client_waits_for_another_clients_commits_to_the_mou
     pages = 4
     pool = MHAHostPool(pages=2 * pages)
     names = [key("clear", i) for i in range(2 * pages)]
-    writer = make_fs(mounted.path, pool)
-    assert writer.batch_set_v1(names[:pages], indices(pool, range(pages))) == [True] * pages
-    writer.settle()
+    writer, _ = stored_and_settled(mounted.path, pool, "clear", pages)
     released = hold_back_commits(monkeypatch)
     assert writer.batch_set_v1(names[pages:], indices(pool, range(pages, 2 * pages))) == [True] * pages
     other = make_fs(mounted.path, MHAHostPool(pages=pages))  # never wrote: sent no commit
@@ -1008,10 +1010,7 @@ def test_a_client_closes_while_its_mounts_new_daemon_hangs(mount_factory):
     its daemon restarted, and the new one hung, a close that looked for the mount's daemon
     (to wait for its commits) hung on it for good (found by review of d1d8832)."""
     mount = mount_factory("--memory", "64M")
-    pool = MHAHostPool(pages=4)
-    client = make_fs(mount.path, pool)
-    assert client.batch_set_v1([key("hung", i) for i in range(4)], indices(pool, range(4))) == [True] * 4
-    client.settle()
+    client, _ = stored_and_settled(mount.path, MHAHostPool(pages=4), "hung", 4)
     mounting.stop(mount)
     again = mount_factory("--memory", "64M", path=mount.path)
     os.kill(again.pid, signal.SIGSTOP)

@@ -32,6 +32,19 @@ def faulty_tier(make_tier, root, **options):
     return make_tier(root, device=device, **options), device
 
 
+def _one_page_kept_one_gone(make_tier, root):
+    """A tier that counts two pages after its first sweep (it sweeps no more), and whose second
+    page's file was removed unannounced (a journal lost): the tier, its device, the page kept
+    (with its bytes) and the page gone."""
+    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)
+    (kept, kept_data), (gone, gone_data) = make_page(1), make_page(2)
+    tier.write(kept, kept_data)
+    tier.write(gone, gone_data)
+    wait_until(lambda: tier.statistics().sweep.sweep_cycles >= 1)
+    os.unlink(Layout(root).page_path(place(gone.name)))
+    return tier, device, (kept, kept_data), gone
+
+
 def page_files(root):
     return sorted(name for _, _, names in os.walk(root) for name in names if not name.startswith("hicachefs"))
 
@@ -90,13 +103,7 @@ def test_a_page_a_read_found_gone_stays_counted_until_looked_at_again_past_the_e
     the page, and answer absent until its next sweep (a minute) while the volume held the new
     version. A read that finds a page gone misses and keeps it counted; looked at again once the
     entry cache has expired, a page still there stays counted, one really gone is forgotten."""
-    root = tmp_path / "shared"
-    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)  # no sweep after the first
-    (kept, kept_data), (gone, gone_data) = make_page(1), make_page(2)
-    tier.write(kept, kept_data)
-    tier.write(gone, gone_data)
-    wait_until(lambda: tier.statistics().sweep.sweep_cycles >= 1)
-    os.unlink(Layout(root).page_path(place(gone.name)))  # removed unannounced (a journal lost)
+    tier, device, (kept, kept_data), gone = _one_page_kept_one_gone(make_tier, tmp_path / "shared")
     device.inject(Fault("open", errno=errno.ENOENT, count=1))  # a stale entry for the page kept
     assert tier.find(kept.name) is None and tier.find(gone.name) is None
     assert tier.contains_many([kept.name, gone.name]) == [True, True]
@@ -157,13 +164,7 @@ def test_a_page_gone_is_forgotten_on_a_volume_whose_stats_take_most_of_a_deadlin
     deadline: with stats of 0.3 s against 0.5 s the look timed out, the tier went unavailable
     (every page a miss), came back, and the same name, first in line, did it again, for good
     (found by review: unavailable 30 % of the time, the gone page never forgotten)."""
-    root = tmp_path / "shared"
-    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)  # no sweep after the first
-    (kept, kept_data), (gone, gone_data) = make_page(1), make_page(2)
-    tier.write(kept, kept_data)
-    tier.write(gone, gone_data)
-    wait_until(lambda: tier.statistics().sweep.sweep_cycles >= 1)
-    os.unlink(Layout(root).page_path(place(gone.name)))  # removed unannounced (a journal lost)
+    tier, device, (kept, _), gone = _one_page_kept_one_gone(make_tier, tmp_path / "shared")
     assert tier.find(gone.name) is None
     device.inject(Fault("stat", delay_s=0.6 * FAST["deadline_s"]))
     wait_until(lambda: tier.contains_many([gone.name]) == [False], timeout=10)

@@ -8,17 +8,18 @@ mark, at byte 1024 the sequence number limit: each field set in a sector of its 
 writing one cannot tear another. A start takes the first copy whose checksum holds and writes
 it over a damaged one, so bits flipped in one copy, or a write of either torn, lose nothing (a
 block that cannot be read is refused: both copies lie in it, the page cache reading it whole);
-with both copies damaged the arena is formatted anew (its pages dropped, never served wrong: a bit flipped in
-the file id would make every record foreign). An arena of version 1 (one copy, no checksum) is read
+with both copies damaged the arena is formatted anew (its pages dropped, never served wrong: a
+bit flipped in the file id would make every record foreign). An arena of version 1 (one copy, no checksum) is read
 as it stands, its pages kept, and given the checksum and the second copy. A record is a
 56-byte header, the page name (UTF-8), the payload; records start 64-byte aligned. The header
 holds a magic (live or dead), the file id, a global sequence number, the payload length and
 xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
 that a delete can flip the magic in place and the region stays walkable). Opening takes an
 empty file or one with the magic at the start of either copy of the superblock, or of both
-with 2 bits flipped at most each, one holding a superblock's other fields (reinitialised if its size or version differs, if neither
-copy holds, or if its regions are too small for the largest record), and refuses
-any other, unchanged (``check_ours``): the magic is what says the bytes are ours to drop.
+with 2 bits flipped at most each, one holding a superblock's other fields (reinitialised if its
+size or version differs, if neither copy holds, or if its regions are too small for the largest
+record), and refuses any other, unchanged (``check_ours``): the magic is what says the bytes
+are ours to drop.
 
 Recovery needs no other database: regions are sorted by the sequence number of their first
 record and walked; a region's walk ends where no record follows: at a header that does not
@@ -31,8 +32,9 @@ page, the bytes logged once for the region. So a torn last record, after which n
 lies, ends the walk quietly, and a damaged one loses its page alone. A region whose first
 header is damaged is dropped, counted and logged: the records after it cannot be told from
 those of its previous use (which the erased first header keeps any scan from walking), as no
-other region's numbers bound them once the ring has passed over a region. Live records whose payload checks are
-reported; the others are counted as corrupt. The walk's rule needs every new record numbered
+other region's numbers bound them once the ring has passed over a region; but for the record a
+crash cut short, the first of a region, which is quiet as a torn last record is. Live records
+whose payload checks are reported; the others are counted as corrupt. The walk's rule needs every new record numbered
 above every record in the file, also those no scan could walk (a region dropped so): writing
 keeps a limit above the numbers it hands out in the superblock, raised durably a million at a
 time, and a scan numbers new records from there.
@@ -512,11 +514,11 @@ class RegionLog:
         view.release()
         self._report_damaged(damaged, newest, on_corrupt)
         # A region skipped (its first header damaged, or unreadable): its records may carry any
-        # sequence number written so far. New records start above them
-        # all, so that no later scan walks on from a new record into one of them (taking it for
-        # newer than what replaced it): above the limit that writing keeps ahead of itself in the
-        # superblock, and (for an arena written before it was kept) above the last one walked by
-        # as many as the arena holds.
+        # sequence number written so far. New records start above them all, so that no later
+        # scan walks on from a new record into one of them (taking it for newer than what
+        # replaced it): above the limit that writing keeps ahead of itself in the superblock,
+        # and (for an arena written before it was kept) above the last one walked by as many as
+        # the arena holds.
         self.next_seq = max(self.next_seq + self.regions * (self.region_bytes // HEADER.size), self._seq_limit)
 
     def _firsts(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
