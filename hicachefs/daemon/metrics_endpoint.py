@@ -15,6 +15,13 @@ take its place: held that way, 20 idle connections made every scrape answer 503 
 whoever made them. At most ``SERVERS + WAITING`` whole requests are held for the server threads;
 one more is answered 503 at once.
 
+An answered connection (a 503 too) is shut for writing and waited on by the accept thread,
+which drops what the client still sends and closes it once the client has closed, or its time
+is up: closed at once, with bytes unread or still coming (a pipelined second request), the
+kernel resets it, and the client loses the end of its answer. No thread waits on a client that
+never closes: ``LINGERING`` such connections are held, past them the one answered longest ago
+is closed.
+
 The daemon's counters (the request and error counters, the namespace's files being written)
 belong to the trio thread and are changed between awaits without a lock, so a scrape never
 reads them from its own thread: it asks the trio loop to evaluate the statistics
@@ -66,6 +73,12 @@ PER_ADDRESS = 4
 #: From its accept to the last byte of the answer: Prometheus's default scrape timeout, after
 #: which it has given up on the scrape anyway.
 CONNECTION_TIMEOUT_S = 10.0
+#: Answered connections whose client has not closed yet (each a socket, no thread or buffer):
+#: past these, the one answered longest ago is closed.
+LINGERING = 64
+#: What the accept thread reads and drops from an answered connection before closing it anyway
+#: (a pipelined request or two).
+LINGER_BYTES = 65536
 #: The request line and headers; a scrape sends a few hundred bytes.
 MAX_REQUEST_HEAD = 8192
 #: Connections the kernel holds for the accept thread, which accepts (or refuses) them at once.
@@ -95,6 +108,7 @@ class MetricsEndpoint:
         self._last: bytes | None = None  # the last evaluation, rendered
         self._fresh_until = 0.0  # time.monotonic() until which ``_last`` is the answer
         self._slots = threading.BoundedSemaphore(SERVERS + WAITING)
+        self._incoming = _Incoming(self._listener)
         self._held: queue.SimpleQueue[tuple[socket.socket, bytes, float] | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._accept, name="metrics-accept", daemon=True)]
         self._threads += [threading.Thread(target=self._serve, name=f"metrics-{i}", daemon=True) for i in range(SERVERS)]
@@ -134,7 +148,7 @@ class MetricsEndpoint:
     def _accept(self) -> None:
         """Accept connections and read their requests until ``close``; each whole request goes
         to the server threads, or is answered 503 when ``SERVERS + WAITING`` are held."""
-        incoming = _Incoming(self._listener)
+        incoming = self._incoming
         try:
             while not self._closing:
                 for connection in incoming.wait():
@@ -144,7 +158,7 @@ class MetricsEndpoint:
                         if self._slots.acquire(blocking=False):
                             self._held.put(whole)
                         else:
-                            _refuse(connection)
+                            incoming.refuse(connection, whole[2])
         finally:
             incoming.close()
 
@@ -162,10 +176,12 @@ class MetricsEndpoint:
             connection, head, until = held
             try:
                 self._answer(connection, head, until)
+                connection.shutdown(socket.SHUT_WR)  # the client reads to the end of the answer
             except OSError:
-                pass  # timed out, reset or gone: the client's loss, nothing to tell
+                connection.close()  # timed out, reset or gone: the client's loss, nothing to tell
+            else:
+                self._incoming.linger(connection, until)
             finally:
-                connection.close()
                 self._slots.release()
 
     def _answer(self, connection: socket.socket, head: bytes, until: float) -> None:
@@ -197,28 +213,95 @@ class MetricsEndpoint:
 
 
 class _Incoming:
-    """The connections whose request is still coming, oldest first, and the selector that waits
-    for their bytes and for new connections: the accept thread's alone."""
+    """The connections whose request is still coming, oldest first, those answered whose client
+    has not closed yet, and the selector that waits for their bytes and for new connections:
+    the accept thread's alone, but for ``linger``."""
 
     def __init__(self, listener: socket.socket) -> None:
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ, None)
         self._held: dict[socket.socket, tuple[str, float, bytearray]] = {}  # address, until, bytes so far
         self._by_address: dict[str, int] = {}
+        self._lingering: dict[socket.socket, tuple[float, int]] = {}  # until, bytes dropped; answered first first
+        self._answered: queue.SimpleQueue[tuple[socket.socket, float]] = queue.SimpleQueue()
+        self._wake, self._waker = socket.socketpair()  # a server thread wakes the selector with a byte
+        self._wake.setblocking(False)
+        self._waker.setblocking(False)
+        self._selector.register(self._wake, selectors.EVENT_READ, self._wake)
 
     def wait(self) -> list[socket.socket | None]:
-        """The connections with bytes to read (None: a new connection to accept), once there
-        are any; those whose time is up are cut off meanwhile, without an answer."""
+        """The connections with a request's bytes to read (None: a new connection to accept),
+        once there are any; meanwhile those whose time is up are cut off (without an answer if
+        their request has not come), and the answered ones' bytes are dropped."""
         while True:
             now = time.monotonic()
             for connection, (_, until, _) in list(self._held.items()):
                 if until > now:
                     break
                 self._drop(connection)
-            first = next(iter(self._held.values()), None)
-            ready = self._selector.select(None if first is None else first[1] - now)
-            if ready:
-                return [key.data for key, _ in ready]
+            for connection in [c for c, (until, _) in self._lingering.items() if until <= now]:
+                self._end(connection)
+            ready = [key.data for key, _ in self._selector.select(self._timeout(now))]
+            for connection in ready:
+                if connection is self._wake:
+                    self._take_answered()
+                elif connection in self._lingering:
+                    self._drain(connection)
+            if ready := [connection for connection in ready if connection is None or connection in self._held]:
+                return ready
+
+    def _timeout(self, now: float) -> float | None:
+        """Until the first connection's time is up, held or lingering; None: none is held."""
+        deadlines = [until for until, _ in self._lingering.values()]
+        if first := next(iter(self._held.values()), None):
+            deadlines.append(first[1])
+        return min(deadlines) - now if deadlines else None
+
+    def linger(self, connection: socket.socket, until: float) -> None:
+        """From any thread: ``connection``, answered, its write side shut, is closed once its
+        client has closed too, or its time (``until``) is up; what the client sends meanwhile
+        is read and dropped. Closed at once, with bytes unread or still coming (a pipelined
+        request), the kernel would reset it, and the client lose what of the answer it had not
+        received. No thread waits on the client: the accept thread's selector does."""
+        self._answered.put((connection, until))
+        with contextlib.suppress(OSError):  # full: a wake is due anyway; closed: the endpoint is
+            self._waker.send(b"\0")
+
+    def _take_answered(self) -> None:
+        """Wait on the answered connections handed over, closing the one answered longest ago
+        when ``LINGERING`` are waited on."""
+        with contextlib.suppress(OSError):
+            self._wake.recv(4096)  # before taking them: a connection handed over later wakes again
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._wait_on(*self._answered.get_nowait())
+
+    def _wait_on(self, connection: socket.socket, until: float) -> None:
+        if len(self._lingering) >= LINGERING:
+            self._end(next(iter(self._lingering)))
+        connection.setblocking(False)
+        self._lingering[connection] = (until, 0)
+        self._selector.register(connection, selectors.EVENT_READ, connection)
+
+    def _drain(self, connection: socket.socket) -> None:
+        """Drop what an answered client sent; close once it has closed, or sent more than
+        ``LINGER_BYTES``."""
+        until, dropped = self._lingering[connection]
+        try:
+            dropped += len(chunk := connection.recv(LINGER_BYTES))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk or dropped > LINGER_BYTES:
+            self._end(connection)
+        else:
+            self._lingering[connection] = (until, dropped)
+
+    def _end(self, connection: socket.socket) -> None:
+        self._selector.unregister(connection)
+        del self._lingering[connection]
+        connection.close()
 
     def add(self, connection: socket.socket, address: str) -> None:
         """Hold ``connection`` until its request is whole, taking the place of the one held
@@ -260,9 +343,17 @@ class _Incoming:
 
     def _let_go(self, address: str) -> None:
         """Answer 503 to the connection held longest from ``address``, and close it."""
-        oldest = next(c for c, (held_from, _, _) in self._held.items() if held_from == address)
+        oldest, until = next((c, until) for c, (held_from, until, _) in self._held.items() if held_from == address)
         self._forget(oldest)
-        _refuse(oldest)
+        self.refuse(oldest, until)
+
+    def refuse(self, connection: socket.socket, until: float) -> None:
+        """Answer 503 without waiting for the client (it has a socket buffer's room), and
+        close as an answered connection is (``linger``)."""
+        with contextlib.suppress(OSError):
+            connection.send(_BUSY)
+            connection.shutdown(socket.SHUT_WR)
+        self._wait_on(connection, until)
 
     def _drop(self, connection: socket.socket) -> None:
         self._forget(connection)
@@ -280,7 +371,12 @@ class _Incoming:
     def close(self) -> None:
         for connection in list(self._held):
             self._drop(connection)
+        self._take_answered()
+        for connection in list(self._lingering):
+            self._end(connection)
         self._selector.close()
+        self._wake.close()
+        self._waker.close()
 
 
 def _response(status: str, body: bytes, extra: tuple[str, ...] = (), content_type: str = "text/plain; charset=utf-8",
@@ -292,11 +388,3 @@ def _response(status: str, body: bytes, extra: tuple[str, ...] = (), content_typ
 
 _BUSY = _response("503 Service Unavailable", b"busy: too many connections to the metrics endpoint\n",
                   (f"Retry-After: {CONNECTION_TIMEOUT_S:.0f}",))
-
-
-def _refuse(connection: socket.socket) -> None:
-    """Answer 503 without waiting for the client (it has a socket buffer's room), and close."""
-    connection.setblocking(False)
-    with contextlib.suppress(OSError):
-        connection.send(_BUSY)
-    connection.close()
