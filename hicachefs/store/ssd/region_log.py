@@ -12,7 +12,8 @@ with both copies damaged the arena is formatted anew (its pages dropped, never s
 bit flipped in the file id would make every record foreign). An arena of version 1 (one copy, no checksum) is read
 as it stands, its pages kept, and given the checksum and the second copy. A record is a
 56-byte header, the page name (UTF-8), the payload; records start 64-byte aligned. The header
-holds a magic (live or dead), the file id, a global sequence number, the payload length and
+holds a magic (live, or dead: the live one with every bit flipped, or ``HCd1`` as written
+before), the file id, a global sequence number, the payload length and
 xxh3_64, the publish time, and an xxh32 over the header fields and the name (not the magic, so
 that a delete can flip the magic in place and the region stays walkable). Opening takes an
 empty file or one with the magic at the start of either copy of the superblock, or of both
@@ -97,8 +98,14 @@ _LIMIT_STEP = 1 << 20
 
 HEADER = struct.Struct("<4sHHQQQQqI4x")  # magic, name len, reserved, file id, seq, size, checksum, mtime, hcheck
 LIVE = b"HCr1"
-DEAD = b"HCd1"
-_LIVE_WORD, _DEAD_WORD = (int.from_bytes(magic, "little") for magic in (LIVE, DEAD))
+#: A removed record's magic: the live one with every bit flipped, so that no few bits flipped in
+#: it (a bad sector, a torn write) make it live again: ``HCd1``, written before, is 3 bits from
+#: ``LIVE`` (found by review: a removed page came back). Read as dead still: an arena written
+#: before holds it.
+DEAD = bytes(byte ^ 0xFF for byte in LIVE)
+_OLD_DEAD = b"HCd1"
+_MAGICS = (LIVE, DEAD, _OLD_DEAD)
+_MAGIC_WORDS = np.array([int.from_bytes(magic, "little") for magic in _MAGICS], np.uint32)
 _ALIGN = 64
 #: Candidate records the scan looks at in one step past a damaged header (``_next_record``).
 _CANDIDATES = 256
@@ -586,7 +593,7 @@ class RegionLog:
         if file_id == self.file_id:
             return True
         whole = _header_check(head[: HEADER.size], head[HEADER.size : HEADER.size + name_len]) == hcheck
-        return magic in (LIVE, DEAD) and not whole  # (whole: a record of an earlier file)
+        return magic in _MAGICS and not whole  # (whole: a record of an earlier file)
 
     def _unreadable(self, region: int, exc: OSError) -> None:
         """A region the scan cannot read (a bad block): its pages are lost, not the start."""
@@ -615,7 +622,7 @@ class RegionLog:
         rows = (got - start) // _ALIGN
         words = np.frombuffer(buf, np.uint64, rows * _ALIGN // 8, start).reshape(rows, _ALIGN // 8)
         magics = np.frombuffer(buf, np.uint32, rows * _ALIGN // 4, start)[:: _ALIGN // 4]
-        ours = (magics == _LIVE_WORD) | (magics == _DEAD_WORD)
+        ours = np.isin(magics, _MAGIC_WORDS)
         ours &= words[:, 1] == np.uint64(self.file_id)
         at = np.flatnonzero(ours)
         return start + at * _ALIGN, words[at, 2]
@@ -644,7 +651,7 @@ class RegionLog:
         if len(header) < HEADER.size:
             return None
         magic, name_len, _, file_id, seq, size, checksum, mtime, _ = HEADER.unpack_from(header)
-        if magic not in (LIVE, DEAD) or file_id != self.file_id or seq <= prev_seq:
+        if magic not in _MAGICS or file_id != self.file_id or seq <= prev_seq:
             return None
         if record_length(name_len, size) > self.region_bytes:
             return None
