@@ -34,7 +34,11 @@ lies, ends the walk quietly, and a damaged one loses its page alone. A region wh
 header is damaged is dropped, counted and logged: the records after it cannot be told from
 those of its previous use (which the erased first header keeps any scan from walking), as no
 other region's numbers bound them once the ring has passed over a region; but for the record a
-crash cut short, the first of a region, which is quiet as a torn last record is. Live records
+crash cut short, the first of a region, which is quiet as a torn last record is. A region
+whose first sector reads as zeros (a reclaim erases the header alone) and that writing reached
+is damage too: walked past the zeros from a record numbered above the first of the region
+before it, when that region shows it was written after this one's previous use, else dropped,
+counted and logged (``_zeroed``). Live records
 whose payload checks are reported; the others are counted as corrupt. The walk's rule needs every new record numbered
 above every record in the file, also those no scan could walk (a region dropped so): writing
 keeps a limit above the numbers it hands out in the superblock, raised durably a million at a
@@ -107,6 +111,7 @@ _OLD_DEAD = b"HCd1"
 _MAGICS = (LIVE, DEAD, _OLD_DEAD)
 _MAGIC_WORDS = np.array([int.from_bytes(magic, "little") for magic in _MAGICS], np.uint32)
 _ALIGN = 64
+_SECTOR = 512
 #: Candidate records the scan looks at in one step past a damaged header (``_next_record``).
 _CANDIDATES = 256
 
@@ -471,7 +476,7 @@ class RegionLog:
         after the newest one. ``on_corrupt`` is called per live record that fails its checksum,
         and per span skipped past a damaged header (a page lost at least);
         ``progress(scanned_bytes, total_bytes, records_found)`` after each region."""
-        firsts, damaged = self._firsts()
+        firsts, damaged, floors = self._firsts()
         newest = 0  # the sequence number of the newest record walked
         total, done, found = len(firsts) * self.region_bytes, 0, 0
         buf = bytearray(self.region_bytes)
@@ -484,7 +489,7 @@ class RegionLog:
                 self._unreadable(region, exc)
                 got = 0  # written over in its turn, as a region whose first header is damaged
             ours = None  # where this file's records lie in the region past the first damage
-            pos, seq, skipped = 0, 0, 0
+            pos, seq, skipped = 0, floors.get(region, 0), 0
             while pos + HEADER.size <= got:
                 parsed = self._checked_header(view, pos, seq, got)
                 if parsed is None or pos + record_length(parsed[1], parsed[2]) > got:
@@ -528,14 +533,16 @@ class RegionLog:
         # the arena holds.
         self.next_seq = max(self.next_seq + self.regions * (self.region_bytes // HEADER.size), self._seq_limit)
 
-    def _firsts(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    def _firsts(self) -> tuple[list[tuple[int, int]], list[tuple[int, int | None]], dict[int, int]]:
         """(sequence number, region) of each region whose first record checks, oldest first; and
         (region, the sequence number its header says) of each whose first header is damaged
         (``_damaged_ours``). These are dropped: the records after such a header cannot be told
         from those of the region's previous use, which its reclaim let go of (their later
         removals and replaces never marked them), as no other region's numbers bound them once
-        the ring passed over one (found by review: a removed page came back)."""
-        firsts, damaged = [], []
+        the ring passed over one (found by review: a removed page came back). A region whose
+        first sector reads as zeros is one of those (``_zeroed``) when it held records; or is
+        walked from its first record numbered above a bound, given in the third value."""
+        firsts, damaged, zeroed = [], [], []
         for region in range(self.regions):
             try:
                 head = self._head_of(region)
@@ -545,19 +552,73 @@ class RegionLog:
             parsed = self._checked_header(head, 0, 0, len(head))
             if parsed is not None:
                 firsts.append((parsed[3], region))
+            elif not head[:_SECTOR].strip(b"\0"):
+                zeroed.append(region)
             elif self._damaged_ours(head):
                 damaged.append((region, HEADER.unpack_from(head)[4]))
+        floors = {}
+        known = {region: seq for seq, region in firsts}
+        for region in zeroed:
+            if not self._reached(region, known):
+                continue  # never written: nothing to read through
+            held, walk = self._zeroed(region, known)
+            if walk is not None:
+                firsts.append((walk[0], region))
+                floors[region] = walk[1]
+            elif held:
+                damaged.append((region, None))
         firsts.sort()
-        return firsts, damaged
+        return firsts, damaged, floors
 
-    def _report_damaged(self, damaged: list[tuple[int, int]], newest: int, on_corrupt: Callable[[], None]) -> None:
+    def _reached(self, region: int, known: dict[int, int]) -> bool:
+        """Whether writing has reached ``region`` (``known``: the first sequence number of each
+        region whose first record checks): the ring's first round goes through the regions in
+        order from region 0, so one before a region holding records was reached, and every one
+        is once the ring has come round (a region's first record numbered below that of one
+        before it). A region not reached is not read: a new arena is zeros."""
+        firsts = [known[region] for region in sorted(known)]
+        return any(later < earlier for earlier, later in zip(firsts, firsts[1:])) or \
+            any(other > region for other in known)
+
+    def _zeroed(self, region: int, known: dict[int, int]) -> tuple[bool, tuple[int, int] | None]:
+        """A region writing reached whose first sector reads as zeros, which neither a reclaim
+        (it erases the header, the name after it stays) nor a write of ours leaves: damage (a
+        bad sector read back as zeros), taken for a region never written (found by review: its
+        pages vanished, nothing counted or logged). Whether it holds a record of this file (if
+        not, it was never written: passed over on the ring's first round), and, when it can be
+        walked, the sequence number of its first record past the zeros and the bound it is
+        numbered above: the first of the region before it, written after this region's previous
+        use, unless the ring passed over that one (a bad block) on its way to this region: its
+        first is then numbered below that of the region before it in turn, which the ring had
+        just written. Else (this region the oldest, or no such bound) its records cannot be told
+        from those of its previous use."""
+        buf = bytearray(self.region_bytes)
+        try:
+            got = self.device.preadv([buf], self.region_start(region))
+        except OSError as exc:
+            self._unreadable(region, exc)
+            return False, None
+        with memoryview(buf) as view:
+            ours = self._records_of_ours(buf, 0, got)
+            if self._next_record(view, ours, 0, 0, got) < 0:
+                return False, None
+            before, second = (region - 1) % self.regions, (region - 2) % self.regions
+            if before in known and second in known and known[before] > known[second]:
+                at = self._next_record(view, ours, 0, known[before], got)
+                if at >= 0:
+                    return True, (HEADER.unpack_from(buf, at)[4], known[before])
+        return True, None
+
+    def _report_damaged(self, damaged: list[tuple[int, int | None]], newest: int,
+                        on_corrupt: Callable[[], None]) -> None:
         """Count and log the regions dropped for a damaged first header, but for the record a
         crash cut short: the last one written, its header whole (one sector), so numbered
         ``newest`` + 1 (the newest record walked), with no record behind it numbered above
         ``newest`` (found by review: a torn record was logged as damage; a number read from a
         damaged header is trusted no further, so that bits flipped in it do not make damage
         pass for a torn record). The first record written after a start, numbered from the
-        limit, torn, is logged as damage: a line too many, nothing lost."""
+        limit, torn, is logged as damage: a line too many, nothing lost. A first sector read as
+        zeros (no number: ``_zeroed``) is damage."""
         for region, seq in damaged:
             if seq == newest + 1 and not self._newer_in(region, newest):
                 continue
