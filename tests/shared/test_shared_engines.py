@@ -1,6 +1,7 @@
 """The shared tier on each real engine (``engine``: GlusterFS, then JuiceFS), as two hosts (its
 two mounts) see it: pages cross hosts byte-exact within 2 s, damaged and truncated files are
-caught, two hosts writing one key at once never leave a mixed page, a page one host replaced stays found on
+caught, two hosts writing one key at once never leave a mixed page (and count the bytes of the file that
+landed last), a page one host replaced stays found on
 the other, the size bound holds with two evictors,
 and an engine that stops or freezes under a host leaves its answers fast misses until it is back."""
 
@@ -16,6 +17,7 @@ from shared_helpers import FAST
 from shared_helpers import KiB, make_page, read_page, wait_for_sweeps
 
 from hicachefs.store.shared import format as page_format
+from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import Layout, place
 from hicachefs.store.pages import PageMeta
 from hicachefs.store.tier import ReadResult
@@ -188,3 +190,29 @@ def test_a_frozen_engine_never_holds_a_caller_past_its_deadline(make_tier, engin
         assert b.statistics().guard.io_threads_busy <= 4
     wait_until(lambda: b.statistics().guard.available, timeout=30)
     assert [read_page(b, name) for name in names] == [data for _, data in pages]
+
+
+class _SlowJournal(DirectoryDevice):
+    """Its journal's appends (the only ``write``) take 0.1 s: its announcements reach the volume
+    well after the page file they announce."""
+
+    def write(self, data, fd):
+        time.sleep(0.1)
+        return super().write(data, fd)
+
+
+def test_two_hosts_writing_one_key_at_two_sizes_count_the_bytes_its_file_holds(make_tier, engine_root):
+    """A writes a key at one size, B at another just after, before A's announcement reached B:
+    B counted A's size, which the volume no longer held, until its next sweep (found by review).
+    Both hosts count the bytes the file holds once the engines' entry caches have expired."""
+    root_a, root_b = engine_root
+    no_sweeps = dict(ON_ENGINE, sweep_interval_s=600)
+    a, b = make_tier(root_a, device=_SlowJournal(), **no_sweeps), make_tier(root_b, **no_sweeps)
+    wait_until(lambda: min(a.statistics().sweep.sweep_cycles, b.statistics().sweep.sweep_cycles) >= 1, VISIBLE_S)
+    name = make_page(0)[0].name
+    small, large = version(name, make_page(1, 4 * KiB)[1]), version(name, make_page(2, 64 * KiB)[1])
+    a.write(*small)
+    b.write(*large)  # lands last
+    on_volume = os.path.getsize(Layout(root_b).page_path(place(name)))
+    wait_until(lambda: a.statistics().journal_received == b.statistics().journal_received == 1, VISIBLE_S)
+    wait_until(lambda: a.used_bytes == b.used_bytes == on_volume, timeout=5)  # long before a sweep (600 s)

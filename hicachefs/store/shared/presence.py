@@ -55,6 +55,9 @@ class _Directory:
         index = int(np.searchsorted(self.hashes, np.uint64(hashed)))
         return index < len(self.hashes) and int(self.hashes[index]) == hashed
 
+    def size_of(self, hashed: int) -> int | None:
+        return self.sizes.get(hashed, self.usual) if self.has(hashed) else None
+
     def update(self, present: bool, hashed: int, size: int) -> None:
         """A page appeared (again, maybe at another size: its new size counts) or went (what
         was counted for it goes, whatever ``size`` says)."""
@@ -112,6 +115,12 @@ class PresenceIndex:
         with self._lock:
             entry = self._directories.get(directory)
             return entry is not None and entry.has(hashed)
+
+    def size_of(self, directory: str, hashed: int) -> int | None:
+        """The bytes counted for the page; None when it is not counted."""
+        with self._lock:
+            entry = self._directories.get(directory)
+            return entry.size_of(hashed) if entry is not None else None
 
     def update(self, directory: str, hashed: int, size: int, present: bool) -> None:
         """A page appeared (``present``, of ``size`` bytes) or went away (what was counted for

@@ -67,6 +67,9 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 REMOVED_REMEMBERED = 100_000
 #: Pages a read found gone that wait to be looked at again (``_vanished``); past that, forgotten at once.
 VANISHED_REMEMBERED = 1024
+#: Pages announced at another size than counted that wait for a look at their file's size
+#: (``_resized``); past that, their announced size counts until the next sweep.
+RESIZED_REMEMBERED = 1024
 #: The longest a page a read found gone is still counted, whatever the engine's entry cache.
 VANISHED_KEPT_MAX_S = 5.0
 #: The time a tick may spend on each of its backlogs (names found gone looked at again, one stat
@@ -234,6 +237,11 @@ class SharedTier(Tier):
         # engine may have answered from an entry it cached before another host replaced the file,
         # so each is looked at again once that cache expired (``_look_again``).
         self._vanished: collections.OrderedDict[str, float] = collections.OrderedDict()  # under _lock
+        # Pages another host announced at another size than counted here, with when: this
+        # host's own write of the name may have landed after the announced one (its file holds
+        # the size counted), so each file's size is looked at once the entry cache expired
+        # (``_look_at_sizes``).
+        self._resized: collections.OrderedDict[str, float] = collections.OrderedDict()  # under _lock
         self._entry_cache_s = engine_checks.MAX_CACHE_S  # the engine's, where it can be read
         self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s,
                                          lost=self._lost, removed=self._removed_while_written)
@@ -668,6 +676,7 @@ class SharedTier(Tier):
                 # Counted under the lock a look at a name found gone forgets it under, and no
                 # longer waiting for that look (found by review: a write during it was undone).
                 self._vanished.pop(page.name, None)
+                self._resized.pop(page.name, None)  # landed after any version announced before
                 self._presence.update(where.directory, where.key_hash, stored, True)
         self._count(bytes_in=page.size)
         if replaced:  # neither counted nor announced: the check of the later version removes it
@@ -1032,6 +1041,8 @@ class SharedTier(Tier):
                     self._check_unwritten()
                 if self._vanished:
                     self._look_again(now)
+                if self._resized:
+                    self._look_at_sizes(now)
                 if now - self._fs_checked >= 5.0:
                     self._fs_checked = now
                     self._guarded(self._refresh_free_space)
@@ -1077,7 +1088,7 @@ class SharedTier(Tier):
             if announcement.present and (announcement.name in removed or self._removed_lately(announcement.name)):
                 continue  # written before a removal (the sweep finds a later rewrite)
             where = place(announcement.name)
-            self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
+            self._count_announced(announcement, where)
             self._found_again(announcement.name, where)
             if not announcement.present:
                 self._forget_recent(announcement.name)
@@ -1086,6 +1097,57 @@ class SharedTier(Tier):
                     self._foreign.pop(announcement.name, None)  # rewritten: maybe in this version now
             if self._events is not None:
                 self._events.changed(announcement.name)
+
+    def _count_announced(self, announcement, where: Place) -> None:
+        """Count an announcement. A page announced at another size than counted here: two hosts
+        may have written the name at two sizes at nearly once, and the one whose file landed
+        first be told of it last; counted by the journal's order, its bytes stayed off until the
+        next sweep (found by review). Its file is looked at (``_look_at_sizes``); until then the
+        announced size counts. Under the lock a write here counts under, so that a write that
+        lands meanwhile is not undone unlooked at."""
+        with self._lock:
+            counted = self._presence.size_of(where.directory, where.key_hash)
+            resized = announcement.present and counted is not None and counted != announcement.size
+            if resized and (announcement.name in self._resized or len(self._resized) < RESIZED_REMEMBERED):
+                self._resized[announcement.name] = time.monotonic()
+                self._resized.move_to_end(announcement.name)
+            else:
+                self._resized.pop(announcement.name, None)
+            self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
+
+    def _look_at_sizes(self, now: float) -> None:
+        """Count the bytes the files of the pages in ``_resized`` hold, once the engine's entry
+        cache has expired since their announcement (a stat sooner may meet the entry of the file
+        the announced one replaced), for ``BACKLOG_BUDGET_S`` a tick (one stat at least). A name
+        written or announced again meanwhile is left to that; one gone is left to its removal's
+        announcement or the sweep; one whose stat failed waits its turn again."""
+        with self._lock:
+            due = list(itertools.takewhile(lambda item: now - item[1] >= self._entry_cache_s, self._resized.items()))
+        end = time.monotonic() + BACKLOG_BUDGET_S
+        for name, announced in due:
+            where = place(name)
+            size = self._guarded(self._file_size, self._layout.page_path(where))
+            with self._lock:
+                if self._resized.get(name) != announced:
+                    continue
+                if size is None:  # the filesystem failed: again later
+                    self._resized[name] = time.monotonic()
+                    self._resized.move_to_end(name)
+                    return
+                del self._resized[name]
+                if size >= 0 and self._presence.contains(where.directory, where.key_hash):
+                    self._presence.update(where.directory, where.key_hash, size, True)
+            if time.monotonic() >= end:
+                return
+
+    def _file_size(self, path: str) -> int:
+        """The bytes of the file at ``path``; -1 where there is none."""
+        try:
+            return self._device.stat(path).st_size
+        except OSError as error:
+            if error.errno in GONE:
+                return -1
+            raise
 
     def _close_stale(self, now: float) -> None:
         with self._lock:
