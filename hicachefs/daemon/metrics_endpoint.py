@@ -19,8 +19,8 @@ An answered connection (a 503 too) is shut for writing and waited on by the acce
 which drops what the client still sends and closes it once the client has closed, or its time
 is up: closed at once, with bytes unread or still coming (a pipelined second request), the
 kernel resets it, and the client loses the end of its answer. No thread waits on a client that
-never closes: ``LINGERING`` such connections are held, past them the one answered longest ago
-is closed.
+never closes: ``LINGERING`` such connections are held, past them one is closed, the one
+answered longest ago whose client has acknowledged its whole answer (else the oldest).
 
 The daemon's counters (the request and error counters, the namespace's files being written)
 belong to the trio thread and are changed between awaits without a lock, so a scrape never
@@ -45,10 +45,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import queue
 import selectors
 import socket
+import struct
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -74,7 +77,7 @@ PER_ADDRESS = 4
 #: which it has given up on the scrape anyway.
 CONNECTION_TIMEOUT_S = 10.0
 #: Answered connections whose client has not closed yet (each a socket, no thread or buffer):
-#: past these, the one answered longest ago is closed.
+#: past these, one is closed (``_first_sent``).
 LINGERING = 64
 #: What the accept thread reads and drops from an answered connection before closing it anyway
 #: (a pipelined request or two).
@@ -247,7 +250,8 @@ class _Incoming:
                     self._take_answered()
                 elif connection in self._lingering:
                     self._drain(connection)
-            if ready := [connection for connection in ready if connection is None or connection in self._held]:
+            ready = [connection for connection in ready if connection is None or connection in self._held]
+            if ready:
                 return ready
 
     def _timeout(self, now: float) -> float | None:
@@ -268,8 +272,8 @@ class _Incoming:
             self._waker.send(b"\0")
 
     def _take_answered(self) -> None:
-        """Wait on the answered connections handed over, closing the one answered longest ago
-        when ``LINGERING`` are waited on."""
+        """Wait on the answered connections handed over, closing one (``_first_sent``) when
+        ``LINGERING`` are waited on."""
         with contextlib.suppress(OSError):
             self._wake.recv(4096)  # before taking them: a connection handed over later wakes again
         with contextlib.suppress(queue.Empty):
@@ -278,7 +282,7 @@ class _Incoming:
 
     def _wait_on(self, connection: socket.socket, until: float) -> None:
         if len(self._lingering) >= LINGERING:
-            self._end(next(iter(self._lingering)))
+            self._end(self._first_sent())
         connection.setblocking(False)
         self._lingering[connection] = (until, 0)
         self._selector.register(connection, selectors.EVENT_READ, connection)
@@ -297,6 +301,13 @@ class _Incoming:
             self._end(connection)
         else:
             self._lingering[connection] = (until, dropped)
+
+    def _first_sent(self) -> socket.socket:
+        """The connection to close to make room: the one answered longest ago whose answer the
+        client has all of, else the oldest. Closed with the end of its answer unsent, the kernel
+        resets it on the client's next bytes (a pipelined request) and the rest is lost: 64
+        clients that kept their connections open did that to a large answer (found by review)."""
+        return next((c for c in self._lingering if _unsent(c) <= 1), next(iter(self._lingering)))
 
     def _end(self, connection: socket.socket) -> None:
         self._selector.unregister(connection)
@@ -377,6 +388,15 @@ class _Incoming:
         self._selector.close()
         self._wake.close()
         self._waker.close()
+
+
+def _unsent(connection: socket.socket) -> int:
+    """What the client has not acknowledged yet of what was sent (SIOCOUTQ): of a connection
+    shut for writing, 1 once the whole answer is (its FIN may wait for a delayed ACK)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(connection.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0  # gone: nothing more to send
 
 
 def _response(status: str, body: bytes, extra: tuple[str, ...] = (), content_type: str = "text/plain; charset=utf-8",
