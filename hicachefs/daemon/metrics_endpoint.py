@@ -206,8 +206,9 @@ class MetricsEndpoint:
     def close(self) -> None:
         self._trio_token = None
         self._closing = True
+        self._incoming.wake()
         with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         for _ in range(SERVERS):
             self._held.put(None)
@@ -227,6 +228,8 @@ class _Incoming:
         self._by_address: dict[str, int] = {}
         self._lingering: dict[socket.socket, tuple[float, int]] = {}  # until, bytes dropped; answered first first
         self._answered: queue.SimpleQueue[tuple[socket.socket, float]] = queue.SimpleQueue()
+        self._closing = threading.Lock()  # a hand-over (``linger``) and ``close`` in turn
+        self._closed = False
         self._wake, self._waker = socket.socketpair()  # a server thread wakes the selector with a byte
         self._wake.setblocking(False)
         self._waker.setblocking(False)
@@ -245,13 +248,14 @@ class _Incoming:
             for connection in [c for c, (until, _) in self._lingering.items() if until <= now]:
                 self._end(connection)
             ready = [key.data for key, _ in self._selector.select(self._timeout(now))]
+            woken = self._wake in ready
             for connection in ready:
                 if connection is self._wake:
                     self._take_answered()
                 elif connection in self._lingering:
                     self._drain(connection)
             ready = [connection for connection in ready if connection is None or connection in self._held]
-            if ready:
+            if ready or woken:  # (woken: the endpoint may be closing)
                 return ready
 
     def _timeout(self, now: float) -> float | None:
@@ -267,7 +271,16 @@ class _Incoming:
         is read and dropped. Closed at once, with bytes unread or still coming (a pipelined
         request), the kernel would reset it, and the client lose what of the answer it had not
         received. No thread waits on the client: the accept thread's selector does."""
-        self._answered.put((connection, until))
+        with self._closing:
+            if self._closed:  # nobody would take it: the endpoint is closing
+                connection.close()
+                return
+            self._answered.put((connection, until))
+        self.wake()
+
+    def wake(self) -> None:
+        """From any thread: have ``wait`` return, with what is ready (a connection handed over,
+        or the endpoint closing, which a closed listener may not wake it for)."""
         with contextlib.suppress(OSError):  # full: a wake is due anyway; closed: the endpoint is
             self._waker.send(b"\0")
 
@@ -382,6 +395,8 @@ class _Incoming:
     def close(self) -> None:
         for connection in list(self._held):
             self._drop(connection)
+        with self._closing:  # a server thread that hands one over from now on closes it itself
+            self._closed = True
         self._take_answered()
         for connection in list(self._lingering):
             self._end(connection)

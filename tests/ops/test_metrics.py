@@ -490,3 +490,28 @@ def test_a_flood_of_refused_connections_does_not_cut_an_answer_still_on_its_way(
                     connection.close()
     assert whole(answer)
 
+
+def open_sockets() -> int:
+    """Sockets this process holds open."""
+    fds = Path("/proc/self/fd")
+    return sum(os.readlink(fd).startswith("socket:") for fd in fds.iterdir() if fd.exists())
+
+
+def test_an_answer_sent_while_the_endpoint_closes_leaves_no_socket_open():
+    """A server thread still sending when the endpoint closed handed its connection to the
+    accept thread after that had ended: the socket was never closed (found by review). It is
+    closed by that thread then, once its answer is sent."""
+    before = open_sockets()
+    with endpoint_over(functools.partial(large_statistics, 100_000)) as address:
+        host, port = address.split(":")
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect((host, int(port)))
+        client.sendall(REQUEST)
+        time.sleep(1.0)  # its server thread is sending the answer (6 MB) when the endpoint closes
+    with client:
+        assert whole(answer_or_close(client, 15))
+    deadline = time.monotonic() + 5
+    while open_sockets() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open_sockets() == before
