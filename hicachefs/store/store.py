@@ -50,8 +50,7 @@ import numpy as np
 from hicachefs.store.budget import BudgetStatistics, RamBudget
 from hicachefs.store.chain import build_chain
 from hicachefs.store.config import StoreConfig
-from hicachefs.store.errors import (DeviceError, PageCorrupt, PageNotFound, PageTooLarge, PrivateReadsFull, StoreError,
-                                    StoreFull)
+from hicachefs.store.errors import DeviceError, PageCorrupt, PageNotFound, PageTooLarge, StoreError, StoreFull
 from hicachefs.store.fetch_ahead import FetchAhead, FetchAheadStatistics
 from hicachefs.store.index import PageColumns, PageIndex
 from hicachefs.store.index_memory import Described
@@ -881,11 +880,7 @@ class PageStore:
 
     def _open_named_counted(self, name: str, ahead: bool, size: int | None, bounded: bool) -> PageReader | None:
         for tier in self._named:
-            if not tier.contains_many([name])[0]:
-                continue
-            if not ahead:
-                self._check_room_known(name, size, bounded)
-            page = tier.find(name, reading=True)
+            page = tier.find(name, reading=True) if tier.contains_many([name])[0] else None
             if page is None:
                 continue
             if size is not None and page.size != size:
@@ -899,7 +894,7 @@ class PageStore:
             if slot is not None:
                 buffer, release = self._ram.view(slot, page.size), self._unpinner(slot)
             else:
-                buffer, release = self._private_buffer(name, page, bounded)
+                buffer, release = self._private.buffer(page.size, bounded)
             try:
                 result = tier.read_into(page, 0, buffer)  # counts its own hits and failures
             except BaseException:
@@ -938,28 +933,6 @@ class PageStore:
         with self._lock:
             self._count_miss()
         raise PageNotFound(name)
-
-    def _check_room_known(self, name: str, size: int | None, bounded: bool) -> None:
-        """``PrivateReadsFull`` before the page's file is opened, when its size is known (asked
-        for, or found lately: a lookup, or a try refused for room), too large for a RAM slot,
-        and private memory has no room for it now: a refused read is made again, and each try
-        opened the file on the volume (and closed it), a round trip or two on a slow one. A
-        page RAM may take is not checked here: making its slot evicts, and the file may be gone."""
-        with self._lock:
-            known = self._found.get(name) if size is None else None
-        size = known.size if known is not None else size
-        if size is not None and not self._ram.fits(b"", size):
-            self._private.check(size, bounded)
-
-    def _private_buffer(self, name: str, page: PageMeta, bounded: bool) -> tuple[memoryview, Callable[[], None]]:
-        """A private copy's buffer for the page found; refused for room, the page's facts are
-        kept, so that the next try asks for its room before it opens the file again."""
-        try:
-            return self._private.buffer(page.size, bounded)
-        except PrivateReadsFull:
-            with self._lock:
-                self._remember(name, page)
-            raise
 
     def _fetch(self, name: str) -> bool:
         """Promote a page from a named tier into RAM ahead of its read (a fetcher thread)."""

@@ -1,16 +1,13 @@
 """The page store with a shared tier, two hosts on one local directory: what the exists query
 finds there is fetched ahead into RAM, and a page removed meanwhile stays removed."""
 
-from collections import Counter
-
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
 from pages import wait_until
 from shared_helpers import KiB, page_name, read_stored
 
-from hicachefs.store import NeedsIO, PageNotFound, PageStore, PrivateReadsFull, StoreConfig
+from hicachefs.store import NeedsIO, PageNotFound, PageStore, StoreConfig
 from hicachefs.store.shared.device import DirectoryDevice
-from hicachefs.store.shared.layout import Layout, place
 from hicachefs_testing.workload import content
 
 MiB = 1024 * KiB
@@ -145,50 +142,6 @@ def test_a_page_staged_past_ram_is_written_behind_too(tmp_path):
         assert a.info(name).tier == "disk"
         wait_until(lambda: b.exists_many([name]) == [True])
         assert read_stored(b, name) == data
-    finally:
-        for reader in readers:
-            reader.close()
-        a.close()
-        b.close()
-
-
-class _Opens(DirectoryDevice):
-    """Counts the opens of each path."""
-
-    def __init__(self) -> None:
-        self.opens: Counter = Counter()
-
-    def open(self, path, flags, mode=0o644):
-        self.opens[path] += 1
-        return super().open(path, flags, mode)
-
-
-def test_a_read_refused_for_private_room_opens_no_page_file_again(tmp_path):
-    """A read refused for room for its reader's own copy is made again once there is: each try
-    opened the page's file on the volume and closed it (a round trip or two on a slow volume,
-    found by review). A try asks for the room first, the page's size known from its lookup (the
-    kernel's, before an open) or from the first try refused."""
-    shared, device = tmp_path / "shared", _Opens()
-    a = PageStore(StoreConfig(memory_bytes=16 * MiB, max_page_size=2 * MiB, shared_dir=shared))
-    # RAM slabs of 1 MiB: B reads pages of 2 MiB into private memory, 4 MiB of it at most.
-    b = PageStore(StoreConfig(memory_bytes=4 * MiB, max_page_size=2 * MiB, shared_dir=shared), shared_device=device)
-    names, readers = [page_name(i) for i in range(4)], []
-    paths = [str(Layout(shared).page_path(place(name))) for name in names]
-    try:
-        for i, name in enumerate(names):
-            a.put(name, content(i, 2 * MiB))
-            wait_until(lambda: written_behind(a))
-        wait_until(lambda: all(isinstance(b.lookup(name), NeedsIO) for name in names))  # no fetch ahead
-        readers = [b.open(name) for name in names[:2]]  # private_reads full
-        looked_up, not_looked_up = names[2:]
-        assert b.find(looked_up).size == 2 * MiB and device.opens[paths[2]] == 1
-        for _ in range(3):
-            for name in names[2:]:
-                with pytest.raises(PrivateReadsFull):
-                    b.open(name)
-        assert device.opens[paths[2]] == 1 and device.opens[paths[3]] == 1  # the first try learned its size
-        readers.pop().close()
-        assert read_stored(b, looked_up) == content(2, 2 * MiB) and device.opens[paths[2]] == 2
     finally:
         for reader in readers:
             reader.close()
