@@ -398,6 +398,67 @@ def test_two_hosts_writing_one_name_at_two_sizes_at_once_count_the_bytes_its_fil
     assert a.statistics().pages == b.statistics().pages == 1
 
 
+class _SlowRenameReply(DirectoryDevice):
+    """Once armed, the next page file's rename is done on the volume at once and its reply comes
+    0.3 s later: the writer counts its write well after its file landed."""
+
+    armed = False
+
+    def rename(self, source, target):
+        super().rename(source, target)
+        if self.armed and f"/{JOURNAL_DIR}" not in target:
+            self.armed = False
+            time.sleep(0.3)
+
+
+def test_a_write_counted_after_another_hosts_announcement_counts_the_file_that_landed_last(tmp_path, make_tier):
+    """A's file lands, then B's; A counts its own write only after B's announcement reached it
+    (a slow rename reply): A took its own write for the last one and counted its size until the
+    next sweep (found by review). An announcement of a name being written here is looked at."""
+    root = tmp_path / "shared"
+    no_sweeps = dict(sweep_interval_s=600.0)  # after the first: what is counted comes from the writes and journals
+    slow = _SlowRenameReply()
+    a, b = make_tier(root, device=slow, **no_sweeps), make_tier(root, **no_sweeps)
+    wait_until(lambda: min(a.statistics().sweep.sweep_cycles, b.statistics().sweep.sweep_cycles) >= 1)
+    (small, small_data), (large, large_data) = make_page(1, size=4 * KiB), make_page(1, size=64 * KiB)
+    path = page_path(root, small.name)
+    slow.armed = True
+    writing = threading.Thread(target=a.write, args=(small, small_data))
+    writing.start()
+    wait_until(lambda: os.path.exists(path), timeout=2)  # A's file landed; its rename's reply has not come
+    b.write(large, large_data)  # lands last
+    writing.join()
+    on_volume = os.path.getsize(path)
+    wait_until(lambda: a.statistics().journal_received == b.statistics().journal_received == 1)
+    wait_until(lambda: a.used_bytes == b.used_bytes == on_volume, timeout=10)  # long before a sweep (600 s)
+
+
+def test_three_hosts_writing_one_name_count_the_file_that_landed_last(tmp_path, make_tier):
+    """B and D write a name at 64 KiB, A at 4 KiB just after, their announcements reaching A
+    late: told of B's (another size than it counted), A waited to look at the file; told of D's
+    (the size it counted now, B's), it looked no more, and counted 64 KiB against the 4 KiB file
+    (found by review). A name waiting for its look waits on, whatever the next announcement."""
+    root = tmp_path / "shared"
+    no_sweeps = dict(sweep_interval_s=600.0)
+    a = make_tier(root, **no_sweeps)
+    b, d = (make_tier(root, device=_SlowJournal(), **no_sweeps) for _ in range(2))
+    wait_until(lambda: min(tier.statistics().sweep.sweep_cycles for tier in (a, b, d)) >= 1)
+    (small, small_data), (large, large_data) = make_page(1, size=4 * KiB), make_page(1, size=64 * KiB)
+    path, writers = page_path(root, large.name), []
+    for tier in (b, d):  # B's file lands, then D's, each announced 0.1 s later
+        landed = os.stat(path).st_ino if os.path.exists(path) else None
+        writers.append(threading.Thread(target=tier.write, args=(large, large_data)))
+        writers[-1].start()
+        wait_until(lambda: os.path.exists(path) and os.stat(path).st_ino != landed, timeout=2)
+    a.write(small, small_data)  # lands last, before A heard of either
+    for writer in writers:
+        writer.join()
+    on_volume = os.path.getsize(path)
+    assert on_volume < 64 * KiB
+    wait_until(lambda: a.statistics().journal_received == 2)
+    wait_until(lambda: a.used_bytes == on_volume, timeout=10)  # long before a sweep (600 s)
+
+
 def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     root = tmp_path / "shared"
     file_size = page_format.header_length(page_name(0)) + 16 * KiB

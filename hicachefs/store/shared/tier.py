@@ -27,6 +27,7 @@ even when the filesystem hangs.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import functools
 import itertools
@@ -37,7 +38,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISDIR
@@ -242,6 +243,9 @@ class SharedTier(Tier):
         # the size counted), so each file's size is looked at once the entry cache expired
         # (``_look_at_sizes``).
         self._resized: collections.OrderedDict[str, float] = collections.OrderedDict()  # under _lock
+        # Names being written here now, how many times: an announcement of one may be of a file
+        # that landed before or after this host's, which only a look tells.
+        self._writing: collections.Counter[str] = collections.Counter()  # under _lock
         self._entry_cache_s = engine_checks.MAX_CACHE_S  # the engine's, where it can be read
         self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s,
                                          lost=self._lost, removed=self._removed_while_written)
@@ -653,7 +657,27 @@ class SharedTier(Tier):
         ``number``: write-behind's offer it is (None: a write made now, later than any offer)."""
         if not self._accepting():
             raise Refused(errno.ENOTCONN, "shared tier not taking writes")
-        where = place(page.name)
+        where, started = place(page.name), time.monotonic()
+        with self._writing_here(page.name):
+            self._write_and_count(page, where, payload, number, started)
+
+    @contextlib.contextmanager
+    def _writing_here(self, name: str) -> Iterator[None]:
+        """``name`` is being written here, until counted (``_count_announced``)."""
+        with self._lock:
+            self._writing[name] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._writing[name] -= 1
+                if not self._writing[name]:
+                    del self._writing[name]
+
+    def _write_and_count(self, page: PageMeta, where: Place, payload: memoryview, number: int | None,
+                         started: float) -> None:
+        """``_write_copy``'s work, begun at ``started``: an announcement of the name applied since
+        keeps it waiting for its look, as the two files may have landed in either order."""
         try:
             self._guard.call(self._write_file, page, where, payload, timeout=4 * self._data_deadline(page.size),
                              expected=_FULL, discard=functools.partial(self._landed_late, page))
@@ -676,7 +700,8 @@ class SharedTier(Tier):
                 # Counted under the lock a look at a name found gone forgets it under, and no
                 # longer waiting for that look (found by review: a write during it was undone).
                 self._vanished.pop(page.name, None)
-                self._resized.pop(page.name, None)  # landed after any version announced before
+                if self._resized.get(page.name, started) < started:  # landed after the version announced
+                    del self._resized[page.name]  # (one announced since may have landed first or last)
                 self._presence.update(where.directory, where.key_hash, stored, True)
         self._count(bytes_in=page.size)
         if replaced:  # neither counted nor announced: the check of the later version removes it
@@ -1103,16 +1128,20 @@ class SharedTier(Tier):
         may have written the name at two sizes at nearly once, and the one whose file landed
         first be told of it last; counted by the journal's order, its bytes stayed off until the
         next sweep (found by review). Its file is looked at (``_look_at_sizes``); until then the
-        announced size counts. Under the lock a write here counts under, so that a write that
-        lands meanwhile is not undone unlooked at."""
+        announced size counts. So is one of a name waiting for that look already (the size
+        counted may be the last announcement's, not the file's), or being written here (which
+        landed last, only a look tells; found by review: both left counts off). Under the lock a
+        write here counts under, so that a write that lands meanwhile is not undone unlooked at."""
+        name = announcement.name
         with self._lock:
             counted = self._presence.size_of(where.directory, where.key_hash)
-            resized = announcement.present and counted is not None and counted != announcement.size
-            if resized and (announcement.name in self._resized or len(self._resized) < RESIZED_REMEMBERED):
-                self._resized[announcement.name] = time.monotonic()
-                self._resized.move_to_end(announcement.name)
-            else:
-                self._resized.pop(announcement.name, None)
+            unsure = announcement.present and (name in self._resized or name in self._writing or (
+                counted is not None and counted != announcement.size))
+            if unsure and (name in self._resized or len(self._resized) < RESIZED_REMEMBERED):
+                self._resized[name] = time.monotonic()
+                self._resized.move_to_end(name)
+            elif not announcement.present:
+                self._resized.pop(name, None)
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
 
     def _look_at_sizes(self, now: float) -> None:
