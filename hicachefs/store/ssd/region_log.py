@@ -35,10 +35,8 @@ header is damaged is dropped, counted and logged: the records after it cannot be
 those of its previous use (which the erased first header keeps any scan from walking), as no
 other region's numbers bound them once the ring has passed over a region; but for the record a
 crash cut short, the first of a region, which is quiet as a torn last record is. A region
-whose first sector reads as zeros (a reclaim erases the header alone) and that writing reached
-is damage too: walked past the zeros from a record numbered above the first of the region
-before it, when that region shows it was written after this one's previous use, else dropped,
-counted and logged (``_zeroed``). Live records
+whose first sector reads as zeros (a reclaim erases the header alone) that writing may have
+reached and that holds records of this file is such damage too (``_zeroed``). Live records
 whose payload checks are reported; the others are counted as corrupt. The walk's rule needs every new record numbered
 above every record in the file, also those no scan could walk (a region dropped so): writing
 keeps a limit above the numbers it hands out in the superblock, raised durably a million at a
@@ -476,7 +474,7 @@ class RegionLog:
         after the newest one. ``on_corrupt`` is called per live record that fails its checksum,
         and per span skipped past a damaged header (a page lost at least);
         ``progress(scanned_bytes, total_bytes, records_found)`` after each region."""
-        firsts, damaged, floors = self._firsts()
+        firsts, damaged = self._firsts()
         newest = 0  # the sequence number of the newest record walked
         total, done, found = len(firsts) * self.region_bytes, 0, 0
         buf = bytearray(self.region_bytes)
@@ -489,7 +487,7 @@ class RegionLog:
                 self._unreadable(region, exc)
                 got = 0  # written over in its turn, as a region whose first header is damaged
             ours = None  # where this file's records lie in the region past the first damage
-            pos, seq, skipped = 0, floors.get(region, 0), 0
+            pos, seq, skipped = 0, 0, 0
             while pos + HEADER.size <= got:
                 parsed = self._checked_header(view, pos, seq, got)
                 if parsed is None or pos + record_length(parsed[1], parsed[2]) > got:
@@ -533,15 +531,15 @@ class RegionLog:
         # the arena holds.
         self.next_seq = max(self.next_seq + self.regions * (self.region_bytes // HEADER.size), self._seq_limit)
 
-    def _firsts(self) -> tuple[list[tuple[int, int]], list[tuple[int, int | None]], dict[int, int]]:
+    def _firsts(self) -> tuple[list[tuple[int, int]], list[tuple[int, int | None]]]:
         """(sequence number, region) of each region whose first record checks, oldest first; and
-        (region, the sequence number its header says) of each whose first header is damaged
-        (``_damaged_ours``). These are dropped: the records after such a header cannot be told
-        from those of the region's previous use, which its reclaim let go of (their later
-        removals and replaces never marked them), as no other region's numbers bound them once
-        the ring passed over one (found by review: a removed page came back). A region whose
-        first sector reads as zeros is one of those (``_zeroed``) when it held records; or is
-        walked from its first record numbered above a bound, given in the third value."""
+        (region, the sequence number its header says, None when it reads as zeros) of each whose
+        first header is damaged (``_damaged_ours``, ``_zeroed``). These are dropped: the records
+        after such a header cannot be told from those of the region's previous use, which its
+        reclaim let go of (their later removals and replaces never marked them), as no other
+        region's numbers bound them once the ring passed over one (found by review: a removed
+        page came back; walking a zeroed region from the first record of the region before it
+        did so as well, once a start had left writing in that region)."""
         firsts, damaged, zeroed = [], [], []
         for region in range(self.regions):
             try:
@@ -556,58 +554,40 @@ class RegionLog:
                 zeroed.append(region)
             elif self._damaged_ours(head):
                 damaged.append((region, HEADER.unpack_from(head)[4]))
-        floors = {}
-        known = {region: seq for seq, region in firsts}
-        for region in zeroed:
-            if not self._reached(region, known):
-                continue  # never written: nothing to read through
-            held, walk = self._zeroed(region, known)
-            if walk is not None:
-                firsts.append((walk[0], region))
-                floors[region] = walk[1]
-            elif held:
-                damaged.append((region, None))
+        reached = self._reached(firsts)
+        damaged += [(region, None) for region in zeroed if reached(region) and self._zeroed(region)]
         firsts.sort()
-        return firsts, damaged, floors
+        return firsts, damaged
 
-    def _reached(self, region: int, known: dict[int, int]) -> bool:
-        """Whether writing has reached ``region`` (``known``: the first sequence number of each
-        region whose first record checks): the ring's first round goes through the regions in
-        order from region 0, so one before a region holding records was reached, and every one
-        is once the ring has come round (a region's first record numbered below that of one
-        before it). A region not reached is not read: a new arena is zeros."""
-        firsts = [known[region] for region in sorted(known)]
-        return any(later < earlier for earlier, later in zip(firsts, firsts[1:])) or \
-            any(other > region for other in known)
+    def _reached(self, firsts: list[tuple[int, int]]) -> Callable[[int], bool]:
+        """Whether writing may have reached a region whose first sector reads as zeros, from the
+        regions whose first record checks (``firsts``): the ring's first round goes through the
+        regions in order from region 0, so every one before a region holding records was reached,
+        and every one is once the ring has come round (a region's first record numbered below that
+        of one before it); and the one after the newest region, the one being written at a crash.
+        Others are not read: a new arena is zeros."""
+        if not firsts:
+            return lambda region: region == 0
+        by_region = [seq for _, seq in sorted((region, seq) for seq, region in firsts)]
+        come_round = any(later < earlier for earlier, later in zip(by_region, by_region[1:]))
+        highest = max(region for _, region in firsts)
+        after_newest = (max(firsts)[1] + 1) % self.regions
+        return lambda region: come_round or region < highest or region == after_newest
 
-    def _zeroed(self, region: int, known: dict[int, int]) -> tuple[bool, tuple[int, int] | None]:
-        """A region writing reached whose first sector reads as zeros, which neither a reclaim
-        (it erases the header, the name after it stays) nor a write of ours leaves: damage (a
-        bad sector read back as zeros), taken for a region never written (found by review: its
-        pages vanished, nothing counted or logged). Whether it holds a record of this file (if
-        not, it was never written: passed over on the ring's first round), and, when it can be
-        walked, the sequence number of its first record past the zeros and the bound it is
-        numbered above: the first of the region before it, written after this region's previous
-        use, unless the ring passed over that one (a bad block) on its way to this region: its
-        first is then numbered below that of the region before it in turn, which the ring had
-        just written. Else (this region the oldest, or no such bound) its records cannot be told
-        from those of its previous use."""
+    def _zeroed(self, region: int) -> bool:
+        """Whether a region writing may have reached, whose first sector reads as zeros, holds a
+        record of this file: no write or reclaim of ours leaves such a sector (a reclaim erases the
+        header alone, the name after it stays), so it is damage (a bad sector read back as zeros),
+        which was taken for a region never written, its pages lost with nothing counted or logged
+        (found by review)."""
         buf = bytearray(self.region_bytes)
         try:
             got = self.device.preadv([buf], self.region_start(region))
         except OSError as exc:
             self._unreadable(region, exc)
-            return False, None
+            return False
         with memoryview(buf) as view:
-            ours = self._records_of_ours(buf, 0, got)
-            if self._next_record(view, ours, 0, 0, got) < 0:
-                return False, None
-            before, second = (region - 1) % self.regions, (region - 2) % self.regions
-            if before in known and second in known and known[before] > known[second]:
-                at = self._next_record(view, ours, 0, known[before], got)
-                if at >= 0:
-                    return True, (HEADER.unpack_from(buf, at)[4], known[before])
-        return True, None
+            return self._next_record(view, self._records_of_ours(buf, 0, got), 0, 0, got) >= 0
 
     def _report_damaged(self, damaged: list[tuple[int, int | None]], newest: int,
                         on_corrupt: Callable[[], None]) -> None:
