@@ -19,8 +19,8 @@ An answered connection (a 503 too) is shut for writing and waited on by the acce
 which drops what the client still sends and closes it once the client has closed, or its time
 is up: closed at once, with bytes unread or still coming (a pipelined second request), the
 kernel resets it, and the client loses the end of its answer. No thread waits on a client that
-never closes: ``LINGERING`` such connections are held, past them one is closed, the one
-answered longest ago whose client has acknowledged its whole answer (else the oldest).
+never closes: ``LINGERING`` such connections are held, past them one is closed
+(``_first_sent``).
 
 The daemon's counters (the request and error counters, the namespace's files being written)
 belong to the trio thread and are changed between awaits without a lock, so a scrape never
@@ -43,6 +43,7 @@ to half a second while the threads notice.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
@@ -226,7 +227,7 @@ class _Incoming:
         self._selector.register(listener, selectors.EVENT_READ, None)
         self._held: dict[socket.socket, tuple[str, float, bytearray]] = {}  # address, until, bytes so far
         self._by_address: dict[str, int] = {}
-        self._lingering: dict[socket.socket, tuple[float, int]] = {}  # until, bytes dropped; answered first first
+        self._lingering: dict[socket.socket, tuple[float, int, str]] = {}  # until, bytes dropped, address; answered first first
         self._answered: queue.SimpleQueue[tuple[socket.socket, float]] = queue.SimpleQueue()
         self._closing = threading.Lock()  # a hand-over (``linger``) and ``close`` in turn
         self._closed = False
@@ -245,7 +246,7 @@ class _Incoming:
                 if until > now:
                     break
                 self._drop(connection)
-            for connection in [c for c, (until, _) in self._lingering.items() if until <= now]:
+            for connection in [c for c, (until, _, _) in self._lingering.items() if until <= now]:
                 self._end(connection)
             ready = [key.data for key, _ in self._selector.select(self._timeout(now))]
             woken = self._wake in ready
@@ -260,7 +261,7 @@ class _Incoming:
 
     def _timeout(self, now: float) -> float | None:
         """Until the first connection's time is up, held or lingering; None: none is held."""
-        deadlines = [until for until, _ in self._lingering.values()]
+        deadlines = [until for until, _, _ in self._lingering.values()]
         if first := next(iter(self._held.values()), None):
             deadlines.append(first[1])
         return min(deadlines) - now if deadlines else None
@@ -297,13 +298,17 @@ class _Incoming:
         if len(self._lingering) >= LINGERING:
             self._end(self._first_sent())
         connection.setblocking(False)
-        self._lingering[connection] = (until, 0)
+        try:
+            address = connection.getpeername()[0]
+        except OSError:
+            address = ""  # gone already
+        self._lingering[connection] = (until, 0, address)
         self._selector.register(connection, selectors.EVENT_READ, connection)
 
     def _drain(self, connection: socket.socket) -> None:
         """Drop what an answered client sent; close once it has closed, or sent more than
         ``LINGER_BYTES``."""
-        until, dropped = self._lingering[connection]
+        until, dropped, address = self._lingering[connection]
         try:
             dropped += len(chunk := connection.recv(LINGER_BYTES))
         except (BlockingIOError, InterruptedError):
@@ -313,14 +318,21 @@ class _Incoming:
         if not chunk or dropped > LINGER_BYTES:
             self._end(connection)
         else:
-            self._lingering[connection] = (until, dropped)
+            self._lingering[connection] = (until, dropped, address)
 
     def _first_sent(self) -> socket.socket:
-        """The connection to close to make room: the one answered longest ago whose answer the
-        client has all of, else the oldest. Closed with the end of its answer unsent, the kernel
-        resets it on the client's next bytes (a pipelined request) and the rest is lost: 64
-        clients that kept their connections open did that to a large answer (found by review)."""
-        return next((c for c in self._lingering if _unsent(c) <= 1), next(iter(self._lingering)))
+        """The connection to close to make room: the one answered longest ago whose client has
+        acknowledged its whole answer; else the one answered longest ago from the address that
+        holds the most. Closed with the end of its answer unsent, the kernel resets it on the
+        client's next bytes (a pipelined request) and the rest is lost: 64 clients that kept
+        their connections open did that to a large answer, and so did 64 that did not read
+        theirs, the scraper answered first being the oldest (found by review)."""
+        acknowledged = next((c for c in self._lingering if _acknowledged(c)), None)
+        if acknowledged is not None:
+            return acknowledged
+        held = collections.Counter(address for _, _, address in self._lingering.values())
+        most = max(held.values())
+        return next(c for c, (_, _, address) in self._lingering.items() if held[address] == most)
 
     def _end(self, connection: socket.socket) -> None:
         self._selector.unregister(connection)
@@ -405,13 +417,13 @@ class _Incoming:
         self._waker.close()
 
 
-def _unsent(connection: socket.socket) -> int:
-    """What the client has not acknowledged yet of what was sent (SIOCOUTQ): of a connection
-    shut for writing, 1 once the whole answer is (its FIN may wait for a delayed ACK)."""
+def _acknowledged(connection: socket.socket) -> bool:
+    """Whether the client has acknowledged all that was sent on the connection, shut for writing
+    (SIOCOUTQ: 1 then, its FIN may wait for a delayed ACK); not when that cannot be told."""
     try:
-        return struct.unpack("i", fcntl.ioctl(connection.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        return struct.unpack("i", fcntl.ioctl(connection.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0] <= 1
     except OSError:
-        return 0  # gone: nothing more to send
+        return False
 
 
 def _response(status: str, body: bytes, extra: tuple[str, ...] = (), content_type: str = "text/plain; charset=utf-8",
