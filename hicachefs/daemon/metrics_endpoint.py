@@ -165,6 +165,23 @@ class MetricsEndpoint:
                             incoming.refuse(connection, whole[2])
         finally:
             incoming.close()
+            self._close_unserved()
+
+    def _close_unserved(self) -> None:
+        """Close the connections whose request this thread put for the server threads after
+        ``close`` had told them to stop (found by review: no thread took them, and their
+        clients waited, with neither an answer nor a close, for the process to exit)."""
+        stops = 0
+        with contextlib.suppress(queue.Empty):
+            while True:
+                held = self._held.get_nowait()
+                if held is None:
+                    stops += 1
+                else:
+                    held[0].close()
+                    self._slots.release()
+        for _ in range(stops):  # for the server threads that have not taken theirs yet
+            self._held.put(None)
 
     def _take(self, incoming: _Incoming) -> None:
         try:

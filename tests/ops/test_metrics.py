@@ -547,3 +547,42 @@ def test_clients_that_do_not_read_their_answers_do_not_cut_another_clients_answe
                 for connection in silent:
                     connection.close()
     assert whole(answer)
+
+
+def test_a_request_read_as_the_endpoint_closes_is_closed(monkeypatch):
+    """A request the accept thread read while the endpoint closed went to the server threads
+    after they had been told to stop: nobody answered or closed it, and its client waited for
+    the process to exit (found by review). Here the read ends just after the close began. Such
+    a connection is closed."""
+    import threading
+
+    from hicachefs.daemon import metrics_endpoint
+
+    closing, read, close = threading.Event(), metrics_endpoint._Incoming.read, metrics_endpoint.MetricsEndpoint.close
+    closed = []
+
+    def read_until_closing(self, connection):
+        whole_request = read(self, connection)
+        if whole_request is not None:
+            closing.wait(5)
+            time.sleep(0.1)  # the server threads told to stop meanwhile
+        return whole_request
+
+    def close_noted(self):
+        closing.set()
+        close(self)
+        closed.append(self)  # kept, as the daemon keeps its endpoint: not closed by the collector
+
+    monkeypatch.setattr(metrics_endpoint._Incoming, "read", read_until_closing)
+    monkeypatch.setattr(metrics_endpoint.MetricsEndpoint, "close", close_noted)
+    before = open_sockets()
+    with endpoint_over(lambda: large_statistics(10)) as address:
+        client = connect_from("127.0.0.2", address)
+        client.sendall(REQUEST)
+        time.sleep(0.05)  # read, held until the close begins
+    with client:
+        assert answer_or_close(client, 3) == b""  # closed, not left waiting
+    deadline = time.monotonic() + 5
+    while open_sockets() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open_sockets() == before
