@@ -400,24 +400,30 @@ def test_two_hosts_writing_one_name_at_two_sizes_at_once_count_the_bytes_its_fil
 
 class _SlowRenameReply(DirectoryDevice):
     """Once armed, the next page file's rename is done on the volume at once and its reply comes
-    0.3 s later: the writer counts its write well after its file landed."""
+    ``reply_s`` later: the writer counts its write well after its file landed."""
 
-    armed = False
+    def __init__(self, reply_s: float) -> None:
+        super().__init__()
+        self.armed, self.reply_s = False, reply_s
 
     def rename(self, source, target):
         super().rename(source, target)
         if self.armed and f"/{JOURNAL_DIR}" not in target:
             self.armed = False
-            time.sleep(0.3)
+            time.sleep(self.reply_s)
 
 
-def test_a_write_counted_after_another_hosts_announcement_counts_the_file_that_landed_last(tmp_path, make_tier):
+@pytest.mark.parametrize("reply_s", [0.3, 1.5], ids=["sooner than the entry cache", "later"])
+def test_a_write_counted_after_another_hosts_announcement_counts_the_file_that_landed_last(
+        tmp_path, make_tier, reply_s):
     """A's file lands, then B's; A counts its own write only after B's announcement reached it
     (a slow rename reply): A took its own write for the last one and counted its size until the
-    next sweep (found by review). An announcement of a name being written here is looked at."""
+    next sweep (found by review). An announcement of a name being written here is looked at,
+    after that write (a reply later than the engine's entry cache let the look count B's file
+    first, and A's own count then stood: found by review)."""
     root = tmp_path / "shared"
-    no_sweeps = dict(sweep_interval_s=600.0)  # after the first: what is counted comes from the writes and journals
-    slow = _SlowRenameReply()
+    no_sweeps = dict(sweep_interval_s=600.0, deadline_s=1.0)  # the slow write within its deadline (4 x)
+    slow = _SlowRenameReply(reply_s)
     a, b = make_tier(root, device=slow, **no_sweeps), make_tier(root, **no_sweeps)
     wait_until(lambda: min(a.statistics().sweep.sweep_cycles, b.statistics().sweep.sweep_cycles) >= 1)
     (small, small_data), (large, large_data) = make_page(1, size=4 * KiB), make_page(1, size=64 * KiB)

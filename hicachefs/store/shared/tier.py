@@ -700,8 +700,11 @@ class SharedTier(Tier):
                 # Counted under the lock a look at a name found gone forgets it under, and no
                 # longer waiting for that look (found by review: a write during it was undone).
                 self._vanished.pop(page.name, None)
-                if self._resized.get(page.name, started) < started:  # landed after the version announced
-                    del self._resized[page.name]  # (one announced since may have landed first or last)
+                announced = self._resized.get(page.name)
+                if announced is not None and announced < started:  # landed after the version announced
+                    del self._resized[page.name]
+                elif announced is not None:  # one announced since may have landed first or last: looked
+                    self._wait_for_look(page.name)  # at once the entry cache has expired after this write
                 self._presence.update(where.directory, where.key_hash, stored, True)
         self._count(bytes_in=page.size)
         if replaced:  # neither counted nor announced: the check of the later version removes it
@@ -1138,11 +1141,16 @@ class SharedTier(Tier):
             unsure = announcement.present and (name in self._resized or name in self._writing or (
                 counted is not None and counted != announcement.size))
             if unsure and (name in self._resized or len(self._resized) < RESIZED_REMEMBERED):
-                self._resized[name] = time.monotonic()
-                self._resized.move_to_end(name)
+                self._wait_for_look(name)
             elif not announcement.present:
                 self._resized.pop(name, None)
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
+
+    def _wait_for_look(self, name: str) -> None:
+        """Under the lock: the size of ``name``'s file is looked at once the engine's entry
+        cache has expired from now (``_look_at_sizes``)."""
+        self._resized[name] = time.monotonic()
+        self._resized.move_to_end(name)
 
     def _look_at_sizes(self, now: float) -> None:
         """Count the bytes the files of the pages in ``_resized`` hold, once the engine's entry
@@ -1159,9 +1167,11 @@ class SharedTier(Tier):
             with self._lock:
                 if self._resized.get(name) != announced:
                     continue
+                if name in self._writing:  # which lands last, this host's write or the file looked
+                    self._wait_for_look(name)  # at, is told after that write (found by review)
+                    continue
                 if size is None:  # the filesystem failed: again later
-                    self._resized[name] = time.monotonic()
-                    self._resized.move_to_end(name)
+                    self._wait_for_look(name)
                     return
                 del self._resized[name]
                 if size >= 0 and self._presence.contains(where.directory, where.key_hash):
