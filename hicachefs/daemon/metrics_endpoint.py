@@ -244,7 +244,8 @@ class _Incoming:
         self._selector.register(listener, selectors.EVENT_READ, None)
         self._held: dict[socket.socket, tuple[str, float, bytearray]] = {}  # address, until, bytes so far
         self._by_address: dict[str, int] = {}
-        self._lingering: dict[socket.socket, tuple[float, int, str]] = {}  # until, bytes dropped, address; answered first first
+        # Answered connections, answered first first: until, bytes dropped, the client's address.
+        self._lingering: dict[socket.socket, tuple[float, int, str]] = {}
         self._answered: queue.SimpleQueue[tuple[socket.socket, float]] = queue.SimpleQueue()
         self._closing = threading.Lock()  # a hand-over (``linger``) and ``close`` in turn
         self._closed = False
@@ -339,17 +340,18 @@ class _Incoming:
 
     def _first_sent(self) -> socket.socket:
         """The connection to close to make room: the one answered longest ago whose client has
-        acknowledged its whole answer; else the one answered longest ago from the address that
-        holds the most. Closed with the end of its answer unsent, the kernel resets it on the
-        client's next bytes (a pipelined request) and the rest is lost: 64 clients that kept
-        their connections open did that to a large answer, and so did 64 that did not read
-        theirs, the scraper answered first being the oldest (found by review)."""
+        acknowledged its whole answer; else the one answered last from the address that holds
+        the most. Closed with the end of its answer unsent, the kernel resets it on the client's
+        next bytes (a pipelined request) and the rest is lost: 64 clients that kept their
+        connections open did that to a large answer, and so did 64 that did not read theirs, the
+        scraper answered first being the oldest, also when they came from its own address or
+        each from its own (found by review): an answer long on its way outlasts a flood."""
         acknowledged = next((c for c in self._lingering if _acknowledged(c)), None)
         if acknowledged is not None:
             return acknowledged
         held = collections.Counter(address for _, _, address in self._lingering.values())
         most = max(held.values())
-        return next(c for c, (_, _, address) in self._lingering.items() if held[address] == most)
+        return next(c for c, (_, _, address) in reversed(self._lingering.items()) if held[address] == most)
 
     def _end(self, connection: socket.socket) -> None:
         self._selector.unregister(connection)
