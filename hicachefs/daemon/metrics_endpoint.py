@@ -214,8 +214,14 @@ class MetricsEndpoint:
         elif request[0] not in ("GET", "HEAD"):
             response = _response("405 Method Not Allowed", b"GET or HEAD /metrics\n", ("Allow: GET, HEAD",))
         else:
-            response = _response("200 OK", self._metrics_text(), content_type=CONTENT_TYPE_PLAIN_0_0_4,
-                                 head_only=request[0] == "HEAD")
+            try:
+                text = self._metrics_text()
+            except Exception:  # a statistic's bug: this scrape fails, the server thread serves on
+                log.exception("cannot evaluate the metrics")
+                response = _response("500 Internal Server Error", b"the metrics could not be evaluated\n")
+            else:
+                response = _response("200 OK", text, content_type=CONTENT_TYPE_PLAIN_0_0_4,
+                                     head_only=request[0] == "HEAD")
         remaining = until - time.monotonic()
         if remaining > 0:
             connection.settimeout(remaining)  # for the whole sendall (Python 3.5+)

@@ -590,3 +590,22 @@ def test_a_request_read_as_the_endpoint_closes_is_closed(monkeypatch):
         time.sleep(0.05)
     assert open_sockets() == before
 
+
+def test_a_statistic_that_fails_fails_its_scrape_alone(caplog):
+    """An exception from the statistics (a bug) ended the server thread that asked for them: its
+    client got neither an answer nor a close, and four such scrapes left the endpoint with no
+    server thread (found by review). The scrape is answered 500 and logged; the next is served."""
+    failures = [KeyError("a statistic")] * 4
+
+    def statistics():
+        if failures:
+            raise failures.pop()
+        return large_statistics(10)
+
+    with endpoint_over(statistics) as address:
+        for _ in range(4):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                scrape(address)
+            assert refused.value.code == 500
+        assert "hicachefs_pages 1.0" in scrape(address)
+    assert "cannot evaluate the metrics" in caplog.text
