@@ -929,3 +929,40 @@ def test_a_region_read_as_zeros_at_one_start_brings_back_no_page_at_a_later_one(
         assert store.info(replaced) is None or read_all(store, replaced) == content(3, 10 * KiB)
     finally:
         store.close()
+
+
+def test_a_region_read_as_zeros_after_one_passed_over_on_the_first_round_is_counted_and_logged(tmp_path, caplog):
+    """On the ring's first round region 3's erase failed (a bad block): writing passed over it to
+    region 4, whose first sector then read back as zeros after a crash. Taken for a region never
+    written (not before a region holding records, nor the one after the newest: region 3), its
+    pages were lost with nothing counted or logged (found by review)."""
+    config = _ring(tmp_path)
+
+    def work() -> None:
+        device = _EraseFailsOnce(tmp_path / ARENA_NAME, 4096 + 3 * _REGION)
+        device.arm()
+        store = PageStore(config, disk_device=device)
+        for i in range(40):  # regions 0 to 2, then region 4
+            store.put(page_name(i), content(i, _RING_PAGE))
+        assert store._tiers[1].log.passed_over == 1
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            work()
+            os._exit(0)  # a crash
+        finally:
+            os._exit(1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    with open(tmp_path / ARENA_NAME, "r+b") as f:  # region 4's first sector reads as zeros
+        f.seek(4096 + 4 * _REGION)
+        f.write(bytes(512))
+    store, _ = reopen(config)
+    try:
+        assert [i for i in range(30, 40) if store.info(page_name(i)) is not None] == []
+        for i in range(30):
+            assert read_all(store, page_name(i)) == content(i, _RING_PAGE)
+        assert store.statistics().tier("disk").checksum_failures == 1
+        assert "region 4 of " in caplog.text and "its first record header is damaged" in caplog.text
+    finally:
+        store.close()

@@ -554,10 +554,23 @@ class RegionLog:
                 zeroed.append(region)
             elif self._damaged_ours(head):
                 damaged.append((region, HEADER.unpack_from(head)[4]))
-        reached = self._reached(firsts)
-        damaged += [(region, None) for region in zeroed if reached(region) and self._zeroed(region)]
+        damaged += [(region, None) for region in self._dropped_zeroed(zeroed, firsts)]
         firsts.sort()
         return firsts, damaged
+
+    def _dropped_zeroed(self, zeroed: list[int], firsts: list[tuple[int, int]]) -> list[int]:
+        """The regions whose first sector reads as zeros to drop (``_zeroed``): those writing may
+        have reached. The one after the newest region found never written was passed over on the
+        ring's first round (its erase failed): the one after it is the one writing went on in
+        (found by review: its pages were lost silently)."""
+        reached = self._reached(firsts)
+        dropped = [region for region in zeroed if reached(region) and self._zeroed(region)]
+        after = (max(firsts)[1] + 1) % self.regions if firsts else 0
+        beyond = (after + 1) % self.regions
+        if after in zeroed and after not in dropped and beyond in zeroed and not reached(beyond) and \
+                self._zeroed(beyond):
+            dropped.append(beyond)
+        return dropped
 
     def _reached(self, firsts: list[tuple[int, int]]) -> Callable[[int], bool]:
         """Whether writing may have reached a region whose first sector reads as zeros, from the
