@@ -310,36 +310,6 @@ def test_a_host_never_counts_pages_it_evicted_again_from_another_hosts_older_ann
     assert bounded.statistics().evictions == 20
 
 
-@pytest.mark.parametrize("how", ["removed", "evicted"])
-def test_a_page_removed_here_and_written_again_by_another_host_is_counted_again(tmp_path, make_tier, how):
-    """A host that had removed or evicted a page ignored every later announcement of its name
-    (each might be older than the removal: a ghost), and the page written again by another host
-    was a miss there until a sweep (found by review). Such an announcement has the page's file
-    looked at, once the engine's entry cache has expired: the page counts if its file is there."""
-    root = tmp_path / "shared"
-    file_size = page_format.header_length(page_name(1)) + 4 * KiB
-    no_sweeps = dict(sweep_interval_s=600.0)  # after the first: what is counted comes from the writes and journals
-    a = make_tier(root, capacity=(2 * file_size if how == "evicted" else None), **no_sweeps)
-    b = make_tier(root, **no_sweeps)
-    wait_until(lambda: min(a.statistics().sweep.sweep_cycles, b.statistics().sweep.sweep_cycles) >= 1)
-    (page, data), others = make_page(1, size=4 * KiB), [make_page(i, size=4 * KiB) for i in (2, 3)]
-    a.write(page, data)
-    if how == "removed":
-        assert a.remove(page.name)
-    else:
-        for other, other_data in others:  # the capacity holds two: the oldest, the page, goes
-            a.write(other, other_data)
-        wait_until(lambda: a.statistics().evictions == 1)
-        for other, _ in others:  # room for the page again
-            assert a.remove(other.name)
-    wait_until(lambda: b.contains_many([page.name]) == [False])
-    heard = a.statistics().journal_received
-    b.write(page, data)  # written again, after the removal
-    wait_until(lambda: a.statistics().journal_received > heard)
-    wait_until(lambda: a.contains_many([page.name]) == [True], timeout=5)  # long before a sweep (600 s)
-    assert read_page(a, page.name) == bytes(data)
-
-
 def test_a_third_host_never_counts_pages_written_on_one_host_and_removed_on_another(tmp_path, make_tier):
     """Host A writes pages, host B removes each once it sees it; host C reads both journals,
     B's first, every half second: it must count none of them (a page no file holds would take

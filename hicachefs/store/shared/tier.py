@@ -242,9 +242,7 @@ class SharedTier(Tier):
         # host's own write of the name may have landed after the announced one (its file holds
         # the size counted), so each file's size is looked at once the entry cache expired
         # (``_look_at_sizes``).
-        # A page counted absent here (removed here lately, or in the same poll) that another host
-        # announced written is looked at the same way, and counted if its file is there.
-        self._resized: collections.OrderedDict[str, tuple[float, bool]] = collections.OrderedDict()  # under _lock
+        self._resized: collections.OrderedDict[str, float] = collections.OrderedDict()  # under _lock
         # Names being written here now, how many times: an announcement of one may be of a file
         # that landed before or after this host's, which only a look tells.
         self._writing: collections.Counter[str] = collections.Counter()  # under _lock
@@ -703,7 +701,7 @@ class SharedTier(Tier):
                 # longer waiting for that look (found by review: a write during it was undone).
                 self._vanished.pop(page.name, None)
                 announced = self._resized.get(page.name)
-                if announced is not None and announced[0] < started:  # landed after the version announced
+                if announced is not None and announced < started:  # landed after the version announced
                     del self._resized[page.name]
                 elif announced is not None:  # one announced since may have landed first or last: looked
                     self._wait_for_look(page.name)  # at once the entry cache has expired after this write
@@ -1112,15 +1110,11 @@ class SharedTier(Tier):
         poll is counted removed: two hosts' journals are read one after the other, not in time
         order, and a removal read before the write it followed made a page counted present that
         no file holds (its bytes taking room from real pages). A page written again after its
-        removal is looked at on the volume, once the engine's entry cache has expired: counted if
-        its file is there (found by review: every later write of a name a host had removed or
-        evicted was a miss there until a sweep)."""
+        removal is a miss meanwhile, until a sweep finds its file."""
         removed = {announcement.name for announcement in announcements if not announcement.present}
-        unsure = []
         for announcement in announcements:
             if announcement.present and (announcement.name in removed or self._removed_lately(announcement.name)):
-                unsure.append(announcement.name)  # written before a removal, or after
-                continue
+                continue  # written before a removal (the sweep finds a later rewrite)
             where = place(announcement.name)
             self._count_announced(announcement, where)
             self._found_again(announcement.name, where)
@@ -1131,10 +1125,6 @@ class SharedTier(Tier):
                     self._foreign.pop(announcement.name, None)  # rewritten: maybe in this version now
             if self._events is not None:
                 self._events.changed(announcement.name)
-        with self._lock:
-            for name in unsure:
-                if name in self._resized or len(self._resized) < RESIZED_REMEMBERED:
-                    self._wait_for_look(name, absent=True)
 
     def _count_announced(self, announcement, where: Place) -> None:
         """Count an announcement. A page announced at another size than counted here: two hosts
@@ -1156,12 +1146,10 @@ class SharedTier(Tier):
                 self._resized.pop(name, None)
             self._presence.update(where.directory, where.key_hash, announcement.size, announcement.present)
 
-    def _wait_for_look(self, name: str, absent: bool = False) -> None:
+    def _wait_for_look(self, name: str) -> None:
         """Under the lock: the size of ``name``'s file is looked at once the engine's entry
-        cache has expired from now (``_look_at_sizes``). ``absent``: the page may be counted
-        absent here, and is counted present if its file is there."""
-        _, was_absent = self._resized.get(name, (0.0, False))
-        self._resized[name] = (time.monotonic(), absent or was_absent)
+        cache has expired from now (``_look_at_sizes``)."""
+        self._resized[name] = time.monotonic()
         self._resized.move_to_end(name)
 
     def _look_at_sizes(self, now: float) -> None:
@@ -1171,7 +1159,7 @@ class SharedTier(Tier):
         written or announced again meanwhile is left to that; one gone is left to its removal's
         announcement or the sweep; one whose stat failed waits its turn again."""
         with self._lock:
-            due = list(itertools.takewhile(lambda item: now - item[1][0] >= self._entry_cache_s, self._resized.items()))
+            due = list(itertools.takewhile(lambda item: now - item[1] >= self._entry_cache_s, self._resized.items()))
         end = time.monotonic() + BACKLOG_BUDGET_S
         for name, announced in due:
             where = place(name)
@@ -1179,14 +1167,14 @@ class SharedTier(Tier):
             with self._lock:
                 if self._resized.get(name) != announced:
                     continue
-                if name in self._writing or name in self._unlinking:  # which lands last, this host's
-                    self._wait_for_look(name)  # write or removal or the file looked at, is told after it
+                if name in self._writing:  # which lands last, this host's write or the file looked
+                    self._wait_for_look(name)  # at, is told after that write (found by review)
                     continue
                 if size is None:  # the filesystem failed: again later
                     self._wait_for_look(name)
                     return
                 del self._resized[name]
-                if size >= 0 and (announced[1] or self._presence.contains(where.directory, where.key_hash)):
+                if size >= 0 and self._presence.contains(where.directory, where.key_hash):
                     self._presence.update(where.directory, where.key_hash, size, True)
             if time.monotonic() >= end:
                 return
