@@ -319,8 +319,9 @@ class _Incoming:
                 self._wait_on(*self._answered.get_nowait())
 
     def _wait_on(self, connection: socket.socket, until: float) -> None:
-        if len(self._lingering) >= LINGERING:
-            self._end(self._first_sent())
+        """Wait on ``connection`` with the others, then close one past ``LINGERING``: chosen
+        among all, this one included, or a connection of a flood would close the one answered
+        just before it (found by review: a scraper that came during a flood was cut each time)."""
         connection.setblocking(False)
         try:
             address = connection.getpeername()[0]
@@ -328,6 +329,8 @@ class _Incoming:
             address = ""  # gone already
         self._lingering[connection] = (until, 0, address)
         self._selector.register(connection, selectors.EVENT_READ, connection)
+        if len(self._lingering) > LINGERING:
+            self._end(self._first_sent())
 
     def _drain(self, connection: socket.socket) -> None:
         """Drop what an answered client sent; close once it has closed, or sent more than
