@@ -931,20 +931,36 @@ def test_a_region_read_as_zeros_at_one_start_brings_back_no_page_at_a_later_one(
         store.close()
 
 
-def test_a_region_read_as_zeros_after_one_passed_over_on_the_first_round_is_counted_and_logged(tmp_path, caplog):
-    """On the ring's first round region 3's erase failed (a bad block): writing passed over it to
-    region 4, whose first sector then read back as zeros after a crash. Taken for a region never
-    written (not before a region holding records, nor the one after the newest: region 3), its
-    pages were lost with nothing counted or logged (found by review)."""
+class _ErasesFail(FileDevice):
+    """A disk whose blocks at ``bad`` cannot be written, once each: the ring passes over their regions."""
+
+    def __init__(self, path: Path, bad: list[int]) -> None:
+        super().__init__(path)
+        self.bad = set(bad)
+
+    def pwrite(self, data, offset: int) -> int:
+        if offset in self.bad:
+            self.bad.discard(offset)
+            raise OSError(errno.EIO, "a bad block")
+        return super().pwrite(data, offset)
+
+
+@pytest.mark.parametrize("passed_over, zeroed, lost_from", [((3,), (4,), 30), ((2, 4), (3, 5), 20)],
+                         ids=["one passed over", "two"])
+def test_regions_read_as_zeros_after_ones_passed_over_on_the_first_round_are_counted_and_logged(
+        tmp_path, caplog, passed_over, zeroed, lost_from):
+    """On the ring's first round a region's erase failed (a bad block): writing passed over it to
+    the next, whose first sector then read back as zeros after a crash. Taken for a region never
+    written (not before a region holding records, nor the one after the newest, the one passed
+    over), its pages were lost with nothing counted or logged (found by review), and so were
+    those of a region written after two such (found by review)."""
     config = _ring(tmp_path)
 
     def work() -> None:
-        device = _EraseFailsOnce(tmp_path / ARENA_NAME, 4096 + 3 * _REGION)
-        device.arm()
-        store = PageStore(config, disk_device=device)
-        for i in range(40):  # regions 0 to 2, then region 4
+        store = PageStore(config, disk_device=_ErasesFail(tmp_path / ARENA_NAME, [4096 + r * _REGION for r in passed_over]))
+        for i in range(40):  # ten pages a region, past the ones passed over
             store.put(page_name(i), content(i, _RING_PAGE))
-        assert store._tiers[1].log.passed_over == 1
+        assert store._tiers[1].log.passed_over == len(passed_over)
 
     pid = os.fork()
     if pid == 0:
@@ -954,15 +970,17 @@ def test_a_region_read_as_zeros_after_one_passed_over_on_the_first_round_is_coun
         finally:
             os._exit(1)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-    with open(tmp_path / ARENA_NAME, "r+b") as f:  # region 4's first sector reads as zeros
-        f.seek(4096 + 4 * _REGION)
-        f.write(bytes(512))
+    with open(tmp_path / ARENA_NAME, "r+b") as f:  # their first sectors read as zeros
+        for region in zeroed:
+            f.seek(4096 + region * _REGION)
+            f.write(bytes(512))
     store, _ = reopen(config)
     try:
-        assert [i for i in range(30, 40) if store.info(page_name(i)) is not None] == []
-        for i in range(30):
+        assert [i for i in range(lost_from, 40) if store.info(page_name(i)) is not None] == []
+        for i in range(lost_from):
             assert read_all(store, page_name(i)) == content(i, _RING_PAGE)
-        assert store.statistics().tier("disk").checksum_failures == 1
-        assert "region 4 of " in caplog.text and "its first record header is damaged" in caplog.text
+        assert store.statistics().tier("disk").checksum_failures == len(zeroed)
+        for region in zeroed:
+            assert f"region {region} of " in caplog.text
     finally:
         store.close()

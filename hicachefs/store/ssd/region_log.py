@@ -560,32 +560,34 @@ class RegionLog:
 
     def _dropped_zeroed(self, zeroed: list[int], firsts: list[tuple[int, int]]) -> list[int]:
         """The regions whose first sector reads as zeros to drop (``_zeroed``): those writing may
-        have reached. The one after the newest region found never written was passed over on the
-        ring's first round (its erase failed): the one after it is the one writing went on in
-        (found by review: its pages were lost silently)."""
+        have reached (``_reached``), and from the one after the newest region on, those that hold
+        records of this file up to two never written in a row: on the ring's first round a region
+        whose erase failed is passed over for the next one, one at a time (found by review: the
+        region written after one or two such was lost silently)."""
         reached = self._reached(firsts)
         dropped = [region for region in zeroed if reached(region) and self._zeroed(region)]
-        after = (max(firsts)[1] + 1) % self.regions if firsts else 0
-        beyond = (after + 1) % self.regions
-        if after in zeroed and after not in dropped and beyond in zeroed and not reached(beyond) and \
-                self._zeroed(beyond):
-            dropped.append(beyond)
+        region, empty, zeroed_left = (max(firsts)[1] + 1) % self.regions if firsts else 0, 0, set(zeroed)
+        while region in zeroed_left and empty < 2:
+            zeroed_left.discard(region)  # (once round the ring at most)
+            if region not in dropped and not reached(region) and self._zeroed(region):
+                dropped.append(region)
+            empty = 0 if region in dropped else empty + 1
+            region = (region + 1) % self.regions
         return dropped
 
     def _reached(self, firsts: list[tuple[int, int]]) -> Callable[[int], bool]:
-        """Whether writing may have reached a region whose first sector reads as zeros, from the
-        regions whose first record checks (``firsts``): the ring's first round goes through the
-        regions in order from region 0, so every one before a region holding records was reached,
-        and every one is once the ring has come round (a region's first record numbered below that
-        of one before it); and the one after the newest region, the one being written at a crash.
-        Others are not read: a new arena is zeros."""
+        """Whether writing reached a region whose first sector reads as zeros, from the regions
+        whose first record checks (``firsts``): the ring's first round goes through the regions in
+        order from region 0, so every one before a region holding records was reached, and every
+        one is once the ring has come round (a region's first record numbered below that of one
+        before it). Those after the newest are looked at by ``_dropped_zeroed``; others are not
+        read: a new arena is zeros."""
         if not firsts:
-            return lambda region: region == 0
+            return lambda region: False
         by_region = [seq for _, seq in sorted((region, seq) for seq, region in firsts)]
         come_round = any(later < earlier for earlier, later in zip(by_region, by_region[1:]))
         highest = max(region for _, region in firsts)
-        after_newest = (max(firsts)[1] + 1) % self.regions
-        return lambda region: come_round or region < highest or region == after_newest
+        return lambda region: come_round or region < highest
 
     def _zeroed(self, region: int) -> bool:
         """Whether a region writing may have reached, whose first sector reads as zeros, holds a
