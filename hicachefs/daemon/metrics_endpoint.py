@@ -20,7 +20,7 @@ which drops what the client still sends and closes it once the client has closed
 is up: closed at once, with bytes unread or still coming (a pipelined second request), the
 kernel resets it, and the client loses the end of its answer. No thread waits on a client that
 never closes: ``LINGERING`` such connections are held, past them one is closed
-(``_first_sent``).
+(``_to_close``).
 
 The daemon's counters (the request and error counters, the namespace's files being written)
 belong to the trio thread and are changed between awaits without a lock, so a scrape never
@@ -78,7 +78,7 @@ PER_ADDRESS = 4
 #: which it has given up on the scrape anyway.
 CONNECTION_TIMEOUT_S = 10.0
 #: Answered connections whose client has not closed yet (each a socket, no thread or buffer):
-#: past these, one is closed (``_first_sent``).
+#: past these, one is closed (``_to_close``).
 LINGERING = 64
 #: What the accept thread reads and drops from an answered connection before closing it anyway
 #: (a pipelined request or two).
@@ -253,7 +253,7 @@ class _Incoming:
         # Answered connections, answered first first: until, bytes dropped, the client's address.
         self._lingering: dict[socket.socket, tuple[float, int, str]] = {}
         self._answered: queue.SimpleQueue[tuple[socket.socket, float]] = queue.SimpleQueue()
-        self._closing = threading.Lock()  # a hand-over (``linger``) and ``close`` in turn
+        self._handing_over = threading.Lock()  # a hand-over (``linger``) and ``close`` in turn
         self._closed = False
         self._wake, self._waker = socket.socketpair()  # a server thread wakes the selector with a byte
         self._wake.setblocking(False)
@@ -296,7 +296,7 @@ class _Incoming:
         is read and dropped. Closed at once, with bytes unread or still coming (a pipelined
         request), the kernel would reset it, and the client lose what of the answer it had not
         received. No thread waits on the client: the accept thread's selector does."""
-        with self._closing:
+        with self._handing_over:
             if self._closed:  # nobody would take it: the endpoint is closing
                 connection.close()
                 return
@@ -310,7 +310,7 @@ class _Incoming:
             self._waker.send(b"\0")
 
     def _take_answered(self) -> None:
-        """Wait on the answered connections handed over, closing one (``_first_sent``) when
+        """Wait on the answered connections handed over, closing one (``_to_close``) when
         ``LINGERING`` are waited on."""
         with contextlib.suppress(OSError):
             self._wake.recv(4096)  # before taking them: a connection handed over later wakes again
@@ -330,7 +330,7 @@ class _Incoming:
         self._lingering[connection] = (until, 0, address)
         self._selector.register(connection, selectors.EVENT_READ, connection)
         if len(self._lingering) > LINGERING:
-            self._end(self._first_sent())
+            self._end(self._to_close())
 
     def _drain(self, connection: socket.socket) -> None:
         """Drop what an answered client sent; close once it has closed, or sent more than
@@ -347,7 +347,7 @@ class _Incoming:
         else:
             self._lingering[connection] = (until, dropped, address)
 
-    def _first_sent(self) -> socket.socket:
+    def _to_close(self) -> socket.socket:
         """The connection to close to make room: the one answered longest ago whose client has
         acknowledged its whole answer; else the one answered last from the address that holds
         the most. Closed with the end of its answer unsent, the kernel resets it on the client's
@@ -435,7 +435,7 @@ class _Incoming:
     def close(self) -> None:
         for connection in list(self._held):
             self._drop(connection)
-        with self._closing:  # a server thread that hands one over from now on closes it itself
+        with self._handing_over:  # a server thread that hands one over from now on closes it itself
             self._closed = True
         self._take_answered()
         for connection in list(self._lingering):

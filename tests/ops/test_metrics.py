@@ -465,14 +465,13 @@ def test_a_client_that_pipelines_a_second_request_gets_the_whole_first_answer():
                 connection.close()
 
 
-def test_a_flood_of_refused_connections_does_not_cut_an_answer_still_on_its_way():
-    """At most 64 answered connections wait for their client to close; past them one is
-    closed. The one answered longest ago was closed, its answer still on its way: 70 idle
-    connections from one address (each answered 503 past the address's 4 places) cut a scraper
-    that pipelined its next request, whose answer the kernel then reset (0.2 of 1.2 MB received;
-    found by review). A connection whose client has acknowledged its whole answer goes first."""
-    with endpoint_over(large_statistics) as address:
-        host, port = address.split(":")
+def pipelined_during(address: str, flood, settle_s: float, before: list[socket.socket] | None = None) -> bytes:
+    """The answer of a scraper that pipelines its next request while its large answer is still
+    on its way and ``flood()`` opened other connections (``settle_s`` before that request); those
+    and ``before`` are closed at the end."""
+    host, port = address.split(":")
+    others = list(before or [])
+    try:
         with socket.socket() as scraper:
             scraper.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
             scraper.connect((host, int(port)))
@@ -480,14 +479,23 @@ def test_a_flood_of_refused_connections_does_not_cut_an_answer_still_on_its_way(
             scraper.sendall(REQUEST)
             first = scraper.recv(65536)  # the answer is sent: the rest waits in the buffers
             time.sleep(0.3)
-            idle = [connect_from("127.0.0.9", address) for _ in range(70)]
-            try:
-                time.sleep(0.3)
-                scraper.sendall(REQUEST)  # its next request, pipelined
-                answer = first + answer_or_close(scraper, 10)
-            finally:
-                for connection in idle:
-                    connection.close()
+            others += flood()
+            time.sleep(settle_s)
+            scraper.sendall(REQUEST)  # its next request, pipelined
+            return first + answer_or_close(scraper, 10)
+    finally:
+        for connection in others:
+            connection.close()
+
+
+def test_a_flood_of_refused_connections_does_not_cut_an_answer_still_on_its_way():
+    """At most 64 answered connections wait for their client to close; past them one is
+    closed. The one answered longest ago was closed, its answer still on its way: 70 idle
+    connections from one address (each answered 503 past the address's 4 places) cut a scraper
+    that pipelined its next request, whose answer the kernel then reset (0.2 of 1.2 MB received;
+    found by review). A connection whose client has acknowledged its whole answer goes first."""
+    with endpoint_over(large_statistics) as address:
+        answer = pipelined_during(address, lambda: [connect_from("127.0.0.9", address) for _ in range(70)], 0.3)
     assert whole(answer)
 
 
@@ -542,21 +550,8 @@ def test_clients_that_do_not_read_their_answers_do_not_cut_another_clients_answe
     with endpoint_over(large_statistics) as address:
         host, port = address.split(":")
         silent = [silent_client(host, int(port), sources[i]) for i in range(before)]
-        try:
-            with socket.socket() as scraper:
-                scraper.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-                scraper.connect((host, int(port)))
-                scraper.settimeout(10)
-                scraper.sendall(REQUEST)
-                first = scraper.recv(65536)  # the answer is sent: the rest waits in the buffers
-                time.sleep(0.3)
-                silent += [silent_client(host, int(port), sources[i]) for i in range(before, 64)]
-                time.sleep(1.0)
-                scraper.sendall(REQUEST)  # its next request, pipelined
-                answer = first + answer_or_close(scraper, 10)
-        finally:
-            for connection in silent:
-                connection.close()
+        answer = pipelined_during(
+            address, lambda: [silent_client(host, int(port), sources[i]) for i in range(before, 64)], 1.0, silent)
     assert whole(answer)
 
 

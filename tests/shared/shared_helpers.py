@@ -9,6 +9,7 @@ from collections.abc import Callable
 import xxhash
 
 from hicachefs.store.pages import PageMeta
+from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs_testing.workload import content
 from pages import wait_until
 
@@ -63,3 +64,12 @@ def read_stored(store, name: str) -> bytes:
     """The whole page ``name`` as the page store's ``open`` gives it (PageNotFound on a miss)."""
     with store.open(name) as reader:
         return bytes(reader.read(0, reader.size + 1))
+
+
+class SlowJournal(DirectoryDevice):
+    """Its journal's appends (the only ``write``) take 0.1 s: its announcements reach the volume
+    well after the page file they announce."""
+
+    def write(self, data, fd):
+        time.sleep(0.1)
+        return super().write(data, fd)

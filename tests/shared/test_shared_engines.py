@@ -14,10 +14,9 @@ import xxhash
 
 from pages import wait_until
 from shared_helpers import FAST
-from shared_helpers import KiB, make_page, read_page, wait_for_sweeps
+from shared_helpers import KiB, SlowJournal, make_page, read_page, wait_for_sweeps
 
 from hicachefs.store.shared import format as page_format
-from hicachefs.store.shared.device import DirectoryDevice
 from hicachefs.store.shared.layout import Layout, place
 from hicachefs.store.pages import PageMeta
 from hicachefs.store.tier import ReadResult
@@ -192,22 +191,13 @@ def test_a_frozen_engine_never_holds_a_caller_past_its_deadline(make_tier, engin
     assert [read_page(b, name) for name in names] == [data for _, data in pages]
 
 
-class _SlowJournal(DirectoryDevice):
-    """Its journal's appends (the only ``write``) take 0.1 s: its announcements reach the volume
-    well after the page file they announce."""
-
-    def write(self, data, fd):
-        time.sleep(0.1)
-        return super().write(data, fd)
-
-
 def test_two_hosts_writing_one_key_at_two_sizes_count_the_bytes_its_file_holds(make_tier, engine_root):
     """A writes a key at one size, B at another just after, before A's announcement reached B:
     B counted A's size, which the volume no longer held, until its next sweep (found by review).
     Both hosts count the bytes the file holds once the engines' entry caches have expired."""
     root_a, root_b = engine_root
     no_sweeps = dict(ON_ENGINE, sweep_interval_s=600)
-    a, b = make_tier(root_a, device=_SlowJournal(), **no_sweeps), make_tier(root_b, **no_sweeps)
+    a, b = make_tier(root_a, device=SlowJournal(), **no_sweeps), make_tier(root_b, **no_sweeps)
     wait_until(lambda: min(a.statistics().sweep.sweep_cycles, b.statistics().sweep.sweep_cycles) >= 1, VISIBLE_S)
     name = make_page(0)[0].name
     small, large = version(name, make_page(1, 4 * KiB)[1]), version(name, make_page(2, 64 * KiB)[1])

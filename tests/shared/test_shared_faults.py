@@ -32,6 +32,18 @@ def faulty_tier(make_tier, root, **options):
     return make_tier(root, device=device, **options), device
 
 
+def _counting_another_hosts_pages(make_tier, root):
+    """A tier that sweeps no more after its first, and counts 200 pages another host wrote: that
+    host, the tier, its device, the pages."""
+    writer = make_tier(root)
+    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)
+    pages = [make_page(i, 4096) for i in range(200)]
+    for page, data in pages:
+        writer.write(page, data)
+    wait_until(lambda: tier.statistics().pages == len(pages))
+    return writer, tier, device, pages
+
+
 def _one_page_kept_one_gone(make_tier, root):
     """A tier that counts two pages after its first sweep (it sweeps no more), and whose second
     page's file was removed unannounced (a journal lost): the tier, its device, the page kept
@@ -143,12 +155,7 @@ def test_names_looked_at_again_on_a_slow_volume_hold_up_no_announcement(tmp_path
     on a volume slow to answer (50 ms a stat) another host's new page reached this one 6 s late,
     against 0.1 s (found by review). The looks take 20 ms of a tick."""
     root = tmp_path / "shared"
-    writer = make_tier(root)
-    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)  # no sweep after the first
-    pages = [make_page(i, 4096) for i in range(200)]
-    for page, data in pages:
-        writer.write(page, data)
-    wait_until(lambda: tier.statistics().pages == len(pages))
+    writer, tier, device, pages = _counting_another_hosts_pages(make_tier, root)
     shutil.rmtree(Path(Layout(root).page_path(place(pages[0][0].name))).parent.parent)  # the pool, unannounced
     assert [tier.find(page.name) for page, _ in pages] == [None] * len(pages)
     device.inject(Fault("stat", delay_s=0.1))  # a volume slow to answer for missing names
@@ -207,12 +214,7 @@ def test_removals_owed_on_a_slow_volume_hold_up_no_announcement(tmp_path, make_t
     each a stat and an unlink; on a volume slow to unlink that held up the tick, and another
     host's new page reached this one seconds late. The removals take 20 ms of a tick."""
     root = tmp_path / "shared"
-    writer = make_tier(root)
-    tier, device = faulty_tier(make_tier, root, sweep_interval_s=600)  # no sweep after the first
-    pages = [make_page(i, 4096) for i in range(200)]
-    for page, data in pages:
-        writer.write(page, data)
-    wait_until(lambda: tier.statistics().pages == len(pages))
+    writer, tier, device, pages = _counting_another_hosts_pages(make_tier, root)
     device.inject(Fault("stat", errno=errno.ENOTCONN))  # the volume away
     wait_until(lambda: not tier.statistics().guard.available)
     assert all(tier.remove_later(page.name) for page, _ in pages)  # removed here meanwhile

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
 from pages import wait_until
-from shared_helpers import POOL, KiB, Releases, make_page, page_name, read_page, wait_for_sweeps
+from shared_helpers import POOL, KiB, Releases, SlowJournal, make_page, page_name, read_page, wait_for_sweeps
 
 from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs.store.pages import page_checksum
@@ -370,15 +370,6 @@ def test_a_page_written_again_at_another_size_counts_the_bytes_its_file_holds_on
     assert (a.used_bytes, b.used_bytes) == (0, 0)
 
 
-class _SlowJournal(DirectoryDevice):
-    """Its journal's appends (the only ``write``) take 0.1 s: its announcements reach the volume
-    well after the page file they announce."""
-
-    def write(self, data, fd):
-        time.sleep(0.1)
-        return super().write(data, fd)
-
-
 def test_two_hosts_writing_one_name_at_two_sizes_at_once_count_the_bytes_its_file_holds(tmp_path, make_tier):
     """A writes a name at one size, B at another just after, before A's announcement reached B:
     the volume holds B's. A, told of B's, counted B's size; B, told of A's after its own write,
@@ -387,7 +378,7 @@ def test_two_hosts_writing_one_name_at_two_sizes_at_once_count_the_bytes_its_fil
     entry cache has expired): both hosts count the bytes its file holds."""
     root = tmp_path / "shared"
     no_sweeps = dict(sweep_interval_s=600.0)  # after the first: what is counted comes from the writes and journals
-    a, b = make_tier(root, device=_SlowJournal(), **no_sweeps), make_tier(root, **no_sweeps)
+    a, b = make_tier(root, device=SlowJournal(), **no_sweeps), make_tier(root, **no_sweeps)
     wait_until(lambda: min(a.statistics().sweep.sweep_cycles, b.statistics().sweep.sweep_cycles) >= 1)
     (small, small_data), (large, large_data) = make_page(1, size=4 * KiB), make_page(1, size=64 * KiB)
     a.write(small, small_data)
@@ -447,7 +438,7 @@ def test_three_hosts_writing_one_name_count_the_file_that_landed_last(tmp_path, 
     root = tmp_path / "shared"
     no_sweeps = dict(sweep_interval_s=600.0)
     a = make_tier(root, **no_sweeps)
-    b, d = (make_tier(root, device=_SlowJournal(), **no_sweeps) for _ in range(2))
+    b, d = (make_tier(root, device=SlowJournal(), **no_sweeps) for _ in range(2))
     wait_until(lambda: min(tier.statistics().sweep.sweep_cycles for tier in (a, b, d)) >= 1)
     (small, small_data), (large, large_data) = make_page(1, size=4 * KiB), make_page(1, size=64 * KiB)
     path, writers = page_path(root, large.name), []

@@ -26,14 +26,16 @@ def read_all(store: PageStore, name: str) -> bytes:
         return bytes(reader.read(0, reader.size + 1))
 
 
-def crash_after(config: StoreConfig, work: Callable[[PageStore], None]) -> None:
+def crash_after(config: StoreConfig, work: Callable[[PageStore], None],
+                disk_device: Callable[[], object] | None = None) -> None:
     """Open a store on ``config`` in a child process, run ``work`` on it, and let the child die
-    without closing the store: the disk tier is left as a SIGKILL leaves it."""
+    without closing the store: the disk tier is left as a SIGKILL leaves it. ``disk_device``
+    makes the disk tier's device in the child (where its lock is taken)."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            work(PageStore(config))
+            work(PageStore(config) if disk_device is None else PageStore(config, disk_device=disk_device()))
             code = 0
         except BaseException:
             traceback.print_exc()

@@ -337,11 +337,11 @@ def test_damage_to_the_oldest_regions_first_header_is_counted_and_logged(tmp_pat
         store.close()
 
 
-def _zero_first_block(path: Path, region: int) -> None:
-    """A region's first 4 KiB read back as zeros (a bad sector remapped, a lost write)."""
+def _zero_first_block(path: Path, region: int, size: int = 4096) -> None:
+    """A region's first ``size`` bytes read back as zeros (a bad sector remapped, a lost write)."""
     with open(path, "r+b") as f:
         f.seek(4096 + region * _REGION)
-        f.write(bytes(4096))
+        f.write(bytes(size))
 
 
 @pytest.mark.parametrize("count, region, lost, kept", [
@@ -391,20 +391,21 @@ def test_a_region_whose_first_block_reads_as_zeros_brings_back_no_page_of_its_pr
         store.close()
 
 
-class _EraseFailsOnce(FileDevice):
-    """A disk whose block at ``bad`` cannot be written once: the ring passes over its region."""
+class _ErasesFail(FileDevice):
+    """A disk whose blocks at ``bad`` cannot be written, once each, from when it is armed: the
+    ring passes over their regions."""
 
-    def __init__(self, path: Path, bad: int) -> None:
+    def __init__(self, path: Path, bad: list[int], armed: bool = True) -> None:
         super().__init__(path)
-        self.bad: int | None = None
-        self._armed = bad
+        self._armed = set(bad)
+        self.bad = set(bad) if armed else set()
 
     def arm(self) -> None:
-        self.bad = self._armed
+        self.bad = set(self._armed)
 
     def pwrite(self, data, offset: int) -> int:
-        if offset == self.bad:
-            self.bad = None
+        if offset in self.bad:
+            self.bad.discard(offset)
             raise OSError(errno.EIO, "a bad block")
         return super().pwrite(data, offset)
 
@@ -417,10 +418,13 @@ def test_a_region_after_one_passed_over_brings_back_no_page_of_its_previous_use(
     after the reclaim came back, with the rest of that use (found by review). So it would, walked
     past zeros from above region 1's first record."""
     config = _ring(tmp_path)
+    devices = []  # (the child's)
 
-    def work() -> None:
-        device = _EraseFailsOnce(tmp_path / ARENA_NAME, 4096 + _REGION)
-        store = PageStore(config, disk_device=device)
+    def device() -> _ErasesFail:
+        devices.append(_ErasesFail(tmp_path / ARENA_NAME, [4096 + _REGION], armed=False))
+        return devices[0]
+
+    def work(store: PageStore) -> None:
         log = store._tiers[1].log
         laps, i = 0, 0
         while not (laps and log.tail + _RING_PAGE + 4096 > log.region_start(1)):  # a lap, then region 0 again
@@ -428,19 +432,12 @@ def test_a_region_after_one_passed_over_brings_back_no_page_of_its_previous_use(
             store.put(page_name(i), content(i, _RING_PAGE))
             laps += before == 7 and log.current == 0
             i += 1
-        device.arm()
+        devices[0].arm()
         store.put(page_name(i), content(i, _RING_PAGE))  # region 1 passed over: region 2 reclaimed for it
         assert (log.current, log.passed_over) == (2, 1)
         assert store.remove(page_name(22))  # in RAM alone since the reclaim
-        os._exit(0)  # a crash
 
-    pid = os.fork()
-    if pid == 0:
-        try:
-            work()
-        finally:
-            os._exit(1)
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    crash_after(config, work, device)
     if zeros:
         _zero_first_block(tmp_path / ARENA_NAME, 2)
     else:
@@ -877,7 +874,8 @@ def test_the_superblock_block_is_read_once_at_start(tmp_path, monkeypatch):
         store.close()
 
 
-@pytest.mark.parametrize("region, laps", [(5, 0), (7, 1)], ids=["the ring's first round", "its second round, the last region"])
+@pytest.mark.parametrize("region, laps", [(5, 0), (7, 1)],
+                         ids=["the ring's first round", "its second round, the last region"])
 def test_a_region_read_as_zeros_at_one_start_brings_back_no_page_at_a_later_one(tmp_path, region, laps):
     """The region being written at a crash reads back with its first sector zeros. The start
     after took it for a region never written and went on writing in the region before it: a
@@ -891,58 +889,38 @@ def test_a_region_read_as_zeros_at_one_start_brings_back_no_page_at_a_later_one(
     def first(store: PageStore) -> None:
         for i in range(80 * laps + region * 10 - 1):  # the regions before full, the one before it but a page
             store.put(page_name(i), content(i, _RING_PAGE))
-        store.put(page_name(9999), content(9999, 2 * _RING_PAGE))  # too large for the region left: the next one's first
+        store.put(page_name(9999), content(9999, 2 * _RING_PAGE))  # too large for what is left: the next region's first
         store.put(replaced, content(1, _RING_PAGE))
         store.put(removed, content(2, _RING_PAGE))
         assert store._tiers[1].log.current == region
 
     crash_after(config, first)
-    with open(tmp_path / ARENA_NAME, "r+b") as f:  # a bad sector: the region's first 512 bytes read as zeros
-        f.seek(4096 + region * _REGION)
-        f.write(bytes(512))
+    _zero_first_block(tmp_path / ARENA_NAME, region, 512)  # a bad sector
+    devices = []  # (the child's)
 
-    def second() -> None:
-        device = _EraseFailsOnce(tmp_path / ARENA_NAME, 4096 + region * _REGION)
-        store = PageStore(config, disk_device=device)
+    def device() -> _ErasesFail:
+        devices.append(_ErasesFail(tmp_path / ARENA_NAME, [4096 + region * _REGION], armed=False))
+        return devices[0]
+
+    def second(store: PageStore) -> None:
         log = store._tiers[1].log
         assert (store.info(replaced), store.info(removed)) == (None, None)  # lost with the zeroed region
         store.put(replaced, content(3, 10 * KiB))  # lands in the region before the zeroed one
         store.remove(removed)  # (the user removes it: it is not there)
-        device.arm()
+        devices[0].arm()
         i = 2000
         while log.current != (region + 1) % 8:  # the region before fills; the zeroed one is passed over
             store.put(page_name(i), content(i, _RING_PAGE))
             i += 1
         assert log.passed_over == 1
-        os._exit(0)  # a crash
 
-    pid = os.fork()
-    if pid == 0:
-        try:
-            second()
-        finally:
-            os._exit(1)
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    crash_after(config, second, device)
     store, _ = reopen(config)
     try:
         assert store.info(removed) is None
         assert store.info(replaced) is None or read_all(store, replaced) == content(3, 10 * KiB)
     finally:
         store.close()
-
-
-class _ErasesFail(FileDevice):
-    """A disk whose blocks at ``bad`` cannot be written, once each: the ring passes over their regions."""
-
-    def __init__(self, path: Path, bad: list[int]) -> None:
-        super().__init__(path)
-        self.bad = set(bad)
-
-    def pwrite(self, data, offset: int) -> int:
-        if offset in self.bad:
-            self.bad.discard(offset)
-            raise OSError(errno.EIO, "a bad block")
-        return super().pwrite(data, offset)
 
 
 @pytest.mark.parametrize("passed_over, zeroed, lost_from", [((3,), (4,), 30), ((2, 4), (3, 5), 20)],
@@ -956,24 +934,14 @@ def test_regions_read_as_zeros_after_ones_passed_over_on_the_first_round_are_cou
     those of a region written after two such (found by review)."""
     config = _ring(tmp_path)
 
-    def work() -> None:
-        store = PageStore(config, disk_device=_ErasesFail(tmp_path / ARENA_NAME, [4096 + r * _REGION for r in passed_over]))
+    def work(store: PageStore) -> None:
         for i in range(40):  # ten pages a region, past the ones passed over
             store.put(page_name(i), content(i, _RING_PAGE))
         assert store._tiers[1].log.passed_over == len(passed_over)
 
-    pid = os.fork()
-    if pid == 0:
-        try:
-            work()
-            os._exit(0)  # a crash
-        finally:
-            os._exit(1)
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-    with open(tmp_path / ARENA_NAME, "r+b") as f:  # their first sectors read as zeros
-        for region in zeroed:
-            f.seek(4096 + region * _REGION)
-            f.write(bytes(512))
+    crash_after(config, work, lambda: _ErasesFail(tmp_path / ARENA_NAME, [4096 + r * _REGION for r in passed_over]))
+    for region in zeroed:  # their first sectors read as zeros
+        _zero_first_block(tmp_path / ARENA_NAME, region, 512)
     store, _ = reopen(config)
     try:
         assert [i for i in range(lost_from, 40) if store.info(page_name(i)) is not None] == []

@@ -782,8 +782,7 @@ class SharedTier(Tier):
         sweep or an announcement said so) is let go unlooked at; one whose look failed goes to
         the end, to wait its turn again (first in line, it failed every tick, found by review)."""
         with self._lock:
-            due = [name for name, _ in itertools.takewhile(lambda item: now - item[1] >= self._entry_cache_s,
-                                                           itertools.islice(self._vanished.items(), budget))]
+            due = [name for name, _ in self._due(self._vanished, now, budget)]
         end = time.monotonic() + BACKLOG_BUDGET_S
         for name in due:
             where = place(name)
@@ -805,6 +804,13 @@ class SharedTier(Tier):
             if time.monotonic() >= end:
                 return
 
+    def _due(self, backlog: collections.OrderedDict[str, float], now: float,
+             count: int | None = None) -> list[tuple[str, float]]:
+        """Under the lock: the first names of ``backlog`` (name: when it was put there, oldest
+        first), ``count`` at most, that the engine's entry cache has expired for since."""
+        items = backlog.items() if count is None else itertools.islice(backlog.items(), count)
+        return list(itertools.takewhile(lambda item: now - item[1] >= self._entry_cache_s, items))
+
     def _found_again(self, name: str, where: Place, stored_size: int | None = None) -> None:
         """The page of ``name`` was read (``stored_size``: counted as present, at that size), or
         announced: a read that found it gone before says nothing more. Looked at again, the name
@@ -819,13 +825,7 @@ class SharedTier(Tier):
 
     def _is_gone(self, name: str) -> bool:
         """Whether no file of ``name`` is on the volume (raises ENOTCONN when the volume is gone)."""
-        try:
-            self._device.stat(self._layout.page_path(place(name)))
-        except OSError as error:
-            if error.errno in GONE:
-                return self._on_volume()
-            raise
-        return False
+        return self._file_size(self._layout.page_path(place(name))) < 0 and self._on_volume()
 
     def _apply_removals(self, budget: int = 64) -> None:
         """Remove the files of pages removed here while the tier was away (``remove_later``): at
@@ -1159,7 +1159,7 @@ class SharedTier(Tier):
         written or announced again meanwhile is left to that; one gone is left to its removal's
         announcement or the sweep; one whose stat failed waits its turn again."""
         with self._lock:
-            due = list(itertools.takewhile(lambda item: now - item[1] >= self._entry_cache_s, self._resized.items()))
+            due = self._due(self._resized, now)
         end = time.monotonic() + BACKLOG_BUDGET_S
         for name, announced in due:
             where = place(name)
