@@ -17,7 +17,8 @@ from store_helpers import KiB, MiB, crash_after, page_name, read_all, reopen
 
 from hicachefs.store import PageCorrupt, PageStore, StoreConfig, StoreError
 from hicachefs.store.ssd.device import FileDevice
-from hicachefs.store.ssd.region_log import record_length
+from hicachefs.store.ssd import doomed
+from hicachefs.store.ssd.region_log import DEAD, record_length
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
 from hicachefs_testing.workload import content
 
@@ -950,5 +951,186 @@ def test_regions_read_as_zeros_after_ones_passed_over_on_the_first_round_are_cou
         assert store.statistics().tier("disk").checksum_failures == len(zeroed)
         for region in zeroed:
             assert f"region {region} of " in caplog.text
+    finally:
+        store.close()
+
+
+class _MarksFail(FileDevice):
+    """A disk whose sectors at ``bad`` cannot take a record's dead mark (bad sectors)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.bad: set[int] = set()
+
+    def pwrite(self, data, offset: int) -> int:
+        if offset in self.bad and bytes(data) == DEAD:
+            raise OSError(errno.EIO, "a bad sector")
+        return super().pwrite(data, offset)
+
+
+_REPLACED = page_name(1000)
+
+
+def _replace_leaving_the_old_record_live(store: PageStore, device: _MarksFail) -> int:
+    """Page 1000 written in region 0, then replaced by a record in region 1; neither record can
+    be marked dead: the publish goes through, the old one let go of while live. Its offset."""
+    log = store._tiers[1].log
+    store.put(page_name(0), content(0, _RING_PAGE))
+    old = log.tail
+    device.bad.add(old)
+    store.put(_REPLACED, content("old", _RING_PAGE))
+    i = 1
+    while log.current != 1:  # region 0 full, region 1 begun
+        store.put(page_name(i), content(i, _RING_PAGE))
+        i += 1
+    device.bad.add(log.tail)
+    store.put(_REPLACED, content("new", _RING_PAGE))
+    assert read_all(store, _REPLACED) == content("new", _RING_PAGE)
+    return old
+
+
+@pytest.mark.parametrize("damage", ["zeros", "flipped"], ids=["its first sector zeros", "its first header damaged"])
+def test_a_replaced_pages_older_record_left_live_stays_dead_when_the_newer_ones_region_is_dropped(tmp_path, damage):
+    """A replace whose old record and new one both fail their dead marks goes through, the old
+    record let go of while live: the scan after a crash passed over it only while it found the
+    new one. The crash then lost the new one's region (its first sector read as zeros, or its
+    first header damaged: dropped), and the page was served in its older version (found by
+    review). The old record is listed, durably, before the publish returns, and the scan takes
+    it for dead: the page is a miss, never its older bytes."""
+    config = _ring(tmp_path)
+    crash_after(config, lambda store: _replace_leaving_the_old_record_live(store, store._tiers[1].log.device),
+                lambda: _MarksFail(tmp_path / ARENA_NAME))
+    if damage == "zeros":
+        _zero_first_block(tmp_path / ARENA_NAME, 1, 512)
+    else:
+        _flip_bit(tmp_path / ARENA_NAME, 4096 + _REGION + 64, 0xFF)  # the name of region 1's first record
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "scan"
+        assert store.info(_REPLACED) is None or read_all(store, _REPLACED) == content("new", _RING_PAGE)
+        assert read_all(store, page_name(0)) == content(0, _RING_PAGE)
+    finally:
+        store.close()
+
+
+def test_a_record_left_live_leaves_the_list_when_its_region_is_reclaimed(tmp_path):
+    """The list of records let go of while live names the old record until the ring reclaims
+    its region; then it is empty again, and the page's new version comes back after a crash."""
+    config = _ring(tmp_path)
+
+    def work(store: PageStore) -> None:
+        log = store._tiers[1].log
+        old = _replace_leaving_the_old_record_live(store, log.device)
+        assert list(doomed.read(tmp_path)[1]) == [old]
+        i, laps = 2000, 0
+        while not (laps and log.current == 0):  # round the ring to region 0 again
+            before = log.current
+            store.put(page_name(i), content(i, _RING_PAGE))
+            laps += before == 7 and log.current == 0
+            i += 1
+        assert doomed.read(tmp_path) == (log.file_id, {})
+        store.put(_REPLACED, content("newest", _RING_PAGE))
+
+    crash_after(config, work, lambda: _MarksFail(tmp_path / ARENA_NAME))
+    store, _ = reopen(config)
+    try:
+        assert read_all(store, _REPLACED) == content("newest", _RING_PAGE)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_damaged_list_of_records_left_live_drops_the_arenas_pages_and_the_start_goes_on(tmp_path, caplog, damage):
+    """Which records the list named is not known once it is damaged, and any of them would serve
+    a replaced page's older version: the arena is formatted anew, with a warning, its pages
+    dropped (a cache's safe loss), and the daemon starts."""
+    config = _ring(tmp_path)
+    crash_after(config, lambda store: _replace_leaving_the_old_record_live(store, store._tiers[1].log.device),
+                lambda: _MarksFail(tmp_path / ARENA_NAME))
+    _zero_first_block(tmp_path / ARENA_NAME, 1, 512)
+    listed = tmp_path / doomed.DOOMED_NAME
+    if damage == "truncated":
+        listed.write_bytes(listed.read_bytes()[:-4])
+    else:
+        _flip_bit(listed, 40)  # its entry
+    store, recovery = reopen(config)
+    try:
+        assert store.info(_REPLACED) is None and store.info(page_name(0)) is None
+        assert "formatted anew" in caplog.text and doomed.DOOMED_NAME in caplog.text
+        store.put(_REPLACED, content("newest", _RING_PAGE))
+    finally:
+        store.close()
+    store, recovery = reopen(config)  # the list written anew: the next start keeps the pages
+    try:
+        assert recovery.method == "snapshot"
+        assert read_all(store, _REPLACED) == content("newest", _RING_PAGE)
+    finally:
+        store.close()
+
+
+def test_a_list_of_records_left_live_names_none_of_an_arena_formatted_anew(tmp_path):
+    """The list names records of one arena (its file id): once that arena is formatted anew
+    (another --disk-size), its entries name nothing, and records written since at their
+    offsets are pages like any other."""
+    config = _ring(tmp_path)
+    crash_after(config, lambda store: _replace_leaving_the_old_record_live(store, store._tiers[1].log.device),
+                lambda: _MarksFail(tmp_path / ARENA_NAME))
+    assert len(doomed.read(tmp_path)[1]) == 1
+    (tmp_path / ARENA_NAME).unlink()  # (the same geometry, another file id)
+    crash_after(config, lambda store: [store.put(page_name(i), content(i, _RING_PAGE)) for i in range(10)])
+    store, _ = reopen(config)
+    try:
+        for i in range(10):
+            assert read_all(store, page_name(i)) == content(i, _RING_PAGE)
+    finally:
+        store.close()
+
+
+def test_a_record_left_live_stays_dead_across_a_start_from_the_snapshot(tmp_path):
+    """The list outlives the starts: a crash, a start that scans (the old record's sector still
+    bad), a clean stop (its snapshot names the page's newer copy only), a start from that
+    snapshot and a crash, then the newer copy's region lost: the next scan still takes the older
+    record for dead."""
+    config = _ring(tmp_path)
+    crash_after(config, lambda store: _replace_leaving_the_old_record_live(store, store._tiers[1].log.device),
+                lambda: _MarksFail(tmp_path / ARENA_NAME))
+
+    def bad_sector() -> _MarksFail:
+        device = _MarksFail(tmp_path / ARENA_NAME)
+        device.bad.add(4096 + record_length(len(_REPLACED.encode()), _RING_PAGE))  # the old record's
+        return device
+
+    store = PageStore(config, disk_device=bad_sector())
+    assert read_all(store, _REPLACED) == content("new", _RING_PAGE)
+    store.close()
+
+    def from_the_snapshot(store: PageStore) -> None:
+        assert store._tiers[1].log.clean_token() is not None  # started from the snapshot
+        store.put(page_name(500), content(500, _RING_PAGE))  # (a session that only reads leaves the snapshot valid)
+
+    crash_after(config, from_the_snapshot, bad_sector)
+    _zero_first_block(tmp_path / ARENA_NAME, 1, 512)
+    store, recovery = reopen(config)
+    try:
+        assert recovery.method == "scan"
+        assert store.info(_REPLACED) is None
+    finally:
+        store.close()
+
+
+def test_a_list_of_records_left_live_that_cannot_be_written_is_counted_and_logged(tmp_path, caplog, monkeypatch):
+    """A third failure: the list cannot be written either (a read-only directory). The publish
+    still goes through, the new version served; the tier counts an io error and logs that a
+    crash losing the new copy would bring the old one back."""
+    def refused(*_) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(doomed, "replace_durably", refused)
+    store = PageStore(_ring(tmp_path), disk_device=_MarksFail(tmp_path / ARENA_NAME))
+    try:
+        errors = store.statistics().tier("disk").io_errors
+        _replace_leaving_the_old_record_live(store, store._tiers[1].log.device)
+        assert store.statistics().tier("disk").io_errors == errors + 4  # three marks, then the list
+        assert "could not be listed either" in caplog.text
     finally:
         store.close()

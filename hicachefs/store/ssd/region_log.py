@@ -69,7 +69,8 @@ import errno
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
@@ -256,9 +257,10 @@ class RegionLog:
     """One arena file on a device: format or reopen it, scan it, append to it, invalidate and
     read records. The device is the caller's, and closed by ``close``. ``largest_record``: the
     bytes of the largest record it must take (``record_length``): an arena whose regions are
-    smaller is formatted anew."""
+    smaller is formatted anew, and so is any arena when ``anew`` says why (its pages dropped)."""
 
-    def __init__(self, device: FileDevice, file_bytes: int, region_bytes: int, largest_record: int) -> None:
+    def __init__(self, device: FileDevice, file_bytes: int, region_bytes: int, largest_record: int,
+                 anew: str | None = None) -> None:
         if file_bytes < _SUPER_BYTES + region_bytes:
             raise StoreError(f"disk tier of {file_bytes} bytes is too small for one {region_bytes}-byte region")
         self.device = device
@@ -267,7 +269,7 @@ class RegionLog:
         self.formatted: str | None = None  # why this open made a new arena, if it did
         self._clean_token: bytes | None = None
         self._seq_limit = 0  # every record in the file has a lower sequence number (0: unknown)
-        self._open_or_format(file_bytes, region_bytes, largest_record)
+        self._open_or_format(file_bytes, region_bytes, largest_record, anew)
         self.regions = (file_bytes - _SUPER_BYTES) // self.region_bytes
         self.capacity = self.regions * self.region_bytes
         self.region_live = [0] * self.regions  # live record bytes per region
@@ -278,15 +280,16 @@ class RegionLog:
         self.passed_over = 0  # regions passed over so far, their first header not erased
         self._fence: int | None = None  # the region writing must not come back to (``fence``)
 
-    def _open_or_format(self, file_bytes: int, region_bytes: int, largest_record: int) -> None:
+    def _open_or_format(self, file_bytes: int, region_bytes: int, largest_record: int, anew: str | None) -> None:
         """Reuse a matching arena; reinitialise an empty file or one of ours of another size or
         version, whose regions cannot hold ``largest_record`` (made for a smaller page size: such
         pages would never go down, found by review), or whose superblock is damaged in both
-        copies (its pages are cache, dropping them is safe); refuse any other file, unchanged."""
+        copies, or that the caller cannot trust (``anew``) (its pages are cache, dropping them
+        is safe); refuse any other file, unchanged."""
         head = check_ours(self.device)  # read once: a second read of a flaky sector could fail
         found, damaged = _read_superblock(head)
         dropped = None  # why an arena of ours that held pages is formatted anew
-        if found is not None:
+        if found is not None and anew is None:
             version, old_bytes, old_region, file_id = found
             # (a region size that no start writes: a version 1 superblock damaged, and the regions with it)
             sane = old_region >= 4096 and old_region % 4096 == 0 and _SUPER_BYTES + old_region <= file_bytes
@@ -314,8 +317,7 @@ class RegionLog:
                        "superblock says (a start that died while making it, or a change by hand): what it "
                        "held is dropped")
         elif _has_our_magic(head):
-            dropped = ("its superblock is damaged (no copy of it holds): "
-                       "what it held is dropped")
+            dropped = anew or "its superblock is damaged (no copy of it holds): what it held is dropped"
         # A new file id makes records of any earlier file invalid without wiping it. The
         # superblock is written before the file is sized, so that a start that dies meanwhile
         # leaves a file that the next start knows for ours (and reinitialises, its size being off).
@@ -468,12 +470,15 @@ class RegionLog:
     # -- recovery ----------------------------------------------------------------------
 
     def scan(
-        self, on_corrupt: Callable[[], None], progress: Callable[[int, int, int], None] | None = None
+        self, on_corrupt: Callable[[], None], progress: Callable[[int, int, int], None] | None = None,
+        dead: Mapping[int, int] = MappingProxyType({}),
     ) -> Iterator[Record]:
         """Yield every live, checking record in sequence order, and leave the write position
         after the newest one. ``on_corrupt`` is called per live record that fails its checksum,
         and per span skipped past a damaged header (a page lost at least);
-        ``progress(scanned_bytes, total_bytes, records_found)`` after each region."""
+        ``progress(scanned_bytes, total_bytes, records_found)`` after each region. ``dead``: per
+        offset, a sequence number: a live record there numbered below it is taken for dead (its
+        mark failed; ``SsdTier.supersede``)."""
         firsts, damaged = self._firsts()
         newest = 0  # the sequence number of the newest record walked
         total, done, found = len(firsts) * self.region_bytes, 0, 0
@@ -500,7 +505,7 @@ class RegionLog:
                     continue
                 magic, name_len, size, seq, checksum, mtime = parsed
                 name_at = pos + HEADER.size
-                if magic == LIVE:
+                if magic == LIVE and not seq < dead.get(start + pos, 0):
                     payload = view[name_at + name_len : name_at + name_len + size]
                     if page_checksum(payload) == checksum:
                         length = record_length(name_len, size)

@@ -33,7 +33,6 @@ from hicachefs.store.index import PageColumns
 from hicachefs.store.ssd.region_log import LogState, RegionLog, record_lengths
 
 SNAPSHOT_NAME = "hicachefs.snapshot"
-_TEMPORARY_NAME = ".hicachefs.snapshot.tmp"
 _MAGIC = b"HCsnap\0\1"
 _VERSION = 1
 # magic, version, token, file id, file bytes, region bytes, regions, current region, tail,
@@ -67,17 +66,25 @@ def write(directory: Path, token: bytes, log: RegionLog, pages: PageColumns) -> 
     parts = [header, np.ascontiguousarray(state.region_live, _REGION_LIVE)]
     parts += [np.ascontiguousarray(getattr(pages, field), dtype) for field, dtype, _ in _COLUMNS]
     parts.append(text)
-    temporary = directory / _TEMPORARY_NAME
     check = xxhash.xxh3_64()
+    for part in parts:
+        check.update(part)
+    parts.append(check.intdigest().to_bytes(_CHECK_BYTES, "little"))
+    replace_durably(directory, SNAPSHOT_NAME, parts)
+
+
+def replace_durably(directory: Path, name: str, parts: list) -> None:
+    """Make ``parts`` (bytes-like, in order) the file ``name`` in ``directory``, whole or not at
+    all, also across a power loss: written under a temporary name (``.NAME.tmp``), fsynced,
+    renamed into place, the directory fsynced. Raises OSError, the old file left as it was."""
+    temporary = directory / f".{name}.tmp"
     try:
         with open(temporary, "wb") as out:
             for part in parts:
-                check.update(part)
                 out.write(part)
-            out.write(check.intdigest().to_bytes(_CHECK_BYTES, "little"))
             out.flush()
             os.fsync(out.fileno())
-        os.replace(temporary, directory / SNAPSHOT_NAME)
+        os.replace(temporary, directory / name)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from hicachefs.store.ssd import snapshot
+from hicachefs.store.ssd import doomed, snapshot
 from hicachefs.store.ssd.device import FileDevice
 from hicachefs.store.index import PageColumns
 from hicachefs.store.ssd.region_log import RegionLog, check_ours, payload_offset, record_length
@@ -106,7 +106,9 @@ class SsdTier(Tier):
         self.directory = directory
         device = device or FileDevice(directory / ARENA_NAME)
         try:
-            self.log = RegionLog(device, capacity, region_size(capacity, max_page_size), largest_record(max_page_size))
+            file_id, entries, anew = self._read_doomed()
+            self.log = RegionLog(device, capacity, region_size(capacity, max_page_size), largest_record(max_page_size),
+                                 anew)
         except BaseException:
             device.close()
             raise
@@ -115,6 +117,30 @@ class SsdTier(Tier):
         # Per name, the offsets of its records let go of (``supersede``) though they are live on
         # the disk: each is older than the name's copy here, which must not be marked dead first.
         self._left_live: dict[str, list[int]] = {}
+        # The durable list of such records (``doomed``), by offset: a scan takes them for dead.
+        self._doomed: dict[int, int] = entries if file_id == self.log.file_id else {}
+        if anew:
+            self._undamage_doomed()
+
+    def _undamage_doomed(self) -> None:
+        """Write the damaged list anew, empty, for the arena formatted anew: left damaged, it
+        would have every later start drop the arena's pages again."""
+        try:
+            self._write_doomed()
+        except OSError as exc:
+            log.warning("%s could not be written anew (%s): the next start drops the arena's pages again",
+                        self.directory / doomed.DOOMED_NAME, exc.strerror or exc)
+
+    def _read_doomed(self) -> tuple[int, dict[int, int], str | None]:
+        """The list of records let go of while live (``doomed``): its file id and entries, and
+        why the arena is formatted anew, when the list is damaged: which records are stale is
+        then not known, and any of them might bring a replaced page's older version back, so
+        the arena's pages are dropped (a list is written whole, by rename: damage is rare)."""
+        try:
+            return *doomed.read(self.directory), None
+        except doomed.ListDamaged as exc:
+            return 0, {}, (f"its list of records let go of while live ({self.directory / doomed.DOOMED_NAME}) "
+                           f"is unusable: {exc}; what the arena held is dropped, as any of it might be such a record")
 
     def bind(self, events: TierEvents) -> None:
         self._events = events
@@ -127,6 +153,7 @@ class SsdTier(Tier):
         a crash to bring back (found by review)."""
         if self._events is not None:
             self.counters.evictions += self._events.reclaiming(start, end)
+        self._undoom([offset for offset in self._doomed if start <= offset < end])
         for name, offsets in list(self._left_live.items()):
             offsets[:] = [offset for offset in offsets if not start <= offset < end]
             try:
@@ -195,13 +222,16 @@ class SsdTier(Tier):
             extent[0] = total
             report(RecoveryProgress("scan", reason, found, done, total, time.monotonic() - started, False))
 
-        for record in self.log.scan(corrupt, scanned):
+        superseded = []  # let go of once the scan has numbered what writing hands out next
+        for record in self.log.scan(corrupt, scanned, self._doomed):
             page = PageMeta(record.name, record.size, record.checksum, record.mtime_ns)
             older = sink.found(page, record.offset)
             if older is not None:
-                self.supersede(*older)
+                superseded.append(older)
             else:
                 pages += 1
+        for older in superseded:
+            self.supersede(*older)
         report(RecoveryProgress("scan", reason, pages, extent[0], extent[0], time.monotonic() - started, True))
 
     def persist(self, pages: PageColumns) -> None:
@@ -257,21 +287,48 @@ class SsdTier(Tier):
 
     def supersede(self, page: PageMeta, location: int) -> None:
         """``Tier.supersede``: a record that cannot be marked dead is no longer counted, and
-        kept in mind as live (a scan passes over it, older than the copy that replaced it),
-        until its region is reclaimed or its mark is written, before its name's copy is dropped."""
+        kept in mind as live, until its region is reclaimed or its mark is written, before its
+        name's copy is dropped. It is listed, durably, before this returns (``doomed``): a scan
+        after a crash takes it for dead. Without the list, the scan passed over it only while it
+        found the copy that replaced it; that copy's region dropped (its first header damaged,
+        or zeros), it served the older version (found by review). When the list cannot be
+        written either, that is logged and counted, and the record stays as before."""
         try:
             self.drop(page, location)
         except OSError:
             self.log.forget(location, len(page.name.encode()), page.size)
             self._left_live.setdefault(page.name, []).append(location)
+            self._doomed[location] = self.log.next_seq
+            try:
+                self._write_doomed()
+            except OSError as exc:
+                self.counters.io_errors += 1
+                log.warning("%s: an older record of %s, whose dead mark failed, could not be listed either "
+                            "(%s): a crash that also loses its newer copy would bring it back",
+                            self.directory / doomed.DOOMED_NAME, page.name, exc.strerror or exc)
 
     def _mark_left_live(self, name: str) -> None:
         """Mark dead the records of ``name`` let go of while live; raises OSError when one fails."""
         offsets = self._left_live.get(name)
         while offsets:
             self.log.mark_dead(offsets[-1])
-            offsets.pop()
+            self._undoom([offsets.pop()])
         self._left_live.pop(name, None)
+
+    def _undoom(self, offsets: list[int]) -> None:
+        """Take off the list the records at ``offsets``, marked dead or reclaimed. A failed write
+        of the list is logged: an entry left on it names a record dead either way, and none
+        written after it (numbered above its bound)."""
+        if not [self._doomed.pop(offset) for offset in offsets if offset in self._doomed]:
+            return
+        try:
+            self._write_doomed()
+        except OSError as exc:
+            log.warning("%s could not be written (%s): records it names are dead or written over",
+                        self.directory / doomed.DOOMED_NAME, exc.strerror or exc)
+
+    def _write_doomed(self) -> None:
+        doomed.write(self.directory, self.log.file_id, self._doomed)
 
     def sync(self) -> None:
         self.log.sync()
