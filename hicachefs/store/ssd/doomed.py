@@ -10,7 +10,7 @@ One file in the disk directory, ``hicachefs.doomed``: a header (magic, version, 
 id, the entry count), per entry the record's offset and a sequence number above its own and at
 or below that of every record written after it (the one writing handed out next when it was
 listed: numbers are never reused, so a later record at the offset is never taken for it), then
-an xxh3_64 of everything before. Written whole through ``snapshot.replace_durably``, and only
+an xxh3_64 of everything before. Written whole through ``durable_file.replace_durably``, and only
 when a mark fails or an entry leaves (its mark written at last, or its region reclaimed): an
 empty list in the normal case, no file I/O on the fast path. A list of another file id (an
 arena formatted anew since) names records of no arena here: it is read as empty.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import xxhash
 
-from hicachefs.store.ssd.snapshot import replace_durably
+from hicachefs.store.ssd.durable_file import replace_durably
 
 DOOMED_NAME = "hicachefs.doomed"
 _MAGIC = b"HCdoom\0\1"

@@ -21,7 +21,6 @@ Blocking file I/O; no shared state (thread-safe as far as the caller's files are
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 from typing import NamedTuple
@@ -30,6 +29,7 @@ import numpy as np
 import xxhash
 
 from hicachefs.store.index import PageColumns
+from hicachefs.store.ssd.durable_file import replace_durably
 from hicachefs.store.ssd.region_log import LogState, RegionLog, record_lengths
 
 SNAPSHOT_NAME = "hicachefs.snapshot"
@@ -71,24 +71,6 @@ def write(directory: Path, token: bytes, log: RegionLog, pages: PageColumns) -> 
         check.update(part)
     parts.append(check.intdigest().to_bytes(_CHECK_BYTES, "little"))
     replace_durably(directory, SNAPSHOT_NAME, parts)
-
-
-def replace_durably(directory: Path, name: str, parts: list) -> None:
-    """Make ``parts`` (bytes-like, in order) the file ``name`` in ``directory``, whole or not at
-    all, also across a power loss: written under a temporary name (``.NAME.tmp``), fsynced,
-    renamed into place, the directory fsynced. Raises OSError, the old file left as it was."""
-    temporary = directory / f".{name}.tmp"
-    try:
-        with open(temporary, "wb") as out:
-            for part in parts:
-                out.write(part)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, directory / name)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_directory(directory)
 
 
 def read(directory: Path, log: RegionLog) -> Snapshot:
@@ -153,11 +135,3 @@ def _check_agrees(log: RegionLog, state: LogState, pages: PageColumns) -> None:
     live = np.bincount(region, weights=lengths, minlength=log.regions)
     if not np.array_equal(live, state.region_live) or int(state.region_live.sum()) != state.used_bytes:
         raise SnapshotInvalid("its index snapshot's pages do not add up to its regions' live bytes")
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
