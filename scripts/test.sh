@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the whole test suite. CI runs exactly this.
-# Without arguments, the suite in three pytest runs on two lanes at once: the namespace, the
-# client, the store and SGLang's own cache on one lane; operations and reliability, then the shared
-# tier's tests (on GlusterFS and JuiceFS volumes), on the other (about 6 minutes each here, the two
-# together keeping the 2 cores about three-quarters busy: much of the suite waits on mounts,
-# daemons and timeouts). Each run's output is printed whole once its lane is done. With arguments,
-# one run of pytest with them. Every run runs whatever the others did; a line for each at the
-# end says how it went, and the exit status is non-zero if any failed.
+# Without arguments, the suite in four pytest runs on two lanes at once: the namespace and the
+# store, then the shared tier's tests (on GlusterFS and JuiceFS volumes), on one lane; the client
+# and SGLang's own cache, then operations and reliability, on the other (about 6 minutes each
+# here: much of the suite waits on mounts, daemons and timeouts, so two lanes keep the 2 cores
+# busy; whole directories, split so that the lanes take about as long). Each run's output is
+# printed whole once its lane is done. With arguments, one run of pytest with them. Every run
+# runs whatever the others did; a line for each at the end says how it went, and the exit
+# status is non-zero if any failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
@@ -18,9 +19,10 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
 # The runs, by lane: "name|pytest arguments" (arguments split at spaces).
-lane_a=("the namespace, the client, the store and SGLang|tests/client tests/fs tests/store tests/scripts tests/sglang tests/test_mounting.py tests/test_name_rules.py")
-lane_b=("operations and reliability|tests/ops tests/reliability"
+lane_a=("the namespace and the store|tests/fs tests/store tests/test_mounting.py tests/test_name_rules.py"
         "the shared tier|tests/shared")
+lane_b=("the client and SGLang|tests/client tests/sglang tests/scripts"
+        "operations and reliability|tests/ops tests/reliability")
 
 # lane N RUN...: run a lane's runs one after the other, each into its log, its exit status beside.
 lane() {

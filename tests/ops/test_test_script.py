@@ -43,32 +43,35 @@ def run_test_sh(checkout: Path, *args: str, **fail: str) -> tuple[int, list[str]
     return done.returncode, summary, (checkout / "calls").read_text().splitlines()
 
 
-NAMESPACE = "the namespace, the client, the store and SGLang"
+NAMESPACE = "the namespace and the store"
 SHARED = "the shared tier"
+CLIENT = "the client and SGLang"
 OTHERS = "operations and reliability"
 
 
 def test_a_failing_run_does_not_stop_the_next_and_fails_the_script(checkout):
     status, summary, calls = run_test_sh(checkout, FAIL_OTHERS="1")
     assert sorted(calls) == sorted([
-        "-m pytest -q -p no:cacheprovider --durations=8 tests/client tests/fs tests/store tests/scripts tests/sglang tests/test_mounting.py "
-        "tests/test_name_rules.py",
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/fs tests/store tests/test_mounting.py tests/test_name_rules.py",
         "-m pytest -q -p no:cacheprovider --durations=8 tests/shared",
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/client tests/sglang tests/scripts",
         "-m pytest -q -p no:cacheprovider --durations=8 tests/ops tests/reliability"])
-    assert summary == ["test.sh: 3 pytest run(s)", f"  FAILED (exit 1): {NAMESPACE}", f"  FAILED (exit 1): {OTHERS}",
-                       f"  passed: {SHARED}"]
+    assert summary == ["test.sh: 4 pytest run(s)", f"  FAILED (exit 1): {NAMESPACE}", f"  passed: {SHARED}",
+                       f"  FAILED (exit 1): {CLIENT}", f"  FAILED (exit 1): {OTHERS}"]
     assert status != 0
 
 
-def test_a_failing_last_run_fails_the_script(checkout):
+def test_a_failing_last_run_of_a_lane_fails_the_script(checkout):
     status, summary, _ = run_test_sh(checkout, FAIL_SHARED="3")
-    assert summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {OTHERS}", f"  FAILED (exit 3): {SHARED}"]
+    assert summary[1:] == [f"  passed: {NAMESPACE}", f"  FAILED (exit 3): {SHARED}", f"  passed: {CLIENT}",
+                           f"  passed: {OTHERS}"]
     assert status != 0
 
 
 def test_all_runs_passing_pass_the_script(checkout):
     status, summary, calls = run_test_sh(checkout)
-    assert len(calls) == 3 and summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {OTHERS}", f"  passed: {SHARED}"]
+    assert len(calls) == 4 and summary[1:] == [f"  passed: {NAMESPACE}", f"  passed: {SHARED}", f"  passed: {CLIENT}",
+                                               f"  passed: {OTHERS}"]
     assert status == 0
 
 
