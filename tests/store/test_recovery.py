@@ -1039,6 +1039,63 @@ def test_a_record_left_live_leaves_the_list_when_its_region_is_reclaimed(tmp_pat
         store.close()
 
 
+class _PowerLost(_MarksFail):
+    """``_MarksFail`` whose writes since its last fsync can be undone, as a power loss would."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self._unsynced: list[tuple[int, bytes]] = []
+
+    def pwrite(self, data, offset: int) -> int:
+        before = os.pread(self.fd, len(data), offset)
+        written = super().pwrite(data, offset)
+        self._unsynced.append((offset, before))
+        return written
+
+    def pwritev(self, buffers, offset: int) -> int:
+        self._unsynced.append((offset, os.pread(self.fd, sum(len(buffer) for buffer in buffers), offset)))
+        return super().pwritev(buffers, offset)
+
+    def fsync(self) -> None:
+        super().fsync()
+        self._unsynced.clear()
+
+    def lose_power(self) -> None:
+        for offset, before in reversed(self._unsynced):
+            os.pwrite(self.fd, before, offset)
+
+
+@pytest.mark.parametrize("how", ["marked", "reclaimed"], ids=["its mark written at last", "its region reclaimed"])
+def test_a_record_leaves_the_list_only_once_what_kills_it_is_durable(tmp_path, how):
+    """A record left live left the list as soon as its dead mark, or its region's erase, was
+    written, before the arena was fsynced: a power loss then undid the mark or the erase and kept
+    the list, and with the newer record's region lost too, the page's older version was served
+    (found by review). The arena is fsynced before the list lets go of a record."""
+    config = _ring(tmp_path)
+
+    def work(store: PageStore) -> None:
+        log = store._tiers[1].log
+        old = _replace_leaving_the_old_record_live(store, log.device)
+        store.sync()  # the new record durable: what follows may be lost with the power
+        if how == "marked":
+            log.device.bad.discard(old)  # its sector takes a mark now: the next reclaim writes it
+        stop_at = 2 if how == "marked" else 0
+        i = 2000
+        while log.current != stop_at:
+            store.put(page_name(i), content(i, _RING_PAGE))
+            i += 1
+        assert doomed.read(tmp_path)[1] == {}
+        log.device.lose_power()
+
+    crash_after(config, work, lambda: _PowerLost(tmp_path / ARENA_NAME))
+    _zero_first_block(tmp_path / ARENA_NAME, 1, 512)  # and the new record's region is lost
+    store, _ = reopen(config)
+    try:
+        assert store.info(_REPLACED) is None or read_all(store, _REPLACED) == content("new", _RING_PAGE)
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("damage", ["truncated", "flipped"])
 def test_a_damaged_list_of_records_left_live_drops_the_arenas_pages_and_the_start_goes_on(tmp_path, caplog, damage):
     """Which records the list named is not known once it is damaged, and any of them would serve

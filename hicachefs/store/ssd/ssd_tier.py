@@ -316,16 +316,23 @@ class SsdTier(Tier):
         self._left_live.pop(name, None)
 
     def _undoom(self, offsets: list[int]) -> None:
-        """Take off the list the records at ``offsets``, marked dead or reclaimed. A failed write
-        of the list is logged: an entry left on it names a record dead either way, and none
+        """Take off the list the records at ``offsets``, marked dead or reclaimed, once the arena
+        is fsynced: a power loss before it would undo the mark or the erase, and leave the record
+        live and no longer listed (found by review). When the fsync or the list's write fails,
+        the entries stay listed (logged): an entry names a record dead either way, and none
         written after it (numbered above its bound)."""
-        if not [self._doomed.pop(offset) for offset in offsets if offset in self._doomed]:
+        gone = set(offsets)
+        left = {offset: bound for offset, bound in self._doomed.items() if offset not in gone}
+        if len(left) == len(self._doomed):
             return
         try:
-            self._write_doomed()
+            self.log.sync()
+            doomed.write(self.directory, self.log.file_id, left)
         except OSError as exc:
             log.warning("%s could not be written (%s): records it names are dead or written over",
                         self.directory / doomed.DOOMED_NAME, exc.strerror or exc)
+            return
+        self._doomed = left
 
     def _write_doomed(self) -> None:
         doomed.write(self.directory, self.log.file_id, self._doomed)
