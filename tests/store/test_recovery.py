@@ -1096,6 +1096,50 @@ def test_a_record_leaves_the_list_only_once_what_kills_it_is_durable(tmp_path, h
         store.close()
 
 
+def test_a_record_is_listed_only_once_it_is_durable_where_the_list_names_it(tmp_path):
+    """The list named an offset (and a bound on its record's number) before the arena was
+    fsynced: a power loss brought back there the record written before it, page P's newest copy,
+    numbered below the bound, so the scan took it for dead and served P's older copy, whose
+    dead mark the power loss had undone as well (found by review). The arena is fsynced before
+    a record is listed."""
+    config = _ring(tmp_path)
+    other = page_name(2000)
+
+    def work(store: PageStore) -> None:
+        log = store._tiers[1].log
+        device = log.device
+        length = record_length(len(_REPLACED), _RING_PAGE)
+        store.put(_REPLACED, content("v0", _RING_PAGE))
+        v0, v1 = log.tail - length, log.tail
+        device.bad |= {v0, v1}
+        store.put(_REPLACED, content("v1", _RING_PAGE))  # v0 let go of while live, listed
+        device.bad.discard(v1)
+        i = 0
+        while log.current != 1:  # region 0 full, region 1 begun
+            store.put(page_name(i), content(i, _RING_PAGE))
+            i += 1
+        device.bad.discard(v0)
+        store.put(_REPLACED, content("v2", _RING_PAGE))  # v0 marked (and fsynced), then v1 (not)
+        at = log.tail - length
+        while not (log.current == 0 and log.tail + length > log.region_start(1)):
+            store.put(page_name(i), content(i, _RING_PAGE))  # round the ring to region 1 again
+            i += 1
+        store.put(page_name(i), content(i, _RING_PAGE))
+        store.put(other, content("q1", _RING_PAGE))  # over v2's place
+        assert log.tail - length == at
+        device.bad |= {at, log.tail}
+        store.put(other, content("q2", _RING_PAGE))  # q1 let go of while live: listed
+        assert at in doomed.read(tmp_path)[1]
+        device.lose_power()
+
+    crash_after(config, work, lambda: _PowerLost(tmp_path / ARENA_NAME))
+    store, _ = reopen(config)
+    try:
+        assert store.info(_REPLACED) is None or read_all(store, _REPLACED) == content("v2", _RING_PAGE)
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("damage", ["truncated", "flipped"])
 def test_a_damaged_list_of_records_left_live_drops_the_arenas_pages_and_the_start_goes_on(tmp_path, caplog, damage):
     """Which records the list named is not known once it is damaged, and any of them would serve

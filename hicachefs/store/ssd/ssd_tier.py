@@ -300,6 +300,9 @@ class SsdTier(Tier):
             self._left_live.setdefault(page.name, []).append(location)
             self._doomed[location] = self.log.next_seq
             try:
+                # The arena first: the list must name the record the offset holds now, not one a
+                # power loss would bring back there, another page's newest copy (found by review).
+                self.log.sync()
                 self._write_doomed()
             except OSError as exc:
                 self.counters.io_errors += 1
