@@ -1040,11 +1040,14 @@ def test_a_record_left_live_leaves_the_list_when_its_region_is_reclaimed(tmp_pat
 
 
 class _PowerLost(_MarksFail):
-    """``_MarksFail`` whose writes since its last fsync can be undone, as a power loss would."""
+    """``_MarksFail`` whose writes since its last fsync can be undone, as a power loss would; and
+    whose next fsync fails (``fail_next_fsync``), the writes before it never to reach the disk."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self._unsynced: list[tuple[int, bytes]] = []
+        self._lost: list[tuple[int, bytes]] = []
+        self.fail_next_fsync = False
 
     def pwrite(self, data, offset: int) -> int:
         before = os.pread(self.fd, len(data), offset)
@@ -1057,11 +1060,16 @@ class _PowerLost(_MarksFail):
         return super().pwritev(buffers, offset)
 
     def fsync(self) -> None:
+        if self.fail_next_fsync:  # as Linux may: what it did not write stays unwritten, however later fsyncs go
+            self.fail_next_fsync = False
+            self._lost += self._unsynced
+            self._unsynced = []
+            raise OSError(errno.EIO, "a writeback error")
         super().fsync()
         self._unsynced.clear()
 
     def lose_power(self) -> None:
-        for offset, before in reversed(self._unsynced):
+        for offset, before in reversed(self._lost + self._unsynced):
             os.pwrite(self.fd, before, offset)
 
 
@@ -1096,14 +1104,16 @@ def test_a_record_leaves_the_list_only_once_what_kills_it_is_durable(tmp_path, h
         store.close()
 
 
-def test_a_record_is_listed_only_once_it_is_durable_where_the_list_names_it(tmp_path):
+@pytest.mark.parametrize("fsync_fails", [False, True], ids=["fsynced", "its fsync failed"])
+def test_a_record_is_listed_only_once_it_is_durable_where_the_list_names_it(tmp_path, fsync_fails):
     """The list named an offset (and a bound on its record's number) before the arena was
     fsynced: a power loss brought back there the record written before it, page P's newest copy,
     numbered below the bound, so the scan took it for dead and served P's older copy, whose
     dead mark the power loss had undone as well (found by review). The arena is fsynced before
-    a record is listed."""
+    a record is listed; and one whose fsync failed is not listed by a later change of the list
+    either (found by review): the writes that fsync failed may never reach the disk."""
     config = _ring(tmp_path)
-    other = page_name(2000)
+    other, third = page_name(2000), page_name(3000)
 
     def work(store: PageStore) -> None:
         log = store._tiers[1].log
@@ -1128,8 +1138,12 @@ def test_a_record_is_listed_only_once_it_is_durable_where_the_list_names_it(tmp_
         store.put(other, content("q1", _RING_PAGE))  # over v2's place
         assert log.tail - length == at
         device.bad |= {at, log.tail}
-        store.put(other, content("q2", _RING_PAGE))  # q1 let go of while live: listed
-        assert at in doomed.read(tmp_path)[1]
+        device.fail_next_fsync = fsync_fails
+        store.put(other, content("q2", _RING_PAGE))  # q1 let go of while live: listed unless its fsync failed
+        store.put(third, content("r1", _RING_PAGE))
+        device.bad |= {log.tail - length, log.tail}
+        store.put(third, content("r2", _RING_PAGE))  # r1 let go of while live: the list written again
+        assert (at in doomed.read(tmp_path)[1]) is not fsync_fails
         device.lose_power()
 
     crash_after(config, work, lambda: _PowerLost(tmp_path / ARENA_NAME))

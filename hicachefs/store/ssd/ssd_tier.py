@@ -298,17 +298,26 @@ class SsdTier(Tier):
         except OSError:
             self.log.forget(location, len(page.name.encode()), page.size)
             self._left_live.setdefault(page.name, []).append(location)
-            self._doomed[location] = self.log.next_seq
             try:
                 # The arena first: the list must name the record the offset holds now, not one a
                 # power loss would bring back there, another page's newest copy (found by review).
+                # Nor is it listed after a failed fsync: Linux may drop the writes that fsync did
+                # not make durable, and a later one that succeeds does not write them (found by review).
                 self.log.sync()
-                self._write_doomed()
             except OSError as exc:
-                self.counters.io_errors += 1
-                log.warning("%s: an older record of %s, whose dead mark failed, could not be listed either "
-                            "(%s): a crash that also loses its newer copy would bring it back",
-                            self.directory / doomed.DOOMED_NAME, page.name, exc.strerror or exc)
+                self._not_listed(page, exc)
+                return
+            self._doomed[location] = self.log.next_seq
+            try:
+                self._write_doomed()
+            except OSError as exc:  # listed at the list's next change, which it stays in memory for
+                self._not_listed(page, exc)
+
+    def _not_listed(self, page: PageMeta, exc: OSError) -> None:
+        self.counters.io_errors += 1
+        log.warning("%s: an older record of %s, whose dead mark failed, could not be listed either (%s): a crash "
+                    "that also loses its newer copy would bring it back", self.directory / doomed.DOOMED_NAME,
+                    page.name, exc.strerror or exc)
 
     def _mark_left_live(self, name: str) -> None:
         """Mark dead the records of ``name`` let go of while live; raises OSError when one fails."""
