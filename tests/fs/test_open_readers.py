@@ -231,7 +231,10 @@ def test_a_reopen_after_the_open_files_pin_ended_never_puts_the_new_page_under_i
     """A file read from the kernel's cache stops pinning its page 2 s after its last read that
     reached the daemon. Reopened (``/proc/self/fd/N``) after the page was replaced, it finds that
     version gone: EIO. It used to be served the new page, whose private mapping filled the old
-    inode's cache with it, which the file opened before the replace then read, cut short."""
+    inode's cache with it, which the file opened before the replace then read, cut short. That
+    file reads its page from the kernel's cache, or fails with EIO where the kernel let a cached
+    block go (the version is no longer stored: the contract allows it; seen once in ten runs
+    under load), never the new page's bytes."""
     pool = mounted.page_dir()
     old, new = content(1, 256 * KiB), content(2, 64 * KiB)
     publish(pool, "k", old)
@@ -250,7 +253,10 @@ def test_a_reopen_after_the_open_files_pin_ended_never_puts_the_new_page_under_i
                     assert private[: 4 * KiB] == old[: 4 * KiB]
             finally:
                 os.close(again)
-        assert read_through(fd, MiB) == old
+        try:
+            assert read_through(fd, MiB) == old
+        except OSError as exc:
+            assert exc.errno == errno.EIO
     finally:
         os.close(fd)
     assert read_elsewhere(pool / "k") == new
