@@ -269,6 +269,7 @@ class RegionLog:
         self.formatted: str | None = None  # why this open made a new arena, if it did
         self._clean_token: bytes | None = None
         self._seq_limit = 0  # every record in the file has a lower sequence number (0: unknown)
+        self.fsync_failed = False  # an fsync of the arena failed (``_fsync``)
         self._open_or_format(file_bytes, region_bytes, largest_record, anew)
         self.regions = (file_bytes - _SUPER_BYTES) // self.region_bytes
         self.capacity = self.regions * self.region_bytes
@@ -327,12 +328,12 @@ class RegionLog:
         for at in (0, _COPY_AT):
             block[at : at + len(superblock)] = superblock
         self.device.pwrite(block, 0)
-        self.device.fsync()
+        self._fsync()
         try:
             self.device.allocate(file_bytes)
         except OSError as e:
             raise StoreError(f"cannot preallocate {file_bytes} bytes for {self.path}: {e}") from e
-        self.device.fsync()
+        self._fsync()
         self.formatted = dropped or "the arena is new"
         if dropped:
             log.warning("%s formatted anew: %s", self.path, dropped)
@@ -355,7 +356,7 @@ class RegionLog:
             for at in damaged:
                 if self.device.pwrite(superblock, at) != len(superblock):
                     raise OSError(errno.EIO, "short write")
-                self.device.fsync()
+                self._fsync()
         except OSError as exc:
             log.warning("%s: its superblock could not be written again (%s): the copy that holds "
                         "serves", self.path, exc.strerror or exc)
@@ -388,7 +389,7 @@ class RegionLog:
         _LIMIT.pack_into(raw, 0, _LIMIT_MAGIC, limit, xxhash.xxh3_64_intdigest(raw[:-8]))
         if self.device.pwrite(raw, _LIMIT_AT) != _LIMIT.size:
             raise OSError(errno.EIO, f"short write of the superblock of {self.path}")
-        self.device.fsync()
+        self._fsync()
         self._seq_limit = limit
 
     def clean_token(self) -> bytes | None:
@@ -402,7 +403,7 @@ class RegionLog:
         mark = bytearray(_CLEAN.pack(_CLEAN_MAGIC, token, 0))
         _CLEAN.pack_into(mark, 0, _CLEAN_MAGIC, token, xxhash.xxh3_64_intdigest(mark[:-8]))
         self.device.pwrite(mark, _CLEAN_AT)
-        self.device.fsync()
+        self._fsync()
         self._clean_token = token
 
     def _mark_dirty(self) -> None:
@@ -411,7 +412,7 @@ class RegionLog:
             return
         if self.device.pwrite(bytes(_CLEAN.size), _CLEAN_AT) != _CLEAN.size:
             raise OSError(errno.EIO, f"short write of the superblock of {self.path}")
-        self.device.fsync()
+        self._fsync()
         self._clean_token = None
 
     def region_start(self, region: int) -> int:
@@ -824,10 +825,20 @@ class RegionLog:
         return ReadResult.OK if page_checksum(out) == checksum else ReadResult.CORRUPT
 
     def sync(self) -> None:
-        self.device.fsync()
+        self._fsync()
+
+    def _fsync(self) -> None:
+        """fsync the arena. A failure is remembered for good (``fsync_failed``): Linux may never
+        write what a failed fsync did not, however later ones go, so which of the writes before
+        it a power loss keeps is not known (found by review)."""
+        try:
+            self.device.fsync()
+        except OSError:
+            self.fsync_failed = True
+            raise
 
     def close(self) -> None:
         try:
-            self.device.fsync()
+            self._fsync()
         finally:
             self.device.close()

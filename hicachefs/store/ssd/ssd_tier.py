@@ -292,32 +292,39 @@ class SsdTier(Tier):
         after a crash takes it for dead. Without the list, the scan passed over it only while it
         found the copy that replaced it; that copy's region dropped (its first header damaged,
         or zeros), it served the older version (found by review). When the list cannot be
-        written either, that is logged and counted, and the record stays as before."""
+        written either, or the arena is not known durable (``_unsure_durable``), that is logged
+        and counted, and the record stays as before."""
         try:
             self.drop(page, location)
         except OSError:
             self.log.forget(location, len(page.name.encode()), page.size)
             self._left_live.setdefault(page.name, []).append(location)
-            try:
-                # The arena first: the list must name the record the offset holds now, not one a
-                # power loss would bring back there, another page's newest copy (found by review).
-                # Nor is it listed after a failed fsync: Linux may drop the writes that fsync did
-                # not make durable, and a later one that succeeds does not write them (found by review).
-                self.log.sync()
-            except OSError as exc:
-                self._not_listed(page, exc)
+            unsure = self._unsure_durable()
+            if unsure is not None:
+                self._not_listed(page, unsure)
                 return
             self._doomed[location] = self.log.next_seq
             try:
                 self._write_doomed()
             except OSError as exc:  # listed at the list's next change, which it stays in memory for
-                self._not_listed(page, exc)
+                self._not_listed(page, exc.strerror or str(exc))
 
-    def _not_listed(self, page: PageMeta, exc: OSError) -> None:
+    def _unsure_durable(self) -> str | None:
+        """Why the arena's writes so far are not known durable, or None once an fsync made them
+        so. The list must name the record an offset holds now, not one a power loss would bring
+        back there, another page's newest copy (found by review); and after any failed fsync of
+        the arena that is not known: Linux may never write what it did not (found by review)."""
+        try:
+            self.log.sync()
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return "an earlier fsync of the arena failed" if self.log.fsync_failed else None
+
+    def _not_listed(self, page: PageMeta, why: str) -> None:
         self.counters.io_errors += 1
         log.warning("%s: an older record of %s, whose dead mark failed, could not be listed either (%s): a crash "
                     "that also loses its newer copy would bring it back", self.directory / doomed.DOOMED_NAME,
-                    page.name, exc.strerror or exc)
+                    page.name, why)
 
     def _mark_left_live(self, name: str) -> None:
         """Mark dead the records of ``name`` let go of while live; raises OSError when one fails."""
@@ -330,19 +337,22 @@ class SsdTier(Tier):
     def _undoom(self, offsets: list[int]) -> None:
         """Take off the list the records at ``offsets``, marked dead or reclaimed, once the arena
         is fsynced: a power loss before it would undo the mark or the erase, and leave the record
-        live and no longer listed (found by review). When the fsync or the list's write fails,
-        the entries stay listed (logged): an entry names a record dead either way, and none
-        written after it (numbered above its bound)."""
+        live and no longer listed (found by review). When the fsync or the list's write fails, or
+        one failed before (``_unsure_durable``), the entries stay listed (logged): an entry names
+        a record dead either way, and none written after it (numbered above its bound)."""
         gone = set(offsets)
         left = {offset: bound for offset, bound in self._doomed.items() if offset not in gone}
         if len(left) == len(self._doomed):
             return
-        try:
-            self.log.sync()
-            doomed.write(self.directory, self.log.file_id, left)
-        except OSError as exc:
-            log.warning("%s could not be written (%s): records it names are dead or written over",
-                        self.directory / doomed.DOOMED_NAME, exc.strerror or exc)
+        unsure = self._unsure_durable()
+        if unsure is None:
+            try:
+                doomed.write(self.directory, self.log.file_id, left)
+            except OSError as exc:
+                unsure = exc.strerror or str(exc)
+        if unsure is not None:
+            log.warning("%s keeps records that are dead or written over (%s)", self.directory / doomed.DOOMED_NAME,
+                        unsure)
             return
         self._doomed = left
 
