@@ -4,7 +4,8 @@ as a ring, of self-describing records (CacheLib Navy's block cache, simplified).
 File layout: a 4 KiB superblock block, then ``regions`` regions of ``region_bytes``. The
 superblock (magic, version, file size, region size, a random file id, an xxh3_64 of those) is
 kept twice, at byte 0 and in the block's last sector (byte 3584); at byte 512 lies the clean
-mark, at byte 1024 the sequence number limit: each field set in a sector of its own, so that
+mark, at byte 1024 the sequence number limit, at byte 1536 the mark of a failed fsync (the next
+start formats the arena anew): each field set in a sector of its own, so that
 writing one cannot tear another. A start takes the first copy whose checksum holds and writes
 it over a damaged one, so bits flipped in one copy, or a write of either torn, lose nothing (a
 block that cannot be read is refused: both copies lie in it, the page cache reading it whole);
@@ -96,6 +97,9 @@ _CLEAN_AT = 512  # a sector of its own: written alone, it cannot tear the superb
 _LIMIT = struct.Struct("<8sQQ")  # magic, sequence number limit, xxh3_64 of the two
 _LIMIT_MAGIC = b"HCseqlim"
 _LIMIT_AT = 1024  # a sector of its own too
+#: Written at the first failed fsync of the arena (``_fsync``): the next start formats it anew.
+_DISTRUST_MAGIC = b"HCfsyncX"
+_DISTRUST_AT = 1536  # a sector of its own, cleared by a format
 #: How far past the next sequence number the limit is raised, each time writing reaches it.
 _LIMIT_STEP = 1 << 20
 
@@ -288,6 +292,9 @@ class RegionLog:
         copies, or that the caller cannot trust (``anew``) (its pages are cache, dropping them
         is safe); refuse any other file, unchanged."""
         head = check_ours(self.device)  # read once: a second read of a flaky sector could fail
+        if anew is None and head[_DISTRUST_AT : _DISTRUST_AT + len(_DISTRUST_MAGIC)] == _DISTRUST_MAGIC:
+            anew = ("an fsync of it failed while it was last in use: which of its writes reached the disk is "
+                    "not known, and it could serve pages older than those written; what it held is dropped")
         found, damaged = _read_superblock(head)
         dropped = None  # why an arena of ours that held pages is formatted anew
         if found is not None and anew is None:
@@ -830,11 +837,20 @@ class RegionLog:
     def _fsync(self) -> None:
         """fsync the arena. A failure is remembered for good (``fsync_failed``): Linux may never
         write what a failed fsync did not, however later ones go, so which of the writes before
-        it a power loss keeps is not known (found by review)."""
+        it the disk holds is not known (found by review, twice): the arena is marked so that the
+        next start formats it anew (a cache dropped is safe; older pages served are not), also
+        after a clean close that marks it clean (found by review)."""
         try:
             self.device.fsync()
         except OSError:
-            self.fsync_failed = True
+            if not self.fsync_failed:
+                self.fsync_failed = True
+                try:
+                    self.device.pwrite(_DISTRUST_MAGIC, _DISTRUST_AT)
+                    self.device.fsync()  # a later fsync reports no error for the writes the failed one dropped
+                except OSError:
+                    log.warning("%s: an fsync failed, and the mark that has the next start format it anew "
+                                "could not be written", self.path)
             raise
 
     def close(self) -> None:
