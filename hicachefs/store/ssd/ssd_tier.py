@@ -314,11 +314,13 @@ class SsdTier(Tier):
         so. The list must name the record an offset holds now, not one a power loss would bring
         back there, another page's newest copy (found by review); and after any failed fsync of
         the arena that is not known: Linux may never write what it did not (found by review)."""
+        if self.log.fsync_failed:  # for good: no fsync after it says more
+            return "an earlier fsync of the arena failed"
         try:
             self.log.sync()
         except OSError as exc:
             return exc.strerror or str(exc)
-        return "an earlier fsync of the arena failed" if self.log.fsync_failed else None
+        return None
 
     def _not_listed(self, page: PageMeta, why: str) -> None:
         self.counters.io_errors += 1
