@@ -151,6 +151,10 @@ class ControlFiles:
         mode = 0o666 if file in _REQUEST_FILES else 0o644 if file in _WRITER_FILES else 0o444
         return Stat(inode, stat.S_IFREG | mode, 0, 1, self.started_ns, self.started_ns)
 
+    def read_only(self, inode: int) -> bool:
+        """Whether no one may write ``inode``, root included (the snapshots, the directory)."""
+        return self.file_of(inode) not in _WRITER_FILES | _REQUEST_FILES
+
     def is_request_file(self, inode: int) -> bool:
         """Whether any user may open ``inode`` for writing (its writes ask, they change nothing)."""
         return self.file_of(inode) in _REQUEST_FILES

@@ -209,7 +209,7 @@ class Operations(pyfuse3.Operations):
 
     @_replying
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        await self.requests.make_link_or_node("special file")
+        return entry(await self.requests.mknod(parent_inode, name, mode, ctx.uid), self.uid, self.gid)
 
     @_replying
     async def readlink(self, inode, ctx):

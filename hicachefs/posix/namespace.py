@@ -143,6 +143,8 @@ class Namespace:
             return False
         if mode & os.W_OK and not writer and not (control and self.control.is_request_file(inode)):
             return False
+        if mode & os.W_OK and control and self.control.read_only(inode):
+            return False
         if control and not writer and self.control.writers_only(inode):
             return False
         return True
@@ -320,6 +322,15 @@ class Namespace:
 
     def create(self, parent_inode: int, name: bytes, flags: int) -> tuple[Stat, Handle]:
         """A new file: a temporary (``.``-prefixed) or one created under a key name."""
+        pending = self._new_file(parent_inode, name)
+        return self._pending_stat(pending), self.publishing.open(pending, writing=True)
+
+    def make_file(self, parent_inode: int, name: bytes) -> Stat:
+        """``create`` without an open (mknod): published at the last close of a writer that opens
+        it later; discarded as abandoned if none does within the temporary files' timeout."""
+        return self._pending_stat(self._new_file(parent_inode, name))
+
+    def _new_file(self, parent_inode: int, name: bytes) -> PendingFile:
         parent = self._writable_dir(parent_inode)
         if parent.depth != names.POOL_DEPTH:
             raise FsError(errno.EPERM, "pages are created in pool directories (model/format/shard/pool)")
@@ -329,8 +340,7 @@ class Namespace:
             raise FsError(errno.EEXIST, "already exists")
         if visible and self._has_page(parent, text):
             raise FsError(errno.EEXIST, "page already published; pages are immutable")
-        pending = self.publishing.create(parent, text, visible)
-        return self._pending_stat(pending), self.publishing.open(pending, writing=True)
+        return self.publishing.create(parent, text, visible)
 
     def open(self, inode: int, flags: int, uid: int = 0, pid: int = 0) -> Handle | NeedsIO:
         """Open a file: a control file's handle, a file being written, or a published page
@@ -344,6 +354,8 @@ class Namespace:
             return self.control.open(inode, flags, publisher=self.publishing, leases=self.leases, uid=uid)
         pending = self.publishing.get(inode)
         if pending is not None:
+            if pending.gone:  # (reached through a name the kernel has not yet been told is gone)
+                raise FsError(errno.ENOENT, "the file was removed or discarded before it was published")
             if flags & os.O_TRUNC:
                 pending.truncate(0)
             return self.publishing.open(pending, writing=bool(flags & (os.O_WRONLY | os.O_RDWR)),

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import errno
 import logging
+import stat
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -216,6 +217,14 @@ class Requests:
                      uid: int) -> None:
         self.namespace.check_writer(uid)
         await settled(self.namespace.rename(old_parent, old, new_parent, new, flags))
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, uid: int) -> Stat:
+        """mknod(2) of a regular file makes a file being written, as ``create`` does without
+        opening it (``tar --xattrs -x`` makes its members so); any other kind is refused."""
+        if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
+            await self.make_link_or_node("special file")
+        self.namespace.check_writer(uid)
+        return self.namespace.make_file(parent_inode, name)
 
     async def make_link_or_node(self, what: str) -> None:
         """``ln``, ``ln -s``, ``mkfifo``, ``mknod``: only pages and directories live in the tree

@@ -2,12 +2,16 @@
 access(2) for a plain user, rmdir of the control directory, a rename of a file still being
 written under its key, the link count of a removed file still open, the directories' mtime
 after rm and mv (of a page and of a file being written), chmod and chown by a plain user, and a temporary name that is not UTF-8 in
-the daemon's log."""
+the daemon's log; access(2) of the read-only control files for root, mknod of a regular file, an
+open of a file dropped at its close."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import stat
+import subprocess
 import time
 
 import pytest
@@ -122,3 +126,82 @@ def test_plain_user_chmod_and_chown_fail_with_eperm(public_mount):
         result = as_nobody(*command)
         assert result.returncode != 0
         assert "Operation not permitted" in result.stderr, (command, result.stderr)
+
+
+def test_access_tells_root_the_read_only_control_files_are_not_writable(mounted):
+    """access(2) answers what the call would do, for root too: ``test -w`` on ``stats``,
+    ``config``, ``metrics`` or the control directory said yes, and the open for writing (or a
+    file made there) then failed with EACCES. The request files root may write say yes."""
+    control = mounted.path / ".hicachefs"
+    for name in ("stats", "config", "metrics"):
+        assert not os.access(control / name, os.W_OK), f"test -w .hicachefs/{name} says writable"
+        with pytest.raises(PermissionError):
+            os.open(control / name, os.O_WRONLY)
+    assert not os.access(control, os.W_OK), "test -w .hicachefs says writable"
+    with pytest.raises(OSError):
+        os.open(control / "made", os.O_WRONLY | os.O_CREAT, 0o644)
+    for name in ("exists", "fetch", "ingest"):
+        assert os.access(control / name, os.R_OK | os.W_OK), f"root: test -w .hicachefs/{name} says no"
+
+
+def test_mknod_of_a_regular_file_makes_a_file_published_at_its_writers_close(mounted):
+    """mknod(2) of a regular file is how ``tar --xattrs -x`` makes each member (then opens it
+    for writing): it was refused with EPERM, as special files are, so such an archive extracted
+    nothing. A special file is still refused."""
+    pool = mounted.page_dir()
+    os.mknod(pool / "k", 0o644 | stat.S_IFREG)
+    assert os.stat(pool / "k").st_size == 0
+    with open(pool / "k", "wb") as writer:
+        writer.write(b"made by mknod")
+    assert (pool / "k").read_bytes() == b"made by mknod"
+    assert os.stat(pool / "k").st_mode & 0o222 == 0, "not published: a page is read-only"
+    with pytest.raises(FileExistsError):
+        os.mknod(pool / "k", 0o644 | stat.S_IFREG)
+    with pytest.raises(PermissionError):
+        os.mknod(pool / "fifo", 0o644 | stat.S_IFIFO)
+
+
+def test_tar_with_xattrs_extracts_into_a_pool_and_exits_0(mounted, tmp_path):
+    """GNU tar makes a member that carries extended attributes with mknod, then writes it."""
+    source = tmp_path / "kv"
+    source.mkdir()
+    (source / "page1").write_bytes(b"one" * 100)
+    os.setxattr(source / "page1", "user.origin", b"host1")
+    archive = tmp_path / "a.tar"
+    subprocess.run(["tar", "--xattrs", "-C", str(tmp_path), "-cf", str(archive), "kv"], check=True)
+    shard = mounted.page_dir().parent
+    result = subprocess.run(["tar", "--xattrs", "-C", str(shard), "-xf", str(archive)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (shard / "kv" / "page1").read_bytes() == b"one" * 100
+
+
+def test_a_file_made_with_mknod_and_never_written_is_not_published(mount_factory):
+    """Nothing opens it for writing: it is discarded as an abandoned file being written, after
+    the temporary files' timeout, and no empty page appears under its key."""
+    mount = mount_factory("--memory", "64M", "--temp-timeout", "1")
+    pool = mount.page_dir()
+    os.mknod(pool / "k", 0o644 | stat.S_IFREG)
+    wait_until(lambda: not (pool / "k").exists(), timeout=10)
+    assert json.loads((mount.path / ".hicachefs" / "stats").read_text())["pages"] == 0
+
+
+def test_a_file_dropped_at_its_close_is_not_opened_again(mounted):
+    """A file under a key whose write failed (EFBIG) is dropped at its last close, which is
+    answered before the kernel is told its name is gone: an open of the name meanwhile opened
+    the dropped file, whose reads then failed with EIO. It is ENOENT, as for any name gone."""
+    pool = mounted.page_dir()
+    for i in range(30):
+        path = pool / f"dropped{i}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"a" * 100)
+        with pytest.raises(OSError) as refused:
+            os.ftruncate(fd, 1 << 30)
+        assert refused.value.errno == errno.EFBIG
+        os.close(fd)
+        try:
+            with open(path, "rb") as reader:
+                read = reader.read()
+        except FileNotFoundError:
+            continue
+        pytest.fail(f"a dropped file opened again and read {len(read)} bytes")
