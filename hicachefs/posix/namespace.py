@@ -354,8 +354,10 @@ class Namespace:
             return self.control.open(inode, flags, publisher=self.publishing, leases=self.leases, uid=uid)
         pending = self.publishing.get(inode)
         if pending is not None:
-            if pending.gone:  # (reached through a name the kernel has not yet been told is gone)
-                raise FsError(errno.ENOENT, "the file was removed or discarded before it was published")
+            if pending.gone:  # reached through a name the kernel has not yet been told is gone or
+                # replaced: its lookup again finds what the name holds now, or ENOENT (opening the
+                # gone file gave a handle that read EIO; ENOENT here missed a page just put there)
+                raise self.racing.stale(pid, pending.directory.inode, pending.name)
             if flags & os.O_TRUNC:
                 pending.truncate(0)
             return self.publishing.open(pending, writing=bool(flags & (os.O_WRONLY | os.O_RDWR)),

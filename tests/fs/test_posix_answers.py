@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import subprocess
+import threading
 import time
 
 import pytest
@@ -205,3 +206,37 @@ def test_a_file_dropped_at_its_close_is_not_opened_again(mounted):
         except FileNotFoundError:
             continue
         pytest.fail(f"a dropped file opened again and read {len(read)} bytes")
+
+
+def test_an_open_racing_the_replace_of_a_file_being_written_finds_one_of_the_two(mounted):
+    """A name that holds a file being written, then the page renamed onto it: an open at that
+    moment reaches the replaced file through the kernel's entry, and opens the page (or the file
+    just before), never ENOENT (found by review of the answer above: a name never missing)."""
+    pool = mounted.page_dir()
+    outcomes: dict[str, int] = {}
+    for i in range(100):
+        key = pool / f"k{i}"
+        writer = os.open(key, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(writer, b"old")
+        stop = threading.Event()
+
+        def open_again_and_again():
+            while not stop.is_set():
+                try:
+                    os.close(os.open(key, os.O_RDONLY))
+                    outcome = "opened"
+                except OSError as exc:
+                    outcome = errno.errorcode[exc.errno]
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+        opener = threading.Thread(target=open_again_and_again)
+        opener.start()
+        try:
+            time.sleep(0.003)
+            publish(pool, f"k{i}", b"N" * 100)
+            time.sleep(0.003)
+        finally:
+            stop.set()
+            opener.join()
+            os.close(writer)
+    assert set(outcomes) == {"opened"}, outcomes
