@@ -279,11 +279,15 @@ class PageIndex:
         self._table = memory.table
         self._cells = _Cells(self)
 
-    def _move_to(self, capacity: int, slots: int) -> None:
+    def _move_to(self, capacity: int, slots: int, private: dict[str, np.ndarray] | None = None) -> None:
         """Move the shared columns to new memory of this shape: the rows are copied, the table is
-        built anew there, and readers of the old memory are told to look again."""
+        built anew there, and readers of the old memory are told to look again. ``private``: the
+        private columns' arrays for that capacity, taken once the new memory is had (where it is
+        not, for want of memory, the index stays as it was)."""
         old = self.memory
         memory = IndexMemory(capacity, slots, self._described)
+        for column, values in (private or {}).items():
+            setattr(self, column, values)
         if self._replacing:  # the name replaced is in no row until the replace ends
             memory.rebuilding()
         kept = min(old.capacity, capacity)
@@ -437,14 +441,14 @@ class PageIndex:
         if dir_id < 0:
             dir_id = self.dir_id(directory)
             h = _hash_one(dir_id, kid)
-        self._dir_pages[dir_id] += 1
         if self._free_rows:
             row = self._free_rows.pop()
         else:
             if self._rows == len(self.size):
-                self._grow()
+                self._grow()  # (may fail for memory: nothing is counted before it)
             row = self._rows
             self._rows += 1
+        self._dir_pages[dir_id] += 1
         cells = self._cells
         cells.gen[row] += 1  # odd while the row is filled; in the table only once whole
         cells.hash[row] = h
@@ -595,15 +599,14 @@ class PageIndex:
 
     def _grow(self) -> None:
         new = 2 * len(self.size)
+        private = {}
         for column in self._COLUMNS:
             old = getattr(self, column)
-            grown = np.zeros(new, old.dtype)
-            grown[: len(old)] = old
-            setattr(self, column, grown)
-        loc = np.full((new, self.loc.shape[1]), -1, np.int64)
-        loc[: len(self.loc)] = self.loc
-        self.loc = loc
-        self._move_to(new, len(self._table))
+            private[column] = np.zeros(new, old.dtype)
+            private[column][: len(old)] = old
+        private["loc"] = np.full((new, self.loc.shape[1]), -1, np.int64)
+        private["loc"][: len(self.loc)] = self.loc
+        self._move_to(new, len(self._table), private)
 
     def _rebuild(self, table_size: int) -> None:
         """Re-insert every live row into a fresh table: in place when it keeps its size (readers'

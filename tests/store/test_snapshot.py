@@ -6,6 +6,7 @@ After every start: each page that should be there reads back exactly, no deleted
 back, and the disk tier's accounting is what a scan of the same arena finds.
 """
 
+import errno
 import logging
 import shutil
 from pathlib import Path
@@ -359,3 +360,27 @@ def test_a_name_looked_up_before_a_load_is_found_by_its_new_directory_number():
     assert loaded.name(row) == page_name(3, "a") and loaded.find(page_name(3, "a")) == row
     assert sorted(loaded.names(np.array([loaded.find(page_name(i, d)) for i, d in ((1, "b"), (2, "a"), (3, "a"))]))) \
         == sorted([page_name(1, "b"), page_name(2, "a"), page_name(3, "a")])
+
+
+
+def test_an_add_the_index_has_no_memory_for_changes_nothing(monkeypatch):
+    """The index grows its rows when full; where the new memory cannot be had (ENOMEM), the
+    page is not added and the index stays as it was: its directory had counted the page, and
+    answered rmdir with ENOTEMPTY until a restart, and the private columns had grown apart from
+    the rows that later adds wrote (found by review)."""
+    index = PageIndex(tiers=1, capacity=4)
+    for i in range(4):
+        index.add(f"m/f/s/kv/{i:064x}", 10, 0, i, 0, i)
+
+    def no_memory(*_):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("hicachefs.store.index.IndexMemory", no_memory)
+        with pytest.raises(OSError):
+            index.add(f"m/f/s/kv2/{0:064x}", 10, 0, 0, 0, 4)
+    assert index.directories() == ["m/f/s/kv"]
+    row = index.add(f"m/f/s/kv2/{1:064x}", 20, 0, 777, 0, 5)  # memory back: it grows
+    assert sorted(index.directories()) == ["m/f/s/kv", "m/f/s/kv2"]
+    assert (int(index.size[row]), int(index.mtime[row])) == (20, 777)
+    assert index.pages == 5
