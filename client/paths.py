@@ -6,10 +6,14 @@ Pure functions and one small immutable class; no I/O, thread-safe.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 MAX_KEY_BYTES = 200
+
+# What UTF-8 cannot carry: surrogates (a lone one stands for a byte that was not UTF-8).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def all_hex_keys(keys: Any) -> bool:
@@ -53,7 +57,10 @@ def key_problem(key: Any) -> Optional[str]:
 def safe_component(text: str) -> str:
     """Turn free text (a model or pool name) into a valid path component, deterministically.
 
-    Names that already are valid stay as they are, so the mount shows them readably.
+    Names that already are valid stay as they are, so the mount shows them readably. One too
+    long, or holding a lone surrogate (a name from bytes that are not UTF-8, through Python's
+    surrogateescape, which the mount refuses: EINVAL), is cut and its surrogates written ``_``,
+    then a hash of the whole name is appended, so two such names stay apart.
     """
     text = text.replace("/", "--").replace("\0", "_").replace("\n", "_")
     if not text:
@@ -61,9 +68,10 @@ def safe_component(text: str) -> str:
     if text.startswith("."):
         text = "_" + text
     encoded = text.encode("utf-8", "surrogatepass")
-    if len(encoded) > MAX_KEY_BYTES:
+    readable = _SURROGATE.sub("_", text).encode("utf-8")
+    if len(encoded) > MAX_KEY_BYTES or readable != encoded:
         digest = hashlib.sha256(encoded).hexdigest()[:16]
-        text = encoded[: MAX_KEY_BYTES - 17].decode("utf-8", "ignore") + "-" + digest
+        text = readable[: MAX_KEY_BYTES - 17].decode("utf-8", "ignore") + "-" + digest
     return text
 
 

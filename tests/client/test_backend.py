@@ -291,6 +291,26 @@ def test_a_longer_page_is_a_miss_also_when_read_by_its_own_file(hicachefs_mount)
     assert fs.batch_get_v1([odd], indices(pool, [1])) == [False]
 
 
+def test_a_model_name_that_is_not_utf8_stores_and_loads_pages(hicachefs_mount):
+    """A served model name from bytes that are not UTF-8 holds a lone surrogate (Python's
+    surrogateescape of argv): its directory name was no UTF-8, which the mount refuses, so every
+    write failed (EINVAL) and every read missed. Two such names still name two directories."""
+    pool = MHAHostPool(pages=8)
+    pool.fill_random(seed=11)
+    fs = make_fs(hicachefs_mount, pool, model="caf\udce9/model")
+    other = make_fs(hicachefs_mount, pool, model="caf\udce8/model")
+    assert fs._dir_of("kv") != other._dir_of("kv")
+    k = key("not utf-8")
+    assert fs.batch_set_v1([k], indices(pool, [0])) == [True]
+    fs.settle()
+    assert fs.batch_exists([k]) == 1 and other.batch_exists([k]) == 0
+    want = page_bytes(pool, 0)
+    pool.zero()
+    assert fs.batch_get_v1([k], indices(pool, [1])) == [True]
+    assert page_bytes(pool, 1) == want
+    assert fs.statistics()["errors"] == {}
+
+
 @pytest.mark.parametrize("data_plane", [True, False])
 def test_a_page_file_of_another_size_does_not_block_its_key(store_root, data_plane):
     """A page file cut off half-way (a ``cp`` killed, written by plain file I/O as the contract

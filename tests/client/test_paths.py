@@ -23,6 +23,9 @@ def test_model_segment():
     assert paths.model_segment(None) == "_"
     assert paths.key_problem(paths.model_segment(".x/y")) is None
     assert paths.key_problem(paths.model_segment("m" * 500)) is None
+    odd = paths.model_segment("caf\udce9/model")  # a name from bytes that are not UTF-8
+    assert odd.startswith("caf_--model-") and paths.key_problem(odd) is None
+    assert len({odd, paths.model_segment("caf\udce8/model"), paths.model_segment("caf_/model")}) == 3
 
 
 def test_format_segment():
