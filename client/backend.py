@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 import torch
 
 from . import forks, paths
-from .layout import PageLayout, resolve_pool, tensor_bytes
+from .layout import IndicesOutsidePool, PageLayout, resolve_pool, tensor_bytes
 from .accounting import Counters, FailureLog
 from .page_io import PageIO
 from .page_threads import PageThreads
@@ -305,6 +305,18 @@ class HiCacheFS(HiCacheStorage):
                                    level=logging.ERROR)
         return layout.flat_page
 
+    def _page_buffers(self, name: str, layout: PageLayout,
+                      starts: Sequence[int]) -> Tuple[bool, Optional[List[List[memoryview]]]]:
+        """(whether the batch can be served, its zero-copy buffers or None to copy). A batch whose
+        host indices reach past the pool fails whole and leaves zero copy on for the pool's next
+        batches (turned off, every later batch was copied until a restart)."""
+        try:
+            zero_copy = layout.zero_copy_buffers(starts)
+        except IndicesOutsidePool as exc:
+            self._refusals.failure("BAD_INDICES", f"{name}: {exc}")
+            return False, None
+        return zero_copy is not None or self._copyable(name, layout), zero_copy
+
     @guarded(False)
     def _run_of_pages(self, transfer: Callable[[int], bool], run: int) -> bool:
         """``transfer(run)`` on a page thread: an unexpected exception fails that run alone."""
@@ -329,8 +341,8 @@ class HiCacheFS(HiCacheStorage):
             return results
         layout, starts, wanted = plan
         directory = self._pool_dir(name, layout)
-        zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
-        if zero_copy is None and not self._copyable(name, layout):
+        servable, zero_copy = self._page_buffers(name, layout, [starts[i] for i in wanted])
+        if not servable:
             return results
         chunks = self._chunks(len(wanted), layout.page_bytes, self.read_threads.threads, zero_copy is None)
 
@@ -366,8 +378,8 @@ class HiCacheFS(HiCacheStorage):
             return results
         directory = self._pool_dir(name, layout)
         # Pages already stored are kept as they are (``PageIO.publish_pages``): all are sent.
-        zero_copy = layout.zero_copy_buffers([starts[i] for i in wanted])
-        if zero_copy is None and not self._copyable(name, layout):
+        servable, zero_copy = self._page_buffers(name, layout, [starts[i] for i in wanted])
+        if not servable:
             return results
         chunks = self._chunks(len(wanted), layout.page_bytes, self.write_threads.threads, zero_copy is None)
         if zero_copy is not None and self.io.plane_attached():  # one commit, the copies spread

@@ -85,6 +85,10 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.numpy()).cast("B")
 
 
+class IndicesOutsidePool(ValueError):
+    """A call's host indices reach past its host pool (``PageLayout._not_mapped``)."""
+
+
 @dataclass
 class _Region:
     start: int
@@ -174,7 +178,8 @@ class PageLayout:
         A host page's pieces never move, so they are kept for the next call (the last
         ``_KEPT_PAGE_VIEWS`` pages'); a page not kept is placed by the pool's strides once they
         are known, else asked of the pool (with the batch's other pages not kept). A pool whose
-        pages move (``_pages_move``) is asked for every page of every call."""
+        pages move (``_pages_move``) is asked for every page of every call. Raises
+        ``IndicesOutsidePool`` for pages past the pool (``_not_mapped``)."""
         if not self.zero_copy or not starts:
             return None
         if self._pages_move:
@@ -217,7 +222,7 @@ class PageLayout:
                                  for s in starts])
             ptrs, sizes = self.pool.get_page_buffer_meta(indices)
         except Exception as exc:
-            self._disable(f"get_page_buffer_meta failed: {exc!r}")
+            self._not_mapped(starts, f"get_page_buffer_meta failed: {exc!r}")
             return None
         if not ptrs or len(ptrs) != len(sizes) or len(ptrs) % len(starts):
             self._disable(f"get_page_buffer_meta gave {len(ptrs)} pieces for {len(starts)} pages")
@@ -231,8 +236,8 @@ class PageLayout:
                                  sizes[p * per_page:(p + 1) * per_page]):
                 view = self._view(ptr, size)
                 if view is None:
-                    self._disable(f"a page piece at {ptr:#x} (+{size}) lies outside "
-                                  "the pool's tensors")
+                    self._not_mapped(starts, f"a page piece at {ptr:#x} (+{size}) lies outside "
+                                     "the pool's tensors")
                     return None
                 views.append(view)
             if sum(len(v) for v in views) != self.page_bytes:
@@ -269,6 +274,15 @@ class PageLayout:
         return views, lambda j, start: self.pool.set_from_flat_data_page(start, pages[j])
 
     # ---------------------------------------------------------------- internals
+
+    def _not_mapped(self, starts: Sequence[int], why: str) -> None:
+        """The pool could not place the pages of ``starts`` in its tensors. When some reach past
+        its slots (SGLang's ``logical_size``, else ``size``) the call is at fault, not the pool:
+        it fails alone (``IndicesOutsidePool``) and zero copy stays on; else zero copy goes off."""
+        slots = getattr(self.pool, "logical_size", None) or getattr(self.pool, "size", None)
+        if isinstance(slots, int) and any(s < 0 or s + self.index_step > slots for s in starts):
+            raise IndicesOutsidePool(f"host indices reach past the pool's {slots} slots")
+        self._disable(why)
 
     def _disable(self, why: str) -> None:
         if self.zero_copy:

@@ -441,6 +441,28 @@ def test_zero_copy_order_is_checked(store_root, caplog):
     assert page_bytes(pool, 5) == page_bytes(pool, 2)
 
 
+def test_host_indices_past_the_pool_fail_their_call_alone(store_root):
+    """Host indices past the host pool in one call made the pool's pieces look wrong: zero copy
+    went off for the pool until a restart, every later batch copied. That call fails; the
+    pool's next batches are still zero copy, their bytes right."""
+    pool = MHAHostPool(pages=8)
+    pool.fill_random(seed=3)
+    fs = make_fs(store_root, pool)
+    keys = [key("past the pool", i) for i in range(4)]
+    assert fs.batch_get_v1([key("past the pool", "x")], indices(pool, [40])) == [False]
+    assert fs._layout("kv").zero_copy
+    assert fs.batch_set_v1(keys, indices(pool, range(4))) == [True] * 4
+    assert fs.batch_set_v1([key("past the pool", "y"), key("past the pool", "z")],
+                           indices(pool, [3, 40])) == [False, False]
+    assert fs._layout("kv").zero_copy
+    want = [page_bytes(pool, p) for p in range(4)]
+    pool.zero()
+    assert fs.batch_get_v1(keys, indices(pool, [4, 5, 6, 7])) == [True] * 4
+    assert fs._layout("kv").zero_copy
+    assert [page_bytes(pool, p) for p in (4, 5, 6, 7)] == want
+    assert fs.batch_exists([key("past the pool", "y")]) == 0
+
+
 def test_host_pool_group_resolves_to_its_kv_pool(store_root):
     from types import SimpleNamespace
 
