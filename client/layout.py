@@ -115,7 +115,7 @@ class PageLayout:
         self.marker = self.page_bytes == 0  # its pages are stored as MARKER (module docstring)
         if self.marker:
             self.page_bytes = len(MARKER)
-        self.format = format_segment(dtype, str(pool.layout), self.page_size,
+        self.format = format_segment(dtype, str(pool.layout), self.page_size, self.page_bytes,
                                      getattr(pool, "storage_format_tag", None))
         # An MHA pool (SGLang's have ``head_num``) holds this rank's share of the KV heads, even
         # in an MLA model (an MHA draft): never the bytes of every rank (``ShardIdentity``).

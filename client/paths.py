@@ -86,13 +86,23 @@ def dtype_name(dtype: Any) -> str:
     return text[len("torch."):] if text.startswith("torch.") else text
 
 
-def format_segment(dtype: Any, layout: str, page_size: int, tag: Optional[str] = None) -> str:
-    """What makes page bytes compatible: ``<dtype>-<layout>-<tokens per page>``.
+def size_name(size: int) -> str:
+    """A page's size in bytes, exactly and readably: ``128KiB`` when whole KiB, else ``1000B``."""
+    size = int(size)
+    return f"{size // 1024}KiB" if size and size % 1024 == 0 else f"{size}B"
 
+
+def format_segment(dtype: Any, layout: str, page_size: int, page_bytes: int,
+                   tag: Optional[str] = None) -> str:
+    """What makes page bytes compatible: ``<dtype>-<layout>-<tokens per page>-<page size>``.
+
+    The size tells apart pools of one dtype, layout and page size whose pages hold other
+    geometries (SGLang packs a speculative draft's layers into the target's host pool): in one
+    directory, each took the other's pages for missing (of the wrong size) and replaced them.
     ``tag`` is a host pool's own byte-format name (SGLang's ``storage_format_tag``), appended
     when the pool has one, so pages of another format miss instead of loading.
     """
-    text = f"{dtype_name(dtype)}-{layout}-{int(page_size)}"
+    text = f"{dtype_name(dtype)}-{layout}-{int(page_size)}-{size_name(page_bytes)}"
     if tag:
         text += f"-{tag}"
     return safe_component(text)

@@ -51,7 +51,7 @@ def test_v1_round_trip(store_root, kind, layout):
     src_pages = [2, 5, 1, 3]
     assert fs.batch_set_v1(keys, indices(src, src_pages)) == [True] * 4
 
-    fmt = f"bfloat16-{layout}-16"
+    fmt = f"bfloat16-{layout}-16-{'9KiB' if kind == 'mla' else '8KiB'}"
     shard = "all" if kind == "mla" else "tp0of1"
     for k, page in zip(keys, src_pages):
         path = store_root / MODEL / fmt / shard / "kv" / k
@@ -76,7 +76,7 @@ def test_existing_pages_are_not_rewritten(store_root):
     fs = make_fs(store_root, pool)
     keys = [key("skip", i) for i in range(3)]
     assert fs.batch_set_v1(keys[:2], indices(pool, [0, 1])) == [True, True]
-    path = store_root / MODEL / "bfloat16-page_first-16" / "tp0of1" / "kv" / keys[0]
+    path = store_root / MODEL / "bfloat16-page_first-16-8KiB" / "tp0of1" / "kv" / keys[0]
     before = path.stat()
     pool.fill_random(seed=9)  # different bytes: must not replace the stored page
     assert fs.batch_set_v1(keys, indices(pool, [0, 1, 2])) == [True] * 3
@@ -156,7 +156,7 @@ def test_v2_named_pools(store_root):
                      hit_policy=PoolHitPolicy.TRAILING_PAGES),
     ]
     assert fs.batch_set_v2(transfers) == {PoolName.KV: [True] * 4, PoolName.MAMBA: [True]}
-    assert (store_root / MODEL / "float32-page_first-1" / "tp0of1" / "mamba" / keys[3]).is_file()
+    assert (store_root / MODEL / "float32-page_first-1-480B" / "tp0of1" / "mamba" / keys[3]).is_file()
 
     kv2, mamba2 = MHAHostPool(), MLAHostPool(page_size=1, pages=32, layer_num=3, kv_cache_dim=40,
                                              dtype=torch.float32)
@@ -190,7 +190,7 @@ def test_clear_removes_only_own_shard(store_root):
     assert rank0.batch_set_v1(keys, indices(pool, [0, 1])) == [True, True]
     assert rank1.batch_set_v1(keys, indices(pool, [0, 1])) == [True, True]
     assert rank0.clear() is True
-    assert not (store_root / MODEL / "bfloat16-page_first-16" / "tp0of2").exists()
+    assert not (store_root / MODEL / "bfloat16-page_first-16-8KiB" / "tp0of2").exists()
     assert rank0.batch_exists(keys) == 0 and rank1.batch_exists(keys) == 2
     # Directories come back on the next write.
     assert rank0.batch_set_v1(keys, indices(pool, [0, 1])) == [True, True]
@@ -248,7 +248,7 @@ def test_invalid_keys_are_refused(store_root, caplog):
         assert fs.set("a/b", pool.get_data_page(0)) is False
         assert fs.get(".x", pool.get_dummy_flat_data_page()) is None
         assert fs.batch_exists_v2(["", good]).kv_hit_pages == 0
-    assert files_under(store_root) == [f"{MODEL}/bfloat16-page_first-16/tp0of1/kv/{good}"]
+    assert files_under(store_root) == [f"{MODEL}/bfloat16-page_first-16-8KiB/tp0of1/kv/{good}"]
     refusals = [r for r in caplog.records if "refused page key" in r.getMessage()]
     assert len(refusals) == 1  # logged once, counted always
     assert fs.statistics()["refused_keys"] >= 20
@@ -289,6 +289,31 @@ def test_a_longer_page_is_a_miss_also_when_read_by_its_own_file(hicachefs_mount)
         os.rename(directory / f".{name[:8]}", directory / name)
     assert fs.batch_get_v1([plain], indices(pool, [0])) == [False]
     assert fs.batch_get_v1([odd], indices(pool, [1])) == [False]
+
+
+def test_pools_of_another_page_size_keep_their_own_pages(hicachefs_mount):
+    """Two servers of one model whose host pools differ only in their layers (one with
+    speculative decoding: SGLang packs the draft's layers into the target's host pool) wrote
+    pages of two sizes under one directory and the same keys: each took the other's page for
+    missing (of the wrong size) and replaced it, so neither ever hit."""
+    servers = []
+    for layers in (4, 5):
+        pool = MHAHostPool(layer_num=layers)
+        pool.fill_random(seed=layers)
+        servers.append((make_fs(hicachefs_mount, pool), pool))
+    keys = [key("one prompt", i) for i in range(4)]
+    for fs, pool in servers:
+        assert fs.batch_exists(keys) == 0
+        assert fs.batch_set_v1(keys, indices(pool, range(4))) == [True] * 4
+        fs.settle()
+    for fs, pool in servers:
+        assert fs.batch_exists(keys) == 4
+        want = [page_bytes(pool, p) for p in range(4)]
+        pool.zero()
+        assert fs.batch_get_v1(keys, indices(pool, range(4, 8))) == [True] * 4
+        assert [page_bytes(pool, p) for p in range(4, 8)] == want
+    assert [fs._dir_of("kv").split("/")[1] for fs, _ in servers] == \
+        ["bfloat16-page_first-16-8KiB", "bfloat16-page_first-16-10KiB"]
 
 
 def test_a_model_name_that_is_not_utf8_stores_and_loads_pages(hicachefs_mount):
@@ -435,7 +460,7 @@ def test_zero_copy_order_is_checked(store_root, caplog):
         assert fs.batch_set_v1([k], indices(pool, [2])) == [True]
     assert fs._layout("kv").zero_copy is False
     assert any("copying pages" in r.getMessage() for r in caplog.records)
-    path = store_root / MODEL / "bfloat16-page_first-16" / "tp0of1" / "kv" / k
+    path = store_root / MODEL / "bfloat16-page_first-16-8KiB" / "tp0of1" / "kv" / k
     assert path.read_bytes() == page_bytes(pool, 2)
     assert fs.batch_get_v1([k], indices(pool, [5])) == [True]
     assert page_bytes(pool, 5) == page_bytes(pool, 2)
@@ -472,7 +497,7 @@ def test_host_pool_group_resolves_to_its_kv_pool(store_root):
                             page_size=kv.page_size)
     fs = make_fs(store_root, group)
     assert fs.batch_set_v1([key("group")], indices(kv, [1])) == [True]
-    assert (store_root / MODEL / "bfloat16-page_first-16" / "tp0of1" / "kv" / key("group")).is_file()
+    assert (store_root / MODEL / "bfloat16-page_first-16-8KiB" / "tp0of1" / "kv" / key("group")).is_file()
 
 
 class _CountingMeta(MHAHostPool):

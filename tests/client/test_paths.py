@@ -29,10 +29,11 @@ def test_model_segment():
 
 
 def test_format_segment():
-    assert paths.format_segment(torch.bfloat16, "page_first", 64) == "bfloat16-page_first-64"
-    assert paths.format_segment(torch.float8_e4m3fn, "layer_first", 1) == "float8_e4m3fn-layer_first-1"
-    assert paths.format_segment(torch.uint8, "page_first", 16, "unified-token-major") == \
-        "uint8-page_first-16-unified-token-major"
+    assert paths.format_segment(torch.bfloat16, "page_first", 64, 128 << 10) == "bfloat16-page_first-64-128KiB"
+    assert paths.format_segment(torch.float8_e4m3fn, "layer_first", 1, 1000) == \
+        "float8_e4m3fn-layer_first-1-1000B"
+    assert paths.format_segment(torch.uint8, "page_first", 16, 3 << 20, "unified-token-major") == \
+        "uint8-page_first-16-3072KiB-unified-token-major"
 
 
 def shard(**kw):

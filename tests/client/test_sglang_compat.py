@@ -66,10 +66,10 @@ def test_pages_are_byte_identical_to_hicache_file(store_root, tmp_path, kind, la
     transfer = PoolTransfer(name=PoolName.KV, host_indices=indices(pool, pages), keys=keys)
     assert reference.batch_set_v2([transfer]) == {PoolName.KV: [True] * 3}
     assert ours.batch_set_v1(keys, indices(pool, pages)) == [True] * 3
-    shard = "all" if mla else "tp0of1"
+    shard, size = ("all", "9KiB") if mla else ("tp0of1", "8KiB")
     for k in keys:
         theirs = (tmp_path / "hicache_file" / f"{reference._get_suffixed_key(k)}.bin").read_bytes()
-        mine = (store_root / MODEL / f"bfloat16-{layout}-16" / shard / "kv" / k).read_bytes()
+        mine = (store_root / MODEL / f"bfloat16-{layout}-16-{size}" / shard / "kv" / k).read_bytes()
         assert mine == theirs
     # And what SGLang's backend wrote, HiCacheFS reads back (same bytes, same order).
     pool.zero()

@@ -26,7 +26,7 @@ from hicachefs_testing.host_pools import MHAHostPool, page_bytes
 from hicachefs_client import HiCacheFS
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-POOL_DIR = "Qwen--Qwen2.5-0.5B-Instruct/bfloat16-page_first-16/tp0of1/kv"
+POOL_DIR = "Qwen--Qwen2.5-0.5B-Instruct/bfloat16-page_first-16-8KiB/tp0of1/kv"
 PAGES = 16
 #: The daemon's deadline for a call to the shared filesystem, and a client request's allowance
 #: beyond it on a busy 2-core machine.
