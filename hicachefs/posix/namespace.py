@@ -356,7 +356,11 @@ class Namespace:
         if pending is not None:
             if pending.gone:  # reached through a name the kernel has not yet been told is gone or
                 # replaced: its lookup again finds what the name holds now, or ENOENT (opening the
-                # gone file gave a handle that read EIO; ENOENT here missed a page just put there)
+                # gone file gave a handle that read EIO; ENOENT here missed a page just put there).
+                # The kernel's second try that reaches a gone file again (through /proc/PID/fd,
+                # or a name replaced once more) is ENOENT: ESTALE went to the user.
+                if self.racing.second_try(pid, pending.directory.inode, pending.name):
+                    raise FsError(errno.ENOENT, "the file was removed or replaced before it was published")
                 raise self.racing.stale(pid, pending.directory.inode, pending.name)
             if flags & os.O_TRUNC:
                 pending.truncate(0)

@@ -240,3 +240,22 @@ def test_an_open_racing_the_replace_of_a_file_being_written_finds_one_of_the_two
             opener.join()
             os.close(writer)
     assert set(outcomes) == {"opened"}, outcomes
+
+
+@pytest.mark.parametrize("gone_by", ["unlink", "replace"])
+def test_reopening_a_gone_file_being_written_through_proc_fd_is_enoent(mounted, gone_by):
+    """/proc/self/fd/N of a file being written whose name was removed or given a page: the
+    kernel's second try of the open reaches the same gone file, whose ESTALE then went to the
+    user (found by review of the answer above)."""
+    pool = mounted.page_dir()
+    writer = os.open(pool / "k", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(writer, b"old")
+        if gone_by == "unlink":
+            os.unlink(pool / "k")
+        else:
+            publish(pool, "k", b"N" * 100)
+        with pytest.raises(FileNotFoundError):
+            os.open(f"/proc/self/fd/{writer}", os.O_RDONLY)
+    finally:
+        os.close(writer)
