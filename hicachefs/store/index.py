@@ -435,8 +435,7 @@ class PageIndex:
         in the file that tier shares with the data plane. ``cursor``: the place in its
         directory's listing that ``remove(..., keep_place=True)`` of its old row returned; 0: a
         new place, at the end."""
-        if 2 * (self._live + self._tombs + 1) > len(self._table):  # before the new row is filled in
-            self._rebuild(len(self._table) * (2 if 4 * (self._live + 1) > len(self._table) else 1))
+        self._table_room()  # before the new row is filled in
         _, directory, key, kid, plain, dir_id, h = self._parsed(name)
         if dir_id < 0:
             dir_id = self.dir_id(directory)
@@ -596,6 +595,19 @@ class PageIndex:
         ends = np.cumsum(self._dir_pages)
         self._listings = [_Listing(self.cursor[rows], rows) for rows in np.split(by_dir, ends[:-1])
                           ] if self._dir_names else []
+
+    def make_room(self) -> None:
+        """Grow now what the next ``add`` would grow, so that it cannot fail for want of memory
+        once its caller has begun to change the store (``remove`` neither needs room nor makes a
+        later ``add`` need more)."""
+        self._table_room()
+        if not self._free_rows and self._rows == len(self.size):
+            self._grow()
+
+    def _table_room(self) -> None:
+        """Rebuild the table where one more row would fill it past half, tombstones counted."""
+        if 2 * (self._live + self._tombs + 1) > len(self._table):
+            self._rebuild(len(self._table) * (2 if 4 * (self._live + 1) > len(self._table) else 1))
 
     def _grow(self) -> None:
         new = 2 * len(self.size)

@@ -261,6 +261,10 @@ class PageStore:
                     self._ram.retire(slot)
                 return None
             try:
+                # Room in the index first: an add that failed for memory after the old page was
+                # dropped, or its copy written below, lost the old page, or brought the failed
+                # one back at the next start (found by review).
+                self._index.make_room()
                 lower = None
                 if slot is None or (self.config.write_through if write_through is None else write_through):
                     # The new copy goes down before the old page is dropped, so that a kill in
