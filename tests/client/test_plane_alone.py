@@ -143,9 +143,11 @@ def test_while_the_table_changes_a_hit_stands_and_a_miss_is_unsure(store, tmp_pa
     assert attachment.locate(dir_id, ["b" * 64]) == [False]
 
 
-def test_a_page_whose_replace_rebuilds_the_table_is_never_a_definite_miss(tmp_path, monkeypatch):
-    """Removals leave tombstones, and a replace's ``add`` may rebuild the table in place while
-    the name is in no row: a probe then is unsure (the client asks the daemon), never "not held"."""
+def test_a_replace_rebuilds_the_table_before_its_name_leaves_its_row(tmp_path, monkeypatch):
+    """Removals leave tombstones, and the table is rebuilt in place once they fill it. A replace
+    that needs it rebuilt does so before its name leaves its row (``PageIndex.make_room``), not
+    while the name is in no row; a reader probing during that rebuild finds the page or is
+    unsure (the client asks the daemon), never "not held"."""
     store = PageStore(StoreConfig(memory_bytes=2 << 20))
     try:
         name = f"{DIRECTORY}/{'f' * 64}"
@@ -153,23 +155,34 @@ def test_a_page_whose_replace_rebuilds_the_table_is_never_a_definite_miss(tmp_pa
         attachment = attach(store, tmp_path / "root")
         dir_id = store.plane_dir(DIRECTORY)
         memory = store._index.memory
-        answers = []
-        rebuilding = type(memory).rebuilding
+        answers, nested, replacing, rebuild_running = [], [], [], []
+        rebuild, rebuilding = type(store._index)._rebuild, type(memory).rebuilding
 
-        def probed_when_nested(self):  # the rebuild inside the replace begins: a reader probes
-            nested = bool(int(self._fields[1]) & 1)  # odd already: a replace is under way
+        def watched_rebuild(self, table_size):
+            nested.append(self._replacing)  # a replace's name in no row meanwhile
+            rebuild_running.append(True)
+            try:
+                rebuild(self, table_size)
+            finally:
+                rebuild_running.clear()
+
+        def probed(self):  # the table begins to change: a reader probes
             rebuilding(self)
-            if nested:
+            if rebuild_running and replacing:
                 answers.append(attachment.locate(dir_id, ["f" * 64], rows=False)[0])
 
-        monkeypatch.setattr(type(memory), "rebuilding", probed_when_nested)
+        monkeypatch.setattr(type(store._index), "_rebuild", watched_rebuild)
+        monkeypatch.setattr(type(memory), "rebuilding", probed)
         for i in range(3000):
             store.put(f"{DIRECTORY}/x{i}", content(i, 100))
             store.delete(f"{DIRECTORY}/x{i}")
+            replacing.append(True)
             store.put(name, content(i, 100))  # a replace
+            replacing.clear()
             if answers:
                 break
         assert store._index.memory is memory and answers and False not in answers, answers
+        assert not any(nested), "the table was rebuilt while a replace's name was in no row"
     finally:
         store.close()
 
