@@ -263,8 +263,11 @@ class PageStore:
             try:
                 # Room in the index first: an add that failed for memory after the old page was
                 # dropped, or its copy written below, lost the old page, or brought the failed
-                # one back at the next start (found by review).
-                self._index.make_room()
+                # one back at the next start (found by review). No room there is a full store.
+                try:
+                    self._index.make_room()
+                except (OSError, MemoryError) as exc:
+                    raise StoreFull(f"{name}: the page index has no memory to grow into ({exc})") from None
                 lower = None
                 if slot is None or (self.config.write_through if write_through is None else write_through):
                     # The new copy goes down before the old page is dropped, so that a kill in

@@ -354,9 +354,10 @@ def _index_without_memory(*_):
 
 
 def test_a_publish_the_index_has_no_memory_for_changes_nothing(make_store, monkeypatch):
-    """An index full at 1,024 rows, and no memory for it to grow (ENOMEM): the publish fails
-    and the store is as it was. A replace had dropped the old page first (lost), and each such
-    failure kept its RAM slot counted with no page in it (found by review)."""
+    """An index full at 1,024 rows, and no memory for it to grow (ENOMEM): the publish fails as
+    for a full store (ENOSPC, not an internal error), and the store is as it was. A replace had
+    dropped the old page first (lost), and each such failure kept its RAM slot counted with no
+    page in it (found by review)."""
     store = make_store()
     for i in range(1024):
         store.put(page_name(i), b"old-%d" % i)
@@ -364,7 +365,7 @@ def test_a_publish_the_index_has_no_memory_for_changes_nothing(make_store, monke
     with monkeypatch.context() as patched:
         patched.setattr("hicachefs.store.index.IndexMemory", _index_without_memory)
         for name in (page_name(0), page_name(5000)):  # a replace, then a new name
-            with pytest.raises(OSError):
+            with pytest.raises(StoreFull):
                 store.put(name, b"NEW")
     assert read_all(store, page_name(0)) == b"old-0"
     assert store.info(page_name(5000)) is None
@@ -381,7 +382,7 @@ def test_a_publish_written_through_that_the_index_has_no_memory_for_stays_gone(m
         store.put(page_name(i), b"p-%d" % i)
     with monkeypatch.context() as patched:
         patched.setattr("hicachefs.store.index.IndexMemory", _index_without_memory)
-        with pytest.raises(OSError):
+        with pytest.raises(StoreFull):
             store.put(page_name(5000), b"FAILED")
     config = store.config
     store.close()
