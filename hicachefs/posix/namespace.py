@@ -354,12 +354,15 @@ class Namespace:
             return self.control.open(inode, flags, publisher=self.publishing, leases=self.leases, uid=uid)
         pending = self.publishing.get(inode)
         if pending is not None:
+            # (asked whatever the file: a mark left by a try that lands here would count a later
+            # open of the name's retired page by this thread as a second try, and serve it)
+            second_try = self.racing.second_try(pid, pending.directory.inode, pending.name)
             if pending.gone:  # reached through a name the kernel has not yet been told is gone or
                 # replaced: its lookup again finds what the name holds now, or ENOENT (opening the
                 # gone file gave a handle that read EIO; ENOENT here missed a page just put there).
                 # The kernel's second try that reaches a gone file again (through /proc/PID/fd,
                 # or a name replaced once more) is ENOENT: ESTALE went to the user.
-                if self.racing.second_try(pid, pending.directory.inode, pending.name):
+                if second_try:
                     raise FsError(errno.ENOENT, "the file was removed or replaced before it was published")
                 raise self.racing.stale(pid, pending.directory.inode, pending.name)
             if flags & os.O_TRUNC:

@@ -313,3 +313,36 @@ def test_a_plain_users_read_through_a_file_opened_while_written_counts_against_o
             made.close(fh)
     finally:
         made.store.close()
+
+
+def test_a_retry_that_opens_another_file_being_written_leaves_no_second_try_behind(ns):
+    """A thread's open of a gone file being written is answered ESTALE; the kernel's retry lands
+    on a new file of that name, which opens. The mark the ESTALE left stayed, and a later open by
+    that thread of the name's page, replaced since, counted as the kernel's second try and read
+    the replaced version (found by review)."""
+    thread = 4242
+
+    def open_as(inode):
+        try:
+            handle = settled(ns.ns.open(inode, os.O_RDONLY, uid=os.getuid(), pid=thread))
+        except FsError as exc:
+            return exc.errno
+        fh = ns.ns.handles.add(handle)
+        try:
+            return ns.read(fh)
+        finally:
+            ns.close(fh)
+
+    first, first_writer = ns.create(b"k")
+    ns.ns.unlink(ns.pool, b"k")
+    second, second_writer = ns.create(b"k")
+    assert open_as(first) == errno.ESTALE
+    assert open_as(second) == b""  # the retry
+    ns.write(second_writer, b"V1-" * 10)
+    ns.close(second_writer)
+    ns.close(first_writer)
+    ns.lookup(b"k")
+    pin, _ = ns.open(second)  # an open file keeps version 1 of the page
+    ns.publish(b"k", b"V2-" * 10)
+    assert open_as(second) == errno.ESTALE  # the kernel looks k up again: version 2
+    ns.close(pin)
