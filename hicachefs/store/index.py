@@ -181,9 +181,13 @@ class _Listing:
         self.cursors, self.rows = cursors, rows
         self._cursor_cells, self._row_cells = memoryview(cursors), memoryview(rows)
 
-    def append(self, cursor: int, row: int) -> None:
+    def make_room(self) -> None:
+        """Room for one more entry (``PageIndex.make_room``)."""
         if self.count == len(self.rows):
             self._resize(2 * self.count)
+
+    def append(self, cursor: int, row: int) -> None:
+        self.make_room()
         self._cursor_cells[self.count] = cursor
         self._row_cells[self.count] = row
         self.count += 1
@@ -596,13 +600,14 @@ class PageIndex:
         self._listings = [_Listing(self.cursor[rows], rows) for rows in np.split(by_dir, ends[:-1])
                           ] if self._dir_names else []
 
-    def make_room(self) -> None:
-        """Grow now what the next ``add`` would grow, so that it cannot fail for want of memory
-        once its caller has begun to change the store (``remove`` neither needs room nor makes a
-        later ``add`` need more)."""
+    def make_room(self, name: str) -> None:
+        """Grow now what ``add(name)`` would grow (the table, the rows, the directory's listing),
+        so that it cannot fail for want of memory once its caller has begun to change the store
+        (``remove`` neither needs room nor makes a later ``add`` need more)."""
         self._table_room()
         if not self._free_rows and self._rows == len(self.size):
             self._grow()
+        self._listings[self.dir_id(self._parsed(name)[1])].make_room()
 
     def _table_room(self) -> None:
         """Rebuild the table where one more row would fill it past half, tombstones counted."""

@@ -265,7 +265,7 @@ class PageStore:
                 # dropped, or its copy written below, lost the old page, or brought the failed
                 # one back at the next start (found by review). No room there is a full store.
                 try:
-                    self._index.make_room()
+                    self._index.make_room(name)
                 except (OSError, MemoryError) as exc:
                     raise StoreFull(f"{name}: the page index has no memory to grow into ({exc})") from None
                 lower = None
@@ -932,6 +932,11 @@ class PageStore:
                         raise PageNotFound(name)
                     return None
                 if slot is None:  # no room in RAM: a private copy for this reader only
+                    return PageReader(self._named_info(page), page, buffer, release)
+                try:
+                    self._index.make_room(name)
+                except (OSError, MemoryError):  # no memory for the index: not promoted, the
+                    self._ram.retire(slot)  # slot this reader's alone until it closes (it leaked)
                     return PageReader(self._named_info(page), page, buffer, release)
                 row = self._index.add(name, page.size, page.checksum, page.mtime_ns, RAM, slot, offset=slot)
                 self._index.hits[row] = 1

@@ -1,6 +1,8 @@
 """The page store with a shared tier, two hosts on one local directory: what the exists query
 finds there is fetched ahead into RAM, and a page removed meanwhile stays removed."""
 
+import errno
+
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
 from pages import wait_until
@@ -199,3 +201,27 @@ def test_a_page_the_disk_ring_reclaims_that_the_shared_tier_holds_is_not_an_evic
         assert read_stored(store, page_name(0)) == content(0, 256 * KiB)
     finally:
         store.close()
+
+
+def test_a_read_from_the_shared_tier_the_index_has_no_memory_for_is_served_and_gives_its_slot_back(hosts, monkeypatch):
+    """A page only the shared tier holds is read into a RAM slot and indexed there (promoted).
+    Where the index had no memory to grow (ENOMEM), the read failed and its slot stayed taken
+    and pinned for good (found by review). It is served from that slot, not promoted, and the
+    slot comes back at its close."""
+    a, b = hosts()
+    name = page_name(99999)
+    a.put(name, content(7, 4 * KiB))
+    wait_until(lambda: isinstance(b.lookup(name), NeedsIO))
+    for i in range(len(b._index.size) - b._index.pages):  # B's index full
+        b.put(page_name(i), b"x" * 64)
+    used = b.statistics().tier("memory").used_bytes
+
+    def no_memory(*_):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("hicachefs.store.index.IndexMemory", no_memory)
+        for _ in range(3):
+            assert read_stored(b, name) == content(7, 4 * KiB)
+    assert b.statistics().tier("memory").used_bytes == used
+    assert read_stored(b, name) == content(7, 4 * KiB)  # memory back: promoted
