@@ -86,7 +86,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 class IndicesOutsidePool(ValueError):
-    """A call's host indices reach past its host pool (``PageLayout._not_mapped``)."""
+    """A call's host indices are no pages of its host pool (``PageLayout._check_starts``)."""
 
 
 @dataclass
@@ -179,9 +179,10 @@ class PageLayout:
         ``_KEPT_PAGE_VIEWS`` pages'); a page not kept is placed by the pool's strides once they
         are known, else asked of the pool (with the batch's other pages not kept). A pool whose
         pages move (``_pages_move``) is asked for every page of every call. Raises
-        ``IndicesOutsidePool`` for pages past the pool (``_not_mapped``)."""
+        ``IndicesOutsidePool`` for pages outside the pool (``_check_starts``)."""
         if not self.zero_copy or not starts:
             return None
+        self._check_starts(starts)
         if self._pages_move:
             return self._ask_zero_copy_buffers(starts)
         with self._lock:
@@ -222,7 +223,7 @@ class PageLayout:
                                  for s in starts])
             ptrs, sizes = self.pool.get_page_buffer_meta(indices)
         except Exception as exc:
-            self._not_mapped(starts, f"get_page_buffer_meta failed: {exc!r}")
+            self._disable(f"get_page_buffer_meta failed: {exc!r}")
             return None
         if not ptrs or len(ptrs) != len(sizes) or len(ptrs) % len(starts):
             self._disable(f"get_page_buffer_meta gave {len(ptrs)} pieces for {len(starts)} pages")
@@ -236,8 +237,7 @@ class PageLayout:
                                  sizes[p * per_page:(p + 1) * per_page]):
                 view = self._view(ptr, size)
                 if view is None:
-                    self._not_mapped(starts, f"a page piece at {ptr:#x} (+{size}) lies outside "
-                                     "the pool's tensors")
+                    self._disable(f"a page piece at {ptr:#x} (+{size}) lies outside the pool's tensors")
                     return None
                 views.append(view)
             if sum(len(v) for v in views) != self.page_bytes:
@@ -275,14 +275,18 @@ class PageLayout:
 
     # ---------------------------------------------------------------- internals
 
-    def _not_mapped(self, starts: Sequence[int], why: str) -> None:
-        """The pool could not place the pages of ``starts`` in its tensors. When some reach past
-        its slots (SGLang's ``logical_size``, else ``size``) the call is at fault, not the pool:
-        it fails alone (``IndicesOutsidePool``) and zero copy stays on; else zero copy goes off."""
+    def _check_starts(self, starts: Sequence[int]) -> None:
+        """A page starting below 0, past the pool's slots (SGLang's ``logical_size``, else
+        ``size``) or off a page's boundary is the call's fault, not the pool's: the call fails
+        alone (``IndicesOutsidePool``). Checked before any piece is placed: placed by the pool's
+        strides, such a page could land in another of its buffers, and be written from or read
+        into that buffer's bytes (found by review)."""
         slots = getattr(self.pool, "logical_size", None) or getattr(self.pool, "size", None)
-        if isinstance(slots, int) and any(s < 0 or s + self.index_step > slots for s in starts):
-            raise IndicesOutsidePool(f"host indices reach past the pool's {slots} slots")
-        self._disable(why)
+        step = self.index_step
+        for start in starts:
+            if start < 0 or start % step or (isinstance(slots, int) and start + step > slots):
+                raise IndicesOutsidePool(f"host index {start} is no page of the pool's {slots} slots "
+                                         f"({step} a page)")
 
     def _disable(self, why: str) -> None:
         if self.zero_copy:

@@ -488,6 +488,44 @@ def test_host_indices_past_the_pool_fail_their_call_alone(store_root):
     assert fs.batch_exists([key("past the pool", "y")]) == 0
 
 
+
+class _PoolInALargerBuffer(MHAHostPool):
+    """A pool whose K and V lie in a buffer longer than its slots: a page past them still falls
+    inside that buffer (as in SGLang's MLA pool, whose indexer buffer may lie right after)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        larger = torch.zeros((2, 2 * self.size, self.layer_num, self.head_num, self.head_dim), dtype=self.dtype)
+        larger[:, : self.size] = self.kv_buffer
+        larger[:, self.size :] = 7
+        self.larger, self.kv_buffer = larger, larger[:, : self.size]
+
+    def get_page_buffer_meta(self, indices):  # V lies a larger buffer's half after K
+        token = self.layer_num * self.head_num * self.head_dim * self.dtype.itemsize
+        base, v_offset = self.kv_buffer.data_ptr(), self.kv_buffer.stride(0) * self.dtype.itemsize
+        ptrs = []
+        for start in indices.tolist()[:: self.page_size]:
+            ptrs += [base + start * token, base + start * token + v_offset]
+        return ptrs, [self.page_size * token] * len(ptrs)
+
+
+def test_host_indices_outside_the_pool_never_move_another_buffers_bytes(store_root):
+    """Placed by the pool's strides, a page past the pool's slots fell inside another of its
+    buffers: its write stored that buffer's bytes, its read overwrote them; a start off a page's
+    boundary was served straddling two pages (found by review). Such calls fail alone."""
+    pool = _PoolInALargerBuffer(pages=8)
+    fs = make_fs(store_root, pool)
+    assert fs.batch_set_v1([key("inside", 0)], indices(pool, [0])) == [True]  # the strides are learnt
+    past = pool.page_indices(pool.size // pool.page_size)
+    assert fs.batch_set_v1([key("past", 0)], past) == [False]
+    assert fs.batch_get_v1([key("inside", 0)], past) == [False]
+    assert bool((pool.larger[:, pool.size :] == 7).all()), "a read went into the buffer past the pool"
+    off_boundary = torch.arange(8, 8 + pool.page_size)
+    assert fs.batch_set_v1([key("straddling", 0)], off_boundary) == [False]
+    assert fs._layout("kv").zero_copy
+    assert fs.batch_exists([key("past", 0)]) == 0 and fs.batch_exists([key("straddling", 0)]) == 0
+
+
 def test_host_pool_group_resolves_to_its_kv_pool(store_root):
     from types import SimpleNamespace
 
