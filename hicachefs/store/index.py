@@ -207,9 +207,10 @@ class _Listing:
         self.gone += 1
         if self.gone > max(_FEW_GONE, self.count // 2):
             kept = np.flatnonzero(self.rows[: self.count] != _GONE)
-            self._hold(self.cursors[kept], self.rows[kept])
-            self.count, self.gone = len(kept), 0
-            self._resize(max(16, self.count))
+            # Room for one more kept: a publish made room for its page before its own work
+            # removed pages here (an eviction, a rename's source), and its add must not grow.
+            self._resize(max(16, len(kept) + 1), kept)
+            self.gone = 0
 
     def after(self, cursor: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``limit`` (rows, cursors) that follow ``cursor``. Gone entries are skipped in
@@ -228,12 +229,16 @@ class _Listing:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         return np.concatenate(rows), np.concatenate(cursors)
 
-    def _resize(self, capacity: int) -> None:
+    def _resize(self, capacity: int, kept: np.ndarray | None = None) -> None:
+        """Arrays of ``capacity`` entries for the entries kept: all, or those at ``kept``."""
+        count = self.count if kept is None else len(kept)
+        kept = slice(0, count) if kept is None else kept
         cursors = np.zeros(capacity, np.int64)
         rows = np.full(capacity, _GONE, np.int32)
-        cursors[: self.count] = self.cursors[: self.count]
-        rows[: self.count] = self.rows[: self.count]
+        cursors[:count] = self.cursors[kept]
+        rows[:count] = self.rows[kept]
         self._hold(cursors, rows)
+        self.count = count
 
 
 class PageIndex:

@@ -411,3 +411,30 @@ def test_a_publish_its_directory_listing_has_no_memory_for_changes_nothing(make_
     reopened = make_store(disk=config.disk_bytes, write_through=True, max_page_size=1 * MiB)
     assert reopened.info(page_name(16)) is None
     assert reopened.statistics().pages == 16
+
+
+def test_a_rename_whose_source_leaves_its_listing_full_still_needs_no_memory(make_store, monkeypatch):
+    """Removing a rename's source may drop its directory listing's removed entries, and the
+    listing was cut to exactly what it kept: the rename's add, after the room made for it, had to
+    grow it again, and with no memory for that the page was lost under both names and the
+    directory kept counting it (found by review of the listing's room). The cut keeps room for one."""
+    store = make_store()
+    for i in range(129):  # a listing of 256, then 64 removed: one more removal drops them
+        store.put(page_name(i), b"p-%d" % i)
+    for i in range(64):
+        store.remove(page_name(i))
+    grow = type(store._index._listings[0])._resize
+
+    def shrink_only(self, capacity, *kept):
+        if capacity > len(self.rows):
+            raise MemoryError("no memory for the listing to grow")
+        return grow(self, capacity, *kept)
+
+    with monkeypatch.context() as patched:
+        patched.setattr("hicachefs.store.index._Listing._resize", shrink_only)
+        store.rename(page_name(100), page_name(5000))
+    assert read_all(store, page_name(5000)) == b"p-100" and store.info(page_name(100)) is None
+    for i in [*range(64, 129), 5000]:
+        if i != 100:
+            store.remove(page_name(i))
+    assert store.statistics().pages == 0 and not store.has_directory("m")
