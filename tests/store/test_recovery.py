@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import xxhash
 from store_helpers import KiB, MiB, crash_after, page_name, read_all, reopen
 
 from hicachefs.store import PageCorrupt, PageStore, StoreConfig, StoreError
@@ -726,14 +727,45 @@ def test_an_arena_of_version_1_keeps_its_pages_and_gets_a_second_superblock(tmp_
     config = _write_and_close(tmp_path, pages, crash)
     arena = tmp_path / ARENA_NAME
     with open(arena, "rb") as f:
-        torn = f.read(24)  # what a torn upgrade leaves of its first write: version 2's first fields
+        torn = f.read(24)  # what a torn upgrade leaves of its first write: version 3's first fields
     _as_version_1(arena, {"zeros": b"", "torn upgrade": torn, "one bit": b"\x10", "upgrade cut short": None}[last_sector])
     _all_back(config, pages, "scan" if crash else "snapshot")
     assert "superblock is damaged" not in caplog.text
-    assert ("the upgrade of its superblock to version 2, cut short, is finished" in caplog.text) == (
+    assert ("the upgrade of its superblock to version 3, cut short, is finished" in caplog.text) == (
         last_sector == "upgrade cut short")
     _flip_bit(arena, FILE_ID_AT + 2)
     _all_back(config, pages, "snapshot")
+
+
+
+def _superblock_versions(arena: Path) -> list[int]:
+    with open(arena, "rb") as f:
+        head = f.read(4096)
+    return [int.from_bytes(head[at + 8 : at + 12], "little") for at in SUPERBLOCK_COPIES.values()]
+
+
+@pytest.mark.parametrize("crash", [True, False], ids=["scan after a crash", "snapshot after a clean close"])
+def test_an_arena_of_version_2_keeps_its_pages_and_is_marked_for_this_code(tmp_path, caplog, crash):
+    """Version 2 is the format of the code before the list of dead records and the fsync mark;
+    that code, started on an arena this code used, read it as its own and served a page the list
+    would have killed (found by review of a downgrade). This code writes version 3, which an older
+    one formats anew; an arena of version 2 opens with its pages and is marked version 3."""
+    caplog.set_level(logging.INFO, logger="hicachefs")
+    pages = {page_name(i): content(i, 64 * KiB) for i in range(20)}
+    config = _write_and_close(tmp_path, pages, crash)
+    arena = tmp_path / ARENA_NAME
+    assert _superblock_versions(arena) == [3, 3]
+    with open(arena, "r+b") as f:  # as the code before wrote it: version 2, its checksum
+        for at in SUPERBLOCK_COPIES.values():
+            f.seek(at)
+            fields = bytearray(f.read(48))
+            fields[8:12] = (2).to_bytes(4, "little")
+            fields[40:48] = xxhash.xxh3_64_intdigest(bytes(fields[:40])).to_bytes(8, "little")
+            f.seek(at)
+            f.write(fields)
+    _all_back(config, pages, "scan" if crash else "snapshot")
+    assert _superblock_versions(arena) == [3, 3]
+    assert "superblock is damaged" not in caplog.text and "formatted anew" not in caplog.text
 
 
 def test_a_version_1_arena_with_a_bit_flipped_in_its_magic_is_formatted_anew(tmp_path, caplog):

@@ -87,9 +87,14 @@ log = logging.getLogger(__name__)
 _SUPER = struct.Struct("<8sIIQQQQ")  # magic, version, reserved, file bytes, region bytes, file id, xxh3_64 of them
 _SUPER_MAGIC = b"HICACHE\x01"
 _SUPER_BYTES = 4096
-_VERSION = 2
+#: Version 3 is version 2's format, written by the code that keeps the list of dead records
+#: (``hicachefs.doomed``) and the mark of a failed fsync: a hicachefs that knows neither reads
+#: version 2 as its own and would serve what they kill, and formats version 3 anew (found by review).
+_VERSION = 3
+_BEFORE_THE_LIST = 2  # read as this version, and its superblock written again as this version's
 _UNCHECKED = struct.Struct("<8sIIQQQ")  # version 1's: the same fields, no checksum, one copy
 _UNCHECKED_VERSION = 1
+_OURS = (_UNCHECKED_VERSION, _BEFORE_THE_LIST, _VERSION)
 _COPY_AT = _SUPER_BYTES - 512  # the superblock's second copy: the block's last sector
 _CLEAN = struct.Struct("<8s16sQ")  # magic, snapshot token, xxh3_64 of the two
 _CLEAN_MAGIC = b"HCclean1"
@@ -182,7 +187,7 @@ def _superblock_like(head: bytes, at: int) -> bool:
     if len(head) < at + _UNCHECKED.size:
         return False
     _, version, reserved, _, region_bytes, _ = _UNCHECKED.unpack_from(head, at)
-    return version in (_UNCHECKED_VERSION, _VERSION) and reserved == 0 and region_bytes and not region_bytes % 4096
+    return version in _OURS and reserved == 0 and region_bytes and not region_bytes % 4096
 
 
 def _version_1_at_head(head: bytes) -> bool:
@@ -301,12 +306,14 @@ class RegionLog:
             version, old_bytes, old_region, file_id = found
             # (a region size that no start writes: a version 1 superblock damaged, and the regions with it)
             sane = old_region >= 4096 and old_region % 4096 == 0 and _SUPER_BYTES + old_region <= file_bytes
-            ours = version in (_VERSION, _UNCHECKED_VERSION)
+            ours = version in _OURS
             holds = old_region >= largest_record
             if ours and old_bytes == file_bytes and self.device.size() == file_bytes and sane and holds:
                 self.region_bytes, self.file_id = old_region, file_id
                 self._clean_token = self._read_clean_mark()
                 self._seq_limit = self._read_seq_limit()
+                if version == _BEFORE_THE_LIST:  # both copies become this version's, before anything is listed
+                    damaged = [_COPY_AT, 0]
                 self._write_superblock_over(damaged, version, head)
                 return
             if ours and not sane:
@@ -355,6 +362,9 @@ class RegionLog:
             return
         if version == _VERSION and damaged == [0] and _version_1_at_head(head):
             log.info("%s: the upgrade of its superblock to version %d, cut short, is finished", self.path, _VERSION)
+        elif version == _BEFORE_THE_LIST:
+            log.info("%s: its superblock is written as version %d (an older hicachefs formats the arena "
+                     "anew rather than miss its list of dead records)", self.path, _VERSION)
         elif version == _VERSION:
             log.warning("%s: a copy of its superblock is damaged (at byte %d): the other one serves, "
                         "and is written over it", self.path, damaged[0])
