@@ -31,7 +31,8 @@ def build_chain(config: StoreConfig, budget: RamBudget, *, disk_device=None, sha
     """The tiers of ``config``, RAM first; ``budget``: the RAM tier's shares (the shared tier's
     write-behind queue takes one). ``disk_device``/``shared_device``: the devices of the SSD and
     shared tiers (tests pass FaultyDevices); by default the arena file in ``config.disk_dir``
-    and the plain files of ``config.shared_dir``."""
+    and the plain files of ``config.shared_dir``. The shared tier keeps the removals it owes its
+    volume in ``config.disk_dir`` too, where there is one."""
     tiers: list[Tier] = [RamTier(config.memory_bytes, ram_slab_bytes(config))]
     try:
         if config.disk_dir is not None:
@@ -39,7 +40,7 @@ def build_chain(config: StoreConfig, budget: RamBudget, *, disk_device=None, sha
         if config.shared_dir is not None:
             tiers.append(SharedTier(config.shared_dir, config.shared_bytes, device=shared_device,
                                     queue_bytes=budget.share("write_behind"), queue_pages=4096,
-                                    queue_lag_s=WRITE_BEHIND_LAG_S))
+                                    queue_lag_s=WRITE_BEHIND_LAG_S, owed_dir=config.disk_dir))
     except BaseException:
         for tier in reversed(tiers):
             tier.close()

@@ -5,6 +5,7 @@ while that older version was being written), not a page removed while a read fro
 tier was under way, and not a write behind that overran its deadline and landed later."""
 
 import errno
+import logging
 import os
 import threading
 import time
@@ -248,6 +249,58 @@ def test_a_page_removed_while_the_volume_is_away_stays_removed_once_it_is_back(s
     with pytest.raises(PageNotFound):
         a.open(name)
     wait_until(lambda: not os.path.exists(on_volume))
+
+
+def _store_with_disk(tmp_path, device=None):
+    """A store with a disk tier and the shared tier of ``store_of``'s stores."""
+    config = StoreConfig(memory_bytes=4 * MiB, max_page_size=1 * MiB, disk_dir=tmp_path / "disk", disk_bytes=8 * MiB,
+                         shared_dir=tmp_path / "shared")
+    return PageStore(config, shared_device=device)
+
+
+def test_pages_removed_while_the_volume_is_away_stay_removed_after_a_clean_stop_and_a_start(tmp_path):
+    """rm of pages while the shared volume is away, then a clean stop (an upgrade) while it is
+    still away, then a start on the same --disk with the volume back: the removed pages do not
+    come back (they were served again, found by review), their files go, and so does the list
+    that kept them; the pages not removed are served."""
+    device = FaultyDevice(DirectoryDevice())
+    a = _store_with_disk(tmp_path, device)
+    names = [page_name(i) for i in range(4)]
+    try:
+        for i, name in enumerate(names):
+            a.put(name, content(i, SIZE))
+        wait_until(lambda: a._named[0].statistics().write_behind.written_behind == len(names))
+        take_the_volume_away(a, device)
+        for name in names[:2]:
+            assert a.delete(name)  # rm
+    finally:
+        a.close()  # the volume still away
+    on_volume = [Layout(tmp_path / "shared").page_path(place(name)) for name in names]
+    assert all(os.path.exists(path) for path in on_volume)
+    b = _store_with_disk(tmp_path)  # the volume is back
+    try:
+        shared = b._named[0]
+        wait_until(lambda: shared.statistics().sweep.sweep_cycles >= 1, timeout=10)
+        assert b.exists_many(names) == [False, False, True, True]
+        with pytest.raises(PageNotFound):
+            b.open(names[0])
+        wait_until(lambda: not any(os.path.exists(path) for path in on_volume[:2]))
+        assert all(os.path.exists(path) for path in on_volume[2:])
+        wait_until(lambda: not (tmp_path / "disk" / "hicachefs.shared-removals").exists(), timeout=10)
+    finally:
+        b.close()
+
+
+def test_removals_owed_to_an_away_volume_without_a_disk_tier_are_warned_of_at_the_stop(store_of, caplog):
+    """Without --disk nothing keeps the removals owed to an away volume past a stop: the stop
+    says in one warning how many it drops and that those pages may come back."""
+    a, device, shared, name = _one_page_written_behind(store_of)
+    take_the_volume_away(a, device)
+    assert a.delete(name)  # rm
+    with caplog.at_level(logging.WARNING, logger="hicachefs.store.shared"):
+        a.close()
+    dropped = [record.getMessage() for record in caplog.records if "removals owed" in record.getMessage()]
+    assert len(dropped) == 1 and "1 removals owed" in dropped[0] and "may come back" in dropped[0]
 
 
 # -- 4. rm while the page's write-behind is still queued or being written ---------------------------

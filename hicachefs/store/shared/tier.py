@@ -50,6 +50,7 @@ from hicachefs.store.shared.device import GONE, DirectoryDevice
 from hicachefs.store.shared.guard import CallGuard, GuardStatistics, Refused
 from hicachefs.store.shared.journal import Journal
 from hicachefs.store.shared.layout import Layout, Place, place
+from hicachefs.store.shared.owed import OwedRemovals
 from hicachefs.store.shared.presence import PresenceIndex
 from hicachefs.store.shared.sweep import Sweeper, SweepStatistics
 from hicachefs.store.budget import Share
@@ -77,6 +78,9 @@ VANISHED_KEPT_MAX_S = 5.0
 #: each; removals owed since the volume was away, a stat and an unlink each), so that a volume slow
 #: to answer does not hold up the journal and the sweep (found by review).
 BACKLOG_BUDGET_S = 0.02
+#: How often the maintenance thread keeps the removals owed to the volume on disk, while they change
+#: (``owed``): a daemon killed loses those of the last period.
+OWED_SAVE_S = 1.0
 _MiB = 1 << 20
 
 
@@ -169,7 +173,7 @@ class SharedTier(Tier):
                  queue_lag_s: float = 0.5, tick_s: float = 0.1, poll_s: float = 0.2, retry_s: float = 1.0,
                  sweep_interval_s: float = 60.0, sweep_budget_s: float = 0.02, journal_keep_s: float = 600.0,
                  oldest_kept: int = 4096, evictions_per_tick: int = 64, min_bandwidth: float = 32 * _MiB,
-                 recent_opens: int = 64) -> None:
+                 recent_opens: int = 64, owed_dir: Path | None = None) -> None:
         """``root``: the directory on the distributed filesystem (made if missing).
         ``capacity_bytes``: the size bound; None leaves the filesystem's free space as the limit.
         ``device``: the object making the filesystem calls (tests pass a ``FaultyDevice``).
@@ -180,7 +184,9 @@ class SharedTier(Tier):
         how often an unavailable filesystem is probed; ``sweep_interval_s``: the pause between
         two sweeps; ``sweep_budget_s``: the time a tick may spend sweeping (at least one
         directory), which keeps the sweep's share of the interpreter small beside the daemon's
-        event loop. ``oldest_kept``: eviction candidates a sweep notes."""
+        event loop. ``oldest_kept``: eviction candidates a sweep notes. ``owed_dir``: the local
+        directory (the disk tier's) that keeps the removals owed to the volume across a stop and
+        a start (``owed``); None: they are dropped at the close, with a warning."""
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive or None, got {capacity_bytes}")
         self.root = Path(root)
@@ -249,6 +255,9 @@ class SharedTier(Tier):
         self._entry_cache_s = engine_checks.MAX_CACHE_S  # the engine's, where it can be read
         self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s,
                                          lost=self._lost, removed=self._removed_while_written)
+        self._owed = OwedRemovals(owed_dir, self.root)
+        for name in self._owed.load():  # owed since before the last stop: absent here until removed
+            self._remove_when_back(name)
         try:
             self._guard.call(self._probe, timeout=deadline_s, probe=True)
             self._check_engine()
@@ -288,7 +297,8 @@ class SharedTier(Tier):
     def remove_later(self, name: str) -> bool:
         """See ``Tier.remove_later``: a file of the name that lies on the volume when it comes
         back is removed before the sweep could count it again (a later write of the name here
-        cancels that). At most ``REMOVED_REMEMBERED`` names wait; older ones come back.
+        cancels that). At most ``REMOVED_REMEMBERED`` names wait; older ones come back. With an
+        ``owed_dir`` they outlast a stop and a start (``owed``).
 
         Called for every removal of a page here: write-behind of the name that has not landed
         yet is cancelled either way, so the removed page does not reach the tier after it."""
@@ -482,6 +492,7 @@ class SharedTier(Tier):
         self._write_behind.close(deadline_s=4 * self._deadline_s)
         self._stop.set()
         self._maintenance.join(timeout=self._tick_s + 8 * self._deadline_s)
+        self._owed.close(self._owed_now())
         try:
             self._guard.call(self._journal.flush, timeout=self._deadline_s)
         except OSError:
@@ -1035,10 +1046,13 @@ class SharedTier(Tier):
     # -- background maintenance ---------------------------------------------------------------
 
     def _maintain(self) -> None:
-        next_poll = next_probe = next_expire = 0.0
+        next_poll = next_probe = next_expire = next_save = 0.0
         while not self._stop.wait(self._tick_s):
             now = time.monotonic()
             try:
+                if now >= next_save:  # while the volume is away too: that is when removals are owed
+                    next_save = now + OWED_SAVE_S
+                    self._owed.save(self._owed_now())
                 if not self._guard.available:
                     self._write_behind.drop_queued()
                     if now >= next_probe:
@@ -1252,6 +1266,11 @@ class SharedTier(Tier):
         with self._lock:
             _note_newest(self._foreign, name)
         self._presence.update(where.directory, where.key_hash, size, False)
+
+    def _owed_now(self) -> tuple[str, ...]:
+        """The pages whose files are owed a removal once the volume answers (``_removals``)."""
+        with self._lock:
+            return tuple(self._removals)
 
     def _removing(self) -> frozenset[str]:
         """The pages whose files this host is removing, now (``drop``) or once the volume

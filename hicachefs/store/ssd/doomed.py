@@ -25,7 +25,7 @@ from pathlib import Path
 
 import xxhash
 
-from hicachefs.store.ssd.durable_file import replace_durably
+from hicachefs.store.durable_file import replace_durably
 
 DOOMED_NAME = "hicachefs.doomed"
 _MAGIC = b"HCdoom\0\1"

@@ -29,7 +29,7 @@ import numpy as np
 import xxhash
 
 from hicachefs.store.index import PageColumns
-from hicachefs.store.ssd.durable_file import replace_durably
+from hicachefs.store.durable_file import replace_durably
 from hicachefs.store.ssd.region_log import LogState, RegionLog, record_lengths
 
 SNAPSHOT_NAME = "hicachefs.snapshot"
