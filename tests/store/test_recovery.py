@@ -17,7 +17,8 @@ import xxhash
 from store_helpers import KiB, MiB, crash_after, page_name, read_all, reopen
 
 from hicachefs.store import PageCorrupt, PageStore, StoreConfig, StoreError
-from hicachefs.store.ssd.device import FileDevice
+from hicachefs.store.ssd.device import ArenaRefused, FileDevice
+from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs.store.ssd import doomed
 from hicachefs.store.ssd.region_log import DEAD, record_length
 from hicachefs.store.ssd.ssd_tier import ARENA_NAME
@@ -755,7 +756,15 @@ def test_an_arena_of_version_2_keeps_its_pages_and_is_marked_for_this_code(tmp_p
     config = _write_and_close(tmp_path, pages, crash)
     arena = tmp_path / ARENA_NAME
     assert _superblock_versions(arena) == [3, 3]
-    with open(arena, "r+b") as f:  # as the code before wrote it: version 2, its checksum
+    _as_version_2(arena)
+    _all_back(config, pages, "scan" if crash else "snapshot")
+    assert _superblock_versions(arena) == [3, 3]
+    assert "superblock is damaged" not in caplog.text and "formatted anew" not in caplog.text
+
+
+def _as_version_2(arena: Path) -> None:
+    """Make both copies of the superblock what the code before the list wrote: version 2."""
+    with open(arena, "r+b") as f:
         for at in SUPERBLOCK_COPIES.values():
             f.seek(at)
             fields = bytearray(f.read(48))
@@ -763,9 +772,21 @@ def test_an_arena_of_version_2_keeps_its_pages_and_is_marked_for_this_code(tmp_p
             fields[40:48] = xxhash.xxh3_64_intdigest(bytes(fields[:40])).to_bytes(8, "little")
             f.seek(at)
             f.write(fields)
-    _all_back(config, pages, "scan" if crash else "snapshot")
-    assert _superblock_versions(arena) == [3, 3]
-    assert "superblock is damaged" not in caplog.text and "formatted anew" not in caplog.text
+
+
+def test_an_arena_of_version_2_that_cannot_be_marked_for_this_code_is_refused(tmp_path):
+    """Where the superblock cannot be written as version 3 (a bad sector under it), the arena
+    was used at version 2, and an older hicachefs started on it later served what this code's
+    list of dead records kills (found by review): the start is refused, the file unchanged."""
+    config = _write_and_close(tmp_path, {"d/a": b"abc"})
+    arena = tmp_path / ARENA_NAME
+    _as_version_2(arena)
+    before = arena.read_bytes()[:4096]
+    device = FaultyDevice(FileDevice(arena))
+    device.inject(Fault("pwrite", errno=errno.EIO))
+    with pytest.raises(ArenaRefused, match="cannot be written as version 3"):
+        PageStore(config, disk_device=device)  # (which closes the device it refused)
+    assert arena.read_bytes()[:4096] == before
 
 
 def test_a_version_1_arena_with_a_bit_flipped_in_its_magic_is_formatted_anew(tmp_path, caplog):

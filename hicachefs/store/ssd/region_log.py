@@ -313,7 +313,8 @@ class RegionLog:
                 self._clean_token = self._read_clean_mark()
                 self._seq_limit = self._read_seq_limit()
                 if version == _BEFORE_THE_LIST:  # both copies become this version's, before anything is listed
-                    damaged = [_COPY_AT, 0]
+                    self._mark_for_this_code()
+                    return
                 self._write_superblock_over(damaged, version, head)
                 return
             if ours and not sane:
@@ -352,6 +353,23 @@ class RegionLog:
         if dropped:
             log.warning("%s formatted anew: %s", self.path, dropped)
 
+    def _mark_for_this_code(self) -> None:
+        """Write a version 2 arena's superblock as version 3, both copies, the second first. Where
+        that fails the arena is refused: used at version 2, what this code lists as dead, or
+        marks as not to be trusted, an older hicachefs started on it later would serve (found
+        by review)."""
+        log.info("%s: its superblock is written as version %d (an older hicachefs formats the arena "
+                 "anew rather than miss its list of dead records)", self.path, _VERSION)
+        superblock = _packed_superblock(self.file_bytes, self.region_bytes, self.file_id)
+        try:
+            for at in (_COPY_AT, 0):
+                if self.device.pwrite(superblock, at) != len(superblock):
+                    raise OSError(errno.EIO, "short write")
+                self._fsync()
+        except OSError as exc:
+            raise ArenaRefused(f"{self.path}: its superblock cannot be written as version {_VERSION} "
+                               f"({exc.strerror or exc}): remove it to start with an empty disk tier") from None
+
     def _write_superblock_over(self, damaged: list[int], version: int, head: bytes) -> None:
         """Write the superblock over its copies at ``damaged``, one sector at a time, durably,
         the clean mark and the limit left as they are: the copy that holds stays untouched until
@@ -362,9 +380,6 @@ class RegionLog:
             return
         if version == _VERSION and damaged == [0] and _version_1_at_head(head):
             log.info("%s: the upgrade of its superblock to version %d, cut short, is finished", self.path, _VERSION)
-        elif version == _BEFORE_THE_LIST:
-            log.info("%s: its superblock is written as version %d (an older hicachefs formats the arena "
-                     "anew rather than miss its list of dead records)", self.path, _VERSION)
         elif version == _VERSION:
             log.warning("%s: a copy of its superblock is damaged (at byte %d): the other one serves, "
                         "and is written over it", self.path, damaged[0])
