@@ -126,8 +126,10 @@ class OwedRemovals:
                     remove_durably(self._directory, OWED_NAME)
             except OSError as exc:
                 if not self._failing:
-                    _log.warning("%s cannot be written (%s): removals owed to the shared volume are lost "
-                                 "if the daemon stops now", self._directory / OWED_NAME, exc.strerror or exc)
+                    _log.warning("%s cannot be written (%s): the removals owed to the shared volume since "
+                                 "it was last written are lost if the daemon stops now, and those it holds "
+                                 "are applied at the next start, done or not (a file of such a name written "
+                                 "since goes too: a miss)", self._directory / OWED_NAME, exc.strerror or exc)
                 self._failing = True
                 return
             self._failing, self._saved = False, names
