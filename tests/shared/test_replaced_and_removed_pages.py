@@ -291,6 +291,38 @@ def test_pages_removed_while_the_volume_is_away_stay_removed_after_a_clean_stop_
         b.close()
 
 
+
+def test_a_removal_owed_across_a_stop_leaves_a_file_written_under_the_name_since(tmp_path, store_of, monkeypatch):
+    """A removal kept across a stop was applied to whatever file of the name the volume held at
+    the next start: another host's write of the name while this one was stopped went too (a
+    miss on every host), and so did this host's own write within its last second before a kill
+    (found by review). The removal keeps its time: a file written since is left."""
+    monkeypatch.setattr("hicachefs.store.shared.tier.WRITTEN_SINCE_NS", 0)  # (this test's clocks are one)
+    device = FaultyDevice(DirectoryDevice())
+    a = _store_with_disk(tmp_path, device)
+    name = page_name(1)
+    try:
+        a.put(name, content(1, SIZE))
+        wait_until(lambda: a._named[0].statistics().write_behind.written_behind == 1)
+        take_the_volume_away(a, device)
+        assert a.delete(name)  # rm
+    finally:
+        a.close()  # the volume still away; the removal kept
+    time.sleep(0.05)
+    b = store_of()  # another host writes the name again meanwhile
+    b.put(name, content(2, SIZE))
+    wait_until(lambda: b._named[0].statistics().write_behind.written_behind == 1)
+    a = _store_with_disk(tmp_path)  # this host starts again, the volume back
+    try:
+        wait_until(lambda: not (tmp_path / "disk" / "hicachefs.shared-removals").exists(), timeout=10)
+        assert os.path.exists(Layout(tmp_path / "shared").page_path(place(name)))
+    finally:
+        a.close()
+    c = store_of()  # a third host reads the page written since
+    wait_until(lambda: c.exists_many([name]) == [True], timeout=10)
+    assert read_stored(c, name) == content(2, SIZE)
+
+
 def test_removals_owed_to_an_away_volume_without_a_disk_tier_are_warned_of_at_the_stop(store_of, caplog):
     """Without --disk nothing keeps the removals owed to an away volume past a stop: the stop
     says in one warning how many it drops and that those pages may come back."""

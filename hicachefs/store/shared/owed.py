@@ -5,7 +5,10 @@ sweep counted the removed pages again and served them (found by review).
 
 One file in the disk directory (``--disk``), ``hicachefs.shared-removals``: a header (magic,
 version, the entry count, the length of the shared directory's path), that path, per entry the
-length of a page name and the name (UTF-8), then an xxh3_64 of everything before. Written whole
+removal's time (ns since the epoch), the length of a page name and the name (UTF-8), then an
+xxh3_64 of everything before. The time is what a file of the name must predate to go: a list
+applied late (after a stop, a kill, a disk that refused the last save) leaves a file written
+under the name since (found by review). Written whole
 through ``durable_file.replace_durably`` by the tier's maintenance thread, at most once a second
 while the list changed (a daemon killed loses a second of removals at most, not every one), and
 at the close; removed once nothing is owed. A list written for another shared directory names
@@ -30,9 +33,9 @@ _log = logging.getLogger(__name__)
 
 OWED_NAME = "hicachefs.shared-removals"
 _MAGIC = b"HCowed\0\1"
-_VERSION = 1
+_VERSION = 2
 _HEADER = struct.Struct("<8sIII")  # magic, version, entries, length of the shared directory's path
-_LENGTH = struct.Struct("<H")  # a page name's length
+_ENTRY = struct.Struct("<QH")  # the removal's time (ns), a page name's length
 _CHECK_BYTES = 8
 
 
@@ -44,17 +47,18 @@ def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def write(directory: Path, root: str, names: tuple[str, ...]) -> None:
-    """Make the list of ``names`` owed to the shared directory ``root`` durable; raises OSError."""
-    encoded = [_encode(name) for name in names]
-    body = _HEADER.pack(_MAGIC, _VERSION, len(encoded), len(_encode(root))) + _encode(root)
-    body += b"".join(_LENGTH.pack(len(name)) + name for name in encoded)
+def write(directory: Path, root: str, owed: tuple[tuple[str, int], ...]) -> None:
+    """Make the list of ``owed`` removals (name, time) of the shared directory ``root`` durable;
+    raises OSError."""
+    body = _HEADER.pack(_MAGIC, _VERSION, len(owed), len(_encode(root))) + _encode(root)
+    body += b"".join(_ENTRY.pack(at, len(name)) + name for name, at in ((_encode(n), at) for n, at in owed))
     replace_durably(directory, OWED_NAME, [body, xxhash.xxh3_64_intdigest(body).to_bytes(_CHECK_BYTES, "little")])
 
 
-def read(directory: Path) -> tuple[str, list[str]]:
-    """The shared directory and the names of the list in ``directory``; ("", []) when there is
-    none. Raises ListDamaged for one that cannot be read, or is truncated or damaged."""
+def read(directory: Path) -> tuple[str, list[tuple[str, int]]]:
+    """The shared directory and the removals (name, time) of the list in ``directory``; ("", [])
+    when there is none. Raises ListDamaged for one that cannot be read, or is truncated or
+    damaged."""
     try:
         data = (directory / OWED_NAME).read_bytes()
     except FileNotFoundError:
@@ -71,15 +75,15 @@ def read(directory: Path) -> tuple[str, list[str]]:
     body = memoryview(data)[: -_CHECK_BYTES]
     at = _HEADER.size + root_length
     root = bytes(body[_HEADER.size : at]).decode("utf-8", "surrogateescape")
-    names = []
+    owed = []
     for _ in range(count):
-        (length,) = _LENGTH.unpack_from(body, at)
-        at += _LENGTH.size
-        names.append(bytes(body[at : at + length]).decode("utf-8", "surrogateescape"))
+        removed_at, length = _ENTRY.unpack_from(body, at)
+        at += _ENTRY.size
+        owed.append((bytes(body[at : at + length]).decode("utf-8", "surrogateescape"), removed_at))
         at += length
     if at != len(body):
         raise ListDamaged("its entries do not fill it")
-    return root, names
+    return root, owed
 
 
 class OwedRemovals:
@@ -90,57 +94,57 @@ class OwedRemovals:
         self._directory = directory
         self._root = str(root)
         self._lock = threading.Lock()  # the maintenance thread's saves and the close's
-        self._saved: tuple[str, ...] | None = ()  # what the file holds; None: not known (rewritten)
+        self._saved: tuple[tuple[str, int], ...] | None = ()  # what the file holds; None: not known (rewritten)
         self._failing = False
 
-    def load(self) -> list[str]:
-        """The names owed since the last stop; a list that cannot be read, or is another shared
-        directory's, is warned of and dropped (removed at the next save)."""
+    def load(self) -> list[tuple[str, int]]:
+        """The removals (name, time) owed since the last stop; a list that cannot be read, or is
+        another shared directory's, is warned of and dropped (removed at the next save)."""
         if self._directory is None:
             return []
         try:
-            root, names = read(self._directory)
+            root, owed = read(self._directory)
         except (ListDamaged, UnicodeDecodeError, struct.error) as exc:
             _log.warning("%s: %s; the pages it named may come back with the shared volume",
                          self._directory / OWED_NAME, exc)
             self._saved = None
             return []
-        if names and root != self._root:
+        if owed and root != self._root:
             _log.warning("%s: %d removals owed to shared directory %s, not %s, dropped",
-                         self._directory / OWED_NAME, len(names), root, self._root)
+                         self._directory / OWED_NAME, len(owed), root, self._root)
             self._saved = None
             return []
-        self._saved = tuple(names)
-        return names
+        self._saved = tuple(owed)
+        return owed
 
-    def save(self, names: tuple[str, ...]) -> None:
-        """Make ``names`` the list kept, if it changed since it was last written; the file goes
+    def save(self, owed: tuple[tuple[str, int], ...]) -> None:
+        """Make ``owed`` the list kept, if it changed since it was last written; the file goes
         when it is empty. A disk that fails it is warned of once, and tried again next time."""
         with self._lock:
-            if self._directory is None or names == self._saved:
+            if self._directory is None or owed == self._saved:
                 return
             try:
-                if names:
-                    write(self._directory, self._root, names)
+                if owed:
+                    write(self._directory, self._root, owed)
                 else:
                     remove_durably(self._directory, OWED_NAME)
             except OSError as exc:
                 if not self._failing:
                     _log.warning("%s cannot be written (%s): the removals owed to the shared volume since "
                                  "it was last written are lost if the daemon stops now, and those it holds "
-                                 "are applied at the next start, done or not (a file of such a name written "
-                                 "since goes too: a miss)", self._directory / OWED_NAME, exc.strerror or exc)
+                                 "are applied at the next start, done or not (files written under their "
+                                 "names since are left)", self._directory / OWED_NAME, exc.strerror or exc)
                 self._failing = True
                 return
-            self._failing, self._saved = False, names
+            self._failing, self._saved = False, owed
 
-    def close(self, names: tuple[str, ...]) -> None:
-        """The tier stops owing ``names``: kept for the next start, or where there is no disk
+    def close(self, owed: tuple[tuple[str, int], ...]) -> None:
+        """The tier stops owing ``owed``: kept for the next start, or where there is no disk
         directory, warned of as dropped."""
         if self._directory is None:
-            if names:
+            if owed:
                 _log.warning("shared tier %s: %d removals owed to the volume (pages rm'ed while it was away) "
                              "are dropped at the stop, with no --disk to keep them: those pages may come back "
-                             "with the volume", self._root, len(names))
+                             "with the volume", self._root, len(owed))
             return
-        self.save(names)
+        self.save(owed)

@@ -67,6 +67,11 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 #: Names a host remembers in each of its lists of pages (removed here, not written behind, to
 #: remove once the volume is back): some 10 MB each at most.
 REMOVED_REMEMBERED = 100_000
+#: How much later than a removal owed to the volume a file of its name must have been written to
+#: be left when the removal is applied (``_remove_file``): a write of the name since, by another
+#: host or before a kill of this one. Generous, as hosts' and servers' clocks differ: a removed
+#: page's own file must never pass for a later one (it would come back), a later one going is a miss.
+WRITTEN_SINCE_NS = 5_000_000_000
 #: Pages a read found gone that wait to be looked at again (``_vanished``); past that, forgotten at once.
 VANISHED_REMEMBERED = 1024
 #: Pages announced at another size than counted that wait for a look at their file's size
@@ -237,9 +242,9 @@ class SharedTier(Tier):
         # files (other data of the directory): never served here, so not counted (each exists
         # query would say yes and each read miss) until rewritten.
         self._foreign: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
-        # Pages removed here while the tier was unavailable: their files go once it is back,
-        # and until then they are absent here (``remove_later``).
-        self._removals: collections.OrderedDict[str, None] = collections.OrderedDict()  # under _lock
+        # Pages removed here while the tier was unavailable, with when (ns since the epoch):
+        # their files go once it is back, and until then they are absent here (``remove_later``).
+        self._removals: collections.OrderedDict[str, int] = collections.OrderedDict()  # under _lock
         # Pages presence holds whose file a read found gone (ENOENT, ESTALE), with when: the
         # engine may have answered from an entry it cached before another host replaced the file,
         # so each is looked at again once that cache expired (``_look_again``).
@@ -256,8 +261,8 @@ class SharedTier(Tier):
         self._write_behind = WriteBehind(self._write_copy, self._accepting, writers, queue_pages, queued, queue_lag_s,
                                          lost=self._lost, removed=self._removed_while_written)
         self._owed = OwedRemovals(owed_dir, self.root)
-        for name in self._owed.load():  # owed since before the last stop: absent here until removed
-            self._remove_when_back(name)
+        for name, removed_at in self._owed.load():  # owed since before the last stop: absent here until removed
+            self._remove_when_back(name, removed_at)
         try:
             self._guard.call(self._probe, timeout=deadline_s, probe=True)
             self._check_engine()
@@ -842,23 +847,29 @@ class SharedTier(Tier):
         """Remove the files of pages removed here while the tier was away (``remove_later``): at
         most ``budget`` a tick, for ``BACKLOG_BUDGET_S`` (one at least)."""
         with self._lock:
-            names = list(itertools.islice(self._removals, budget))
+            owed = list(itertools.islice(self._removals.items(), budget))
         end = time.monotonic() + BACKLOG_BUDGET_S
-        for name in names:
-            if self._guarded(self._remove_file, name) is None:
+        for name, removed_at in owed:
+            if self._guarded(self._remove_file, name, removed_at) is None:
                 return  # the filesystem failed: again later
             with self._lock:
-                self._removals.pop(name, None)
+                if self._removals.get(name) == removed_at:  # (not removed again meanwhile)
+                    del self._removals[name]
             if time.monotonic() >= end:
                 return
 
-    def _remove_file(self, name: str) -> bool:
-        """Remove the file of ``name`` if there is one, announced to the other hosts; True once
-        done. A later write of the name here, under way meanwhile, may go with it: a miss."""
+    def _remove_file(self, name: str, removed_at: int) -> bool:
+        """Remove the file of ``name`` removed here at ``removed_at`` if there is one written
+        before (one written since, ``WRITTEN_SINCE_NS`` later at least, is another host's write
+        of the name, or this host's before a kill: left), announced to the other hosts; True
+        once done. A later write of the name here, under way meanwhile, may go with it: a miss."""
         where = place(name)
         path = self._layout.page_path(where)
         try:
-            stored = self._device.stat(path).st_size
+            found = self._device.stat(path)
+            if found.st_mtime_ns > removed_at + WRITTEN_SINCE_NS:
+                return True
+            stored = found.st_size
             self._device.unlink(path)
         except OSError as error:
             if error.errno in GONE:
@@ -1253,12 +1264,13 @@ class SharedTier(Tier):
         with self._lock:
             _note_newest(self._removed_here, name)
 
-    def _remove_when_back(self, name: str) -> None:
-        """The page is removed here, and its file may still be on the volume: absent here
-        meanwhile, the file removed once the volume answers (``_apply_removals``)."""
+    def _remove_when_back(self, name: str, removed_at: int | None = None) -> None:
+        """The page is removed here (now, or at ``removed_at``, ns since the epoch), and its file
+        may still be on the volume: absent here meanwhile, the file removed once the volume
+        answers (``_apply_removals``)."""
         with self._lock:
             _note_newest(self._removed_here, name)
-            _note_newest(self._removals, name)
+            _note_newest(self._removals, name, time.time_ns() if removed_at is None else removed_at)
 
     def _not_ours(self, name: str, where: Place, size: int) -> None:
         """The file of ``name`` is another format version's, or no page file: neither served
@@ -1267,10 +1279,11 @@ class SharedTier(Tier):
             _note_newest(self._foreign, name)
         self._presence.update(where.directory, where.key_hash, size, False)
 
-    def _owed_now(self) -> tuple[str, ...]:
-        """The pages whose files are owed a removal once the volume answers (``_removals``)."""
+    def _owed_now(self) -> tuple[tuple[str, int], ...]:
+        """The pages whose files are owed a removal once the volume answers, with when they were
+        removed here (``_removals``)."""
         with self._lock:
-            return tuple(self._removals)
+            return tuple(self._removals.items())
 
     def _removing(self) -> frozenset[str]:
         """The pages whose files this host is removing, now (``drop``) or once the volume
