@@ -774,13 +774,15 @@ def _as_version_2(arena: Path) -> None:
             f.write(fields)
 
 
-def test_an_arena_of_version_2_that_cannot_be_marked_for_this_code_is_refused(tmp_path):
+@pytest.mark.parametrize("older", [_as_version_1, _as_version_2], ids=["version 1", "version 2"])
+def test_an_older_arena_that_cannot_be_marked_for_this_code_is_refused(tmp_path, older):
     """Where the superblock cannot be written as version 3 (a bad sector under it), the arena
-    was used at version 2, and an older hicachefs started on it later served what this code's
-    list of dead records kills (found by review): the start is refused, the file unchanged."""
+    was used at its older version, and an older hicachefs started on it later served what this
+    code's list of dead records kills (found by review, twice): the start is refused, the file
+    unchanged."""
     config = _write_and_close(tmp_path, {"d/a": b"abc"})
     arena = tmp_path / ARENA_NAME
-    _as_version_2(arena)
+    older(arena)
     before = arena.read_bytes()[:4096]
     device = FaultyDevice(FileDevice(arena))
     device.inject(Fault("pwrite", errno=errno.EIO))

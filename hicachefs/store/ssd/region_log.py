@@ -312,10 +312,10 @@ class RegionLog:
                 self.region_bytes, self.file_id = old_region, file_id
                 self._clean_token = self._read_clean_mark()
                 self._seq_limit = self._read_seq_limit()
-                if version == _BEFORE_THE_LIST:  # both copies become this version's, before anything is listed
+                if version != _VERSION:  # both copies become this version's, before anything is listed
                     self._mark_for_this_code()
                     return
-                self._write_superblock_over(damaged, version, head)
+                self._write_superblock_over(damaged, head)
                 return
             if ours and not sane:
                 dropped = (f"its superblock is damaged (a region size of {old_region:,} bytes): "
@@ -354,10 +354,10 @@ class RegionLog:
             log.warning("%s formatted anew: %s", self.path, dropped)
 
     def _mark_for_this_code(self) -> None:
-        """Write a version 2 arena's superblock as version 3, both copies, the second first. Where
-        that fails the arena is refused: used at version 2, what this code lists as dead, or
-        marks as not to be trusted, an older hicachefs started on it later would serve (found
-        by review)."""
+        """Write the superblock of an arena of version 1 or 2 as version 3, both copies, the
+        second first. Where that fails the arena is refused: used at an older version, what this
+        code lists as dead, or marks as not to be trusted, an older hicachefs started on it later
+        would serve (found by review, twice)."""
         log.info("%s: its superblock is written as version %d (an older hicachefs formats the arena "
                  "anew rather than miss its list of dead records)", self.path, _VERSION)
         superblock = _packed_superblock(self.file_bytes, self.region_bytes, self.file_id)
@@ -370,17 +370,17 @@ class RegionLog:
             raise ArenaRefused(f"{self.path}: its superblock cannot be written as version {_VERSION} "
                                f"({exc.strerror or exc}): remove it to start with an empty disk tier") from None
 
-    def _write_superblock_over(self, damaged: list[int], version: int, head: bytes) -> None:
+    def _write_superblock_over(self, damaged: list[int], head: bytes) -> None:
         """Write the superblock over its copies at ``damaged``, one sector at a time, durably,
         the clean mark and the limit left as they are: the copy that holds stays untouched until
-        the other holds too, so a write torn by a power loss leaves one that holds. A version 1
-        arena gets both (the second copy first): an upgrade cut short after the first is no
-        damage. A failed write leaves the arena as it was."""
+        the other holds too, so a write torn by a power loss leaves one that holds. An upgrade
+        from version 1 cut short after its first write (the second copy) is no damage. A failed
+        write leaves the arena as it was."""
         if not damaged:
             return
-        if version == _VERSION and damaged == [0] and _version_1_at_head(head):
+        if damaged == [0] and _version_1_at_head(head):
             log.info("%s: the upgrade of its superblock to version %d, cut short, is finished", self.path, _VERSION)
-        elif version == _VERSION:
+        else:
             log.warning("%s: a copy of its superblock is damaged (at byte %d): the other one serves, "
                         "and is written over it", self.path, damaged[0])
         superblock = _packed_superblock(self.file_bytes, self.region_bytes, self.file_id)
