@@ -323,6 +323,25 @@ def test_a_removal_owed_across_a_stop_leaves_a_file_written_under_the_name_since
     assert read_stored(c, name) == content(2, SIZE)
 
 
+
+def test_a_removal_owed_in_this_run_goes_whatever_the_files_clock(store_of, tmp_path):
+    """The time rule above compares this host's clock with the file's writer's or server's: a
+    server 10 s ahead made a page rm'ed while the volume was away pass for one written since,
+    and it came back on every host (found by review). A removal noted in this run goes whatever
+    the file's mtime; the rule is for removals kept across a stop only."""
+    a, device, shared, name = _one_page_written_behind(store_of)
+    path = Layout(tmp_path / "shared").page_path(place(name))
+    take_the_volume_away(a, device)
+    assert a.delete(name)  # rm
+    ahead = time.time() + 3600  # the file's server an hour ahead
+    os.utime(path, (ahead, ahead))
+    device.clear()  # the volume back
+    wait_until(lambda: not os.path.exists(path), timeout=10)
+    c = store_of()
+    time.sleep(0.2)
+    assert c.exists_many([name]) == [False]
+
+
 def test_removals_owed_to_an_away_volume_without_a_disk_tier_are_warned_of_at_the_stop(store_of, caplog):
     """Without --disk nothing keeps the removals owed to an away volume past a stop: the stop
     says in one warning how many it drops and that those pages may come back."""

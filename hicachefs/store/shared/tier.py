@@ -67,11 +67,13 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 #: Names a host remembers in each of its lists of pages (removed here, not written behind, to
 #: remove once the volume is back): some 10 MB each at most.
 REMOVED_REMEMBERED = 100_000
-#: How much later than a removal owed to the volume a file of its name must have been written to
-#: be left when the removal is applied (``_remove_file``): a write of the name since, by another
-#: host or before a kill of this one. Generous, as hosts' and servers' clocks differ: a removed
-#: page's own file must never pass for a later one (it would come back), a later one going is a miss.
-WRITTEN_SINCE_NS = 5_000_000_000
+#: How much later than a removal owed to the volume since before this start a file of its name
+#: must have been written to be left when the removal is applied (``_remove_file``): a write of
+#: the name since, by another host while this one was stopped, or by this one before a kill.
+#: Generous, as the removal's time is this host's clock and the file's its writer's or its
+#: server's: a removed page's own file must not pass for a later one (it would come back), a later
+#: one going is a miss. Removals noted in this run go unconditionally, as they always did.
+WRITTEN_SINCE_NS = 60_000_000_000
 #: Pages a read found gone that wait to be looked at again (``_vanished``); past that, forgotten at once.
 VANISHED_REMEMBERED = 1024
 #: Pages announced at another size than counted that wait for a look at their file's size
@@ -245,6 +247,7 @@ class SharedTier(Tier):
         # Pages removed here while the tier was unavailable, with when (ns since the epoch):
         # their files go once it is back, and until then they are absent here (``remove_later``).
         self._removals: collections.OrderedDict[str, int] = collections.OrderedDict()  # under _lock
+        self._owed_before_start: set[str] = set()  # those of them loaded, not noted again since (under _lock)
         # Pages presence holds whose file a read found gone (ENOENT, ESTALE), with when: the
         # engine may have answered from an entry it cached before another host replaced the file,
         # so each is looked at again once that cache expired (``_look_again``).
@@ -263,6 +266,7 @@ class SharedTier(Tier):
         self._owed = OwedRemovals(owed_dir, self.root)
         for name, removed_at in self._owed.load():  # owed since before the last stop: absent here until removed
             self._remove_when_back(name, removed_at)
+            self._owed_before_start.add(name)
         try:
             self._guard.call(self._probe, timeout=deadline_s, probe=True)
             self._check_engine()
@@ -850,24 +854,28 @@ class SharedTier(Tier):
             owed = list(itertools.islice(self._removals.items(), budget))
         end = time.monotonic() + BACKLOG_BUDGET_S
         for name, removed_at in owed:
-            if self._guarded(self._remove_file, name, removed_at) is None:
+            with self._lock:
+                before_start = name in self._owed_before_start
+            if self._guarded(self._remove_file, name, removed_at if before_start else None) is None:
                 return  # the filesystem failed: again later
             with self._lock:
                 if self._removals.get(name) == removed_at:  # (not removed again meanwhile)
                     del self._removals[name]
+                    self._owed_before_start.discard(name)
             if time.monotonic() >= end:
                 return
 
-    def _remove_file(self, name: str, removed_at: int) -> bool:
-        """Remove the file of ``name`` removed here at ``removed_at`` if there is one written
-        before (one written since, ``WRITTEN_SINCE_NS`` later at least, is another host's write
-        of the name, or this host's before a kill: left), announced to the other hosts; True
-        once done. A later write of the name here, under way meanwhile, may go with it: a miss."""
+    def _remove_file(self, name: str, removed_before_start: int | None) -> bool:
+        """Remove the file of ``name`` if there is one, announced to the other hosts; True once
+        done. A later write of the name here, under way meanwhile, may go with it: a miss. For a
+        removal owed since before this start (at ``removed_before_start``), a file written
+        ``WRITTEN_SINCE_NS`` after it is another host's write of the name, or this host's before
+        a kill: left."""
         where = place(name)
         path = self._layout.page_path(where)
         try:
             found = self._device.stat(path)
-            if found.st_mtime_ns > removed_at + WRITTEN_SINCE_NS:
+            if removed_before_start is not None and found.st_mtime_ns > removed_before_start + WRITTEN_SINCE_NS:
                 return True
             stored = found.st_size
             self._device.unlink(path)
@@ -1271,6 +1279,7 @@ class SharedTier(Tier):
         with self._lock:
             _note_newest(self._removed_here, name)
             _note_newest(self._removals, name, time.time_ns() if removed_at is None else removed_at)
+            self._owed_before_start.discard(name)  # (noted again in this run: goes unconditionally)
 
     def _not_ours(self, name: str, where: Place, size: int) -> None:
         """The file of ``name`` is another format version's, or no page file: neither served
