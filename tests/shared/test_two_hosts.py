@@ -10,11 +10,9 @@ when the engine stops under it and comes back, and when it freezes.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 import torch
