@@ -1340,3 +1340,30 @@ def test_a_list_of_records_left_live_that_cannot_be_written_is_counted_and_logge
         assert "could not be listed either" in caplog.text
     finally:
         store.close()
+
+
+class _FirstSectorUnwritable:
+    """An arena device whose first sector (the superblock's first copy) takes no write."""
+
+    def __init__(self, device: FileDevice) -> None:
+        self._device = device
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+    def pwrite(self, data, offset: int) -> int:
+        if offset < 512:
+            raise OSError(errno.EIO, "Input/output error")
+        return self._device.pwrite(data, offset)
+
+
+def test_a_version_1_arena_whose_first_copy_cannot_be_marked_is_refused_at_every_start(tmp_path):
+    """Its second copy took version 3 before the first copy's write failed: the next start found
+    that copy, took the first for an upgrade cut short, warned that it could not be written, and
+    used the arena, whose first copy said version 1 to an older hicachefs (found by review)."""
+    config = _write_and_close(tmp_path, {"d/a": b"abc"})
+    arena = tmp_path / ARENA_NAME
+    _as_version_1(arena)
+    for start in range(2):
+        with pytest.raises(ArenaRefused, match="cannot be written as version 3"):
+            PageStore(config, disk_device=_FirstSectorUnwritable(FileDevice(arena)))

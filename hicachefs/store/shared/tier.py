@@ -716,6 +716,7 @@ class SharedTier(Tier):
             if not replaced:
                 self._unwritten.pop(page.name, None)  # this version replaced whatever was there
                 self._removals.pop(page.name, None)
+                self._owed_before_start.discard(page.name)
                 self._foreign.pop(page.name, None)
                 # Counted under the lock a look at a name found gone forgets it under, and no
                 # longer waiting for that look (found by review: a write during it was undone).
@@ -876,6 +877,7 @@ class SharedTier(Tier):
         try:
             found = self._device.stat(path)
             if removed_before_start is not None and found.st_mtime_ns > removed_before_start + WRITTEN_SINCE_NS:
+                self._written_since(name, where, found.st_size)
                 return True
             stored = found.st_size
             self._device.unlink(path)
@@ -886,6 +888,13 @@ class SharedTier(Tier):
         self._presence.update(where.directory, where.key_hash, stored, False)
         self._journal.announce(False, stored, name)
         return True
+
+    def _written_since(self, name: str, where: Place, stored: int) -> None:
+        """A file of ``name`` written since its removal here was left: counted, and the name's
+        announcements heard again (it was a miss here until the next sweep: found by review)."""
+        with self._lock:
+            self._removed_here.pop(name, None)
+        self._presence.update(where.directory, where.key_hash, stored, True)
 
     def _unlink_page(self, path: str) -> None:
         """Unlink a page file; one not found is removed only if the root is still the volume."""

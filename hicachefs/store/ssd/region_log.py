@@ -367,8 +367,11 @@ class RegionLog:
                     raise OSError(errno.EIO, "short write")
                 self._fsync()
         except OSError as exc:
-            raise ArenaRefused(f"{self.path}: its superblock cannot be written as version {_VERSION} "
-                               f"({exc.strerror or exc}): remove it to start with an empty disk tier") from None
+            raise self._unmarkable(exc) from None
+
+    def _unmarkable(self, exc: OSError) -> ArenaRefused:
+        return ArenaRefused(f"{self.path}: its superblock cannot be written as version {_VERSION} "
+                            f"({exc.strerror or exc}): remove it to start with an empty disk tier")
 
     def _write_superblock_over(self, damaged: list[int], head: bytes) -> None:
         """Write the superblock over its copies at ``damaged``, one sector at a time, durably,
@@ -378,7 +381,8 @@ class RegionLog:
         write leaves the arena as it was."""
         if not damaged:
             return
-        if damaged == [0] and _version_1_at_head(head):
+        finishing = damaged == [0] and _version_1_at_head(head)
+        if finishing:
             log.info("%s: the upgrade of its superblock to version %d, cut short, is finished", self.path, _VERSION)
         else:
             log.warning("%s: a copy of its superblock is damaged (at byte %d): the other one serves, "
@@ -390,6 +394,8 @@ class RegionLog:
                     raise OSError(errno.EIO, "short write")
                 self._fsync()
         except OSError as exc:
+            if finishing:  # used so, its first copy would say version 1 to an older hicachefs (found by review)
+                raise self._unmarkable(exc) from None
             log.warning("%s: its superblock could not be written again (%s): the copy that holds "
                         "serves", self.path, exc.strerror or exc)
 
