@@ -7,6 +7,7 @@ tier was under way, and not a write behind that overran its deadline and landed 
 import errno
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -364,6 +365,55 @@ def test_a_file_a_kept_removal_leaves_is_served_at_once(tmp_path, store_of):
         wait_until(lambda: not shared._owed_now(), timeout=60)
         assert shared._sweeper.cycles >= 1 and a.exists_many([name]) == [True]
     finally:
+        a.close()
+
+
+
+class _HeldStat(DirectoryDevice):
+    """A slow volume whose answer to a kept removal's look at one file comes back once the test
+    lets it."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path, self.looking, self.answer = path, threading.Event(), threading.Event()
+
+    def stat(self, path):
+        if path != self.path:
+            time.sleep(0.005)  # the owed removals take some ticks: the first sweep runs first
+        found = super().stat(path)
+        removal = sys._getframe(1).f_code.co_name == "_remove_file"
+        if path == self.path and removal and not self.looking.is_set():
+            self.looking.set()
+            self.answer.wait(HOLD_TIMEOUT_S)
+        return found
+
+
+def test_a_name_written_and_removed_here_while_its_kept_removal_looks_stays_removed(tmp_path, store_of):
+    """A removal kept across a stop looked at a file written since (to leave it); meanwhile this
+    host wrote the name and removed it again. The look then counted the file it had seen: a page
+    that answered present with no file behind it (found by review). What this run did stands."""
+    name = page_name(1)
+    _store_with_disk(tmp_path).close()
+    b = store_of()
+    b.put(name, content(2, SIZE))
+    wait_until(lambda: b._named[0].statistics().write_behind.written_behind == 1)
+    long_ago = time.time_ns() - 3600 * 10**9
+    others = [page_name(1000 + i) for i in range(24)]
+    owed.write(tmp_path / "disk", str(tmp_path / "shared"), tuple((n, long_ago) for n in [*others, name]))
+    device = _HeldStat(Layout(tmp_path / "shared").page_path(place(name)))
+    a = _store_with_disk(tmp_path, device)
+    try:
+        shared = a._named[0]
+        assert device.looking.wait(10)
+        a.put(name, content(3, SIZE))
+        wait_until(lambda: shared.statistics().write_behind.written_behind == 1)
+        assert a.delete(name)
+        device.answer.set()
+        wait_until(lambda: not shared._owed_now(), timeout=10)
+        time.sleep(0.1)  # (the look's end)
+        assert a.exists_many([name]) == [False]
+    finally:
+        device.answer.set()
         a.close()
 
 

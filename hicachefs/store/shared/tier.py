@@ -857,7 +857,7 @@ class SharedTier(Tier):
         for name, removed_at in owed:
             with self._lock:
                 before_start = name in self._owed_before_start
-            if self._guarded(self._remove_file, name, removed_at if before_start else None) is None:
+            if self._guarded(self._remove_file, name, removed_at, before_start) is None:
                 return  # the filesystem failed: again later
             with self._lock:
                 if self._removals.get(name) == removed_at:  # (not removed again meanwhile)
@@ -866,18 +866,18 @@ class SharedTier(Tier):
             if time.monotonic() >= end:
                 return
 
-    def _remove_file(self, name: str, removed_before_start: int | None) -> bool:
+    def _remove_file(self, name: str, removed_at: int, before_start: bool) -> bool:
         """Remove the file of ``name`` if there is one, announced to the other hosts; True once
         done. A later write of the name here, under way meanwhile, may go with it: a miss. For a
-        removal owed since before this start (at ``removed_before_start``), a file written
+        removal owed since before this start (``before_start``, at ``removed_at``), a file written
         ``WRITTEN_SINCE_NS`` after it is another host's write of the name, or this host's before
         a kill: left."""
         where = place(name)
         path = self._layout.page_path(where)
         try:
             found = self._device.stat(path)
-            if removed_before_start is not None and found.st_mtime_ns > removed_before_start + WRITTEN_SINCE_NS:
-                self._written_since(name, where, found.st_size)
+            if before_start and found.st_mtime_ns > removed_at + WRITTEN_SINCE_NS:
+                self._written_since(name, removed_at, where, found.st_size)
                 return True
             stored = found.st_size
             self._device.unlink(path)
@@ -889,12 +889,17 @@ class SharedTier(Tier):
         self._journal.announce(False, stored, name)
         return True
 
-    def _written_since(self, name: str, where: Place, stored: int) -> None:
-        """A file of ``name`` written since its removal here was left: counted, and the name's
-        announcements heard again (it was a miss here until the next sweep: found by review)."""
+    def _written_since(self, name: str, removed_at: int, where: Place, stored: int) -> None:
+        """A file of ``name`` written since its removal here (at ``removed_at``, kept across a
+        stop) was left: counted, and the name's announcements heard again (it was a miss here
+        until the next sweep: found by review). Unless the name was written or removed here
+        since the look: what that did stands (counting the look's file made a page no file
+        held: found by review)."""
         with self._lock:
+            if self._removals.get(name) != removed_at or name not in self._owed_before_start:
+                return
             self._removed_here.pop(name, None)
-        self._presence.update(where.directory, where.key_hash, stored, True)
+            self._presence.update(where.directory, where.key_hash, stored, True)
 
     def _unlink_page(self, path: str) -> None:
         """Unlink a page file; one not found is removed only if the root is still the volume."""
