@@ -377,38 +377,37 @@ def test_a_publish_the_index_has_no_memory_for_changes_nothing(make_store, monke
 def test_a_publish_written_through_that_the_index_has_no_memory_for_stays_gone(make_store, monkeypatch):
     """Under write-through its copy was written to disk before the index failed to take it: the
     publish failed, and the page came back at the next start (found by review)."""
+    reopened = _failed_publish_then_restart(make_store, monkeypatch, 1024, "hicachefs.store.index.IndexMemory",
+                                            _index_without_memory)
+    assert reopened.info(page_name(1024)) is None
+    assert read_all(reopened, page_name(7)) == b"p-7"
+
+
+def _failed_publish_then_restart(make_store, monkeypatch, pages: int, target: str, failing):
+    """A write-through store holding ``pages`` pages, whose publish of one more fails as a full
+    store while ``target`` is ``failing``; the store opened again on its disk."""
     store = make_store(disk=64 * MiB, write_through=True, max_page_size=1 * MiB)
-    for i in range(1024):
+    for i in range(pages):
         store.put(page_name(i), b"p-%d" % i)
     with monkeypatch.context() as patched:
-        patched.setattr("hicachefs.store.index.IndexMemory", _index_without_memory)
+        patched.setattr(target, failing)
         with pytest.raises(StoreFull):
-            store.put(page_name(5000), b"FAILED")
+            store.put(page_name(pages), b"FAILED")
     config = store.config
     store.close()
-    reopened = make_store(disk=config.disk_bytes, write_through=True, max_page_size=1 * MiB)
-    assert reopened.info(page_name(5000)) is None
-    assert read_all(reopened, page_name(7)) == b"p-7"
+    return make_store(disk=config.disk_bytes, write_through=True, max_page_size=1 * MiB)
 
 
 def test_a_publish_its_directory_listing_has_no_memory_for_changes_nothing(make_store, monkeypatch):
     """``make_room`` grew the index's table and rows, not the directory's listing the page joins:
     a publish that failed there (MemoryError) did so after its copy was written through to disk,
     which came back at the next start (found by review of the index's room)."""
-    store = make_store(disk=64 * MiB, write_through=True, max_page_size=1 * MiB)
-    for i in range(16):  # a directory's first listing holds 16
-        store.put(page_name(i), b"p-%d" % i)
-
     def no_memory(self, capacity):
         raise MemoryError("no memory for the listing")
 
-    with monkeypatch.context() as patched:
-        patched.setattr("hicachefs.store.index._Listing._resize", no_memory)
-        with pytest.raises(StoreFull):
-            store.put(page_name(16), b"FAILED")
-    config = store.config
-    store.close()
-    reopened = make_store(disk=config.disk_bytes, write_through=True, max_page_size=1 * MiB)
+    # (a directory's first listing holds 16)
+    reopened = _failed_publish_then_restart(make_store, monkeypatch, 16, "hicachefs.store.index._Listing._resize",
+                                            no_memory)
     assert reopened.info(page_name(16)) is None
     assert reopened.statistics().pages == 16
 

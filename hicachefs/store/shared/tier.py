@@ -852,11 +852,10 @@ class SharedTier(Tier):
         """Remove the files of pages removed here while the tier was away (``remove_later``): at
         most ``budget`` a tick, for ``BACKLOG_BUDGET_S`` (one at least)."""
         with self._lock:
-            owed = list(itertools.islice(self._removals.items(), budget))
+            owed = [(name, removed_at, name in self._owed_before_start)
+                    for name, removed_at in itertools.islice(self._removals.items(), budget)]
         end = time.monotonic() + BACKLOG_BUDGET_S
-        for name, removed_at in owed:
-            with self._lock:
-                before_start = name in self._owed_before_start
+        for name, removed_at, before_start in owed:
             if self._guarded(self._remove_file, name, removed_at, before_start) is None:
                 return  # the filesystem failed: again later
             with self._lock:

@@ -360,14 +360,19 @@ class RegionLog:
         would serve (found by review, twice)."""
         log.info("%s: its superblock is written as version %d (an older hicachefs formats the arena "
                  "anew rather than miss its list of dead records)", self.path, _VERSION)
-        superblock = _packed_superblock(self.file_bytes, self.region_bytes, self.file_id)
         try:
-            for at in (_COPY_AT, 0):
-                if self.device.pwrite(superblock, at) != len(superblock):
-                    raise OSError(errno.EIO, "short write")
-                self._fsync()
+            self._write_superblock_at([_COPY_AT, 0])
         except OSError as exc:
             raise self._unmarkable(exc) from None
+
+    def _write_superblock_at(self, offsets: list[int]) -> None:
+        """This code's superblock over the copies at ``offsets``, in that order, each durable
+        before the next is touched. Raises OSError."""
+        superblock = _packed_superblock(self.file_bytes, self.region_bytes, self.file_id)
+        for at in offsets:
+            if self.device.pwrite(superblock, at) != len(superblock):
+                raise OSError(errno.EIO, "short write")
+            self._fsync()
 
     def _unmarkable(self, exc: OSError) -> ArenaRefused:
         return ArenaRefused(f"{self.path}: its superblock cannot be written as version {_VERSION} "
@@ -387,12 +392,8 @@ class RegionLog:
         else:
             log.warning("%s: a copy of its superblock is damaged (at byte %d): the other one serves, "
                         "and is written over it", self.path, damaged[0])
-        superblock = _packed_superblock(self.file_bytes, self.region_bytes, self.file_id)
         try:
-            for at in damaged:
-                if self.device.pwrite(superblock, at) != len(superblock):
-                    raise OSError(errno.EIO, "short write")
-                self._fsync()
+            self._write_superblock_at(damaged)
         except OSError as exc:
             if finishing:  # used so, its first copy would say version 1 to an older hicachefs (found by review)
                 raise self._unmarkable(exc) from None
