@@ -31,6 +31,8 @@ from .recovery_display import Display
 MOUNT_TIMEOUT_S = 60.0
 #: How long a daemon this command takes down has to end after SIGTERM.
 STOP_TIMEOUT_S = 10.0
+#: How long a daemon has to end after SIGKILL before its mount's connection is aborted.
+KILL_TIMEOUT_S = 5.0
 
 
 def command(args: argparse.Namespace) -> int:
@@ -153,13 +155,23 @@ def _served_by(control: Path) -> int | None:
 
 def _take_down(child: subprocess.Popen, mountpoint: str) -> str:
     """Stop the daemon this command started (SIGTERM, then SIGKILL past ``STOP_TIMEOUT_S``) and
-    remove its mount if it left one; what became of the mount, in words."""
+    remove its mount if it left one; what became of the mount, in words. A daemon that SIGKILL
+    does not end within ``KILL_TIMEOUT_S`` has a thread waiting in the kernel on its own mount (a
+    request the dead loop read and never answered, or a notification that waits for it): only
+    aborting the mount's connection ends it, and the wait for it had no end."""
     child.terminate()
     try:
         child.wait(STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         child.kill()
-        child.wait()
+        if not _ended(child):
+            if mount_table.filesystem_type(mountpoint) == mount_table.FSTYPE:
+                try:
+                    mount_table.abort(mountpoint)
+                except OSError:
+                    pass  # said below, if it does not end
+            if not _ended(child):
+                return "though it has not ended: a thread of it waits in the kernel"
     if mount_table.filesystem_type(mountpoint) is None:
         return "and nothing is mounted"
     try:
@@ -167,6 +179,15 @@ def _take_down(child: subprocess.Popen, mountpoint: str) -> str:
     except OSError as exc:
         return f"but could not remove the mount it left: {exc.strerror}"
     return "and removed the mount it left"
+
+
+def _ended(child: subprocess.Popen) -> bool:
+    """Whether the process, signalled to end, did within ``KILL_TIMEOUT_S``."""
+    try:
+        child.wait(KILL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _last_error(log_file: str) -> str:

@@ -10,14 +10,20 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from hicachefs import mount_table
+from hicachefs.cli import mount as mount_command
 from hicachefs_testing import mounting
 from hicachefs_testing.workload import content
 from pages import publish, read_page
+
+
+STUCK_DAEMON = Path(__file__).with_name("stuck_daemon.py")
 
 
 def hicachefs(*args: str) -> subprocess.CompletedProcess:
@@ -295,6 +301,38 @@ def test_ctrl_c_while_mount_waits_stops_its_daemon_in_one_line(tmp_path):
             while not mounting.is_mounted(mountpoint) and time.monotonic() < deadline:
                 time.sleep(0.2)
         mounting.stop_if_mounted(mountpoint)
+
+
+def test_ctrl_c_ends_a_daemon_that_sigkill_cannot_end(tmp_path, monkeypatch):
+    """A daemon taken down after Ctrl-C (or a bad first answer) that SIGKILL does not end, a
+    thread of it waiting in the kernel on its own mount: the command waited for it without end
+    (seen once in CI: a Ctrl-C'd mount still there 60 s later). Its mount's connection is
+    aborted, the daemon ends, and the dead mount it left is removed. (Nothing here stats the
+    mountpoint: a stat waits for good on a mount whose daemon reads no more.)"""
+    monkeypatch.setattr(mount_command, "STOP_TIMEOUT_S", 1.0)
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    daemon = subprocess.Popen([sys.executable, str(STUCK_DAEMON), str(mountpoint)], stdout=subprocess.PIPE,
+                              text=True)
+    outcome: list[str] = []
+    taking_down = threading.Thread(target=lambda: outcome.append(mount_command._take_down(daemon, str(mountpoint))),
+                                   daemon=True)
+    try:
+        assert daemon.stdout.readline() == "stuck\n"
+        taking_down.start()
+        taking_down.join(30)
+        assert not taking_down.is_alive(), "the take-down still waits for the daemon"
+        assert outcome == ["and removed the mount it left"] and daemon.returncode == -signal.SIGKILL
+        assert mount_table.filesystem_type(mountpoint) is None
+    finally:
+        if mount_table.filesystem_type(mountpoint) is not None:
+            mount_table.abort(mountpoint)  # what ends the daemon where the take-down did not
+        daemon.kill()
+        daemon.wait(10)
+        if taking_down.ident is not None:
+            taking_down.join(10)
+        if mount_table.filesystem_type(mountpoint) is not None:
+            mount_table.remove(mountpoint)
 
 
 def test_a_refused_mount_takes_back_the_directories_it_made(tmp_path):
