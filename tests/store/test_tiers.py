@@ -1,7 +1,9 @@
 """Eviction, demotion, promotion, pinning and warm restart across the two tiers."""
 
 import errno
+import logging
 import random
+import re
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -294,6 +296,36 @@ def test_restart_after_clean_close_is_warm(tmp_path):
         assert sorted(store.directories()) == ["m/bf16-page_first-64/tp0of1/kv"]
     finally:
         store.close()
+
+
+def test_a_close_says_how_many_pages_it_wrote_down_and_dropped(tmp_path, caplog):
+    """A stop with more pages in RAM than the disk tier takes dropped the oldest, and the log
+    said only "store closed": an operator found fewer pages after the restart with no word why
+    (found by review). One line says how many were written down and how many dropped."""
+    config = StoreConfig(memory_bytes=32 * MiB, disk_dir=tmp_path, disk_bytes=16 * MiB, max_page_size=1 * MiB)
+    store = PageStore(config)
+    for i in range(24):
+        store.put(page_name(i), content(i, 1 * MiB))
+    with caplog.at_level(logging.INFO, logger="hicachefs.store"):
+        store.close()
+    said = re.search(r"closing: of (\d+) pages in RAM only, (\d+) written down to the disk tier, (\d+) dropped",
+                     caplog.text)
+    store = PageStore(config)
+    try:
+        kept = store.statistics().pages
+        assert said is not None, caplog.text
+        assert [int(n) for n in said.groups()] == [24, kept, 24 - kept] and 0 < kept < 24
+    finally:
+        store.close()
+
+
+def test_a_close_without_a_lower_tier_says_its_pages_are_dropped(make_store, caplog):
+    store = make_store(memory=4 * MiB, max_page_size=64 * KiB)
+    for i in range(5):
+        store.put(page_name(i), content(i, 64 * KiB))
+    with caplog.at_level(logging.INFO, logger="hicachefs.store"):
+        store.close()
+    assert "closing: the 5 pages in RAM are dropped (no lower tier keeps them)" in caplog.text
 
 
 def test_pages_of_the_largest_size_go_down_to_a_small_disk_tier(make_store):
