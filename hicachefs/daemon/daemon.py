@@ -260,8 +260,19 @@ async def _detached() -> None:
     unmount (``umount -l``, ``fusermount3 -uz``) keeps the connection for as long as a file is
     open on it, and SGLang's ranks keep theirs open for good, so this daemon would serve a
     tree nobody reaches by path, its clients would store pages there, and it would hold the
-    --disk arena against the next mount."""
-    while not session.detached():
+    --disk arena against the next mount. A look that fails is tried again: out of file
+    descriptors for a moment (a shared tier keeps files open), it ended the daemon and its mount."""
+    failing = False
+    while True:
+        try:
+            if session.detached():
+                return
+            failing = False
+        except OSError as exc:  # the mount table unreadable for now (no descriptor to spare): look again
+            if not failing:
+                log.warning("cannot read the mount table to see whether the mount is still there: %s; "
+                            "looking again every %.0f s", exc, DETACH_CHECK_S)
+            failing = True
         await trio.sleep(DETACH_CHECK_S)
 
 
