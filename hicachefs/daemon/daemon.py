@@ -24,6 +24,7 @@ import gc
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -61,6 +62,19 @@ def setup_logging(config: DaemonConfig) -> None:
     root.setLevel(config.log_level.upper())
 
 
+def raise_open_file_limit() -> None:
+    """Take the hard limit of open files for the soft one, as a server does: the shared tier
+    keeps up to 64 files open beside its writers, the disk tier and the control files, and the
+    soft limit a shell or a unit gives (often 1,024, or less where someone lowered it) is no
+    budget of this daemon's. Where it cannot be raised, the daemon runs with what it has."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, hard, exc)
+
+
 def keep_freed_memory() -> None:
     """Make glibc keep freed memory for the next allocation instead of handing it back to the
     kernel. pyfuse3 copies every WRITE into a new ``bytes`` of up to 1 MiB; freed, glibc gave
@@ -90,6 +104,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
     index is rebuilt is logged, and sent to ``progress_fd`` (closed once the store is open)."""
     log.info("starting: %s", json.dumps(asdict(config)))
     keep_freed_memory()
+    raise_open_file_limit()
     reporter = Reporter(progress_fd)
     try:
         store = PageStore(config.store_config(), progress=reporter)

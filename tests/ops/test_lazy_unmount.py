@@ -9,13 +9,10 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
-from hicachefs.daemon import daemon
 from hicachefs_testing import mounting
-from pages import publish, read_page
 
 
 def _config_pid(mount: mounting.Mount) -> int:
@@ -57,23 +54,3 @@ def test_a_detached_daemon_that_stops_leaves_the_next_mount_at_its_path_alone(mo
         assert _config_pid(second) == second.pid
     finally:
         os.close(held)
-
-
-def test_a_daemon_out_of_file_descriptors_for_a_while_keeps_its_mount(mount_factory):
-    """The look at the mount table each second (is the mount still there?) opens a file: with
-    no descriptor to spare for a moment (a shared tier keeps up to 64 files open), its OSError
-    ended the daemon, and the mount with it: every acknowledged page unreadable, nothing to
-    restart it (found by review). The look is tried again, and a warning says why."""
-    mount = mount_factory("--memory", "32M")
-    page = publish(mount.page_dir(), "k0", b"acknowledged")
-    limit = subprocess.run(["prlimit", "--pid", str(mount.pid), "--nofile", "--raw", "--noheadings",
-                            "--output", "SOFT,HARD"], capture_output=True, text=True, check=True).stdout.split()
-    held = len(os.listdir(f"/proc/{mount.pid}/fd"))
-    subprocess.run(["prlimit", "--pid", str(mount.pid), f"--nofile={held}:{limit[1]}"], check=True)
-    try:
-        time.sleep(3 * daemon.DETACH_CHECK_S)
-        assert mounting.alive(mount.pid)
-    finally:
-        subprocess.run(["prlimit", "--pid", str(mount.pid), f"--nofile={limit[0]}:{limit[1]}"], check=True)
-    assert read_page(page) == b"acknowledged"
-    assert "cannot read the mount table" in mount.log_text()
