@@ -204,6 +204,7 @@ class PlaneHandle:
             self._count_misses(body[_READ.size * count :])
             return _SIZE.pack(self.store.count_plane_reads(reads))
         if op == RELEASE:
+            _bounded(count, "a release")
             for i in range(count):
                 draft = self._take(_OFFSET.unpack_from(body, 8 * i)[0])
                 if draft is not None:

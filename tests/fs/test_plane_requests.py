@@ -71,6 +71,21 @@ def test_a_reserve_of_more_pages_than_a_commit_holds_is_refused_and_reserves_not
     handle.release()
 
 
+def test_a_release_of_more_pages_than_a_commit_holds_is_refused_and_releases_nothing(alone):
+    """A RELEASE was bounded only by the request's size: half a million offsets ran on the event
+    loop for 64 ms, another client's exists query waiting 56 ms (found by review)."""
+    handle = alone.open_control(b"plane")
+    slots = struct.unpack("<2q", request(handle, plane.RESERVE, 2, struct.pack("<2I", 64, 64)))
+    count = plane.MAX_REPORT + 1
+    with pytest.raises(FsError) as refused:
+        request(handle, plane.RELEASE, count, struct.pack(f"<{count}q", *([slots[0]] + [-1] * (count - 1))))
+    assert refused.value.errno == errno.EFBIG
+    assert alone.ns.publishing.writing.held == 2 * 64  # both slots still the handle's
+    request(handle, plane.RELEASE, 2, struct.pack("<2q", *slots))
+    assert alone.ns.publishing.writing.held == 0
+    handle.release()
+
+
 def test_a_malformed_commit_publishes_nothing(alone):
     """A commit whose body ends before what its entries say (a path running past it) fails with
     EINVAL and publishes none of its pages, not those before the bad one."""
