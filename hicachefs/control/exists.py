@@ -136,6 +136,9 @@ class ExistsHandle:
             self.answer_step()
         if not self._complete:
             await self.account.in_steps(self.answer_step)
+            if not self._complete:  # another thread's write on this handle ended the request meanwhile
+                raise FsError(errno.EINVAL, "the exists request was ended by another write on its handle "
+                                            "during this read")
         chunk = bytes(self._answer[self._read : self._read + size])
         self._read += len(chunk)
         return chunk

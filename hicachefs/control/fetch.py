@@ -133,15 +133,18 @@ class FetchHandle:
     async def _parse(self) -> None:
         """Parse the request at its first read (in steps, if it is large)."""
         if self._pages is None:
-            self._pages = []
+            pages = self._pages = []
             try:
                 if not self.account.large:  # fewer than PARSE_LINES lines
                     self._parse_step()
                 else:
-                    await self.account.in_steps(self._parse_step)
+                    await self.account.in_steps(lambda: self._pages is pages and self._parse_step())
             except FsError:
                 self._new_request()  # a malformed request: the next write starts a new one
                 raise
+            if self._pages is not pages:  # another thread's write on this handle ended the request meanwhile
+                raise FsError(errno.EINVAL, "the fetch request was ended by another write on its handle "
+                                            "during this read")
 
     async def _answer(self, offset: int, size: int) -> list:
         if not self._read:  # the answer began: a write starts a new request

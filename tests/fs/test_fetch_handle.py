@@ -1,8 +1,10 @@
-"""The fetch file's handle without FUSE: what two reads of one handle at once may do to each
-other's pages (the kernel sends several READs of one handle at once)."""
+"""The fetch and exists files' handles without FUSE: what two reads of one handle at once may do
+to each other's pages (the kernel sends several READs of one handle at once), and a write of
+another thread's to a request being read."""
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 
@@ -10,7 +12,9 @@ import pytest
 import trio
 import trio.testing
 
-from hicachefs.control.fetch import FetchHandle
+from hicachefs.control.exists import LINES_PER_STEP, MAX_EXISTS_REQUEST, ExistsHandle
+from hicachefs.control.fetch import MAX_FETCH_REQUEST, PARSE_LINES, FetchHandle
+from hicachefs.posix.errors import FsError
 from hicachefs.posix.page_handle import Leases
 from hicachefs.control.request_limits import STEP_PAUSE_S, RequestLimits
 from hicachefs.store import PageStore, StoreConfig
@@ -241,6 +245,87 @@ def test_a_read_of_many_small_pages_lets_other_requests_run_between_its_pages():
         trio.run(main)
         assert answered == [b"".join(content(i, size) for i in range(count))]
         assert any(0 < n < count for n in seen), "nothing else ran while the read opened its pages"
+        handle.release()
+    finally:
+        store.close()
+
+
+def _while_the_lane_is_held(account, reading, interloper) -> object:
+    """Run ``reading`` (a read of a large request, which waits for a turn in the lane) while the
+    lane is held, then ``interloper`` (another thread's writes and reads on the same handle),
+    then let the lane go: what the read gave, or the errno it failed with."""
+    outcome: list[object] = []
+
+    async def main() -> None:
+        taken, let_go = trio.Event(), trio.Event()
+
+        async def hold_the_lane() -> None:
+            async with account.limits.lane.turn():
+                taken.set()
+                await let_go.wait()
+
+        async def read() -> None:
+            try:
+                outcome.append(await reading())
+            except FsError as exc:
+                outcome.append(exc.errno)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold_the_lane)
+            await taken.wait()
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            await interloper()
+            let_go.set()
+
+    trio.run(main)
+    return outcome[0]
+
+
+def test_a_fetch_request_ended_by_another_write_during_its_read_fails_that_read_with_einval():
+    """Two threads on one fetch handle (any user may): a read parsing a large request waits for
+    its turn; meanwhile a write past the maximum fails (EFBIG), the failure is read, and a line
+    starts a new request. The waiting read went on parsing into no request at all: EIO and a
+    traceback in the log, or 0 bytes with no word why (found by review). It fails with EINVAL."""
+    store = PageStore(StoreConfig(memory_bytes=4 << 20))
+    try:
+        store.put(f"{POOL}/k", content(1, SIZE))
+        handle = FetchHandle(store, RequestLimits(writers=frozenset({0})).account(0), Leases())
+        request = f"{SIZE} {POOL}/k\n".encode() * (PARSE_LINES + 1)
+        trio.run(handle.write, 0, request)
+
+        async def another_thread() -> None:
+            with pytest.raises(FsError) as refused:
+                await handle.write(len(request), bytes(MAX_FETCH_REQUEST))
+            assert refused.value.errno == errno.EFBIG
+            with pytest.raises(FsError):
+                await handle.read(0, SIZE)  # the failure, read: the handle takes a new request
+            await handle.write(0, f"{SIZE} {POOL}/k\n".encode())
+
+        assert _while_the_lane_is_held(handle.account, lambda: handle.read(0, SIZE), another_thread) == errno.EINVAL
+        pieces = trio.run(handle.read, 0, SIZE)  # the new request is answered as ever
+        assert b"".join(bytes(piece) for piece in pieces) == content(1, SIZE)
+        handle.release()
+    finally:
+        store.close()
+
+
+def test_an_exists_request_ended_by_another_write_during_its_read_fails_that_read_with_einval():
+    """The same on an exists handle: a write past the maximum ended the request while a read of
+    its answer waited for its turn, and the read sliced an answer that was gone (EIO, a
+    TypeError traceback in the log; found by review). It fails with EINVAL."""
+    store = PageStore(StoreConfig(memory_bytes=4 << 20))
+    try:
+        handle = ExistsHandle(store, RequestLimits(writers=frozenset({0})).account(0))
+        request = f"{POOL}/k\n".encode() * (LINES_PER_STEP + 1)
+        trio.run(handle.write, 0, request)
+
+        async def another_thread() -> None:
+            with pytest.raises(FsError) as refused:
+                await handle.write(len(request), bytes(MAX_EXISTS_REQUEST))
+            assert refused.value.errno == errno.EFBIG
+
+        assert _while_the_lane_is_held(handle.account, lambda: handle.read(0, 1 << 20), another_thread) == errno.EINVAL
         handle.release()
     finally:
         store.close()
