@@ -23,6 +23,7 @@ import functools
 import gc
 import json
 import logging
+import logging.handlers
 import os
 import resource
 import signal
@@ -55,7 +56,11 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 READ_AHEAD_KB = 8192
 
 def setup_logging(config: DaemonConfig) -> None:
-    handler = logging.FileHandler(config.log_file, errors="backslashreplace") if config.log_file else logging.StreamHandler()
+    """Log to ``--log-file`` (stderr without one). The file is opened again when it was moved or
+    removed (logrotate's ``create`` rotation): opened once, the daemon went on writing into the
+    rotated file for good, or into a deleted one once that was compressed."""
+    handler = (logging.handlers.WatchedFileHandler(config.log_file, errors="backslashreplace") if config.log_file
+               else logging.StreamHandler())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -119,3 +119,15 @@ def test_stop_signals_during_the_write_down_do_not_cut_it_short(mount_factory, t
     assert again.stats()["tiers"]["disk"]["pages"] == len(pages)
     for key, data in pages.items():
         assert read_page(pool / key) == data
+
+
+def test_a_log_file_rotated_by_renaming_gets_the_lines_after_it(mount_factory):
+    """logrotate's ``create`` rotation renames the log and makes a new one: the daemon went on
+    writing into the renamed file for good (into a deleted one once compressed), the new one
+    empty (found by review). Its next line goes to a new file at the log's path."""
+    mount = mount_factory("--memory", "32M")
+    rotated = mount.log_file.with_name(mount.log_file.name + ".1")
+    mount.log_file.rename(rotated)
+    mounting.stop(mount)
+    assert "store closed" in mount.log_file.read_text()
+    assert "store closed" not in rotated.read_text()
