@@ -33,6 +33,7 @@ from .errors import FsError
 from .handles import PendingHandle
 from .inodes import InodeNumbers, PageNodes
 from .nodes import Directory, PageNode, PendingFile
+from .refusal_log import RefusalLog
 from .tree import DirectoryTree
 from .writing_budget import WritingBudget
 
@@ -69,6 +70,9 @@ class Publishing:
         self._pending: dict[int, PendingFile] = {}
         self._last_target: tuple[str, Directory, str] | None = None
         self.writing = WritingBudget(store.budget.share("writing"))
+        #: The lines of files dropped unpublished, a few per kind: a client can make one per
+        #: file it writes, as fast as it writes them (``refusal_log``).
+        self.dropped = RefusalLog(log)
 
     # -- files being written ----------------------------------------------------------
 
@@ -105,13 +109,13 @@ class Publishing:
         pending.last_close = time.monotonic()
         if pending.writers == 0 and pending.visible and not pending.gone:
             if pending.failed:  # its writer got the error: nothing to publish
-                log.info("not publishing %s/%s: a write to it failed", pending.directory.path, pending.name)
+                self._dropped("write failed", logging.INFO, "not publishing %r: a write to it failed", pending)
                 self.discard(pending)
                 return
             try:
                 self.publish(pending, pending.directory, pending.name)
             except Exception as exc:  # release cannot report errors: log and drop the file
-                log.error("could not publish %s at close: %s", pending.name, exc)
+                self._dropped("publish failed", logging.ERROR, "could not publish %r at close: %s", pending, exc)
                 self.discard(pending)
         self._drop_if_unused(pending)
 
@@ -146,9 +150,14 @@ class Publishing:
             if not p.gone and p.writers == 0 and now - p.last_close >= self.temp_timeout_s
         ]
         for pending in stale:
-            log.info("discarding abandoned temporary file %s/%s", pending.directory.path, pending.name)
+            self._dropped("abandoned", logging.INFO, "discarding abandoned temporary file %r", pending)
             self.discard(pending)
         return len(stale)
+
+    def _dropped(self, kind: str, level: int, message: str, pending: PendingFile, *args) -> None:
+        """Log that ``pending`` goes unpublished, throttled per ``kind``; its path as %r, as
+        a name may hold a newline that would otherwise start a forged line of its own."""
+        self.dropped.refused(kind, None, level, message, f"{pending.directory.path}/{pending.name}", *args)
 
     def count(self) -> int:
         return sum(1 for p in self._pending.values() if not p.gone)

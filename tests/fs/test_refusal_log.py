@@ -1,10 +1,14 @@
 """Refusals (issue 29, item 9): a user refused again and again grows the daemon's log by a line
 per kind now and then, not a line per refusal; every refusal is counted in stats, by kind and
-user, and so is every line left out."""
+user, and so is every line left out. Files dropped unpublished (a failed write) are logged
+the same way, their names escaped."""
 
 from __future__ import annotations
 
 import logging
+import os
+
+import pytest
 
 from hicachefs.posix.refusal_log import RefusalLog
 from pages import as_nobody, publish
@@ -74,3 +78,29 @@ def test_after_the_interval_one_line_says_how_many_were_left_out(caplog):
     counts = refusals.statistics()
     assert counts.by_user == {"65534": {"EFBIG": 1, "ENOBUFS": 51}, "1000": {"ENOBUFS": 1}}
     assert counts.not_logged == 49
+
+
+def _write_too_large(path, blob: bytes) -> None:
+    """Root writes a page over the maximum size straight under its key: the write fails (EFBIG)
+    and the file is dropped at its close, unpublished."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError):  # a write that failed halfway is a short one first
+            while True:
+                os.write(fd, blob)
+    finally:
+        os.close(fd)
+
+
+def test_files_dropped_unpublished_grow_the_log_by_a_few_lines_and_forge_none(mount_factory):
+    mount = mount_factory("--memory", "16M")  # pages of 2 MiB at most
+    pool = mount.page_dir()
+    blob = b"x" * (3 << 20)
+    _write_too_large(pool / "evil\n2026-01-01 00:00:00,000 WARNING hicachefs: forged line", blob)
+    before = len(mount.log_text())
+    for i in range(REFUSALS):
+        _write_too_large(pool / f"big{i}", blob)
+    assert len(mount.log_text()) - before < 1000, mount.log_text()[before:][:2000]
+    assert not [line for line in mount.log_text().splitlines() if line.startswith("2026-01-01")]
+    assert "evil\\n2026-01-01" in mount.log_text()
+    assert os.listdir(pool) == []
