@@ -29,6 +29,7 @@ import resource
 import signal
 import sys
 import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -123,13 +124,14 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
     requests = endpoint = None
     try:
         effective = {**asdict(config), "pid": os.getpid()}
+        identity = {"pid": os.getpid(), "started_at": time.time()}
         notifier = KernelNotifier(store.budget.share("kernel_pushes"))
 
         def statistics() -> DaemonStatistics:  # wiring, read at every open of .hicachefs/stats
             refusals = requests.refusals.statistics()
             return DaemonStatistics(store.statistics(), dict(requests.errors), dict(requests.counts),
                                     namespace.pending_count(), notifier.statistics(), refusals.by_user,
-                                    refusals.not_logged, namespace.page_inodes())
+                                    refusals.not_logged, namespace.page_inodes(), identity)
 
         control = ControlFiles(store, statistics, metrics.render, effective)
         namespace = Namespace(store, control, notifier, config.temp_timeout_s, config.kernel_cache)

@@ -226,3 +226,24 @@ def test_the_ram_shares_show_what_they_hold_of_what_they_may(mount_factory):
                            "private_reads", "private_reads_of_others"}
     for path in held:
         os.unlink(path)
+
+
+def test_over_a_restart_it_shows_what_the_new_daemon_counted(mount_factory):
+    mount = mount_factory("--memory", "16M", "--no-kernel-cache")
+    pool = mount.page_dir()
+    for i in range(10):
+        publish(pool, f"old{i}", content(i, 1 << 16))
+        read_uncached(pool / f"old{i}")  # 10 hits the old daemon counts before top's first read
+    top = start_top(mount.path, count=1, interval=4.0)
+    time.sleep(0.5)  # its first read, of the old daemon
+    mounting.stop(mount)
+    mount = mount_factory("--memory", "16M", "--no-kernel-cache", path=mount.path)
+    pool = mount.page_dir()
+    for i in range(30):
+        publish(pool, f"new{i}", content(i, 1 << 16))
+        read_uncached(pool / f"new{i}")
+    assert mount.stats()["tiers"]["memory"]["hits"] == 30
+    out, err = top.communicate(timeout=60)
+    assert top.returncode == 0, err
+    assert moved(views(out), "tier", "memory", "hits/s") == pytest.approx(30, rel=0.05)
+    assert moved(views(out), "FUSE request", "create", "per s") == pytest.approx(30, rel=0.05)
