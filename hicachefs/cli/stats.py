@@ -53,7 +53,7 @@ def command(args: argparse.Namespace) -> int:
 def format_stats(facts: dict) -> str:
     """A table a person reads: one row per tier, then the totals."""
     tiers = facts.get("tiers", {})
-    fields = ["capacity_bytes", "used_bytes", "pages", "hits", "misses", "evictions",
+    fields = ["capacity_bytes", "used_bytes", "free_bytes", "pages", "hits", "misses", "evictions",
               "demotions", "promotions", "checksum_failures"]
     rows = [["tier", *[f.replace("_bytes", "").replace("_", " ") for f in fields]]]
     for tier, counters in tiers.items():

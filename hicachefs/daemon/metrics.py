@@ -26,9 +26,10 @@ PREFIX = "hicachefs_"
 #: Fields whose exported name or help says more than the field's own name.
 _NAMES = {"bytes_in": "written_bytes", "bytes_out": "read_bytes"}
 _HELP = {
-    "capacity_bytes": "Bytes the store can hold, over all tiers.",
-    "used_bytes": "Bytes the stored pages take up, over all tiers.",
-    "free_bytes": "Capacity not taken up by pages, over all tiers.",
+    "capacity_bytes": "Bytes the store can hold: its local tiers' (the tiers below RAM's with --write-through).",
+    "used_bytes": "Bytes of the store that cannot take a page now (capacity less free).",
+    "free_bytes": "Bytes the store can still take before it evicts a page.",
+    "page_bytes": "The stored pages' sizes; a page on two tiers counts once.",
     "pages": "Pages stored; a page on two tiers counts once.",
     "pending_files": "Files being written that are not published yet.",
     "page_inodes": "Published pages the daemon holds an inode for (the kernel has not forgotten them).",
@@ -36,6 +37,7 @@ _HELP = {
     "published": "Pages published (a page the ingest file kept as it was is not counted).",
     "tier_capacity_bytes": "Bytes the tier can hold.",
     "tier_used_bytes": "Bytes the tier's pages take up (slots or records).",
+    "tier_free_bytes": "Bytes the tier can still take before it drops a page.",
     "tier_pages": "Pages held by the tier.",
     "tier_hits": "Page reads the tier served.",
     "tier_misses": "Page reads the tier could not serve.",

@@ -42,7 +42,7 @@ def entry(st: Stat, uid: int, gid: int) -> pyfuse3.EntryAttributes:
     attr.st_uid, attr.st_gid = uid, gid
     attr.st_size = st.size
     attr.st_blksize = IO_BLOCK_SIZE
-    attr.st_blocks = (st.size + 511) // 512
+    attr.st_blocks = ((st.size if st.allocated is None else st.allocated) + 511) // 512
     attr.st_mtime_ns = attr.st_ctime_ns = st.mtime_ns
     attr.st_atime_ns = st.atime_ns
     attr.entry_timeout = attr.attr_timeout = 0 if st.volatile else CACHE_TIMEOUT_S

@@ -582,9 +582,9 @@ class Namespace:
             raise FsError(errno.EPERM, "control files cannot be changed")
         return self._dir(inode)
 
-    @staticmethod
-    def _page_stat(inode: int, info: PageInfo, nlink: int = 1) -> Stat:
-        return Stat(inode, FILE_MODE, info.size, nlink, info.mtime_ns, info.atime_ns, volatile=not info.held_here)
+    def _page_stat(self, inode: int, info: PageInfo, nlink: int = 1) -> Stat:
+        return Stat(inode, FILE_MODE, info.size, nlink, info.mtime_ns, info.atime_ns, volatile=not info.held_here,
+                    allocated=self.store.allocated(info))
 
     @staticmethod
     def _pending_stat(pending: PendingFile) -> Stat:

@@ -20,7 +20,8 @@ from .writing_budget import WritingBudget
 class Stat:
     """What ``stat`` shows for one inode (the FUSE adapter turns it into EntryAttributes).
     ``volatile``: it may change without a request of the kernel's (a page only another host's
-    tier holds), so the kernel must not keep it."""
+    tier holds), so the kernel must not keep it. ``allocated``: the bytes it takes in its tier
+    (a slot, a record: ``st_blocks``), None for its size."""
 
     inode: int
     mode: int
@@ -29,6 +30,7 @@ class Stat:
     mtime_ns: int = 0
     atime_ns: int = 0
     volatile: bool = False
+    allocated: int | None = None
 
 
 @dataclass(eq=False, slots=True)

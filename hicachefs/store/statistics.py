@@ -57,24 +57,31 @@ class Totals:
 
 @dataclass(frozen=True)
 class TierStatistics(Totals):
-    """One tier: its name, its room, the pages the engine knows it holds, and its totals."""
+    """One tier: its name, its room, the pages the engine knows it holds, and its totals.
+    ``used_bytes``: what its pages take (slots or records); ``free_bytes``: what it can still
+    take before it drops a page (``Tier.free_bytes``), which may be less than the rest."""
 
     name: str = field(default="", metadata={"hidden": True})
     capacity_bytes: int = level()
     used_bytes: int = level()
+    free_bytes: int = level()
     pages: int = level()
 
 
 @dataclass(frozen=True)
 class StoreStatistics(Totals):
-    """The store as a whole. ``pages`` counts a page held by several tiers once, and
-    ``used_bytes`` its size once (what ``du`` adds up), so ``free_bytes`` is what can still be
-    stored. The totals are sums over the tiers of this host (``tiers``), but ``misses``, which
+    """The store as a whole, what ``df`` shows: ``capacity_bytes`` and ``free_bytes`` are the
+    local tiers' (``TierStatistics.free_bytes``: what can still be stored before a page is
+    evicted), but RAM's with --write-through (a cache of the disk's pages there); ``used_bytes``
+    is the rest, the room slabs and regions cannot use yet included. ``pages`` counts a page
+    held by several tiers once, and ``page_bytes`` its size once (what ``du -b`` adds up).
+    The totals are sums over the tiers of this host (``tiers``), but ``misses``, which
     counts names no tier held; ``published``: the pages published (one kept as it was is not)."""
 
     capacity_bytes: int = level()
     used_bytes: int = level()
     free_bytes: int = level()
+    page_bytes: int = level()
     pages: int = level()
     published: int = total()
     tiers: tuple[TierStatistics, ...] = field(default=(), metadata={"hidden": True})

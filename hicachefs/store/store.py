@@ -510,6 +510,12 @@ class PageStore:
 
     # -- names -------------------------------------------------------------------------
 
+    def allocated(self, info: PageInfo) -> int:
+        """Bytes the page takes on the tier ``info`` names (a slot, a record): its ``st_blocks``.
+        No lock: a tier's answer depends on the size and the name alone."""
+        tier = next(t for t in self._tiers + self._named if t.name == info.tier)
+        return tier.allocated(len(info.name.encode()), info.size)
+
     def info(self, name: str) -> PageInfo | None:
         """The page's facts, or None; no I/O, no hit counted. A page found on a named tier
         lately (``lookup``) but not read yet is described too."""
@@ -752,14 +758,21 @@ class PageStore:
             index = self._index
             local = [_with_pages(tier.statistics(), index.pages_in_tier(position))
                      for position, tier in enumerate(self._tiers)]
-            used, pages = index.used_bytes, index.pages
+            page_bytes, pages = index.used_bytes, index.pages
             misses, published = self._misses, self._published
         named = [tier.statistics() for tier in self._named]
-        capacity = sum(t.capacity_bytes for t in local)
+        room = self._room(local)
+        capacity, free = sum(t.capacity_bytes for t in room), sum(t.free_bytes for t in room)
         return EngineStatistics(
-            capacity_bytes=capacity, used_bytes=used, free_bytes=max(0, capacity - used), pages=pages,
+            capacity_bytes=capacity, used_bytes=capacity - free, free_bytes=free, page_bytes=page_bytes, pages=pages,
             **{**summed(local + named), "misses": misses}, published=published, tiers=tuple(local + named),
             fetch_ahead=self._ahead.statistics(), ram_budget=self.budget.statistics())
+
+    def _room(self, local: list[TierStatistics]) -> list[TierStatistics]:
+        """The tiers whose room is the store's: every local tier, but RAM with --write-through,
+        where it holds copies of pages the tiers below hold too (counting it would count those
+        pages twice, and its room as room a page takes without also taking theirs)."""
+        return local[1:] if self.config.write_through and len(local) > 1 else local
 
     def sync(self) -> None:
         """Make the persistent tiers' writes durable (fsync)."""

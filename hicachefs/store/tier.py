@@ -103,6 +103,16 @@ class Tier(ABC):
     @abstractmethod
     def used_bytes(self) -> int: ...
 
+    @property
+    def free_bytes(self) -> int:
+        """What can still be written here before a page is dropped to make room; a tier whose
+        room goes in slots or regions says what they leave (less than ``capacity - used``)."""
+        return max(0, self.capacity_bytes - self.used_bytes)
+
+    def allocated(self, name_length: int, size: int) -> int:
+        """Bytes a page of ``size`` (its UTF-8 name ``name_length`` bytes) takes here (``st_blocks``)."""
+        return size
+
     @abstractmethod
     def fits(self, name: bytes, size: int) -> bool:
         """Whether a page of this name and size can ever be placed here."""
@@ -228,7 +238,7 @@ class Tier(ABC):
 
     def statistics(self) -> TierStatistics:
         return TierStatistics(name=self.name, capacity_bytes=self.capacity_bytes, used_bytes=self.used_bytes,
-                              **self.counters.snapshot())
+                              free_bytes=self.free_bytes, **self.counters.snapshot())
 
     def sync(self) -> None:
         """Make what was written durable, as far as the tier promises."""

@@ -146,9 +146,55 @@ def test_df_and_du_agree_for_write_through_pages(mount_factory, tmp_path):
     df = sh("df", "-B1", str(mount.path)).splitlines()[1].split()
     total, used = int(df[1]), int(df[2])
     du = int(sh("du", "-sB1", str(mount.path)).split()[0])
-    assert total == mount.stats()["capacity_bytes"] // 4096 * 4096  # RAM and disk
+    assert total == mount.stats()["capacity_bytes"] // 4096 * 4096  # the disk's: RAM holds copies of its pages
     assert du == 100 << 20
     assert abs(used - du) <= 1 << 20, f"df says {used} bytes used, du {du}"
+
+
+def _ram_of_slabs_used_up(mount_factory):
+    """A 16 MiB RAM tier (slabs of 2 MiB) holding 8 pages of 1 MiB + 1 byte: each page's slot
+    (1,152 KiB) uses up a slab, and the 40 pages written leave 8. A mount and its pool."""
+    mount = mount_factory("--memory", "16M")
+    pool = mount.page_dir()
+    for i in range(40):
+        publish(pool, f"k{i:03d}", content(i, (1 << 20) + 1))
+    assert mount.stats()["pages"] == 8
+    return mount, pool
+
+
+def test_df_shows_a_ram_tier_full_when_its_slabs_are_used_up(mount_factory):
+    """df's room is what can be stored before a page is evicted, not the capacity less the
+    pages' bytes: every slab holds a slot, so a page of any size evicts one now."""
+    mount, pool = _ram_of_slabs_used_up(mount_factory)
+    fs = os.statvfs(mount.path)
+    assert (fs.f_bavail, fs.f_blocks - fs.f_bfree) == (0, fs.f_blocks)  # df: 100 % used
+    stats = mount.stats()
+    assert (stats["free_bytes"], stats["used_bytes"]) == (0, stats["capacity_bytes"])
+    publish(pool, "small", content(99, 100_000))
+    assert mount.stats()["evictions"] == stats["evictions"] + 1
+
+
+def test_st_blocks_count_the_slot_a_page_takes(mount_factory):
+    mount, pool = _ram_of_slabs_used_up(mount_factory)
+    assert os.stat(pool / "k039").st_blocks * 512 == 1_179_648  # 1 MiB + 1 rounded up to its class
+    assert int(sh("du", "-sB1", str(pool)).split()[0]) == 8 * 1_179_648
+
+
+def test_df_counts_no_room_the_disk_ring_cannot_write_yet(mount_factory, tmp_path):
+    """Half the pages of a disk tier whose ring has come round removed: their records' room is
+    written again only when the ring reclaims their regions, which evicts the other half. df
+    says less than a region (8 MiB here) is free, not the half of the tier they took."""
+    mount = mount_factory("--memory", "16M", "--disk", str(tmp_path / "disk"), "--disk-size", "64M")
+    pool = mount.page_dir()
+    for i in range(100):
+        publish(pool, f"k{i:03d}", content(i, 1 << 20))
+    assert mount.stats()["tiers"]["disk"]["evictions"] > 0  # the ring came round
+    on_disk = [key for key in sorted(os.listdir(pool)) if os.getxattr(pool / key, "user.hicachefs.tier") == b"disk"]
+    for key in on_disk[::2]:
+        os.unlink(pool / key)
+    fs = os.statvfs(mount.path)
+    assert fs.f_bavail * fs.f_frsize < 8 << 20
+    assert mount.stats()["free_bytes"] // 4096 == fs.f_bavail
 
 
 def test_find_counts_pages_and_the_name_limit_is_the_key_limit(mounted):

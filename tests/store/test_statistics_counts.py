@@ -26,7 +26,7 @@ def _recounted(store) -> tuple[int, int, list[int]]:
 def _counted(store) -> tuple[int, int, list[int]]:
     facts = store.statistics()
     local = [t for t in facts.tiers if t.name in ("memory", "disk")]
-    return facts.pages, facts.used_bytes, [t.pages for t in local]
+    return facts.pages, facts.page_bytes, [t.pages for t in local]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from hicachefs.store.ram.arena import Arena
+from hicachefs.store.ram.arena import Arena, size_class
 from hicachefs.store.errors import StoreError, StoreFull
 from hicachefs.store.ram.eviction import LruPolicy
 from hicachefs.store.statistics import TierCounters
@@ -53,6 +53,13 @@ class RamTier(TopTier):
     @property
     def used_bytes(self) -> int:
         return self.arena.used_bytes
+
+    @property
+    def free_bytes(self) -> int:
+        return self.arena.free_bytes
+
+    def allocated(self, name_length: int, size: int) -> int:
+        return size_class(size)
 
     def fits(self, name: bytes, size: int) -> bool:
         return self.arena.fits(size)

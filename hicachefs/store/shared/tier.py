@@ -488,9 +488,10 @@ class SharedTier(Tier):
             totals = self.counters.snapshot()
             full = time.monotonic() < self._full_until
         guard = self._guard.statistics()
+        capacity = self._limit if self._limit is not None else used + (self._fs_free or 0)
         return SharedTierStatistics(
-            name=self.name, capacity_bytes=self._limit if self._limit is not None else used + (self._fs_free or 0),
-            used_bytes=used, pages=pages, **totals, writable=guard.available and not full, size_bound=self._limit is not None,
+            name=self.name, capacity_bytes=capacity, used_bytes=used, free_bytes=max(0, capacity - used), pages=pages,
+            **totals, writable=guard.available and not full, size_bound=self._limit is not None,
             fs_free_bytes=self._fs_free, journal_announced=self._journal.announced,
             journal_received=self._journal.received, journal_pending=self._journal.pending(),
             write_behind=self._write_behind.statistics(), guard=guard, sweep=self._sweeper.statistics())

@@ -169,6 +169,13 @@ class SsdTier(Tier):
     def used_bytes(self) -> int:
         return self.log.used_bytes
 
+    @property
+    def free_bytes(self) -> int:
+        return self.log.free_bytes
+
+    def allocated(self, name_length: int, size: int) -> int:
+        return record_length(name_length, size)
+
     def fits(self, name: bytes, size: int) -> bool:
         return self.log.fits(len(name), size)
 
