@@ -807,10 +807,10 @@ class PageStore:
             self._closed = True
             self._index.memory.closed()  # the data plane's clients let go before anything moves
             try:
-                ram_only = self._ram_only()
+                held, written = self._index.pages, 0
                 if len(self._tiers) > 1:
-                    self._write_down_for_restart()
-                self._log_write_down(ram_only, self._ram_only())
+                    written = self._write_down_for_restart()
+                self._log_stop(held, written)
                 for position, tier in enumerate(self._tiers):
                     tier.persist(self._index.pages_in(position))
             finally:
@@ -1080,25 +1080,25 @@ class PageStore:
             self._ram.retire(slot)
             self._ram.unpin(slot)
 
-    def _ram_only(self) -> int:
-        """How many pages RAM alone holds: a stop loses those not written down."""
-        lower = self._index.loc[:, 1:]
-        return sum(1 for row in self._ram.oldest_first() if not (lower[row] >= 0).any())
-
-    def _log_write_down(self, before: int, after: int) -> None:
-        """One line on what a stop keeps of the pages RAM alone held, so that an operator who
-        finds fewer pages after a restart knows they went here (the log said only "store
-        closed"; found by review)."""
+    def _log_stop(self, held: int, written: int) -> None:
+        """One line on what a stop keeps of the ``held`` pages for the next start, ``written``
+        of them written down now, so that an operator who finds fewer pages after a restart
+        knows where they went (the log said only "store closed"; found by review)."""
+        shared = "; the shared tier keeps what it holds" if self._named else ""
         if len(self._tiers) == 1:
-            if before:
-                log.info("closing: the %d pages in RAM are dropped (no lower tier keeps them)", before)
+            if held:
+                log.info("closing: the %d pages in RAM are dropped (no --disk)%s", held, shared)
             return
-        log.info("closing: of %d pages in RAM only, %d written down to the %s tier, %d dropped (the least "
-                 "recently used, past its room, or after a failed write logged above)",
-                 before, before - after, self._tiers[1].name, after)
+        lower = self._index.loc[:, 1:]
+        left = sum(1 for row in self._ram.oldest_first() if not (lower[row] >= 0).any())  # in RAM only
+        kept = self._index.pages - left
+        log.info("closing: %d of the %d pages held are kept on the %s tier for the next start (%d written down "
+                 "now); %d dropped: %d in RAM only past its room (the least recently used, or after a failed "
+                 "write logged above), %d of its own overwritten to make that room%s", kept, held,
+                 self._tiers[1].name, written, held - kept, left, held - kept - left, shared)
 
-    def _write_down_for_restart(self) -> None:
-        """Write RAM-only pages down, the most recent ones as room allows. Room is counted for
+    def _write_down_for_restart(self) -> int:
+        """Write RAM-only pages down, the most recent ones as room allows; how many were written. Room is counted for
         every RAM page, newest first, also for one whose lower copy is there already: writing
         reclaims the oldest regions, which may hold that copy (a promoted page, or a page
         published with write-through before those regions wrapped) and so make it RAM-only, and
@@ -1116,28 +1116,31 @@ class PageStore:
                         and below.fits(self._index.name(row).encode(), int(self._index.size[row]))]
         below.fence(True)
         try:
-            self._write_down(newest_first)
+            return self._write_down(newest_first)
         finally:
             below.fence(False)
 
-    def _write_down(self, newest_first: list[int]) -> None:
+    def _write_down(self, newest_first: list[int]) -> int:
         """``_write_down_for_restart``'s passes over the pages planned, planned again after the
-        ring passes over a region."""
+        ring passes over a region; how many pages were written."""
         below = self._tiers[1]
         order = self._write_down_plan(newest_first)
         tried: set[int] = set()
+        written = 0
         while True:
             rows = [r for r in order if r not in tried and self._index.dir[r] >= 0
                     and self._index.top_tier(r) == RAM and not (self._index.loc[r, 1:] >= 0).any()]
             if not rows:
-                return
+                return written
             for row in rows:
                 tried.add(row)
                 if self._index.dir[row] >= 0 and not (self._index.loc[row, 1:] >= 0).any():
                     view = self._ram.view(int(self._index.loc[row, RAM]), int(self._index.size[row]))
                     passed_over = below.passed_over()
-                    if self._intact(row, view) and self._write_below(self._meta(row), view, RAM, row) is None:
-                        return  # the device fails: what is left stays unwritten
+                    if self._intact(row, view):
+                        if self._write_below(self._meta(row), view, RAM, row) is None:
+                            return written  # the device fails: what is left stays unwritten
+                        written += 1
                     if below.passed_over() != passed_over:  # less room than planned
                         order = self._write_down_plan([r for r in newest_first if r not in tried])
                         break

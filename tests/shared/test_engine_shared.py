@@ -2,6 +2,7 @@
 finds there is fetched ahead into RAM, and a page removed meanwhile stays removed."""
 
 import errno
+import logging
 
 import pytest
 from held_calls import HOLD_TIMEOUT_S, HeldCall
@@ -225,3 +226,21 @@ def test_a_read_from_the_shared_tier_the_index_has_no_memory_for_is_served_and_g
             assert read_stored(b, name) == content(7, 4 * KiB)
     assert b.statistics().tier("memory").used_bytes == used
     assert read_stored(b, name) == content(7, 4 * KiB)  # memory back: promoted
+
+
+def test_a_close_with_a_shared_tier_and_no_disk_says_the_shared_tier_keeps_its_pages(tmp_path, caplog):
+    """The stop's line said the RAM pages were dropped, "no lower tier keeps them", where a
+    shared tier held every one of them after the restart (found by review)."""
+    config = StoreConfig(memory_bytes=16 * MiB, max_page_size=1 * MiB, shared_dir=tmp_path / "shared")
+    store = PageStore(config)
+    names = [page_name(i) for i in range(5)]
+    for i, name in enumerate(names):
+        store.put(name, content(i, 64 * KiB))
+    with caplog.at_level(logging.INFO, logger="hicachefs.store"):
+        store.close()
+    assert "the 5 pages in RAM are dropped (no --disk); the shared tier keeps what it holds" in caplog.text
+    again = PageStore(config)
+    try:
+        wait_until(lambda: all(again.exists_many(names)))
+    finally:
+        again.close()

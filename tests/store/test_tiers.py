@@ -298,23 +298,30 @@ def test_restart_after_clean_close_is_warm(tmp_path):
         store.close()
 
 
-def test_a_close_says_how_many_pages_it_wrote_down_and_dropped(tmp_path, caplog):
-    """A stop with more pages in RAM than the disk tier takes dropped the oldest, and the log
-    said only "store closed": an operator found fewer pages after the restart with no word why
-    (found by review). One line says how many were written down and how many dropped."""
-    config = StoreConfig(memory_bytes=32 * MiB, disk_dir=tmp_path, disk_bytes=16 * MiB, max_page_size=1 * MiB)
+@pytest.mark.parametrize("memory_mib", [32, 8])
+def test_a_close_says_how_many_pages_it_keeps_and_drops(tmp_path, caplog, memory_mib):
+    """A stop with more pages than the disk tier takes dropped some, and the log said only
+    "store closed": an operator found fewer pages after the restart with no word why (found by
+    review). One line says how many are kept, written down and dropped, counting (with less
+    RAM, pages already on the disk tier) those the write-down overwrote to make room."""
+    config = StoreConfig(memory_bytes=memory_mib * MiB, disk_dir=tmp_path, disk_bytes=16 * MiB, max_page_size=1 * MiB)
     store = PageStore(config)
     for i in range(24):
         store.put(page_name(i), content(i, 1 * MiB))
+    held = store.statistics().pages
     with caplog.at_level(logging.INFO, logger="hicachefs.store"):
         store.close()
-    said = re.search(r"closing: of (\d+) pages in RAM only, (\d+) written down to the disk tier, (\d+) dropped",
-                     caplog.text)
+    said = re.search(r"closing: (\d+) of the (\d+) pages held are kept on the disk tier for the next start \((\d+) "
+                     r"written down now\); (\d+) dropped: (\d+) in RAM only past its room .*, (\d+) of its own "
+                     r"overwritten", caplog.text)
     store = PageStore(config)
     try:
-        kept = store.statistics().pages
         assert said is not None, caplog.text
-        assert [int(n) for n in said.groups()] == [24, kept, 24 - kept] and 0 < kept < 24
+        kept, told_held, written, dropped, ram_only, overwritten = (int(n) for n in said.groups())
+        assert (kept, told_held) == (store.statistics().pages, held) and 0 < kept < held
+        assert dropped == held - kept == ram_only + overwritten and written <= kept
+        if memory_mib == 8:  # pages on the disk tier before the stop: the write-down overwrote some
+            assert overwritten > 0
     finally:
         store.close()
 
@@ -325,7 +332,7 @@ def test_a_close_without_a_lower_tier_says_its_pages_are_dropped(make_store, cap
         store.put(page_name(i), content(i, 64 * KiB))
     with caplog.at_level(logging.INFO, logger="hicachefs.store"):
         store.close()
-    assert "closing: the 5 pages in RAM are dropped (no lower tier keeps them)" in caplog.text
+    assert "closing: the 5 pages in RAM are dropped (no --disk)\n" in caplog.text
 
 
 def test_pages_of_the_largest_size_go_down_to_a_small_disk_tier(make_store):
