@@ -57,9 +57,11 @@ class ExistsHandle:
     def __init__(self, store: PageStore, account: Account):
         self.store = store
         self.account = account
+        self._begun = 0
         self._new_request()
 
     def _new_request(self) -> None:
+        self._begun += 1  # which request this is: a read waiting for its turn sees it change
         self._request = bytearray()
         self._lines = 0  # newlines in the request
         self._scanned = 0  # request bytes answered so far
@@ -135,8 +137,9 @@ class ExistsHandle:
         if not self.account.large:  # at most one step's lines and bytes
             self.answer_step()
         if not self._complete:
-            await self.account.in_steps(self.answer_step)
-            if not self._complete:  # another thread's write on this handle ended the request meanwhile
+            begun = self._begun
+            await self.account.in_steps(lambda: self._begun == begun and self.answer_step())
+            if self._begun != begun:  # another thread's write on this handle ended the request meanwhile
                 raise FsError(errno.EINVAL, "the exists request was ended by another write on its handle "
                                             "during this read")
         chunk = bytes(self._answer[self._read : self._read + size])

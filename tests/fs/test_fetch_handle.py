@@ -313,8 +313,10 @@ def test_a_fetch_request_ended_by_another_write_during_its_read_fails_that_read_
 def test_an_exists_request_ended_by_another_write_during_its_read_fails_that_read_with_einval():
     """The same on an exists handle: a write past the maximum ended the request while a read of
     its answer waited for its turn, and the read sliced an answer that was gone (EIO, a
-    TypeError traceback in the log; found by review). It fails with EINVAL."""
+    TypeError traceback in the log); once fixed for that, a new request written meanwhile had
+    its answer given to the waiting read (found by reviews). It fails with EINVAL."""
     store = PageStore(StoreConfig(memory_bytes=4 << 20))
+    store.put(f"{POOL}/k", content(1, SIZE))
     try:
         handle = ExistsHandle(store, RequestLimits(writers=frozenset({0})).account(0))
         request = f"{POOL}/k\n".encode() * (LINES_PER_STEP + 1)
@@ -324,8 +326,12 @@ def test_an_exists_request_ended_by_another_write_during_its_read_fails_that_rea
             with pytest.raises(FsError) as refused:
                 await handle.write(len(request), bytes(MAX_EXISTS_REQUEST))
             assert refused.value.errno == errno.EFBIG
+            with pytest.raises(FsError):
+                await handle.read(0, 1 << 20)  # the failure, read: the handle takes a new request
+            await handle.write(0, f"{POOL}/k\n".encode())
 
         assert _while_the_lane_is_held(handle.account, lambda: handle.read(0, 1 << 20), another_thread) == errno.EINVAL
+        assert trio.run(handle.read, 0, 1 << 20) == b"1\n"  # the new request is answered as ever
         handle.release()
     finally:
         store.close()
