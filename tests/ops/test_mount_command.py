@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,3 +132,27 @@ def test_a_log_file_rotated_by_renaming_gets_the_lines_after_it(mount_factory):
     mounting.stop(mount)
     assert "store closed" in mount.log_file.read_text()
     assert "store closed" not in rotated.read_text()
+
+
+def test_a_log_directory_removed_costs_its_lines_not_the_clean_stop(tmp_path):
+    """With the log opened again once moved, a log whose directory was removed made every line
+    raise: the stop's first line ended the daemon before the disk tier's snapshot, and the next
+    start scanned the arena as after a crash (found by review). The lines are lost, the stop is
+    clean."""
+    mountpoint, logs, disk = tmp_path / "mnt", tmp_path / "logs", tmp_path / "ssd"
+    mountpoint.mkdir()
+    logs.mkdir()
+    flags = ["--memory", "32M", "--disk", str(disk), "--disk-size", "64M"]
+    mount = mounting.start(mountpoint, logs / "daemon.log", flags)
+    try:
+        for i in range(4):
+            publish(mount.page_dir(), f"k{i}", content(i, 64 << 10))
+        shutil.rmtree(logs)
+    finally:
+        mounting.stop(mount)
+    again = mounting.start(mountpoint, tmp_path / "again.log", flags)
+    try:
+        assert "not unmounted cleanly" not in again.log_text()
+        assert again.stats()["pages"] == 4
+    finally:
+        mounting.stop(again)
