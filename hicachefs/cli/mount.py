@@ -168,7 +168,7 @@ def _take_down(child: subprocess.Popen, mountpoint: str) -> str:
             if mount_table.filesystem_type(mountpoint) == mount_table.FSTYPE:
                 try:
                     mount_table.abort(mountpoint)
-                except OSError:
+                except (OSError, subprocess.TimeoutExpired):
                     pass  # said below, if it does not end
             if not _ended(child):
                 return "though it has not ended: a thread of it waits in the kernel"
