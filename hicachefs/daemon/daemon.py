@@ -93,6 +93,15 @@ def raise_open_file_limit() -> None:
             log.warning("could not raise the open files limit from %d to %d: %s", soft, hard, exc)
 
 
+def no_world_writable_files() -> None:
+    """Mask the write bit for others in what the daemon makes (the shared tier's directories and
+    files, the disk tier's snapshot and lists): started under ``umask 000``, it made them
+    world-writable, and another user renamed a forged page file, checksums and all, over a
+    shared page that the clients then served (found by review). Group write is the operator's
+    to keep (hosts sharing a volume as one group)."""
+    os.umask(os.umask(0) | 0o002)
+
+
 def keep_freed_memory() -> None:
     """Make glibc keep freed memory for the next allocation instead of handing it back to the
     kernel. pyfuse3 copies every WRITE into a new ``bytes`` of up to 1 MiB; freed, glibc gave
@@ -121,6 +130,7 @@ def run(config: DaemonConfig, progress_fd: int | None = None) -> int:
     """Serve the mount until a signal or unmount; returns the process exit code. How the disk
     index is rebuilt is logged, and sent to ``progress_fd`` (closed once the store is open)."""
     log.info("starting: %s", json.dumps(asdict(config)))
+    no_world_writable_files()
     keep_freed_memory()
     raise_open_file_limit()
     reporter = Reporter(progress_fd)

@@ -1,10 +1,11 @@
-"""The daemon's file descriptors: a limit reached for a moment under load, a low soft limit at
-start."""
+"""What the daemon inherits from whoever starts it: a low open-files limit (reached for a moment
+under load, or low from the start), a umask that lets others write."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -49,3 +50,28 @@ def test_a_daemon_takes_its_hard_open_files_limit(tmp_path):
         assert limits == ["4096", "4096"]
     finally:
         mounting.stop_if_mounted(mountpoint)
+
+
+def test_a_daemon_started_under_umask_000_makes_nothing_others_may_write(tmp_path):
+    """Started under ``umask 000``, the daemon made the shared tier's directories and the disk
+    tier's snapshot world-writable, and another user renamed a forged page file over a shared
+    page that the clients then served (found by review)."""
+    mountpoint, shared, disk = tmp_path / "mnt", tmp_path / "shared", tmp_path / "ssd"
+    mountpoint.mkdir()
+    flags = ["--memory", "32M", "--disk", str(disk), "--disk-size", "64M", "--shared", str(shared)]
+    command = [sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--log-file",
+               str(tmp_path / "daemon.log"), *flags]
+    subprocess.run(command, check=True, capture_output=True, preexec_fn=lambda: os.umask(0))
+    mount = mounting.Mount(mountpoint, tmp_path / "daemon.log", flags,
+                           json.loads((mountpoint / ".hicachefs" / "config").read_text())["pid"])
+    try:
+        for i in range(4):
+            publish(mount.page_dir(), f"k{i}", bytes([i]) * 4096)
+        deadline = time.monotonic() + 10
+        while len([f for f in shared.rglob("*") if f.is_file()]) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)  # written behind to the shared tier
+    finally:
+        mounting.stop(mount)
+    made = [path for path in [*shared.rglob("*"), *disk.iterdir()] if path != shared]
+    writable = [str(path) for path in made if path.lstat().st_mode & stat.S_IWOTH]
+    assert len([path for path in made if path.is_file()]) >= 4 and writable == []
