@@ -457,13 +457,13 @@ class Namespace:
             return None
         page = self.tree.page_name(parent, text)
         removed = False if page is None else self.store.remove(page)
-        if isinstance(removed, NeedsIO):  # the name stays until the page went (``blocking``)
-            return removed.then(lambda gone: self._unlinked(parent, text, gone))
-        return self._unlinked(parent, text, removed)
-
-    def _unlinked(self, parent: Directory, text: str, removed: bool) -> None:
-        """The name ``text`` no longer names a page: the kernel's inode for it is let go."""
         self.nodes.detach(parent, text)
+        if isinstance(removed, NeedsIO):
+            return removed.then(lambda gone: self._unlinked(parent, gone))
+        return self._unlinked(parent, removed)
+
+    @staticmethod
+    def _unlinked(parent: Directory, removed: bool) -> None:
         if not removed:
             raise FsError(errno.ENOENT, "no such page")
         parent.mtime_ns = time.time_ns()
@@ -503,25 +503,16 @@ class Namespace:
 
     def _move_pending(self, pending: PendingFile, target: Directory, new: str) -> None | NeedsIO:
         """A file created under a key, still being written, takes another name: what that name
-        held goes, and the file is published there at its last writer's close. The page the
-        name held goes first (from a named tier in a worker thread, ``blocking``): the file
-        moves only once it went."""
-        if self._has_page(target, new):
-            removed = self.store.remove(self.tree.page_name(target, new))
-            if isinstance(removed, NeedsIO):
-                return removed.then(lambda gone: self._repoint(pending, target, new))
-        return self._repoint(pending, target, new)
-
-    def _repoint(self, pending: PendingFile, target: Directory, new: str) -> None:
-        """``_move_pending``'s move, once the name's page went."""
-        if pending.gone:  # published at its last close, or removed, while the page went
-            raise FsError(errno.ENOENT, "the file was published or removed meanwhile")
+        held goes, and the file is published there at its last writer's close."""
         self.publishing.displace(target, new)
+        page = self.tree.page_name(target, new)
+        removed = self.store.remove(page) if self._has_page(target, new) else None
         self.publishing.retire_old(target, new)
         del pending.directory.pending[pending.name]
         pending.directory.mtime_ns = target.mtime_ns = time.time_ns()
         pending.directory, pending.name = target, new
         target.pending[new] = pending
+        return removed.then(lambda gone: None) if isinstance(removed, NeedsIO) else None
 
     def _moved(self, source: Directory, old: str, target: Directory, new: str) -> None:
         """The page now lives under its new name (the same version): the kernel's inode for it

@@ -603,16 +603,15 @@ class PageStore:
         return any(tier.has_directory(path) for tier in self._named)
 
     def remove(self, name: str) -> bool | NeedsIO:
-        """Remove the page (open readers keep it); whether it was there. From the local tiers
-        now, unless a named tier may hold it too: then ``NeedsIO`` whose work removes it from
-        every tier (``delete``), so that it does not come back from there, and nothing before
-        it (a caller that cannot run it, with no thread to spare, leaves the page where it was,
-        not gone from RAM but back from a named tier). A named tier that cannot see its pages
-        now removes it once it can (``Tier.remove_later``). Raises DeviceError, the page kept,
-        when a lower tier cannot invalidate its copy (``_drop``)."""
+        """Remove the page from the local tiers now (open readers keep it); whether it was
+        there. When a named tier may hold it too, ``NeedsIO`` whose work removes it there as
+        well (``delete``), so that it does not come back from there (a named tier that cannot
+        see its pages now removes it once it can: ``Tier.remove_later``). Raises DeviceError,
+        the page kept, when a lower tier cannot invalidate its copy (``_drop``)."""
+        removed = self._remove_local(name)
         if any(not tier.remove_later(name) and tier.contains_many([name])[0] for tier in self._named):
-            return NeedsIO(lambda: self.delete(name))
-        return self._remove_local(name)
+            return NeedsIO(lambda: self._delete_named(name) or removed)
+        return removed
 
     def delete(self, name: str) -> bool:
         """Remove the page from every tier (blocking on named tiers); whether there was one."""
