@@ -68,8 +68,11 @@ def _counted_since(before: dict, after: dict) -> dict:
 
 
 def _delta(before: dict, after: dict, key: str) -> int:
-    """How much a counter grew (``before`` is ``_counted_since``'s)."""
-    return after.get(key, 0) - before.get(key, 0)
+    """How much a counter grew (``before`` is ``_counted_since``'s). One that shrank counts from
+    zero: a daemon too old to say who it is (no ``daemon``) restarted in between (taken for the
+    same daemon, it gave negative rates; found by review)."""
+    grown = after.get(key, 0) - before.get(key, 0)
+    return after.get(key, 0) if grown < 0 else grown
 
 
 def _ratio(part: int, whole: int) -> str:

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from hicachefs.cli import top as top_command
 from hicachefs_testing import mounting
 from hicachefs_testing.workload import content, fill_writing_share
 from pages import publish
@@ -247,3 +249,16 @@ def test_over_a_restart_it_shows_what_the_new_daemon_counted(mount_factory):
     assert top.returncode == 0, err
     assert moved(views(out), "tier", "memory", "hits/s") == pytest.approx(30, rel=0.05)
     assert moved(views(out), "FUSE request", "create", "per s") == pytest.approx(30, rel=0.05)
+
+
+def test_over_a_restart_of_a_daemon_that_does_not_say_who_it_is_no_rate_is_negative():
+    """A daemon older than the stats' ``daemon`` field, restarted between two reads: the reads
+    were taken for one daemon's, and top showed negative rates (found by review)."""
+    def sample(hits: int, reads: int, taken: float) -> top_command.Sample:
+        return top_command.Sample({"pages": 1, "misses": 0, "errors": {}, "requests": {"read": reads},
+                                   "tiers": {"memory": {"hits": hits, "bytes_out": hits << 16}}}, taken)
+
+    console = Console(width=80, record=True)
+    console.print(top_command.render(Path("/mnt"), sample(10, 50, 0.0), sample(3, 4, 1.0)))
+    shown = console.export_text()
+    assert not re.search(r"-\d", shown) and "3.00" in shown, shown
