@@ -62,13 +62,14 @@ class _LogFile(logging.handlers.WatchedFileHandler):
     deleted one once that was compressed. A line that cannot be written because the file cannot
     be opened again (its directory removed) is lost, never the work that logged it: the reopen's
     OSError reached the caller, and a stop's first line ended the daemon before its disk tier's
-    snapshot."""
+    snapshot. Lost quietly: logging's own report of it was a traceback of some 4 KiB a line on
+    stderr, which is that very log file's first copy, deleted."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             super().emit(record)
         except OSError:
-            self.handleError(record)
+            pass
 
 
 def setup_logging(config: DaemonConfig) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -148,6 +149,16 @@ def test_a_log_directory_removed_costs_its_lines_not_the_clean_stop(tmp_path):
         for i in range(4):
             publish(mount.page_dir(), f"k{i}", content(i, 64 << 10))
         shutil.rmtree(logs)
+        stderr = Path(f"/proc/{mount.pid}/fd/2")  # the log as the mount command opened it, now deleted
+        before = stderr.stat().st_size
+        fd = os.open(mount.page_dir() / "too-large", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            with pytest.raises(OSError):  # EFBIG past --max-page-size: a refusal, a line to log
+                for _ in range(64):
+                    os.write(fd, bytes(1 << 20))
+        finally:
+            os.close(fd)
+        assert stderr.stat().st_size == before  # lost quietly, not a 4 KiB traceback on stderr each
     finally:
         mounting.stop(mount)
     again = mounting.start(mountpoint, tmp_path / "again.log", flags)
