@@ -109,13 +109,13 @@ class Publishing:
         pending.last_close = time.monotonic()
         if pending.writers == 0 and pending.visible and not pending.gone:
             if pending.failed:  # its writer got the error: nothing to publish
-                self._dropped("write failed", logging.INFO, "not publishing %r: a write to it failed", pending)
+                self._dropped("write failed", logging.INFO, "not publishing %s: a write to it failed", pending)
                 self.discard(pending)
                 return
             try:
                 self.publish(pending, pending.directory, pending.name)
             except Exception as exc:  # release cannot report errors: log and drop the file
-                self._dropped("publish failed", logging.ERROR, "could not publish %r at close: %s", pending, exc)
+                self._dropped("publish failed", logging.ERROR, "could not publish %s at close: %s", pending, exc)
                 self.discard(pending)
         self._drop_if_unused(pending)
 
@@ -150,13 +150,13 @@ class Publishing:
             if not p.gone and p.writers == 0 and now - p.last_close >= self.temp_timeout_s
         ]
         for pending in stale:
-            self._dropped("abandoned", logging.INFO, "discarding abandoned temporary file %r", pending)
+            self._dropped("abandoned", logging.INFO, "discarding abandoned temporary file %s", pending)
             self.discard(pending)
         return len(stale)
 
     def _dropped(self, kind: str, level: int, message: str, pending: PendingFile, *args) -> None:
-        """Log that ``pending`` goes unpublished, throttled per ``kind``; its path as %r, as
-        a name may hold a newline that would otherwise start a forged line of its own."""
+        """Log that ``pending`` goes unpublished, throttled per ``kind`` (the refusal log escapes
+        a newline in its path, which would otherwise start a forged line of its own)."""
         self.dropped.refused(kind, None, level, message, f"{pending.directory.path}/{pending.name}", *args)
 
     def count(self) -> int:

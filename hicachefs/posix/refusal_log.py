@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ class RefusalLog:
             self._not_logged += 1
             return
         self._logged_at[key] = now
+        args = tuple(_one_line(arg) for arg in args)
         held = self._held.pop(key, 0)
         if held:
             message += " [uid %s; %d more %s like it not logged in the last %.0f s]"
@@ -73,3 +75,12 @@ class RefusalLog:
         for (kind, uid), count in sorted(self._counts.items()):
             by_user.setdefault(uid, {})[kind] = count
         return RefusalCounts(by_user, self._not_logged)
+
+
+def _one_line(arg):
+    """A text argument (or an error, by its text) with its control characters escaped: a
+    reason often names the page, and a name holding a newline started a forged line of its own
+    (found by review)."""
+    if not isinstance(arg, (str, BaseException)):
+        return arg
+    return re.sub(r"[\x00-\x1f\x7f]", lambda control: repr(control[0])[1:-1], str(arg))
