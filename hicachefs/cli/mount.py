@@ -191,12 +191,19 @@ def _ended(child: subprocess.Popen) -> bool:
 
 
 def _last_error(log_file: str) -> str:
-    """': MESSAGE' of the last ERROR line in the daemon's log (its reason for exiting), or ''."""
+    """': MESSAGE' of the last ERROR line in the daemon's log (its reason for exiting), or ''.
+    Where fusermount3 refused the mount, its own line (written to the log as it was, not as an
+    ERROR) is the reason: the daemon's says only that it failed."""
     try:
         with open(log_file, "rb") as log:
             log.seek(max(0, os.fstat(log.fileno()).st_size - 65536))
             lines = log.read().decode(errors="replace").splitlines()
     except OSError:
         return ""
+    starts = [i for i, line in enumerate(lines) if " INFO hicachefs: starting: " in line]
+    lines = lines[starts[-1]:] if starts else lines  # this daemon's lines, not an earlier one's
+    refusals = [line for line in lines if line.startswith("fusermount3: ")]
+    if refusals:
+        return f": fusermount3 refused the mount ({refusals[-1].removeprefix('fusermount3: ')})"
     errors = [line for line in lines if " ERROR " in line]
     return ": " + errors[-1].split(": ", 1)[-1] if errors else ""

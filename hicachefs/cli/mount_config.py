@@ -2,7 +2,8 @@
 
 Every check that can fail runs here, before anything is mounted: sizes against each other and
 against the host's memory and disk, the disk and shared directories (writable, not inside the
-mountpoint, an arena that is ours and free), the metrics address, FUSE itself, the log file.
+mountpoint, an arena that is ours and free), the metrics address, FUSE itself
+(and what fusermount3 refuses a user other than root), the log file.
 Each failure is a ``UsageError`` naming the first problem, and takes back the directories the
 checks made (a missing ``--disk`` or ``--shared`` and its parents): refused flags leave nothing
 behind. Blocks for at most ``SHARED_PROBE_TIMEOUT_S`` on a shared filesystem that does not answer.
@@ -43,6 +44,8 @@ MIN_TEMP_TIMEOUT_S = 1.0
 MAX_TEMP_TIMEOUT_S = 60.0
 #: How long mount waits for the shared filesystem to answer a test write.
 SHARED_PROBE_TIMEOUT_S = 5.0
+#: fusermount3's configuration: whether a user other than root may mount with allow_other.
+FUSE_CONF = "/etc/fuse.conf"
 
 
 def daemon_config(args: argparse.Namespace, mountpoint: Path) -> DaemonConfig:
@@ -65,6 +68,7 @@ def daemon_config(args: argparse.Namespace, mountpoint: Path) -> DaemonConfig:
         _check_temp_timeout(args.temp_timeout)
         metrics_listen = None if args.metrics_listen is None else _metrics_listen(args.metrics_listen)
         _check_fuse()
+        _check_plain_user_mount(mountpoint, args.fuse_options)
         log_file = None if args.foreground else (args.log_file or _default_log_file(mountpoint))
         if log_file is not None:
             if mountpoint in Path(log_file).resolve().parents:
@@ -338,6 +342,29 @@ def _check_fuse() -> None:
                          "run as root, or let users open /dev/fuse")
     if shutil.which("fusermount3") is None:
         raise UsageError("fusermount3 is missing: install the fuse3 package")
+
+
+def _check_plain_user_mount(mountpoint: Path, fuse_options) -> None:
+    """What fusermount3 refuses a user other than root, said here in one line: refused there,
+    the daemon failed and the user read 'daemon failed', fusermount3's reason a stray line of
+    its log."""
+    if os.getuid() == 0:
+        return
+    if "allow_other" in fuse_options and not _user_allow_other():
+        raise UsageError(f"-o allow_other: only root may give it unless {FUSE_CONF} has a line "
+                         "user_allow_other: ask root to add it, or mount without allow_other")
+    if not os.access(mountpoint, os.W_OK):
+        raise UsageError(f"mountpoint {mountpoint} is not writable by this user, and fusermount3 mounts "
+                         "only on a directory its user may write: mount on a directory of your own")
+
+
+def _user_allow_other() -> bool:
+    """Whether fuse.conf lets users other than root mount with allow_other."""
+    try:
+        with open(FUSE_CONF) as conf:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in conf)
+    except OSError:
+        return False
 
 
 def _default_log_file(mountpoint: Path) -> str:

@@ -1,0 +1,59 @@
+"""A plain user's (uid 65534's) mount and umount, FUSE opened to that user for each test
+(``plain_mounts``): what fusermount3 refuses such a user, said in one line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hicachefs_testing import mounting
+from hicachefs_testing.plain_mounts import fuse_for, hicachefs, plain_user_directory
+
+
+def test_allow_other_without_user_allow_other_is_one_line():
+    """operations.md advises a plain user ``-o allow_other``, which fusermount3 refuses without
+    ``user_allow_other`` in /etc/fuse.conf: the user read 'the daemon exited with status 1:
+    daemon failed', the reason a stray line of the log."""
+    with fuse_for(user_allow_other=False), plain_user_directory() as home:
+        result = hicachefs(home, "mount", str(home / "mnt"), "--memory", "32M", "--log-file",
+                           str(home / "log"), "-o", "allow_other")
+        assert not mounting.is_mounted(home / "mnt")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stdout + result.stderr
+    assert "user_allow_other" in result.stderr and "/etc/fuse.conf" in result.stderr, result.stderr
+
+
+def test_allow_other_with_user_allow_other_mounts():
+    with fuse_for(user_allow_other=True), plain_user_directory() as home:
+        result = hicachefs(home, "mount", str(home / "mnt"), "--memory", "32M", "--log-file",
+                           str(home / "log"), "-o", "allow_other")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert os.listdir(home / "mnt") == []  # root reads it: allow_other
+        assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
+
+
+def test_a_mountpoint_the_user_cannot_write_is_one_line():
+    """fusermount3 mounts only on a directory its user may write: one of root's (0755) failed as
+    'daemon failed'."""
+    with fuse_for(user_allow_other=True), plain_user_directory() as home:
+        roots = home / "roots"
+        roots.mkdir(mode=0o755)
+        result = hicachefs(home, "mount", str(roots), "--memory", "32M", "--log-file", str(home / "log"))
+        assert not mounting.is_mounted(roots)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stdout + result.stderr
+    assert f"mountpoint {roots} is not writable by this user" in result.stderr, result.stderr
+
+
+def test_a_mount_fusermount3_refuses_says_its_reason():
+    """A sticky directory of root's that anyone may write (like /tmp) passes the command's checks,
+    and fusermount3 refuses it; the command said only 'daemon failed'."""
+    with fuse_for(user_allow_other=True), plain_user_directory() as home:
+        sticky = home / "sticky"
+        sticky.mkdir()
+        os.chmod(sticky, 0o1777)
+        log = home / "log"
+        log.write_text("2026-01-01 00:00:00,000 ERROR hicachefs: an earlier daemon's failure\n")
+        os.chown(log, 65534, 65534)
+        result = hicachefs(home, "mount", str(sticky), "--memory", "32M", "--log-file", str(log))
+        assert not mounting.is_mounted(sticky)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stdout + result.stderr
+    assert f"fusermount3 refused the mount (mountpoint {sticky} not owned by user)" in result.stderr, result.stderr
