@@ -15,6 +15,7 @@ import math
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -155,16 +156,23 @@ def _activity(pid: int) -> tuple[int, int, bool]:
 
 def _abort_and_remove(mountpoint: str, why: str) -> int:
     """Abort the mount's FUSE connection, which fails every request waiting on its daemon, then
-    unmount it; the daemon, if it ever runs again, finds its mount gone and exits."""
-    return _remove(mountpoint, f"{why}; aborted its FUSE connection and removed the mount",
-                   f"{why}; could not remove the mount", abort=True)
-
-
-def _remove(mountpoint: str, removed: str, failed: str, abort: bool = False) -> int:
-    """Remove the mount (aborting its FUSE connection first, with ``abort``); one line either way."""
+    unmount it; the daemon, if it ever runs again, finds its mount gone and exits. Where the
+    abort cannot be done (a plain user's, fusectl not mounted: only root may mount it), the
+    mount is unmounted all the same: giving up kept a user from removing their own hung
+    daemon's mount, and from mounting there again."""
     try:
-        if abort:
-            mount_table.abort(mountpoint)
+        mount_table.abort(mountpoint)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        unaborted = f"{why}; could not abort its FUSE connection ({getattr(exc, 'strerror', None) or 'timed out'})"
+        return _remove(mountpoint, f"{unaborted}, so unmounted it with fusermount3 (its daemon left as it is)",
+                       f"{unaborted}, nor remove the mount")
+    return _remove(mountpoint, f"{why}; aborted its FUSE connection and removed the mount",
+                   f"{why}; could not remove the mount")
+
+
+def _remove(mountpoint: str, removed: str, failed: str) -> int:
+    """Remove the mount; one line either way."""
+    try:
         mount_table.remove(mountpoint)
     except OSError as exc:
         print(f"hicachefs: {failed}: {exc.strerror}", file=sys.stderr)

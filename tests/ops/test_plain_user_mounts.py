@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 from hicachefs_testing import mounting
@@ -57,3 +58,27 @@ def test_a_mount_fusermount3_refuses_says_its_reason():
         assert not mounting.is_mounted(sticky)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stdout + result.stderr
     assert f"fusermount3 refused the mount (mountpoint {sticky} not owned by user)" in result.stderr, result.stderr
+
+
+def test_a_plain_user_umounts_their_own_hung_daemon():
+    """Where fusectl is not mounted, aborting a connection needs root (``unshare: ... Operation
+    not permitted``), and a plain user's ``hicachefs umount`` of their own stopped daemon gave
+    up there, leaving the mount, though fusermount3 unmounts it."""
+    with fuse_for(user_allow_other=True), plain_user_directory() as home:
+        flags = ("--memory", "32M", "--log-file", str(home / "log"))
+        mounted = hicachefs(home, "mount", str(home / "mnt"), *flags)
+        assert mounted.returncode == 0, mounted.stdout + mounted.stderr
+        pid = int(mounted.stdout.split("(pid ")[1].split(",")[0])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            result = hicachefs(home, "umount", str(home / "mnt"))
+            assert result.returncode == 0 and result.stdout.count("\n") == 1, result.stdout + result.stderr
+            assert not mounting.is_mounted(home / "mnt")
+            if not any(line.split()[2] == "fusectl" for line in Path("/proc/mounts").read_text().splitlines()):
+                assert "could not abort its FUSE connection" in result.stdout, result.stdout
+                assert "unmounted it with fusermount3" in result.stdout, result.stdout
+            again = hicachefs(home, "mount", str(home / "mnt"), *flags)
+            assert again.returncode == 0, again.stdout + again.stderr
+            assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
+        finally:
+            os.kill(pid, signal.SIGKILL)

@@ -1,7 +1,7 @@
 """``hicachefs`` run by a plain user (uid 65534) who may mount: FUSE opened to that user for
 the length of a ``with``, and the command run as it from a copy of the code it can reach.
 
-``fuse_for`` changes what root set for the whole host (/dev/fuse's group and mode, and
+``fuse_for`` changes what root set for the whole host (/dev/fuse's mode, and
 ``user_allow_other`` in /etc/fuse.conf) and always puts both back as they were. The plain
 user's daemon needs pyfuse3, so it runs the tests' own interpreter: where that is out of the
 plain user's reach (a ``.venv`` in a 0700 directory) a test skips, as it does when not root.
@@ -31,20 +31,18 @@ CODE = Path(hicachefs.__file__).parent
 
 @contextlib.contextmanager
 def fuse_for(user_allow_other: bool) -> Iterator[None]:
-    """/dev/fuse open to the plain user's group, and /etc/fuse.conf with ``user_allow_other`` or
+    """/dev/fuse open to the plain user, and /etc/fuse.conf with ``user_allow_other`` or
     without it; both as they were afterwards."""
     if os.geteuid() != 0:
         pytest.skip("only root may open /dev/fuse to another user")
     device = os.stat(DEV_FUSE)
     conf = Path(FUSE_CONF).read_bytes() if os.path.exists(FUSE_CONF) else None
     try:
-        os.chown(DEV_FUSE, -1, NOBODY)
-        os.chmod(DEV_FUSE, 0o660)
+        os.chmod(DEV_FUSE, device.st_mode & 0o7777 | 0o006)  # its group's users keep theirs
         lines = [line for line in (conf or b"").decode().splitlines() if line.strip() != "user_allow_other"]
         Path(FUSE_CONF).write_text("".join(f"{line}\n" for line in lines + ["user_allow_other"] * user_allow_other))
         yield
     finally:
-        os.chown(DEV_FUSE, device.st_uid, device.st_gid)
         os.chmod(DEV_FUSE, device.st_mode & 0o7777)
         if conf is None:
             os.unlink(FUSE_CONF)
