@@ -111,6 +111,21 @@ def owner(path: str | os.PathLike) -> int | None:
     return None if found is None else int(found[1])
 
 
+def closed_to_caller(path: str | os.PathLike) -> int | None:
+    """The user who made the topmost FUSE mount at ``path`` where the kernel lets no one else
+    in, root included: that user is not the caller and the mount has no ``allow_other`` (every
+    request of another user is refused with EACCES). None where the caller may use it."""
+    target = resolve(path)
+    found = None
+    for mountpoint, _, _, options in _entries():
+        if mountpoint == target:
+            found = options.split(",")
+    user = owner(path)
+    if found is None or user is None or user == os.getuid() or "allow_other" in found:
+        return None
+    return user
+
+
 def answer(path: str | os.PathLike) -> Answer:
     """How the daemon of the FUSE mount at ``path`` answers an open of its root directory: the
     kernel asks the daemon for that every time, while stat may be answered from its cache."""

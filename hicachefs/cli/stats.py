@@ -9,11 +9,13 @@ cost milliseconds (0.03 s to start and import, against 0.23 s with the daemon's 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 from pathlib import Path
 
 from .. import deadline, mount_table
 from .arguments import CommandFailed, UsageError
+from .umount import closed_hint
 
 
 def read_stats(mountpoint: Path) -> dict:
@@ -38,6 +40,9 @@ def _unreadable(mountpoint: Path, path: Path, exc: OSError) -> Exception:
         return UsageError(f"{mountpoint} is not a hicachefs mount")
     if fstype != mount_table.FSTYPE:
         return UsageError(f"{mountpoint} is a mount of type {fstype}, not hicachefs")
+    owner = mount_table.closed_to_caller(mount_table.resolve(mountpoint))
+    if exc.errno == errno.EACCES and owner is not None:  # FUSE lets only its user in, root included
+        return CommandFailed(f"{mountpoint}: {closed_hint(owner, 'stats')}")
     return UsageError(f"cannot read {path}: {exc.strerror}")
 
 

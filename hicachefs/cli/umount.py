@@ -1,6 +1,8 @@
 """``hicachefs umount``: SIGTERM to the daemon, which unmounts and exits; a mount whose daemon is
 gone is removed, and one whose daemon does not answer, answers its config read with an error,
-or does not act has its FUSE connection aborted first. Blocks until the daemon is gone: once its
+or does not act has its FUSE connection aborted first. A mount another user made without
+allow_other, whose config the caller may not read, has its daemon found by its command line.
+Blocks until the daemon is gone: once its
 mount is gone the daemon writes its RAM tier down, which for a large tier takes minutes, so
 ``umount`` waits as long as the daemon makes progress (``_activity``), says how it goes on
 stderr now and then, and gives up only after ``STALL_S`` without any.
@@ -43,6 +45,9 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.mountpoint} is not mounted")
     if fstype != mount_table.FSTYPE:
         raise UsageError(f"{args.mountpoint} is a mount of type {fstype}, not hicachefs")
+    owner = mount_table.closed_to_caller(mountpoint)
+    if owner is not None:
+        return _stop_closed(mountpoint, owner, stall_s)
     try:
         pid, disk = _daemon_of(mountpoint)
     except deadline.NoAnswer as exc:
@@ -55,6 +60,12 @@ def command(args: argparse.Namespace) -> int:
                        f"cannot remove the dead mount at {mountpoint}")
     except ValueError as exc:  # a config that names no process of the mount's user
         return _abort_and_remove(mountpoint, f"{mountpoint}: {exc}")
+    return _stop(mountpoint, pid, disk, stall_s)
+
+
+def _stop(mountpoint: str, pid: int, disk: bool, stall_s: float) -> int:
+    """SIGTERM to the mount's daemon ``pid`` (``disk``: it has a disk tier to write down to);
+    wait for the mount to go, then for the daemon to end while it makes progress."""
     try:
         os.kill(pid, signal.SIGTERM)
     except PermissionError:
@@ -76,6 +87,44 @@ def command(args: argparse.Namespace) -> int:
         return 1
     print(f"hicachefs: unmounted {mountpoint}")
     return 0
+
+
+def _stop_closed(mountpoint: str, owner: int, stall_s: float) -> int:
+    """Stop the daemon of a mount made by ``owner`` without allow_other, whose config the kernel
+    does not let the caller read (root included: EACCES). Taken for a daemon answering wrongly,
+    its connection was aborted and the command returned while the daemon still wrote its RAM
+    tier down, and the owner's next mount was refused. The daemon is found by its command line."""
+    daemons = _daemons_by_command_line(mountpoint, owner)
+    if len(daemons) != 1:  # none, or several (one that a lazy unmount detached): which is not known
+        print(f"hicachefs: {mountpoint}: {closed_hint(owner, 'umount')}", file=sys.stderr)
+        return 1
+    pid, disk = daemons[0]
+    return _stop(mountpoint, pid, disk, stall_s)
+
+
+def closed_hint(owner: int, command: str) -> str:
+    """What to do about a mount that ``mount_table.closed_to_caller`` says ``owner`` made."""
+    return f"mounted by uid {owner} without allow_other: run hicachefs {command} as that user"
+
+
+def _daemons_by_command_line(mountpoint: str, owner: int) -> list[tuple[int, bool]]:
+    """The processes of ``owner`` whose command line is a daemon's (``python -m hicachefs.daemon
+    CONFIG_JSON ...``) for ``mountpoint``, each with whether its config has a disk tier."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != owner:
+                continue
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            at = argv.index(b"hicachefs.daemon")
+            config = json.loads(argv[at + 1]) if argv[at - 1] == b"-m" else None
+        except (OSError, ValueError, IndexError):
+            continue  # gone since, or not a daemon
+        if isinstance(config, dict) and config.get("mountpoint") == mountpoint:
+            found.append((int(entry.name), bool(config.get("disk_dir"))))
+    return found
 
 
 def _daemon_of(mountpoint: str) -> tuple[int, bool]:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from hicachefs_testing import mounting
 from hicachefs_testing.plain_mounts import fuse_for, hicachefs, plain_user_directory
+from pages import wait_until
 
 
 def test_allow_other_without_user_allow_other_is_one_line():
@@ -82,3 +85,78 @@ def test_a_plain_user_umounts_their_own_hung_daemon():
             assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
         finally:
             os.kill(pid, signal.SIGKILL)
+
+
+#: As the plain user: write page ``k`` of 1 MiB into a pool of the mount ARGV[1] ("w"), or print
+#: whether it reads back ("r").
+PAGE_SCRIPT = """
+import os, sys
+pool = os.path.join(sys.argv[1], "model", "bfloat16-page_first-64", "tp0of1", "kv")
+data = bytes(range(256)) * 4096
+if sys.argv[2] == "w":
+    os.makedirs(pool, exist_ok=True)
+    with open(os.path.join(pool, ".tmp-k"), "wb") as f:
+        f.write(data)
+    os.rename(os.path.join(pool, ".tmp-k"), os.path.join(pool, "k"))
+else:
+    with open(os.path.join(pool, "k"), "rb") as f:
+        print(f.read() == data)
+"""
+
+
+def test_root_umounts_a_plain_users_mount_without_allow_other_cleanly():
+    """Root's read of the config of a mount made without allow_other is refused (EACCES): the
+    command took it for a daemon answering wrongly, aborted its connection and returned while
+    the daemon still wrote its RAM tier down, and the owner's mount at once was refused (its
+    disk arena in use). ``stats`` said only "Permission denied"."""
+    with fuse_for(user_allow_other=True), plain_user_directory() as home:
+        (home / "disk").mkdir()
+        os.chown(home / "disk", 65534, 65534)
+        flags = ("--memory", "32M", "--disk", str(home / "disk"), "--disk-size", "64M",
+                 "--log-file", str(home / "log"))
+        mounted = hicachefs(home, "mount", str(home / "mnt"), *flags)
+        assert mounted.returncode == 0, mounted.stdout + mounted.stderr
+        pid = int(mounted.stdout.split("(pid ")[1].split(",")[0])
+        written = subprocess.run(["/usr/bin/python3", "-c", PAGE_SCRIPT, str(home / "mnt"), "w"],
+                                 user=65534, group=65534, capture_output=True, text=True, timeout=60)
+        assert written.returncode == 0, written.stderr
+
+        stats = hicachefs(home, "stats", str(home / "mnt"), user=0)
+        assert stats.returncode == 1, stats.stdout + stats.stderr
+        assert stats.stderr == (f"hicachefs: {home / 'mnt'}: mounted by uid 65534 without allow_other: "
+                                "run hicachefs stats as that user\n")
+
+        result = hicachefs(home, "umount", str(home / "mnt"), user=0)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout == f"hicachefs: unmounted {home / 'mnt'}\n"
+        assert not mounting.alive(pid)  # it returns once the daemon has written its RAM tier down
+
+        again = hicachefs(home, "mount", str(home / "mnt"), *flags)
+        assert again.returncode == 0, again.stdout + again.stderr
+        read = subprocess.run(["/usr/bin/python3", "-c", PAGE_SCRIPT, str(home / "mnt"), "r"],
+                              user=65534, group=65534, capture_output=True, text=True, timeout=60)
+        assert read.stdout == "True\n", read.stdout + read.stderr
+        assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
+
+
+def test_root_is_told_whose_mount_it_cannot_stop():
+    """A mount made without allow_other by a daemon that names no mountpoint on its command line
+    (``mount --foreground``, as a service runs it): root is told to run umount as its user."""
+    with fuse_for(user_allow_other=True), plain_user_directory() as home:
+        env = {"PYTHONPATH": str(home.parent / "code"), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        foreground = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(home / "mnt"),
+                                       "--memory", "32M", "--foreground"], env=env, cwd=home.parent / "code",
+                                      user=65534, group=65534, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: mounting.is_mounted(home / "mnt"), timeout=30)
+            result = hicachefs(home, "umount", str(home / "mnt"), user=0)
+            assert result.returncode == 1, result.stdout + result.stderr
+            assert result.stderr == (f"hicachefs: {home / 'mnt'}: mounted by uid 65534 without allow_other: "
+                                     "run hicachefs umount as that user\n")
+            assert mounting.is_mounted(home / "mnt")
+            assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
+            assert foreground.wait(30) == 0
+        finally:
+            if foreground.poll() is None:
+                foreground.kill()
+                foreground.wait()
