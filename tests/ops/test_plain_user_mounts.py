@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from hicachefs_testing import mounting
-from hicachefs_testing.plain_mounts import fuse_for, hicachefs, plain_user_directory
+from hicachefs_testing.plain_mounts import PYTHON, fuse_for, hicachefs, plain_env, plain_user_directory
 from pages import wait_until
 
 
@@ -117,7 +116,7 @@ def test_root_umounts_a_plain_users_mount_without_allow_other_cleanly():
         mounted = hicachefs(home, "mount", str(home / "mnt"), *flags)
         assert mounted.returncode == 0, mounted.stdout + mounted.stderr
         pid = int(mounted.stdout.split("(pid ")[1].split(",")[0])
-        written = subprocess.run(["/usr/bin/python3", "-c", PAGE_SCRIPT, str(home / "mnt"), "w"],
+        written = subprocess.run([PYTHON, "-c", PAGE_SCRIPT, str(home / "mnt"), "w"],
                                  user=65534, group=65534, capture_output=True, text=True, timeout=60)
         assert written.returncode == 0, written.stderr
 
@@ -133,7 +132,7 @@ def test_root_umounts_a_plain_users_mount_without_allow_other_cleanly():
 
         again = hicachefs(home, "mount", str(home / "mnt"), *flags)
         assert again.returncode == 0, again.stdout + again.stderr
-        read = subprocess.run(["/usr/bin/python3", "-c", PAGE_SCRIPT, str(home / "mnt"), "r"],
+        read = subprocess.run([PYTHON, "-c", PAGE_SCRIPT, str(home / "mnt"), "r"],
                               user=65534, group=65534, capture_output=True, text=True, timeout=60)
         assert read.stdout == "True\n", read.stdout + read.stderr
         assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
@@ -143,9 +142,8 @@ def test_root_is_told_whose_mount_it_cannot_stop():
     """A mount made without allow_other by a daemon that names no mountpoint on its command line
     (``mount --foreground``, as a service runs it): root is told to run umount as its user."""
     with fuse_for(user_allow_other=True), plain_user_directory() as home:
-        env = {"PYTHONPATH": str(home.parent / "code"), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        foreground = subprocess.Popen([sys.executable, "-m", "hicachefs.cli", "mount", str(home / "mnt"),
-                                       "--memory", "32M", "--foreground"], env=env, cwd=home.parent / "code",
+        foreground = subprocess.Popen([PYTHON, "-m", "hicachefs.cli", "mount", str(home / "mnt"),
+                                       "--memory", "32M", "--foreground"], env=plain_env(home), cwd=home.parent / "code",
                                       user=65534, group=65534, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_until(lambda: mounting.is_mounted(home / "mnt"), timeout=30)

@@ -3,13 +3,16 @@ the length of a ``with``, and the command run as it from a copy of the code it c
 
 ``fuse_for`` changes what root set for the whole host (/dev/fuse's mode, and
 ``user_allow_other`` in /etc/fuse.conf) and always puts both back as they were. The plain
-user's daemon needs pyfuse3, so it runs the tests' own interpreter: where that is out of the
-plain user's reach (a ``.venv`` in a 0700 directory) a test skips, as it does when not root.
+user runs the interpreter the tests' own stands on, with copies of hicachefs and of the
+packages it imports where any user can read them: the tests' ``.venv`` may lie in a checkout
+of mode 0700 (as CI's clone does), out of that user's reach. Where it is not root, a test skips.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -18,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyfuse3
 import pytest
 
 import hicachefs
@@ -27,6 +31,32 @@ DEV_FUSE = "/dev/fuse"
 FUSE_CONF = "/etc/fuse.conf"
 #: The code the plain user runs a copy of.
 CODE = Path(hicachefs.__file__).parent
+#: The interpreter the tests' own stands on (a .venv's is a link to it), which any user may run.
+PYTHON = os.path.realpath(sys.executable)
+#: The packages hicachefs's commands and daemon import, besides the standard library.
+PACKAGES = ("pyfuse3", "trio", "outcome", "sniffio", "attr", "attrs", "idna", "sortedcontainers", "numpy",
+            "numpy.libs", "xxhash", "prometheus_client")
+
+
+@functools.cache
+def _packages() -> Path:
+    """``PACKAGES`` copied once into a directory any user can read, removed at exit."""
+    site = Path(pyfuse3.__file__).parents[1]  # the tests' site-packages
+    copy = Path(tempfile.mkdtemp(prefix="hicachefs-plain-packages-"))
+    atexit.register(shutil.rmtree, copy, True)
+    os.chmod(copy, 0o755)
+    for name in PACKAGES:
+        for found in [site / name, *site.glob(f"{name}.cpython-*.so")]:
+            if found.is_dir():
+                shutil.copytree(found, copy / found.name, ignore=shutil.ignore_patterns("__pycache__"))
+            elif found.exists():
+                shutil.copy2(found, copy / found.name)
+    return copy
+
+
+def plain_env(home: Path) -> dict[str, str]:
+    """The environment the plain user runs hicachefs in (see the module docstring)."""
+    return {"PYTHONPATH": f"{home.parent / 'code'}:{_packages()}", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
 @contextlib.contextmanager
@@ -76,10 +106,5 @@ def plain_user_directory() -> Iterator[Path]:
 def hicachefs(home: Path, *args: str, user: int = NOBODY, timeout: float = 60) -> subprocess.CompletedProcess:
     """``hicachefs ARGS`` run as ``user`` (root with ``user=0``) from the copy of the code beside
     ``home``; skips where the tests' interpreter is out of the plain user's reach."""
-    env = {"PYTHONPATH": str(home.parent / "code"), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    reach = subprocess.run([sys.executable, "-c", "import pyfuse3"], user=NOBODY, group=NOBODY,
-                           env=env, capture_output=True)
-    if reach.returncode != 0:
-        pytest.skip(f"the plain user cannot run {sys.executable} with pyfuse3")
-    return subprocess.run([sys.executable, "-m", "hicachefs.cli", *args], env=env, cwd=home.parent / "code",
+    return subprocess.run([PYTHON, "-m", "hicachefs.cli", *args], env=plain_env(home), cwd=home.parent / "code",
                           user=user, group=user, capture_output=True, text=True, timeout=timeout)
