@@ -14,7 +14,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 work=$(realpath "$(mktemp -d /tmp/hicachefs-demo.XXXXXX)")
-export TMPDIR=$work  # the daemons' logs
+export TMPDIR=$work; unset XDG_RUNTIME_DIR  # the daemons' logs, in $work/hicachefs-<uid>/
 export PATH="$root/.venv/bin:$root/scripts:$PATH"  # hicachefs, demo.py, glusterfs.sh, juicefs.sh
 cd "$work"
 mkdir mnt host-a host-b
@@ -34,7 +34,7 @@ cleanup() {
     "$engine.sh" down "$engine" >/dev/null || echo "demo: $engine.sh down $work/$engine failed" >&2
   done
   if [ "$status" -ne 0 ]; then
-    for log in *.log; do
+    for log in *.log hicachefs-*/*.log; do
       [ -f "$log" ] && { echo "== the end of $log"; tail -n 5 "$log"; }
     done
   fi

@@ -368,5 +368,28 @@ def _user_allow_other() -> bool:
 
 
 def _default_log_file(mountpoint: Path) -> str:
+    """The log of a mount without ``--log-file``, in ``_default_log_directory``."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", str(mountpoint)).strip("-") or "root"
-    return str(Path(tempfile.gettempdir()) / f"hicachefs-{slug}.log")
+    return str(_default_log_directory() / f"hicachefs-{slug}.log")
+
+
+def _default_log_directory() -> Path:
+    """``$XDG_RUNTIME_DIR/hicachefs``, else ``hicachefs-<uid>`` in the temp dir: a directory of
+    this user's own, made 0700. The log was a name in the temp dir itself, which any local user
+    could take first: their file kept the mount out, and their symlink had the daemon (root's
+    too) append its log to the file it named. One that is not this user's own directory, or that
+    others may write to, is refused."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    uid = os.geteuid()
+    directory = Path(runtime, "hicachefs") if os.path.isabs(runtime) else Path(tempfile.gettempdir(), f"hicachefs-{uid}")
+    try:
+        directory.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"cannot make the log directory {directory} ({exc.strerror}): give --log-file") from None
+    found = os.lstat(directory)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != uid or found.st_mode & 0o022:
+        raise UsageError(f"the log directory {directory} is not a directory of this user's own that only "
+                         "it may write to: remove it, or give --log-file")
+    return directory

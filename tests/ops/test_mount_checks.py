@@ -207,6 +207,65 @@ def test_a_log_file_the_daemon_could_not_append_to_is_refused_in_one_line(tmp_pa
         assert not log.exists() and mounted.stats()["pages"] == 0
 
 
+NOBODY = 65534
+
+
+def mount_with_the_default_log(mountpoint: Path, temp_dir: Path) -> tuple[subprocess.CompletedProcess, bool]:
+    """``hicachefs mount`` without ``--log-file`` nor ``$XDG_RUNTIME_DIR``, ``temp_dir`` its
+    temp dir; whether it mounted (the mount is taken down)."""
+    env = {name: value for name, value in os.environ.items() if name != "XDG_RUNTIME_DIR"}
+    result = subprocess.run([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "32M"],
+                            env={**env, "TMPDIR": str(temp_dir)}, capture_output=True, text=True, timeout=120)
+    was_mounted = mounting.is_mounted(mountpoint)
+    mounting.stop_if_mounted(mountpoint)
+    return result, was_mounted
+
+
+@pytest.mark.parametrize("planted", ["another user's directory", "a symlink"])
+def test_a_name_planted_where_the_default_log_once_was_does_not_matter(tmp_path, planted):
+    """The default log was ``hicachefs-<mountpoint>.log`` in the temp dir, a name any local user
+    could take first: their directory there kept the mount out (exit status 2), and their
+    symlink had the daemon append its log to the file it named."""
+    temp_dir, mountpoint = tmp_path / "tmp", tmp_path / "mnt"
+    temp_dir.mkdir()
+    mountpoint.mkdir()
+    name = "hicachefs-" + re.sub(r"[^A-Za-z0-9]+", "-", str(mountpoint)).strip("-") + ".log"
+    notes = tmp_path / "notes"
+    notes.write_text("my notes\n")
+    if planted == "a symlink":
+        (temp_dir / name).symlink_to(notes)
+    else:
+        (temp_dir / name).mkdir()
+        os.chown(temp_dir / name, NOBODY, NOBODY)
+    result, was_mounted = mount_with_the_default_log(mountpoint, temp_dir)
+    assert result.returncode == 0 and was_mounted, result.stdout + result.stderr
+    log = temp_dir / f"hicachefs-{os.geteuid()}" / name
+    assert f"log {log})" in result.stdout and "starting" in log.read_text()
+    assert notes.read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("squat", ["another user's", "a symlink", "one others may write to"])
+def test_a_default_log_directory_not_the_users_own_is_refused_in_one_line(tmp_path, squat):
+    """The default log's directory, ``hicachefs-<uid>`` in the temp dir, made first by another
+    user (or as a symlink to a directory of theirs) would let them plant the log file there."""
+    temp_dir, mountpoint, theirs = tmp_path / "tmp", tmp_path / "mnt", tmp_path / "theirs"
+    for directory in (temp_dir, mountpoint, theirs):
+        directory.mkdir()
+    squatted = temp_dir / f"hicachefs-{os.geteuid()}"
+    if squat == "a symlink":
+        squatted.symlink_to(theirs)
+    else:
+        squatted.mkdir()
+        if squat == "another user's":
+            os.chown(squatted, NOBODY, NOBODY)
+        else:
+            squatted.chmod(0o777)
+    result, was_mounted = mount_with_the_default_log(mountpoint, temp_dir)
+    assert result.returncode == 2 and not was_mounted, result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1 and str(squatted) in result.stderr and "--log-file" in result.stderr
+    assert list(theirs.iterdir()) == [] and [path.name for path in squatted.iterdir()] == []
+
+
 @pytest.mark.parametrize("flag", ["--disk", "--shared"])
 def test_a_tier_inside_another_hicachefs_mount_is_refused_in_one_line(tmp_path, mounted, flag):
     """A disk tier in another mount's pool was accepted: its arena became a read-only page of
