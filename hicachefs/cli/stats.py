@@ -68,7 +68,20 @@ def format_stats(facts: dict) -> str:
     errors = facts.get("errors") or {}
     lines.append(f"free: {_human(facts.get('free_bytes', 0), True)}   "
                  f"errors: {', '.join(f'{k} {v}' for k, v in sorted(errors.items())) or 'none'}")
+    shared = _shared_failures(tiers.get("shared"))
+    if shared:
+        lines.append(shared)
     return "\n".join(lines)
+
+
+def _shared_failures(shared: dict | None) -> str:
+    """A line for a shared tier whose writes or calls failed, with the last error: the errors
+    line counts refused requests only, and said 'none' for a daemon that could write nothing to
+    the shared directory (another uid's), its pages reaching no other host."""
+    if not shared or not (shared.get("write_failures") or shared.get("io_errors")):
+        return ""
+    return (f"shared tier: write failures {shared.get('write_failures', 0)}, "
+            f"I/O errors {shared.get('io_errors', 0)}; last error: {shared.get('last_error') or 'none'}")
 
 
 def _human(value: int, is_bytes: bool) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 from hicachefs_testing import mounting
-from pages import publish
+from pages import publish, wait_until
 
 
 def hicachefs(*args: str) -> subprocess.CompletedProcess:
@@ -99,6 +100,23 @@ def test_umount_and_stats_commands(mount_factory):
     assert not os.path.ismount(mount.path)
     assert not mounting.alive(mount.pid)
     assert hicachefs("umount", str(mount.path)).returncode == 2
+
+
+def test_stats_and_the_log_tell_of_a_shared_tier_no_page_could_be_written_to(mount_factory, tmp_path):
+    """A daemon that could write nothing to its shared directory (another uid's daemon had made
+    its directories 0755) logged nothing, and its stats ended 'errors: none': only the raw JSON
+    counted the failures. Here the pools' directories cannot be made: a file holds their name."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "model").write_bytes(b"")
+    mount = mount_factory("--memory", "64M", "--shared", str(shared))
+    publish(mount.page_dir(), "k", b"x" * 4096)
+    wait_until(lambda: mount.stats()["tiers"]["shared"]["write_failures"] == 1, timeout=10)
+    table = hicachefs("stats", str(mount.path)).stdout
+    assert re.search(r"^shared tier: write failures 1, I/O errors \d+; last error: NotADirectoryError: "
+                     r"\[Errno 20\] Not a directory: '.*/shared/model/", table, re.M), table
+    assert " WARNING hicachefs.store.shared.tier: shared tier: writing page " \
+           "'model/bfloat16-page_first-64/tp0of1/kv/k' failed: [Errno 20] Not a directory" in mount.log_text()
 
 
 def test_stats_and_top_without_a_daemon_say_so_in_one_line(mount_factory, tmp_path):

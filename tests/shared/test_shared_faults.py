@@ -643,3 +643,44 @@ def test_a_directory_the_unmounted_volume_reveals_at_its_mountpoint_is_not_taken
     wait_until(lambda: a.statistics().guard.available, timeout=5)
     assert writes(a, later, later_data) and os.listdir(mountpoint / "hc") == []
     assert os.path.exists(Layout(volume / "hc").page_path(place(later.name)))
+
+
+def _warnings(caplog, about: str) -> list[str]:
+    return [record.getMessage() for record in caplog.records
+            if record.levelno == logging.WARNING and about in record.getMessage()]
+
+
+def test_failed_page_writes_are_logged_at_once_then_a_minute_apart_saying_how_many(tmp_path, make_tier, caplog):
+    """A daemon that could not write the shared directory (another uid's daemon had made its
+    directories 0755) wrote no page there, and its log said nothing: only the stats counted it."""
+    caplog.set_level(logging.WARNING, logger="hicachefs.store.shared.tier")
+    tier, device = faulty_tier(make_tier, tmp_path / "shared")
+    now = [1000.0]
+    tier.failure_log.clock = lambda: now[0]
+    device.inject(Fault("pwritev", errno=errno.EACCES))
+    pages = [make_page(i) for i in range(4)]
+    for page, data in pages[:3]:
+        wait_until(lambda: tier.statistics().guard.available, timeout=5)  # three failures in a row mark it away
+        with pytest.raises(PermissionError):
+            tier.write(page, data)
+    failed = f"[Errno 13] injected fault in pwritev: {os.strerror(errno.EACCES)}"
+    assert _warnings(caplog, "writing page") == [f"shared tier: writing page {pages[0][0].name!r} failed: {failed}"]
+    now[0] += 60
+    wait_until(lambda: tier.statistics().guard.available, timeout=5)
+    with pytest.raises(PermissionError):
+        tier.write(*pages[3])
+    assert _warnings(caplog, "writing page")[1:] == [
+        f"shared tier: writing page {pages[3][0].name!r} failed: {failed} (2 more page write failures not logged in the last 60 s)"]
+
+
+def test_a_journal_that_cannot_be_appended_to_is_logged(tmp_path, make_tier, caplog):
+    """No other host learns of a page this host wrote within a second without its journal line:
+    a journal file that could not be made (another uid's journal directory) was only counted."""
+    caplog.set_level(logging.WARNING, logger="hicachefs.store.shared.tier")
+    tier, device = faulty_tier(make_tier, tmp_path / "shared")
+    device.inject(Fault("write", errno=errno.EACCES))  # the journal's appends (a page file's are pwritev)
+    tier.failure_log.clock = lambda: 1000.0
+    tier.write(*make_page(1))
+    wait_until(lambda: tier.statistics().io_errors >= 3, timeout=5)  # a failed flush at every tick
+    assert _warnings(caplog, "appending to the journal") == [
+        f"shared tier: appending to the journal failed: [Errno 13] injected fault in write: {os.strerror(errno.EACCES)}"]

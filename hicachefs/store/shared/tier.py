@@ -47,6 +47,7 @@ from typing import NamedTuple
 from hicachefs.store.shared import engine_checks
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.device import GONE, DirectoryDevice
+from hicachefs.store.shared.failure_log import FailureLog
 from hicachefs.store.shared.guard import CallGuard, GuardStatistics, Refused
 from hicachefs.store.shared.journal import Journal
 from hicachefs.store.shared.layout import Layout, Place, place
@@ -211,6 +212,7 @@ class SharedTier(Tier):
         self._recent_max = recent_opens
         self._payload_sizes: dict[str, int] = {}  # pool directory -> size of the last page read
         self.counters = TierCounters()
+        self.failure_log = FailureLog(_log)  # failed writes of pages and of the journal
         self._lock = threading.Lock()  # counters, recent opens, fds to close, full state
         self._recent: collections.OrderedDict[str, _Opened] = collections.OrderedDict()
         self._to_close: list[int] = []
@@ -709,6 +711,8 @@ class SharedTier(Tier):
                     self._free_wanted += 4 * _stored_size(page)  # room for a few more like it
                 self._sweep_wanted = True
             self._count_failure(error)
+            if not isinstance(error, Refused):
+                self.failure_log.failed("page write", "shared tier: writing page %r failed: %s", page.name, error)
             raise
         stored = _stored_size(page)
         with self._lock:
@@ -1105,7 +1109,7 @@ class SharedTier(Tier):
                     self._apply_removals()
                 self._close_stale(now)
                 if self._journal.pending():
-                    self._guarded(self._journal.flush)
+                    self._flush_journal()
                 if now >= next_poll:
                     next_poll = now + self._poll_s
                     self._apply(self._guarded(self._journal.poll, timeout=4 * self._deadline_s) or [])
@@ -1126,6 +1130,16 @@ class SharedTier(Tier):
                     self._guarded(self._evict, self._evictions_per_tick, timeout=8 * self._deadline_s)
             except Exception:  # a bug: keep the thread, say so
                 _log.exception("shared tier maintenance failed")
+
+    def _flush_journal(self) -> None:
+        """Append what this host announced to its journal; a failure is counted and logged (the
+        lines wait for the next flush): other hosts learn of this host's pages from it."""
+        try:
+            self._guard.call(self._journal.flush, timeout=self._deadline_s)
+        except OSError as error:
+            self._count_failure(error)
+            if not isinstance(error, Refused):
+                self.failure_log.failed("journal write", "shared tier: appending to the journal failed: %s", error)
 
     def _guarded(self, fn: Callable, *args, timeout: float | None = None, probe: bool = False):
         """Run background work through the guard; failures are counted, not raised."""
