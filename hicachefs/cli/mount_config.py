@@ -373,15 +373,27 @@ def _default_log_file(mountpoint: Path) -> str:
     return str(_default_log_directory() / f"hicachefs-{slug}.log")
 
 
+def _own_directory(path: str, uid: int) -> bool:
+    """Whether ``path`` is an absolute directory of ``uid``'s that no one else may write: root
+    run with a plain user's XDG_RUNTIME_DIR (``sudo -E``, ``su`` without ``-``) made its log
+    directory in that user's, who could swap it for one holding a symlink to any file root's
+    daemon then appended to (found by review)."""
+    try:
+        found = os.lstat(path) if os.path.isabs(path) else None
+    except OSError:
+        return False
+    return found is not None and stat.S_ISDIR(found.st_mode) and found.st_uid == uid and not found.st_mode & 0o022
+
+
 def _default_log_directory() -> Path:
-    """``$XDG_RUNTIME_DIR/hicachefs``, else ``hicachefs-<uid>`` in the temp dir: a directory of
-    this user's own, made 0700. The log was a name in the temp dir itself, which any local user
-    could take first: their file kept the mount out, and their symlink had the daemon (root's
-    too) append its log to the file it named. One that is not this user's own directory, or that
-    others may write to, is refused."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    """``$XDG_RUNTIME_DIR/hicachefs`` (where that is this user's own), else ``hicachefs-<uid>``
+    in the temp dir: a directory of this user's own, made 0700. The log was a name in the temp
+    dir itself, which any local user could take first: their file kept the mount out, and their
+    symlink had the daemon (root's too) append its log to the file it named. One that is not
+    this user's own directory, or that others may write to, is refused."""
     uid = os.geteuid()
-    directory = Path(runtime, "hicachefs") if os.path.isabs(runtime) else Path(tempfile.gettempdir(), f"hicachefs-{uid}")
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    directory = Path(runtime, "hicachefs") if _own_directory(runtime, uid) else Path(tempfile.gettempdir(), f"hicachefs-{uid}")
     try:
         directory.mkdir(mode=0o700)
     except FileExistsError:

@@ -210,10 +210,13 @@ def test_a_log_file_the_daemon_could_not_append_to_is_refused_in_one_line(tmp_pa
 NOBODY = 65534
 
 
-def mount_with_the_default_log(mountpoint: Path, temp_dir: Path) -> tuple[subprocess.CompletedProcess, bool]:
-    """``hicachefs mount`` without ``--log-file`` nor ``$XDG_RUNTIME_DIR``, ``temp_dir`` its
-    temp dir; whether it mounted (the mount is taken down)."""
+def mount_with_the_default_log(mountpoint: Path, temp_dir: Path,
+                               runtime_dir: Path | None = None) -> tuple[subprocess.CompletedProcess, bool]:
+    """``hicachefs mount`` without ``--log-file``, ``temp_dir`` its temp dir and ``runtime_dir``
+    its ``$XDG_RUNTIME_DIR`` (none by default); whether it mounted (the mount is taken down)."""
     env = {name: value for name, value in os.environ.items() if name != "XDG_RUNTIME_DIR"}
+    if runtime_dir is not None:
+        env["XDG_RUNTIME_DIR"] = str(runtime_dir)
     result = subprocess.run([sys.executable, "-m", "hicachefs.cli", "mount", str(mountpoint), "--memory", "32M"],
                             env={**env, "TMPDIR": str(temp_dir)}, capture_output=True, text=True, timeout=120)
     was_mounted = mounting.is_mounted(mountpoint)
@@ -242,6 +245,20 @@ def test_a_name_planted_where_the_default_log_once_was_does_not_matter(tmp_path,
     log = temp_dir / f"hicachefs-{os.geteuid()}" / name
     assert f"log {log})" in result.stdout and "starting" in log.read_text()
     assert notes.read_text() == "my notes\n"
+
+
+def test_root_with_another_users_runtime_dir_logs_in_its_own_directory(tmp_path):
+    """Root run with a plain user's XDG_RUNTIME_DIR (``sudo -E``, ``su`` without ``-``) made its
+    log directory in that user's, who could swap it for one holding a symlink to any file, which
+    root's daemon then appended its log to (found by review)."""
+    temp_dir, mountpoint, theirs = tmp_path / "tmp", tmp_path / "mnt", tmp_path / "run-user"
+    for directory in (temp_dir, mountpoint, theirs):
+        directory.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    result, was_mounted = mount_with_the_default_log(mountpoint, temp_dir, runtime_dir=theirs)
+    assert result.returncode == 0 and was_mounted, result.stdout + result.stderr
+    assert list(theirs.iterdir()) == []
+    assert f"log {temp_dir / f'hicachefs-{os.geteuid()}'}/" in result.stdout
 
 
 @pytest.mark.parametrize("squat", ["another user's", "a symlink", "one others may write to"])
