@@ -353,7 +353,8 @@ def _check_plain_user_mount(mountpoint: Path, fuse_options) -> None:
     if "allow_other" in fuse_options and not _user_allow_other():
         raise UsageError(f"-o allow_other: only root may give it unless {FUSE_CONF} has a line "
                          "user_allow_other: ask root to add it, or mount without allow_other")
-    if not os.access(mountpoint, os.W_OK):
+    if mount_table.filesystem_type(mountpoint) is None and not os.access(mountpoint, os.W_OK):  # (a dead
+        # mount's own directory answers ENOTCONN: it is removed first, and fusermount3 says the rest)
         raise UsageError(f"mountpoint {mountpoint} is not writable by this user, and fusermount3 mounts "
                          "only on a directory its user may write: mount on a directory of your own")
 

@@ -158,3 +158,20 @@ def test_root_is_told_whose_mount_it_cannot_stop():
             if foreground.poll() is None:
                 foreground.kill()
                 foreground.wait()
+
+
+def test_a_plain_user_mounts_again_over_their_own_dead_mount():
+    """The daemon killed (OOM, kill -9), its mount dead: the next mount there removes it and
+    mounts. The check that the user may write the mountpoint ran first, on the dead mount
+    (ENOTCONN), and refused it as "not writable by this user" (found by review)."""
+    with fuse_for(user_allow_other=False), plain_user_directory() as home:
+        flags = ["--memory", "32M", "--log-file", str(home / "log")]
+        first = hicachefs(home, "mount", str(home / "mnt"), *flags)
+        assert first.returncode == 0, first.stdout + first.stderr
+        pid = int(first.stdout.split("(pid ")[1].split(",")[0])
+        os.kill(pid, signal.SIGKILL)
+        assert mounting.wait_gone(pid, 10) and mounting.is_mounted(home / "mnt")
+        again = hicachefs(home, "mount", str(home / "mnt"), *flags)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "removed the dead mount" in again.stdout
+        assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
