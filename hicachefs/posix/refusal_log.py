@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 INTERVAL_S = 10.0
 #: The user of a request that does not say whose it is.
 UNKNOWN_USER = "unknown"
+#: What ``str.splitlines`` breaks a line at: C0 and C1 controls, the line and paragraph separators.
+_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,10 @@ class RefusalLog:
 
 
 def _one_line(arg):
-    """A text argument (or an error, by its text) with its control characters escaped: a
-    reason often names the page, and a name holding a newline started a forged line of its own
-    (found by review)."""
+    """A text argument (or an error, by its text) with its control characters and line
+    separators escaped (those ``str.splitlines`` breaks at, C1 and U+2028 too): a reason often
+    names the page, and a name holding a newline started a forged line of its own (found by
+    review)."""
     if not isinstance(arg, (str, BaseException)):
         return arg
-    return re.sub(r"[\x00-\x1f\x7f]", lambda control: repr(control[0])[1:-1], str(arg))
+    return _BREAKS.sub(lambda control: control[0].encode("unicode_escape").decode("ascii"), str(arg))
