@@ -95,7 +95,12 @@ def _stop_closed(mountpoint: str, owner: int, stall_s: float) -> int:
     its connection was aborted and the command returned while the daemon still wrote its RAM
     tier down, and the owner's next mount was refused. The daemon is found by its command line."""
     daemons = _daemons_by_command_line(mountpoint, owner)
-    if len(daemons) != 1:  # none, or several (one that a lazy unmount detached): which is not known
+    if len(daemons) > 1:  # one left by an unmount that could not stop it, and the mount's own: which is not known
+        pids = ", ".join(str(pid) for pid, _ in daemons)
+        print(f"hicachefs: {mountpoint}: {len(daemons)} daemons of uid {owner} name this mountpoint (pids {pids}), "
+              f"one left from an earlier mount there: {closed_hint(owner, 'umount')}", file=sys.stderr)
+        return 1
+    if not daemons:
         print(f"hicachefs: {mountpoint}: {closed_hint(owner, 'umount')}", file=sys.stderr)
         return 1
     pid, disk = daemons[0]

@@ -175,3 +175,28 @@ def test_a_plain_user_mounts_again_over_their_own_dead_mount():
         assert again.returncode == 0, again.stdout + again.stderr
         assert "removed the dead mount" in again.stdout
         assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
+
+
+def test_root_is_told_of_a_daemon_left_from_an_earlier_mount():
+    """The user's umount of their hung daemon unmounted it and left the daemon (no abort without
+    fusectl); they mounted there again. Root's umount found two daemons naming the mountpoint
+    and said only "run it as that user" (found by review): it names both."""
+    with fuse_for(user_allow_other=False), plain_user_directory() as home:
+        flags = ("--memory", "32M", "--log-file", str(home / "log"))
+        first = hicachefs(home, "mount", str(home / "mnt"), *flags)
+        assert first.returncode == 0, first.stdout + first.stderr
+        old = int(first.stdout.split("(pid ")[1].split(",")[0])
+        os.kill(old, signal.SIGSTOP)
+        try:
+            assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
+            again = hicachefs(home, "mount", str(home / "mnt"), *flags)
+            assert again.returncode == 0, again.stdout + again.stderr
+            new = int(again.stdout.split("(pid ")[1].split(",")[0])
+            result = hicachefs(home, "umount", str(home / "mnt"), user=0)
+            assert result.returncode == 1 and mounting.is_mounted(home / "mnt")
+            assert f"2 daemons of uid 65534 name this mountpoint (pids {min(old, new)}, {max(old, new)})" \
+                in result.stderr, result.stderr
+            assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
+        finally:
+            os.kill(old, signal.SIGKILL)
+            assert mounting.wait_gone(old, 10)
