@@ -1,5 +1,6 @@
 """The shared tier's warnings of failed writes: the first of a kind at once, then at most one a
-minute, which says how many like it were not logged.
+minute, which says how many like it were not logged; those held back when the tier closes are
+said then.
 
 Why: a write of a page file or of the journal that failed was only counted. A daemon that could
 not write a shared directory another host's daemon had made (another uid, 0755) wrote no page
@@ -47,3 +48,11 @@ class FailureLog:
             message += " (%d more %s failures not logged in the last %.0f s)"
             args = (*args, held, kind, now - last)
         self.log.warning(message, *args)
+
+    def close(self) -> None:
+        """Say how many failures of each kind were held back since their last line (a storm
+        that stopped had them logged nowhere; found by review)."""
+        with self._lock:
+            held, self._held = self._held, {}
+        for kind, count in sorted(held.items()):
+            self.log.warning("shared tier: %d more %s failures not logged before the close", count, kind)

@@ -518,6 +518,7 @@ class SharedTier(Tier):
         except OSError:
             pass  # a filesystem that hangs keeps them; nothing else is left to do with them
         self._guard.close()
+        self.failure_log.close()
 
     # -- filesystem work, run on guard threads -------------------------------------------
 
