@@ -19,6 +19,7 @@ from hicachefs_testing.faults import Fault, FaultyDevice
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.device import DirectoryDevice
+from hicachefs.store.shared.journal import Journal
 from hicachefs.store.shared.layout import JOURNAL_DIR, Layout, fanout_name, key_hash, place
 from hicachefs.store.tier import ReadResult
 
@@ -454,6 +455,45 @@ def test_three_hosts_writing_one_name_count_the_file_that_landed_last(tmp_path, 
     assert on_volume < 64 * KiB
     wait_until(lambda: a.statistics().journal_received == 2)
     wait_until(lambda: a.used_bytes == on_volume, timeout=10)  # long before a sweep (600 s)
+
+
+def test_a_host_whose_clock_is_ahead_leaves_the_other_hosts_journal_files_they_still_append_to(tmp_path, make_tier):
+    """Host B's clock an hour behind host A's (its journal file's mtime an hour old by A's
+    clock): A removed B's journal file at its start, B went on appending to the removed file,
+    and A did not hear of B's new pages until a sweep (a minute) or B's next file."""
+    root = tmp_path / "shared"
+    no_sweeps = dict(sweep_interval_s=60.0)  # after the first: what A learns comes from the journals
+    b = make_tier(root, **no_sweeps)
+    first, second = make_page(1), make_page(2)
+    b.write(*first)
+    wait_until(lambda: b.statistics().journal_announced == 1)
+    (journal,) = (root / JOURNAL_DIR).iterdir()
+    os.utime(journal, (time.time() - 3600, time.time() - 3600))
+    a = make_tier(root, **no_sweeps)
+    wait_for_sweeps([a], cycles=1)  # its first tick, and the journals' expiry in it, are done
+    b.write(*second)
+    wait_until(lambda: a.contains_many([first[0].name, second[0].name]) == [True, True])
+    assert journal.exists() and a.statistics().journal_received == 2
+
+
+def test_a_journal_file_goes_once_it_stayed_unchanged_for_the_keep_time_whatever_its_mtime(tmp_path):
+    """A dead writer's journal file goes ``keep_s`` after this host first saw it unchanged,
+    though its mtime is an hour ahead (its writer's clock, or this host's after a step back);
+    one appended to between two looks stays."""
+    layout = Layout(tmp_path / "shared")
+    os.makedirs(layout.journal)
+    dead, live = (Path(layout.journal) / f"{host}-5eed1e55f00d.00000001" for host in ("dead", "live"))
+    for path in (dead, live):
+        path.write_bytes(b"+4096 m/a\n")
+        os.utime(path, (time.time() + 3600, time.time() + 3600))
+    journal = Journal(DirectoryDevice(), layout, "here-0123456789ab", keep_s=0.5)
+    assert journal.expire() == 0  # first look
+    time.sleep(0.6)
+    with open(live, "ab") as file:
+        file.write(b"+4096 m/b\n")
+    assert journal.expire() == 1 and live.exists() and not dead.exists()
+    time.sleep(0.6)
+    assert journal.expire() == 1 and not live.exists()
 
 
 def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):

@@ -17,8 +17,11 @@ FUSE client caches a file's pages, and a buffered read would not see appended by
 cache is dropped (measured on GlusterFS: ~1 s buffered, ~2 ms direct).
 
 A writer starts a new file when its file passes ``rotate_bytes`` or half of ``keep_s`` in age;
-any host removes journal files older than ``keep_s`` (removals are idempotent). A name holding a
-newline is not announced (the sweep finds it). A torn or damaged line is skipped.
+any host removes journal files it saw unchanged for ``keep_s`` of its own time (``unchanged``;
+by their mtimes, a host whose clock was ahead removed files their writers still appended to).
+A file unchanged that long was last appended to ``keep_s`` ago at least: its writer's next flush
+starts a new file. Removals are idempotent. A name holding a newline is not announced (the sweep
+finds it). A torn or damaged line is skipped.
 
 Methods that touch the filesystem block; the tier calls them through its ``CallGuard``. Each
 side has its own lock; a call that finds the previous one still stuck in the filesystem returns
@@ -37,6 +40,7 @@ from typing import NamedTuple
 
 from hicachefs.store.shared.device import GONE
 from hicachefs.store.shared.layout import Layout
+from hicachefs.store.shared.unchanged import Unchanged
 
 _ALIGN = 4096
 _CHUNK = 1 << 20
@@ -95,6 +99,7 @@ class Journal:
         self.writer = writer
         self._rotate_bytes = rotate_bytes
         self._keep_s = keep_s
+        self._unchanged = Unchanged(keep_s)
         self._poll_bytes = poll_bytes
         self._pending: list[bytes] = []
         self._pending_lock = threading.Lock()
@@ -267,18 +272,17 @@ class Journal:
                 pass  # nothing of it is kept
 
     def expire(self) -> int:
-        """Remove every writer's journal files older than ``keep_s``; return how many."""
+        """Remove every writer's journal files that stayed unchanged for ``keep_s`` since this
+        host's first look at them; return how many."""
         try:
             entries = self._device.scandir(self._layout.journal)
         except FileNotFoundError:
             return 0
-        cutoff = time.time_ns() - int(self._keep_s * 1e9)
+        files = [entry for entry in entries if not entry.is_dir and _writer_of(entry.name) is not None]
         removed = 0
-        for entry in entries:
-            if entry.is_dir or entry.mtime_ns >= cutoff or _writer_of(entry.name) is None:
-                continue
+        for name in self._unchanged.old(files):
             try:
-                self._device.unlink(os.path.join(self._layout.journal, entry.name))
+                self._device.unlink(os.path.join(self._layout.journal, name))
                 removed += 1
             except OSError as error:
                 if error.errno not in GONE:
