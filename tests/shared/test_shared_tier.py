@@ -511,18 +511,40 @@ def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     assert all(s.io_errors == 0 and s.guard.available for s in stats)
 
 
-def test_temporary_files_of_dead_writers_are_removed(tmp_path, make_tier):
+def test_temporary_files_of_dead_writers_are_removed_whatever_their_mtimes(tmp_path, make_tier):
+    """A temporary file goes once this host's sweeps found it unchanged for the keep time, its
+    mtime an hour behind or an hour ahead (its writer's clock, or this host's after a step back:
+    a file an hour ahead stayed an hour)."""
+    root = tmp_path / "shared"
+    tier = make_tier(root, temp_keep_s=0.5)
+    page, data = make_page(1)
+    tier.write(page, data)
+    behind, ahead = (Layout(root).temp_path(place(page_name(i)), "5eed1e55f00d", 1) for i in (2, 3))
+    for path, mtime in ((behind, time.time() - 3600), (ahead, time.time() + 3600)):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "wb").close()
+        os.utime(path, (mtime, mtime))
+    wait_until(lambda: not os.path.exists(behind) and not os.path.exists(ahead))
+    assert tier.find(page.name) == page and tier.statistics().sweep.sweep_temp_removed == 2
+
+
+def test_a_temporary_file_being_written_stays_whatever_its_writers_clock(tmp_path, make_tier):
+    """Another host writing a page, its clock an hour behind this host's (its temporary file's
+    mtime an hour old here): this host's sweep removed the file while it was written, the
+    writer's rename failed (ENOENT) and the page never reached the tier."""
     root = tmp_path / "shared"
     tier = make_tier(root)
     page, data = make_page(1)
-    tier.write(page, data)
-    stale, fresh = (Layout(root).temp_path(place(page_name(i)), "5eed1e55f00d", 1) for i in (2, 3))
-    for path in (stale, fresh):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        open(path, "wb").close()
-    os.utime(stale, (time.time() - 3600, time.time() - 3600))
-    wait_until(lambda: not os.path.exists(stale))
-    assert os.path.exists(fresh) and tier.find(page.name) == page
+    temp = Layout(root).temp_path(place(page.name), "5eed1e55f00d", 1)
+    os.makedirs(os.path.dirname(temp))
+    with open(temp, "wb") as file:
+        for _ in range(3):  # written in three pieces, a sweep between each two
+            file.write(b"z" * KiB)
+            file.flush()
+            os.utime(file.fileno(), (time.time() - 3600, time.time() - 3600))
+            wait_for_sweeps([tier], cycles=1)
+    os.rename(temp, page_path(root, page.name))
+    assert tier.statistics().sweep.sweep_temp_removed == 0
 
 
 def test_files_of_the_shared_directory_that_are_not_the_tiers_are_never_removed(tmp_path, make_tier):

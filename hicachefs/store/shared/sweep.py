@@ -1,7 +1,8 @@
 """The sweep: a slow walk over the shared tier's directories, one directory per step.
 
 It keeps the presence index true to what is on the filesystem (pages older than any journal,
-removals nobody announced), removes temporary files whose writer died, and notes the oldest
+removals nobody announced), removes temporary files whose writer died (those its listings found
+unchanged for ``temp_keep_s`` of this host's own time: ``unchanged``), and notes the oldest
 pages it saw for the capacity evictor. A step lists one directory, so its cost is one
 directory's entries (a few hundred at 100 k pages a pool), never the whole tier; the tier runs
 steps within a time budget per tick and waits between cycles.
@@ -27,9 +28,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hicachefs.store.shared.device import GONE
+from hicachefs.store.shared.device import GONE, Entry
 from hicachefs.store.shared.layout import FANOUT_DEPTH, Layout, fanout_name, is_fanout, is_temporary, key_hash
 from hicachefs.store.shared.presence import PresenceIndex
+from hicachefs.store.shared.unchanged import Unchanged
 from hicachefs.typed_stats import level, total
 
 
@@ -62,6 +64,7 @@ class Sweeper:
         self._removing = removing
         self._oldest_kept = oldest_kept
         self._temp_keep_s = temp_keep_s
+        self._temps: dict[str, Unchanged] = {}  # fan-out directory -> its temporary files, as last listed
         self._busy = threading.Lock()
         self._queue: collections.deque[str] = collections.deque()
         self._seen: set[str] = set()
@@ -105,6 +108,7 @@ class Sweeper:
             if error.errno not in GONE or not relative:
                 raise  # retried at the next step
             self._presence.forget(relative)
+            self._temps.pop(relative, None)
             entries = None
         self._queue.popleft()
         self.directories_listed += 1
@@ -129,7 +133,7 @@ class Sweeper:
         parent = relative.rpartition("/")[0]
         hashes: list[int] = []
         sizes: list[int] = []
-        temp_cutoff = time.time_ns() - int(self._temp_keep_s * 1e9)
+        temps: list[Entry] = []
         # Below the fan-out directories' depth nothing is the tier's: not listed.
         deeper = (relative.count("/") + 1 if relative else 0) < FANOUT_DEPTH
         for entry in entries:
@@ -138,8 +142,8 @@ class Sweeper:
                     self._queue.append(f"{relative}/{entry.name}" if relative else entry.name)
                 continue
             if entry.name.startswith("."):  # a writer's temporary file, or none of the tier's
-                if fanout and entry.mtime_ns < temp_cutoff and is_temporary(relative, entry.name):
-                    self._remove_temp(os.path.join(self._layout.directory(relative), entry.name))
+                if fanout and is_temporary(relative, entry.name):
+                    temps.append(entry)
                 continue
             if not fanout:
                 continue
@@ -159,6 +163,16 @@ class Sweeper:
         if fanout:
             self._seen.add(relative)
             self._presence.end_listing(relative, np.array(hashes, dtype=np.uint64), np.array(sizes, dtype=np.int64))
+            self._remove_old_temps(relative, temps)
+
+    def _remove_old_temps(self, relative: str, temps: list[Entry]) -> None:
+        """Remove the temporary files of ``relative`` that its listings found unchanged for
+        ``temp_keep_s``: their writers died. Only directories holding some are remembered."""
+        unchanged = self._temps.setdefault(relative, Unchanged(self._temp_keep_s))
+        if not temps:
+            del self._temps[relative]
+        for name in unchanged.old(temps):
+            self._remove_temp(os.path.join(self._layout.directory(relative), name))
 
     def _remove_temp(self, path: str) -> None:
         try:
@@ -172,6 +186,8 @@ class Sweeper:
         oldest = sorted((-negative, name, size) for negative, name, size in self._oldest)
         self.candidates = collections.deque(Candidate(*item) for item in oldest)
         self._oldest = []
+        # A directory this cycle did not list is gone: what its temporary files were is forgotten.
+        self._temps = {relative: temps for relative, temps in self._temps.items() if relative in self._seen}
         self.cycles += 1
         self.last_cycle_end = time.monotonic()
         self.last_cycle_s = self.last_cycle_end - self._cycle_start

@@ -180,8 +180,8 @@ class SharedTier(Tier):
                  io_threads: int = 4, writers: int = 2, queue_pages: int = 256, queue_bytes: int | Share = 256 * _MiB,
                  queue_lag_s: float = 0.5, tick_s: float = 0.1, poll_s: float = 0.2, retry_s: float = 1.0,
                  sweep_interval_s: float = 60.0, sweep_budget_s: float = 0.02, journal_keep_s: float = 600.0,
-                 oldest_kept: int = 4096, evictions_per_tick: int = 64, min_bandwidth: float = 32 * _MiB,
-                 recent_opens: int = 64, owed_dir: Path | None = None) -> None:
+                 temp_keep_s: float = 600.0, oldest_kept: int = 4096, evictions_per_tick: int = 64,
+                 min_bandwidth: float = 32 * _MiB, recent_opens: int = 64, owed_dir: Path | None = None) -> None:
         """``root``: the directory on the distributed filesystem (made if missing).
         ``capacity_bytes``: the size bound; None leaves the filesystem's free space as the limit.
         ``device``: the object making the filesystem calls (tests pass a ``FaultyDevice``).
@@ -192,9 +192,11 @@ class SharedTier(Tier):
         how often an unavailable filesystem is probed; ``sweep_interval_s``: the pause between
         two sweeps; ``sweep_budget_s``: the time a tick may spend sweeping (at least one
         directory), which keeps the sweep's share of the interpreter small beside the daemon's
-        event loop. ``oldest_kept``: eviction candidates a sweep notes. ``owed_dir``: the local
-        directory (the disk tier's) that keeps the removals owed to the volume across a stop and
-        a start (``owed``); None: they are dropped at the close, with a warning."""
+        event loop. ``journal_keep_s``, ``temp_keep_s``: how long a journal file, a temporary
+        file, stays once this host saw it unchanged (``unchanged``). ``oldest_kept``: eviction
+        candidates a sweep notes. ``owed_dir``: the local directory (the disk tier's) that keeps
+        the removals owed to the volume across a stop and a start (``owed``); None: they are
+        dropped at the close, with a warning."""
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive or None, got {capacity_bytes}")
         self.root = Path(root)
@@ -229,7 +231,7 @@ class SharedTier(Tier):
         self._presence = PresenceIndex()
         self._journal = Journal(self._device, self._layout, f"{writer}-{self._token}", keep_s=journal_keep_s,
                                 on_volume=self._on_volume)
-        self._sweeper = Sweeper(self._device, self._layout, self._presence, self._removing, oldest_kept)
+        self._sweeper = Sweeper(self._device, self._layout, self._presence, self._removing, oldest_kept, temp_keep_s)
         self._sweep_wanted = True
         self._events: TierEvents | None = None
         self._evicting = threading.Lock()
