@@ -374,27 +374,41 @@ def _default_log_file(mountpoint: Path) -> str:
     return str(_default_log_directory() / f"hicachefs-{slug}.log")
 
 
-def _own_directory(path: str, uid: int) -> bool:
-    """Whether ``path`` is an absolute directory of ``uid``'s that no one else may write: root
-    run with a plain user's XDG_RUNTIME_DIR (``sudo -E``, ``su`` without ``-``) made its log
-    directory in that user's, who could swap it for one holding a symlink to any file root's
-    daemon then appended to (found by review)."""
-    try:
-        found = os.lstat(path) if os.path.isabs(path) else None
-    except OSError:
-        return False
-    return found is not None and stat.S_ISDIR(found.st_mode) and found.st_uid == uid and not found.st_mode & 0o022
+def _safe_place(path: str, uid: int) -> Path | None:
+    """``path`` resolved, where it and every directory above it belong to ``uid`` or root and no
+    one else may change them (written by others only with the sticky bit); else None. Root run
+    with a plain user's XDG_RUNTIME_DIR or TMPDIR (``sudo -E``, ``su`` without ``-``) made its
+    log directory where that user could swap it, or a symlink above it, for one holding a
+    symlink to any file, which root's daemon then appended its log to (found by reviews)."""
+    if not os.path.isabs(path):
+        return None
+    resolved = Path(os.path.realpath(path))
+    for directory in (resolved, *resolved.parents):
+        try:
+            found = os.stat(directory)
+        except OSError:
+            return None
+        if (not stat.S_ISDIR(found.st_mode) or found.st_uid not in (0, uid)
+                or (found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX)):
+            return None
+    return resolved
 
 
 def _default_log_directory() -> Path:
-    """``$XDG_RUNTIME_DIR/hicachefs`` (where that is this user's own), else ``hicachefs-<uid>``
-    in the temp dir: a directory of this user's own, made 0700. The log was a name in the temp
-    dir itself, which any local user could take first: their file kept the mount out, and their
-    symlink had the daemon (root's too) append its log to the file it named. One that is not
-    this user's own directory, or that others may write to, is refused."""
+    """``hicachefs`` in ``$XDG_RUNTIME_DIR``, else ``hicachefs-<uid>`` in the temp dir, else in
+    /tmp, the first of them in a place of this user's or root's alone (``_safe_place``): a
+    directory of this user's own, made 0700. The log was a name in the temp dir itself, which
+    any local user could take first: their file kept the mount out, and their symlink had the
+    daemon (root's too) append its log to the file it named. One that is not this user's own
+    directory, or that others may write to, is refused."""
     uid = os.geteuid()
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    directory = Path(runtime, "hicachefs") if _own_directory(runtime, uid) else Path(tempfile.gettempdir(), f"hicachefs-{uid}")
+    places = [(os.environ.get("XDG_RUNTIME_DIR", ""), "hicachefs"), (tempfile.gettempdir(), f"hicachefs-{uid}"),
+              ("/tmp", f"hicachefs-{uid}")]
+    safe = [(place, name) for place, name in ((_safe_place(path, uid), name) for path, name in places) if place]
+    if not safe:
+        raise UsageError("no place for the log of this user's own (XDG_RUNTIME_DIR, the temp dir, /tmp): "
+                         "give --log-file")
+    directory = safe[0][0] / safe[0][1]
     try:
         directory.mkdir(mode=0o700)
     except FileExistsError:

@@ -261,6 +261,24 @@ def test_root_with_another_users_runtime_dir_logs_in_its_own_directory(tmp_path)
     assert f"log {temp_dir / f'hicachefs-{os.geteuid()}'}/" in result.stdout
 
 
+def test_root_with_another_users_temp_dir_logs_in_a_place_of_its_own(tmp_path):
+    """Root run with a plain user's TMPDIR: that user could rename root's ``hicachefs-0`` away
+    from the directory they own and put one holding a symlink in its place, which root's
+    daemon followed at its next reopen (found by review). The log goes in /tmp then."""
+    mountpoint, theirs = tmp_path / "mnt", tmp_path / "their-tmp"
+    for directory in (mountpoint, theirs):
+        directory.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    result, was_mounted = mount_with_the_default_log(mountpoint, theirs)
+    log = Path(result.stdout.split("log ")[-1].rstrip(")\n")) if "log " in result.stdout else None
+    try:
+        assert result.returncode == 0 and was_mounted, result.stdout + result.stderr
+        assert list(theirs.iterdir()) == [] and log.parent == Path("/tmp", f"hicachefs-{os.geteuid()}")
+    finally:
+        if log is not None and log.parent.name.startswith("hicachefs-"):
+            log.unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("squat", ["another user's", "a symlink", "one others may write to"])
 def test_a_default_log_directory_not_the_users_own_is_refused_in_one_line(tmp_path, squat):
     """The default log's directory, ``hicachefs-<uid>`` in the temp dir, made first by another
