@@ -1,6 +1,6 @@
 """The shared tier's warnings of failed writes: the first of a kind at once, then at most one a
-minute, which says how many like it were not logged; those held back when the tier closes are
-said then.
+minute, which says how many like it were not logged; those held back are said once their
+minute is over (``flush_due``, from the tier's maintenance tick) and when the tier closes.
 
 Why: a write of a page file or of the journal that failed was only counted. A daemon that could
 not write a shared directory another host's daemon had made (another uid, 0755) wrote no page
@@ -48,6 +48,21 @@ class FailureLog:
             message += " (%d more %s failures not logged in the last %.0f s)"
             args = (*args, held, kind, now - last)
         self.log.warning(message, *args)
+
+    def flush_due(self) -> None:
+        """Say how many failures of each kind were held back since their last line, where that
+        line is a minute old: a storm that stopped had them said only at the close, days later
+        (found by review)."""
+        with self._lock:
+            now = self.clock()
+            due = {kind: count for kind, count in self._held.items()
+                   if now - self._logged_at[kind] >= self.interval_s}
+            for kind in due:
+                del self._held[kind]
+                self._logged_at[kind] = now
+        for kind, count in sorted(due.items()):
+            self.log.warning("shared tier: %d more %s failures not logged in the last %.0f s", count, kind,
+                             self.interval_s)
 
     def close(self) -> None:
         """Say how many failures of each kind were held back since their last line (a storm

@@ -1089,6 +1089,7 @@ class SharedTier(Tier):
         next_poll = next_probe = next_expire = next_save = 0.0
         while not self._stop.wait(self._tick_s):
             now = time.monotonic()
+            self.failure_log.flush_due()
             try:
                 if now >= next_save:  # while the volume is away too: that is when removals are owed
                     next_save = now + OWED_SAVE_S
