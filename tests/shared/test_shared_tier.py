@@ -496,6 +496,21 @@ def test_a_journal_file_goes_once_it_stayed_unchanged_for_the_keep_time_whatever
     assert journal.expire() == 1 and not live.exists()
 
 
+def test_files_a_day_old_by_their_mtime_go_at_the_first_look(tmp_path):
+    """Daemons that each lived less than the keep time (per-job mounts, a crash loop) never saw a
+    dead writer's journal or temporary file stay unchanged that long: the files piled up, every
+    journal file opened again at each poll (found by review). One a day behind this host's clock
+    by its mtime goes at the first look."""
+    layout = Layout(tmp_path / "shared")
+    os.makedirs(layout.journal)
+    stale, recent = (Path(layout.journal) / f"{host}-5eed1e55f00d.00000001" for host in ("stale", "recent"))
+    for path, age_s in ((stale, 2 * 86400), (recent, 3600)):
+        path.write_bytes(b"+4096 m/a\n")
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+    journal = Journal(DirectoryDevice(), layout, "here-0123456789ab", keep_s=600)
+    assert journal.expire() == 1 and not stale.exists() and recent.exists()
+
+
 def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     root = tmp_path / "shared"
     file_size = page_format.header_length(page_name(0)) + 16 * KiB

@@ -7,7 +7,10 @@ and was removed under its writer, and a dead writer's file stayed for the size o
 step. So a file's age is what this host saw of it: the time on its monotonic clock since the
 look that last found the file's size or mtime changed, or first found the file. A file written
 between two looks is never old; one left unchanged goes ``keep_s`` after this host first saw it
-so, whatever the clocks say.
+so, whatever the clocks say. One whose mtime is ``STALE_S`` (a day) behind this host's wall
+clock is old at the first look: daemons that each lived less than ``keep_s`` (per-job mounts,
+a crash loop) never saw a file stay unchanged that long, and dead writers' files piled up, each
+opened again at every poll (found by review). A day is past any clock's skew or step here.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import time
 from collections.abc import Iterable
 
 from hicachefs.store.shared.device import Entry
+
+#: How far behind this host's wall clock a file's mtime makes it old at once, in seconds.
+STALE_S = 86400.0
 
 
 class Unchanged:
@@ -27,8 +33,9 @@ class Unchanged:
 
     def old(self, entries: Iterable[Entry]) -> list[str]:
         """The names among ``entries`` (this look's listing) whose size and mtime stayed the
-        same at every look for ``keep_s``; a name not in the listing is forgotten."""
-        now = time.monotonic()
+        same at every look for ``keep_s``, or whose mtime is stale; a name not in the listing
+        is forgotten."""
+        now, stale_ns = time.monotonic(), time.time_ns() - int(STALE_S * 1e9)
         seen, self._seen = self._seen, {}
         old = []
         for entry in entries:
@@ -36,6 +43,6 @@ class Unchanged:
             if (size, mtime_ns) != (entry.size, entry.mtime_ns):
                 since = now
             self._seen[entry.name] = (entry.size, entry.mtime_ns, since)
-            if now - since >= self._keep_s:
+            if now - since >= self._keep_s or entry.mtime_ns < stale_ns:
                 old.append(entry.name)
         return old
