@@ -669,7 +669,6 @@ def test_failed_page_writes_are_logged_at_once_then_a_minute_apart_saying_how_ma
     now[0] += 60  # the maintenance tick says the two held back
     wait_until(lambda: _warnings(caplog, "more page write") == [
         "shared tier: 2 more page write failures not logged in the last 60 s"], timeout=5)
-    now[0] += 60
     wait_until(lambda: tier.statistics().guard.available, timeout=5)
     with pytest.raises(PermissionError):
         tier.write(*pages[3])
@@ -714,6 +713,8 @@ def test_failures_held_back_are_said_once_their_minute_is_over(caplog):
         now[0] += 60
         failures.flush_due()
         failures.flush_due()  # said once
+        failures.failed("page write", "shared tier: writing page %r failed", "p3")  # said with its text
     assert [record.getMessage() for record in caplog.records] == [
         "shared tier: writing page 'p0' failed",
-        "shared tier: 2 more page write failures not logged in the last 60 s"]
+        "shared tier: 2 more page write failures not logged in the last 60 s",
+        "shared tier: writing page 'p3' failed"]

@@ -57,9 +57,8 @@ class FailureLog:
             now = self.clock()
             due = {kind: count for kind, count in self._held.items()
                    if now - self._logged_at[kind] >= self.interval_s}
-            for kind in due:
+            for kind in due:  # (its minute not begun again: the next failure is said with its text)
                 del self._held[kind]
-                self._logged_at[kind] = now
         for kind, count in sorted(due.items()):
             self.log.warning("shared tier: %d more %s failures not logged in the last %.0f s", count, kind,
                              self.interval_s)
