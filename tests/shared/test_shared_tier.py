@@ -496,19 +496,25 @@ def test_a_journal_file_goes_once_it_stayed_unchanged_for_the_keep_time_whatever
     assert journal.expire() == 1 and not live.exists()
 
 
-def test_files_a_day_old_by_their_mtime_go_at_the_first_look(tmp_path):
+def test_files_a_day_old_by_their_mtime_go_at_the_second_look_unless_they_changed(tmp_path):
     """Daemons that each lived less than the keep time (per-job mounts, a crash loop) never saw a
     dead writer's journal or temporary file stay unchanged that long: the files piled up, every
     journal file opened again at each poll (found by review). One a day behind this host's clock
-    by its mtime goes at the first look."""
+    by its mtime goes once a second look finds it unchanged; one that grew between the looks is
+    live, however far behind its writer's clock (a first cut removed it under its writer)."""
     layout = Layout(tmp_path / "shared")
     os.makedirs(layout.journal)
-    stale, recent = (Path(layout.journal) / f"{host}-5eed1e55f00d.00000001" for host in ("stale", "recent"))
-    for path, age_s in ((stale, 2 * 86400), (recent, 3600)):
+    stale, recent, live = (Path(layout.journal) / f"{host}-5eed1e55f00d.00000001" for host in ("stale", "recent", "live"))
+    day_behind = time.time() - 2 * 86400
+    for path, mtime in ((stale, day_behind), (recent, time.time() - 3600), (live, day_behind)):
         path.write_bytes(b"+4096 m/a\n")
-        os.utime(path, (time.time() - age_s, time.time() - age_s))
+        os.utime(path, (mtime, mtime))
     journal = Journal(DirectoryDevice(), layout, "here-0123456789ab", keep_s=600)
-    assert journal.expire() == 1 and not stale.exists() and recent.exists()
+    assert journal.expire() == 0  # a first look
+    with open(live, "ab") as file:
+        file.write(b"+4096 m/b\n")
+    os.utime(live, (day_behind + 60, day_behind + 60))  # its writer's clock, a day behind
+    assert journal.expire() == 1 and not stale.exists() and recent.exists() and live.exists()
 
 
 def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):

@@ -8,7 +8,8 @@ step. So a file's age is what this host saw of it: the time on its monotonic clo
 look that last found the file's size or mtime changed, or first found the file. A file written
 between two looks is never old; one left unchanged goes ``keep_s`` after this host first saw it
 so, whatever the clocks say. One whose mtime is ``STALE_S`` (a day) behind this host's wall
-clock is old at the first look: daemons that each lived less than ``keep_s`` (per-job mounts,
+clock is old once a second look finds it unchanged (a file seen changing is live, whatever its
+writer's clock: found by review): daemons that each lived less than ``keep_s`` (per-job mounts,
 a crash loop) never saw a file stay unchanged that long, and dead writers' files piled up, each
 opened again at every poll (found by review). A day is past any clock's skew or step here.
 """
@@ -33,8 +34,8 @@ class Unchanged:
 
     def old(self, entries: Iterable[Entry]) -> list[str]:
         """The names among ``entries`` (this look's listing) whose size and mtime stayed the
-        same at every look for ``keep_s``, or whose mtime is stale; a name not in the listing
-        is forgotten."""
+        same at every look for ``keep_s``, or since the last look with a stale mtime; a name
+        not in the listing is forgotten."""
         now, stale_ns = time.monotonic(), time.time_ns() - int(STALE_S * 1e9)
         seen, self._seen = self._seen, {}
         old = []
@@ -43,6 +44,6 @@ class Unchanged:
             if (size, mtime_ns) != (entry.size, entry.mtime_ns):
                 since = now
             self._seen[entry.name] = (entry.size, entry.mtime_ns, since)
-            if now - since >= self._keep_s or entry.mtime_ns < stale_ns:
+            if now - since >= self._keep_s or (since < now and entry.mtime_ns < stale_ns):
                 old.append(entry.name)
         return old
