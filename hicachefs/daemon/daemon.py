@@ -23,7 +23,6 @@ import functools
 import gc
 import json
 import logging
-import logging.handlers
 import os
 import resource
 import signal
@@ -45,6 +44,7 @@ from ..posix.requests import Requests
 from ..store import Gone, PageStore, StoreError
 from . import metrics
 from .config import DaemonConfig
+from .log_file import LogFile
 from .metrics_endpoint import MetricsEndpoint
 from .recovery_reporter import Reporter
 from .sd_notify import notify
@@ -56,25 +56,9 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: The mount's readahead: whole pages of up to this size are read with requests in flight together.
 READ_AHEAD_KB = 8192
 
-class _LogFile(logging.handlers.WatchedFileHandler):
-    """The daemon's log file, opened again when it was moved or removed (logrotate's ``create``
-    rotation): opened once, the daemon went on writing into the rotated file for good, or into a
-    deleted one once that was compressed. A line that cannot be written because the file cannot
-    be opened again (its directory removed) is lost, never the work that logged it: the reopen's
-    OSError reached the caller, and a stop's first line ended the daemon before its disk tier's
-    snapshot. Lost quietly: logging's own report of it was a traceback of some 4 KiB a line on
-    stderr, which is that very log file's first copy, deleted."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            super().emit(record)
-        except OSError:
-            pass
-
-
 def setup_logging(config: DaemonConfig) -> None:
-    """Log to ``--log-file`` (``_LogFile``), to stderr without one."""
-    handler = _LogFile(config.log_file, errors="backslashreplace") if config.log_file else logging.StreamHandler()
+    """Log to ``--log-file`` (``log_file``), to stderr without one."""
+    handler = LogFile(config.log_file) if config.log_file else logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

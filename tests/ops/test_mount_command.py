@@ -167,3 +167,21 @@ def test_a_log_directory_removed_costs_its_lines_not_the_clean_stop(tmp_path):
         assert again.stats()["pages"] == 4
     finally:
         mounting.stop(again)
+
+
+def test_a_log_directory_made_again_with_a_symlink_in_it_leads_the_log_nowhere(tmp_path):
+    """The log's directory removed (a temp-dir cleaner, an operator's rm) and made again by
+    another user with a symlink under the log's name: the daemon (root's) followed it at its
+    next reopen and appended its lines to the file the symlink named (found by review)."""
+    mountpoint, logs, victim = tmp_path / "mnt", tmp_path / "logs", tmp_path / "victim"
+    mountpoint.mkdir()
+    logs.mkdir()
+    victim.write_text("root's alone\n")
+    mount = mounting.start(mountpoint, logs / "daemon.log", ["--memory", "32M"])
+    try:
+        shutil.rmtree(logs)
+        logs.mkdir()
+        (logs / "daemon.log").symlink_to(victim)
+    finally:
+        mounting.stop(mount)  # its stop's lines
+    assert victim.read_text() == "root's alone\n"

@@ -1,0 +1,72 @@
+"""The daemon's log file: written in the directory it was given, whatever happens at its path.
+
+Opened again at the next line once it was moved or removed (logrotate's ``create`` rotation):
+opened once, the daemon went on writing into the rotated file for good, or into a deleted one
+once that was compressed. Opened in its directory, which is held open, and never through a
+symlink: a default log's directory removed (a temp-dir cleaner, an operator's ``rm``) and made
+again by another user with a symlink under the log's name had root's daemon append its lines
+to any file that user chose (found by review). The path is resolved once, at the start, so a
+log given as a symlink is written where it led then.
+
+A line that cannot be written (the file cannot be opened again: its directory gone, a symlink
+in its place) is lost, never the work that logged it: the reopen's OSError reached the caller,
+and a stop's first line ended the daemon before its disk tier's snapshot. Lost quietly:
+logging's own report of it was a traceback of some 4 KiB a line on stderr, which is that very
+log file's first copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class LogFile(logging.StreamHandler):
+    """A logging handler writing to the file at ``path``. See the module docstring."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(None)
+        directory, self._name = os.path.split(os.path.realpath(path))
+        self._directory = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._identity: tuple[int, int] | None = None
+        self.stream = None
+        self._open()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self._moved():
+                self._open()
+        except OSError:
+            return
+        super().emit(record)
+
+    def close(self) -> None:
+        try:
+            self._close_stream()
+            if self._directory >= 0:
+                os.close(self._directory)
+                self._directory = -1
+        finally:
+            super().close()
+
+    def _moved(self) -> bool:
+        """Whether the file at the log's name is no longer the one open (or none is open)."""
+        try:
+            found = os.stat(self._name, dir_fd=self._directory, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        return self.stream is None or (found.st_dev, found.st_ino) != self._identity
+
+    def _open(self) -> None:
+        self._close_stream()
+        fd = os.open(self._name, _FLAGS, 0o666, dir_fd=self._directory)
+        opened = os.fstat(fd)
+        self._identity = (opened.st_dev, opened.st_ino)
+        self.stream = os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
+
+    def _close_stream(self) -> None:
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close()
