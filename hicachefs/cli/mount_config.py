@@ -391,32 +391,36 @@ def _safe_place(path: str, uid: int) -> Path | None:
         if (not stat.S_ISDIR(found.st_mode) or found.st_uid not in (0, uid)
                 or (found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX)):
             return None
-    return resolved
+    return resolved if os.access(resolved, os.W_OK | os.X_OK) else None  # (root's, kept by su: not this user's)
 
 
 def _default_log_directory() -> Path:
     """``hicachefs`` in ``$XDG_RUNTIME_DIR``, else ``hicachefs-<uid>`` in the temp dir, else in
-    /tmp, the first of them in a place of this user's or root's alone (``_safe_place``): a
-    directory of this user's own, made 0700. The log was a name in the temp dir itself, which
-    any local user could take first: their file kept the mount out, and their symlink had the
-    daemon (root's too) append its log to the file it named. One that is not this user's own
-    directory, or that others may write to, is refused."""
+    /tmp, in the first of those places that is this user's or root's alone (``_safe_place``): a
+    directory of this user's own, made 0700, or, where another user took that name first, a
+    new one beside it (``hicachefs-<uid>-XXXXXXXX``; their directory kept root's mount out). The
+    log was a name in the temp dir itself, which any local user could take first: their file
+    kept the mount out, and their symlink had the daemon (root's too) append its log to the
+    file it named."""
     uid = os.geteuid()
     places = [(os.environ.get("XDG_RUNTIME_DIR", ""), "hicachefs"), (tempfile.gettempdir(), f"hicachefs-{uid}"),
               ("/tmp", f"hicachefs-{uid}")]
-    safe = [(place, name) for place, name in ((_safe_place(path, uid), name) for path, name in places) if place]
-    if not safe:
-        raise UsageError("no place for the log of this user's own (XDG_RUNTIME_DIR, the temp dir, /tmp): "
-                         "give --log-file")
-    directory = safe[0][0] / safe[0][1]
-    try:
-        directory.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise UsageError(f"cannot make the log directory {directory} ({exc.strerror}): give --log-file") from None
-    found = os.lstat(directory)
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != uid or found.st_mode & 0o022:
-        raise UsageError(f"the log directory {directory} is not a directory of this user's own that only "
-                         "it may write to: remove it, or give --log-file")
-    return directory
+    for place, name in ((_safe_place(path, uid), name) for path, name in places):
+        if place is None:
+            continue
+        directory = place / name
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        found = os.lstat(directory)
+        if stat.S_ISDIR(found.st_mode) and found.st_uid == uid and not found.st_mode & 0o077:
+            return directory
+        try:  # the name taken by another user, or not private: a directory of this user's beside it
+            return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=place))
+        except OSError:
+            continue
+    raise UsageError("no place for the log of this user's own (XDG_RUNTIME_DIR, the temp dir, /tmp): "
+                     "give --log-file")

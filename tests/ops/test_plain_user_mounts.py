@@ -200,3 +200,19 @@ def test_root_is_told_of_a_daemon_left_from_an_earlier_mount():
         finally:
             os.kill(old, signal.SIGKILL)
             assert mounting.wait_gone(old, 10)
+
+
+def test_a_plain_user_with_roots_runtime_dir_logs_in_a_place_of_its_own():
+    """``su user`` without ``-`` keeps root's XDG_RUNTIME_DIR: the mount took it for a place of
+    its own (root's may be trusted) and was refused, "cannot make the log directory ...
+    (Permission denied)" (found by review). It passes on to the temp dir."""
+    with fuse_for(user_allow_other=False), plain_user_directory() as home:
+        roots = home.parent / "run-user-0"
+        roots.mkdir(mode=0o700)
+        env = {**plain_env(home), "XDG_RUNTIME_DIR": str(roots), "TMPDIR": str(home)}
+        mounted = subprocess.run([PYTHON, "-m", "hicachefs.cli", "mount", str(home / "mnt"), "--memory", "32M"],
+                                 env=env, cwd=home.parent / "code", user=65534, group=65534, capture_output=True,
+                                 text=True, timeout=60)
+        assert mounted.returncode == 0, mounted.stdout + mounted.stderr
+        assert f"log {home / 'hicachefs-65534'}/" in mounted.stdout and list(roots.iterdir()) == []
+        assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
