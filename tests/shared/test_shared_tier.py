@@ -517,6 +517,23 @@ def test_files_a_day_old_by_their_mtime_go_at_the_second_look_unless_they_change
     assert journal.expire() == 1 and not stale.exists() and recent.exists() and live.exists()
 
 
+def test_a_writer_whose_journal_file_was_removed_under_it_starts_a_new_one(tmp_path):
+    """A host whose clock is a day behind, idle for a minute: another host removed its journal
+    file, and its next lines went into the removed file, heard by nobody until it rotated five
+    minutes later (found by review). The writer starts a new file."""
+    layout = Layout(tmp_path / "shared")
+    writer = Journal(DirectoryDevice(), layout, "behind-0123456789ab", keep_s=600)
+    reader = Journal(DirectoryDevice(), layout, "other-0123456789ab", keep_s=600)
+    writer.announce(True, 4096, "m/f/tp0of1/kv/one")
+    writer.flush()
+    assert [a.name for a in reader.poll()] == ["m/f/tp0of1/kv/one"]
+    for name in os.listdir(layout.journal):  # removed by a host that took it for stale
+        os.unlink(os.path.join(layout.journal, name))
+    writer.announce(True, 4096, "m/f/tp0of1/kv/two")
+    writer.flush()
+    assert [a.name for a in reader.poll()] == ["m/f/tp0of1/kv/two"]
+
+
 def test_two_hosts_evicting_at_once_is_harmless(tmp_path, make_tier):
     root = tmp_path / "shared"
     file_size = page_format.header_length(page_name(0)) + 16 * KiB

@@ -166,7 +166,8 @@ class Journal:
 
     def _writable(self) -> int:
         if self._fd is not None and (self._anew or self._written >= self._rotate_bytes
-                                     or time.monotonic() - self._opened_at > self._keep_s / 2):
+                                     or time.monotonic() - self._opened_at > self._keep_s / 2
+                                     or self._removed()):
             self._drop_file()
         self._anew = False
         if self._fd is None:
@@ -178,6 +179,15 @@ class Journal:
             self._written = 0
             self._opened_at = time.monotonic()
         return self._fd
+
+    def _removed(self) -> bool:
+        """Whether another host removed the file open now (its clock a day ahead of this
+        one's, the file idle for a minute: found by review): appended to, its lines would reach
+        nobody until it rotated."""
+        try:
+            return self._device.fstat(self._fd).st_nlink == 0
+        except OSError:
+            return True
 
     def start_anew(self) -> None:
         """Append to a new file from the next flush on: the volume came back, and the file
