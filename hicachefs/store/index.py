@@ -573,7 +573,8 @@ class PageIndex:
         if self._rows:
             raise ValueError("load needs an empty index")
         n = len(pages.size)
-        capacity = max(n, len(self.size))
+        capacity = max(n + n // 4, len(self.size))  # room to add: sized to n, the first add after a
+        # start grew the whole index on the event loop (3.8 s at 8 million pages; found by review)
         for column, dtype in self._COLUMNS.items():
             setattr(self, column, np.zeros(capacity, dtype))
         self.loc = np.full((capacity, self.loc.shape[1]), -1, np.int64)

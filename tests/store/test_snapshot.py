@@ -384,3 +384,23 @@ def test_an_add_the_index_has_no_memory_for_changes_nothing(monkeypatch):
     assert sorted(index.directories()) == ["m/f/s/kv", "m/f/s/kv2"]
     assert (int(index.size[row]), int(index.mtime[row])) == (20, 777)
     assert index.pages == 5
+
+
+def test_the_first_pages_after_a_snapshot_load_do_not_grow_the_index(tmp_path):
+    """A snapshot's pages were loaded into an index sized to them: the first page added after
+    the start grew the whole index on the daemon's event loop, 3.8 s of every client's waiting
+    at 8 million pages (found by review). It keeps room to add."""
+    config = StoreConfig(memory_bytes=4 * MiB, disk_dir=tmp_path, disk_bytes=64 * MiB, max_page_size=64 * KiB)
+    store = PageStore(config)
+    for i in range(5000):
+        store.put(page_name(i), content(i, 1024))
+    store.close()
+    store, recovery = reopen(config)
+    try:
+        assert (recovery.method, recovery.pages) == ("snapshot", 5000)
+        rows = len(store._index.size)
+        for i in range(5000, 5100):
+            store.put(page_name(i), content(i, 1024))
+        assert len(store._index.size) == rows
+    finally:
+        store.close()
