@@ -6,7 +6,9 @@ a session of its own, logging to its log file; this command waits for the mount 
 what the daemon reports through the pipe PROGRESS_FD about rebuilding the disk index.
 ``--foreground`` runs the daemon in this process instead. A dead hicachefs mount on the
 mountpoint (its daemon gone) is removed first. Runs in the caller's thread and blocks until the
-mount answers: at most ``MOUNT_TIMEOUT_S`` and a second per GiB of the tiers.
+mount answers: at most ``MOUNT_TIMEOUT_S`` and a second per GiB of the tiers, and on while the
+daemon says how its start goes (a scan of millions of small pages takes longer); a daemon that
+has not mounted by then is stopped.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ MOUNT_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 #: How long a daemon has to end after SIGKILL before its mount's connection is aborted.
 KILL_TIMEOUT_S = 5.0
+#: How long the wait goes on past its timeout after the daemon last said how its start goes.
+PROGRESS_GRACE_S = 30.0
 
 
 def command(args: argparse.Namespace) -> int:
@@ -104,7 +108,7 @@ def _wait(child: subprocess.Popen, config, progress: Display) -> int:
     timeout = MOUNT_TIMEOUT_S + (config.memory_bytes + config.disk_bytes) / (1 << 30)
     until = time.monotonic() + timeout
     control = Path(config.mountpoint, ".hicachefs", "config")
-    while time.monotonic() < until:
+    while time.monotonic() < max(until, progress.heard + PROGRESS_GRACE_S):  # on while a scan goes on
         progress.poll()
         if child.poll() is not None:
             progress.close()
@@ -133,8 +137,9 @@ def _wait(child: subprocess.Popen, config, progress: Display) -> int:
                 return 0
         time.sleep(0.05)
     progress.close()
-    print(f"hicachefs: the mount did not come up within {timeout:.0f} s; see {config.log_file}",
-          file=sys.stderr)
+    removed = _take_down(child, config.mountpoint)  # else it mounted later all the same, the command said it failed
+    print(f"hicachefs: the mount did not come up within {timeout:.0f} s; stopped the daemon (pid {child.pid}), "
+          f"{removed}; see {config.log_file}", file=sys.stderr)
     return 1
 
 

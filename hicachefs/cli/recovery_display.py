@@ -33,6 +33,7 @@ class Display:
         self._pending = b""
         self._drawn = 0  # length of the progress line drawn in place, 0: none
         self._printed = time.monotonic()  # off a terminal, a scan shorter than the interval prints no progress
+        self.heard = time.monotonic()  # when the daemon last said how its start goes
 
     def poll(self) -> None:
         while self._fd is not None:
@@ -44,6 +45,7 @@ class Display:
                 os.close(self._fd)
                 self._fd = None
                 return
+            self.heard = time.monotonic()
             *lines, self._pending = (self._pending + chunk).split(b"\n")
             for line in lines:
                 message = json.loads(line)

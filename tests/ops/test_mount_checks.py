@@ -9,15 +9,18 @@ import os
 import re
 import signal
 import subprocess
+import io
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
 
 from hicachefs import mount_table
 from hicachefs.cli import mount as mount_command
+from hicachefs.cli.recovery_display import Display
 from hicachefs_testing import mounting
 from hicachefs_testing.workload import content
 from pages import publish, read_page
@@ -614,3 +617,41 @@ def test_a_mountpoint_the_user_cannot_list_is_one_line(tmp_path, where):
         assert f"mountpoint {mountpoint} cannot be read" in result.stderr, result.stderr
     finally:
         shutil.rmtree(reachable)
+
+
+_SLOW_START = """
+import json, os, sys, time
+fd = int(sys.argv[1])
+for i in range(12):  # a scan saying how it goes for 2.4 s, then a daemon that never mounts
+    os.write(fd, (json.dumps({"text": f"scanning: {i}", "kind": "progress"}) + "\\n").encode())
+    time.sleep(0.2)
+time.sleep(60)
+"""
+
+
+def test_the_mount_waits_while_the_start_says_how_it_goes_and_stops_a_daemon_that_never_mounts(
+        tmp_path, monkeypatch):
+    """A scan of millions of small pages after a crash outlasted the wait (60 s and a second per
+    GiB): the command said the mount did not come up and left its daemon running, which mounted
+    seconds later, the retry refused as "already a mount point" (found by review). The wait goes
+    on while the daemon says how its start goes, and a daemon that has not mounted by its end
+    is stopped."""
+    monkeypatch.setattr(mount_command, "MOUNT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(mount_command, "PROGRESS_GRACE_S", 1.0, raising=False)
+    monkeypatch.setattr(mount_command, "STOP_TIMEOUT_S", 1.0)
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    read_end, write_end = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", _SLOW_START, str(write_end)], pass_fds=(write_end,))
+    os.close(write_end)
+    config = types.SimpleNamespace(mountpoint=str(mountpoint), log_file=str(tmp_path / "log"), memory_bytes=0,
+                                   disk_bytes=0)
+    try:
+        started = time.monotonic()
+        status = mount_command._wait(child, config, Display(read_end, out=io.StringIO()))
+        waited = time.monotonic() - started
+        assert status == 1 and waited > 2.4 and child.poll() is not None
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
