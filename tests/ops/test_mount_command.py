@@ -185,3 +185,40 @@ def test_a_log_directory_made_again_with_a_symlink_in_it_leads_the_log_nowhere(t
     finally:
         mounting.stop(mount)  # its stop's lines
     assert victim.read_text() == "root's alone\n"
+
+
+def test_a_log_directory_removed_and_made_again_by_its_owner_gets_the_log_again(tmp_path):
+    """Once its directory was removed (a tmpfs at /run/user unmounted at logout, an rm -r), the
+    log was written into the removed directory for the daemon's whole life, nothing at its path
+    when the directory came back (found by review)."""
+    mountpoint, logs = tmp_path / "mnt", tmp_path / "logs"
+    mountpoint.mkdir()
+    logs.mkdir()
+    mount = mounting.start(mountpoint, logs / "daemon.log", ["--memory", "32M"])
+    try:
+        shutil.rmtree(logs)
+        logs.mkdir()
+    finally:
+        mounting.stop(mount)  # its stop's lines
+    assert "store closed" in (logs / "daemon.log").read_text()
+
+
+def test_a_fifo_planted_at_the_logs_name_gets_no_line(tmp_path):
+    """A FIFO put at the log's name once the log was removed held every logging thread of the
+    daemon in its open for good, or, with a reader on it, handed that reader the log's lines
+    (found by review). Only a regular file is written to."""
+    mountpoint, logs = tmp_path / "mnt", tmp_path / "logs"
+    mountpoint.mkdir()
+    logs.mkdir()
+    mount = mounting.start(mountpoint, logs / "daemon.log", ["--memory", "32M"])
+    reader = None
+    try:
+        (logs / "daemon.log").unlink()
+        os.mkfifo(logs / "daemon.log")
+        reader = os.open(logs / "daemon.log", os.O_RDONLY | os.O_NONBLOCK)  # (a writer's open never waits)
+    finally:
+        mounting.stop(mount)  # its stop's lines
+    try:
+        assert os.read(reader, 1 << 16) == b""
+    finally:
+        os.close(reader)
