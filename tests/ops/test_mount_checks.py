@@ -307,6 +307,8 @@ def test_a_default_log_directory_taken_by_another_user_is_passed_by(tmp_path, sq
     found = log.parent.lstat()
     assert found.st_uid == os.geteuid() and found.st_mode & 0o777 == 0o700 and "starting" in log.read_text()
     assert list(theirs.iterdir()) == [] and [path.name for path in squatted.iterdir()] == []
+    again, _ = mount_with_the_default_log(mountpoint, temp_dir)  # the same directory, not one more a mount
+    assert f"log {log})" in again.stdout and len(list(temp_dir.iterdir())) == 2
 
 
 @pytest.mark.parametrize("flag", ["--disk", "--shared"])
