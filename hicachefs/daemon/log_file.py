@@ -6,9 +6,9 @@ once that was compressed. Opened in its directory, which is held open, and never
 symlink: a default log's directory removed (a temp-dir cleaner, an operator's ``rm``) and made
 again by another user with a symlink under the log's name had root's daemon append its lines
 to any file that user chose (found by review). The path is resolved once, at the start, so a
-log given as a symlink is written where it led then. Where the directory itself was removed
-(a tmpfs unmounted at logout, an ``rm -r``), the one at its path is taken up again if it is the
-daemon's user's or root's and no one else may write it; and nothing but a regular file is
+log given as a symlink is written where it led then. Where the directory itself was removed or
+replaced (a tmpfs unmounted at logout and mounted anew at login, an ``rm -r``), the one at its
+path is taken up again if it is the daemon's user's or root's and no one else may write it; and nothing but a regular file is
 written to (a FIFO planted at the log's name held every logging thread in its open for good).
 
 A line that cannot be written (the file cannot be opened again: its directory gone, a symlink
@@ -58,7 +58,14 @@ class LogFile(logging.StreamHandler):
 
     def _moved(self) -> bool:
         """Whether the file at the log's name is no longer the one open (or none is open)."""
-        if os.fstat(self._directory).st_nlink == 0:
+        held = os.fstat(self._directory)
+        try:
+            found = os.lstat(self._path)
+            gone = (found.st_dev, found.st_ino) != (held.st_dev, held.st_ino)  # (a tmpfs unmounted lazily
+            # and mounted anew at logout and login: the old directory still linked, out of reach)
+        except FileNotFoundError:
+            gone = False  # nothing to take up: lines go into the held directory until one is there
+        if gone or held.st_nlink == 0:
             self._take_up_directory()
         try:
             found = os.stat(self._name, dir_fd=self._directory, follow_symlinks=False)

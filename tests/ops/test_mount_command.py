@@ -222,3 +222,19 @@ def test_a_fifo_planted_at_the_logs_name_gets_no_line(tmp_path):
         assert os.read(reader, 1 << 16) == b""
     finally:
         os.close(reader)
+
+
+def test_a_log_directory_replaced_by_a_new_one_at_its_path_gets_the_log(tmp_path):
+    """A tmpfs at /run/user unmounted lazily at logout and mounted anew at login leaves the old
+    directory linked but out of reach: the log went on into it, the new one empty for the
+    daemon's whole life (found by review). The directory at the path is taken up again."""
+    mountpoint, logs = tmp_path / "mnt", tmp_path / "logs"
+    mountpoint.mkdir()
+    logs.mkdir()
+    mount = mounting.start(mountpoint, logs / "daemon.log", ["--memory", "32M"])
+    try:
+        logs.rename(tmp_path / "old-logs")
+        logs.mkdir()
+    finally:
+        mounting.stop(mount)  # its stop's lines
+    assert "store closed" in (logs / "daemon.log").read_text()
