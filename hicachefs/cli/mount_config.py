@@ -419,7 +419,10 @@ def _default_log_directory() -> Path:
         if stat.S_ISDIR(found.st_mode) and found.st_uid == uid and not found.st_mode & 0o077:
             return directory
         for earlier in sorted(place.glob(f"{name}-*")):  # one made so before: used again, not piled up
-            found = os.lstat(earlier)
+            try:
+                found = os.lstat(earlier)
+            except OSError:  # (gone since: another user's, coming and going)
+                continue
             if stat.S_ISDIR(found.st_mode) and found.st_uid == uid and not found.st_mode & 0o077:
                 return earlier
         try:  # the name taken by another user, or not private: a directory of this user's beside it
