@@ -106,7 +106,8 @@ def _wait(child: subprocess.Popen, config, progress: Display) -> int:
     """Wait for the daemon's mount to answer; the command's exit status."""
     # Populating the RAM arena and scanning the disk tier take time in proportion to their size.
     timeout = MOUNT_TIMEOUT_S + (config.memory_bytes + config.disk_bytes) / (1 << 30)
-    until = time.monotonic() + timeout
+    started = time.monotonic()
+    until = started + timeout
     control = Path(config.mountpoint, ".hicachefs", "config")
     while time.monotonic() < max(until, progress.heard + PROGRESS_GRACE_S):  # on while a scan goes on
         progress.poll()
@@ -138,7 +139,8 @@ def _wait(child: subprocess.Popen, config, progress: Display) -> int:
         time.sleep(0.05)
     progress.close()
     removed = _take_down(child, config.mountpoint)  # else it mounted later all the same, the command said it failed
-    print(f"hicachefs: the mount did not come up within {timeout:.0f} s; stopped the daemon (pid {child.pid}), "
+    print(f"hicachefs: the mount did not come up within {time.monotonic() - started:.0f} s (the daemon said nothing "
+          f"of its start for {time.monotonic() - progress.heard:.0f} s); stopped the daemon (pid {child.pid}), "
           f"{removed}; see {config.log_file}", file=sys.stderr)
     return 1
 

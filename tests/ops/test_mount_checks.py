@@ -632,7 +632,7 @@ time.sleep(60)
 
 
 def test_the_mount_waits_while_the_start_says_how_it_goes_and_stops_a_daemon_that_never_mounts(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, capsys):
     """A scan of millions of small pages after a crash outlasted the wait (60 s and a second per
     GiB): the command said the mount did not come up and left its daemon running, which mounted
     seconds later, the retry refused as "already a mount point" (found by review). The wait goes
@@ -653,6 +653,8 @@ def test_the_mount_waits_while_the_start_says_how_it_goes_and_stops_a_daemon_tha
         status = mount_command._wait(child, config, Display(read_end, out=io.StringIO()))
         waited = time.monotonic() - started
         assert status == 1 and waited > 2.4 and child.poll() is not None
+        said = capsys.readouterr().err
+        assert f"did not come up within {waited:.0f} s (the daemon said nothing of its start for 1 s)" in said, said
     finally:
         if child.poll() is None:
             child.kill()
