@@ -103,27 +103,33 @@ def filesystem_type(path: str | os.PathLike) -> str | None:
 
 def owner(path: str | os.PathLike) -> int | None:
     """The user who made the topmost FUSE mount at ``path`` (its ``user_id`` option), or None."""
-    target = resolve(path)
-    found = None
-    for mountpoint, _, _, options in _entries():
-        if mountpoint == target:
-            found = re.search(r"(?:^|,)user_id=(\d+)(?:,|$)", options)
-    return None if found is None else int(found[1])
+    return _user_id(_options(path))
 
 
 def closed_to_caller(path: str | os.PathLike) -> int | None:
     """The user who made the topmost FUSE mount at ``path`` where the kernel lets no one else
     in, root included: that user is not the caller and the mount has no ``allow_other`` (every
     request of another user is refused with EACCES). None where the caller may use it."""
+    options = _options(path)
+    user = _user_id(options)
+    if user is None or user == os.getuid() or "allow_other" in options:
+        return None
+    return user
+
+
+def _options(path: str | os.PathLike) -> list[str]:
+    """The superblock options of the topmost mount at ``path`` (none where nothing is mounted)."""
     target = resolve(path)
-    found = None
+    found: list[str] = []
     for mountpoint, _, _, options in _entries():
         if mountpoint == target:
             found = options.split(",")
-    user = owner(path)
-    if found is None or user is None or user == os.getuid() or "allow_other" in found:
-        return None
-    return user
+    return found
+
+
+def _user_id(options: list[str]) -> int | None:
+    users = [option.removeprefix("user_id=") for option in options if option.startswith("user_id=")]
+    return int(users[0]) if users and users[0].isdigit() else None
 
 
 def answer(path: str | os.PathLike) -> Answer:

@@ -40,7 +40,7 @@ def _unreadable(mountpoint: Path, path: Path, exc: OSError) -> Exception:
         return UsageError(f"{mountpoint} is not a hicachefs mount")
     if fstype != mount_table.FSTYPE:
         return UsageError(f"{mountpoint} is a mount of type {fstype}, not hicachefs")
-    owner = mount_table.closed_to_caller(mount_table.resolve(mountpoint))
+    owner = mount_table.closed_to_caller(mountpoint)
     if exc.errno == errno.EACCES and owner is not None:  # FUSE lets only its user in, root included
         return CommandFailed(f"{mountpoint}: {closed_hint(owner, 'stats')}")
     return UsageError(f"cannot read {path}: {exc.strerror}")

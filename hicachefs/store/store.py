@@ -121,6 +121,7 @@ class PageStore:
         self._ram: TopTier = chain[0]
         self._tiers = [t for t in chain if t.indexed]  # the index has a location column for each
         self._named = [t for t in chain if not t.indexed]
+        self._by_name = {t.name: t for t in chain}  # (a page's st_blocks asks its tier, per stat)
         self._index = PageIndex(tiers=len(self._tiers), described=self._described(),
                                 capacity=min(max(config.memory_bytes // _INDEX_PAGE_BYTES, 1024), 1 << 20))
         self._listeners: list[GoneListener] = []
@@ -513,8 +514,7 @@ class PageStore:
     def allocated(self, info: PageInfo) -> int:
         """Bytes the page takes on the tier ``info`` names (a slot, a record): its ``st_blocks``.
         No lock: a tier's answer depends on the size and the name alone."""
-        tier = next(t for t in self._tiers + self._named if t.name == info.tier)
-        return tier.allocated(len(info.name.encode()), info.size)
+        return self._by_name[info.tier].allocated(len(info.name.encode()), info.size)
 
     def info(self, name: str) -> PageInfo | None:
         """The page's facts, or None; no I/O, no hit counted. A page found on a named tier
@@ -1097,8 +1097,9 @@ class PageStore:
                  self._tiers[1].name, written, held - kept, left, held - kept - left, shared)
 
     def _write_down_for_restart(self) -> int:
-        """Write RAM-only pages down, the most recent ones as room allows; how many were written. Room is counted for
-        every RAM page, newest first, also for one whose lower copy is there already: writing
+        """Write RAM-only pages down, the most recent ones as room allows; how many were written.
+        Room is counted for every RAM page, newest first, also for one whose lower copy is there
+        already: writing
         reclaims the oldest regions, which may hold that copy (a promoted page, or a page
         published with write-through before those regions wrapped) and so make it RAM-only, and
         a page that was on disk must not lose its place to older ones written over it. Pages

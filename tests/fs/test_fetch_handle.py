@@ -282,6 +282,20 @@ def _while_the_lane_is_held(account, reading, interloper) -> object:
     return outcome[0]
 
 
+def _end_and_start_anew(handle, written: int, maximum: int, read_size: int, line: str):
+    """Another thread's part on ``handle``: a write past ``maximum`` ends the request (EFBIG),
+    the failure is read (the handle takes a new request), and ``line`` starts a new one."""
+    async def another_thread() -> None:
+        with pytest.raises(FsError) as refused:
+            await handle.write(written, bytes(maximum))
+        assert refused.value.errno == errno.EFBIG
+        with pytest.raises(FsError):
+            await handle.read(0, read_size)
+        await handle.write(0, line.encode())
+
+    return another_thread
+
+
 def test_a_fetch_request_ended_by_another_write_during_its_read_fails_that_read_with_einval():
     """Two threads on one fetch handle (any user may): a read parsing a large request waits for
     its turn; meanwhile a write past the maximum fails (EFBIG), the failure is read, and a line
@@ -294,14 +308,7 @@ def test_a_fetch_request_ended_by_another_write_during_its_read_fails_that_read_
         request = f"{SIZE} {POOL}/k\n".encode() * (PARSE_LINES + 1)
         trio.run(handle.write, 0, request)
 
-        async def another_thread() -> None:
-            with pytest.raises(FsError) as refused:
-                await handle.write(len(request), bytes(MAX_FETCH_REQUEST))
-            assert refused.value.errno == errno.EFBIG
-            with pytest.raises(FsError):
-                await handle.read(0, SIZE)  # the failure, read: the handle takes a new request
-            await handle.write(0, f"{SIZE} {POOL}/k\n".encode())
-
+        another_thread = _end_and_start_anew(handle, len(request), MAX_FETCH_REQUEST, SIZE, f"{SIZE} {POOL}/k\n")
         assert _while_the_lane_is_held(handle.account, lambda: handle.read(0, SIZE), another_thread) == errno.EINVAL
         pieces = trio.run(handle.read, 0, SIZE)  # the new request is answered as ever
         assert b"".join(bytes(piece) for piece in pieces) == content(1, SIZE)
@@ -322,14 +329,7 @@ def test_an_exists_request_ended_by_another_write_during_its_read_fails_that_rea
         request = f"{POOL}/k\n".encode() * (LINES_PER_STEP + 1)
         trio.run(handle.write, 0, request)
 
-        async def another_thread() -> None:
-            with pytest.raises(FsError) as refused:
-                await handle.write(len(request), bytes(MAX_EXISTS_REQUEST))
-            assert refused.value.errno == errno.EFBIG
-            with pytest.raises(FsError):
-                await handle.read(0, 1 << 20)  # the failure, read: the handle takes a new request
-            await handle.write(0, f"{POOL}/k\n".encode())
-
+        another_thread = _end_and_start_anew(handle, len(request), MAX_EXISTS_REQUEST, 1 << 20, f"{POOL}/k\n")
         assert _while_the_lane_is_held(handle.account, lambda: handle.read(0, 1 << 20), another_thread) == errno.EINVAL
         assert trio.run(handle.read, 0, 1 << 20) == b"1\n"  # the new request is answered as ever
         handle.release()

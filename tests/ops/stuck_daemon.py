@@ -6,31 +6,23 @@ take it. Prints "stuck" once its thread waits. Run as ``python stuck_daemon.py M
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
-import stat
 import sys
 import threading
 
 import pyfuse3
 import trio
 
+from eio_daemon import AnswersEIO  # (beside this script: its directory is the first on sys.path)
+
 NEVER_ANSWERED = b"never-answered"
 
 
-class LooksUpForever(pyfuse3.Operations):
-    async def getattr(self, inode, ctx=None):
-        entry = pyfuse3.EntryAttributes()
-        entry.st_ino = inode
-        entry.st_mode = stat.S_IFDIR | 0o755
-        entry.st_nlink = 2
-        entry.st_uid, entry.st_gid = os.getuid(), os.getgid()
-        return entry
-
+class LooksUpForever(AnswersEIO):
     async def lookup(self, parent_inode, name, ctx=None):
         if name != NEVER_ANSWERED:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            return await super().lookup(parent_inode, name, ctx)
         print("stuck", flush=True)
         await trio.sleep_forever()
 

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from hicachefs_testing import mounting
-from hicachefs_testing.plain_mounts import PYTHON, fuse_for, hicachefs, plain_env, plain_user_directory
+from hicachefs_testing.plain_mounts import PYTHON, daemon_pid, fuse_for, hicachefs, plain_env, plain_user_directory
 from pages import wait_until
 
 
@@ -70,7 +70,7 @@ def test_a_plain_user_umounts_their_own_hung_daemon():
         flags = ("--memory", "32M", "--log-file", str(home / "log"))
         mounted = hicachefs(home, "mount", str(home / "mnt"), *flags)
         assert mounted.returncode == 0, mounted.stdout + mounted.stderr
-        pid = int(mounted.stdout.split("(pid ")[1].split(",")[0])
+        pid = daemon_pid(mounted)
         os.kill(pid, signal.SIGSTOP)
         try:
             result = hicachefs(home, "umount", str(home / "mnt"))
@@ -115,7 +115,7 @@ def test_root_umounts_a_plain_users_mount_without_allow_other_cleanly():
                  "--log-file", str(home / "log"))
         mounted = hicachefs(home, "mount", str(home / "mnt"), *flags)
         assert mounted.returncode == 0, mounted.stdout + mounted.stderr
-        pid = int(mounted.stdout.split("(pid ")[1].split(",")[0])
+        pid = daemon_pid(mounted)
         written = subprocess.run([PYTHON, "-c", PAGE_SCRIPT, str(home / "mnt"), "w"],
                                  user=65534, group=65534, capture_output=True, text=True, timeout=60)
         assert written.returncode == 0, written.stderr
@@ -168,7 +168,7 @@ def test_a_plain_user_mounts_again_over_their_own_dead_mount():
         flags = ["--memory", "32M", "--log-file", str(home / "log")]
         first = hicachefs(home, "mount", str(home / "mnt"), *flags)
         assert first.returncode == 0, first.stdout + first.stderr
-        pid = int(first.stdout.split("(pid ")[1].split(",")[0])
+        pid = daemon_pid(first)
         os.kill(pid, signal.SIGKILL)
         assert mounting.wait_gone(pid, 10) and mounting.is_mounted(home / "mnt")
         again = hicachefs(home, "mount", str(home / "mnt"), *flags)
@@ -185,13 +185,13 @@ def test_root_is_told_of_a_daemon_left_from_an_earlier_mount():
         flags = ("--memory", "32M", "--log-file", str(home / "log"))
         first = hicachefs(home, "mount", str(home / "mnt"), *flags)
         assert first.returncode == 0, first.stdout + first.stderr
-        old = int(first.stdout.split("(pid ")[1].split(",")[0])
+        old = daemon_pid(first)
         os.kill(old, signal.SIGSTOP)
         try:
             assert hicachefs(home, "umount", str(home / "mnt")).returncode == 0
             again = hicachefs(home, "mount", str(home / "mnt"), *flags)
             assert again.returncode == 0, again.stdout + again.stderr
-            new = int(again.stdout.split("(pid ")[1].split(",")[0])
+            new = daemon_pid(again)
             result = hicachefs(home, "umount", str(home / "mnt"), user=0)
             assert result.returncode == 1 and mounting.is_mounted(home / "mnt")
             assert f"2 daemons of uid 65534 name this mountpoint (pids {min(old, new)}, {max(old, new)})" \

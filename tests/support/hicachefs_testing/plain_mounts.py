@@ -108,3 +108,8 @@ def hicachefs(home: Path, *args: str, user: int = NOBODY, timeout: float = 60) -
     ``home``; skips where the tests' interpreter is out of the plain user's reach."""
     return subprocess.run([PYTHON, "-m", "hicachefs.cli", *args], env=plain_env(home), cwd=home.parent / "code",
                           user=user, group=user, capture_output=True, text=True, timeout=timeout)
+
+
+def daemon_pid(mounted: subprocess.CompletedProcess) -> int:
+    """The daemon's pid that ``hicachefs mount`` names ("mounted ... (pid N, log ...)")."""
+    return int(mounted.stdout.split("(pid ")[1].split(",")[0])
