@@ -84,16 +84,26 @@ def read_if_cached(path) -> tuple[bool, bytes]:
 def test_a_new_page_is_read_from_the_kernel_cache_from_the_first_read(mounted):
     """The host may take pages back from the page cache at any time (these VMs run DAMON's
     proactive reclaim of cold page cache), so a round in which some page was no longer all
-    there when read proves nothing and is tried again with new pages. A push that did not
-    work leaves every page missing from the cache, and every round fails."""
+    there when read proves nothing and is tried again with new pages; so does one in which a
+    push was skipped (the pushes queued past their share of RAM, on a busy host: red once in
+    CI). A push that did not work leaves every page missing from the cache, and every round
+    fails."""
     pool = mounted.page_dir()
+    found: list[bool] = []
     for round_number in range(5):
         pages = {f"r{round_number}k{i}": content(8 * round_number + i, PAGE) for i in range(8)}
-        pushed = mounted.stats()["kernel_cache"]["pushes"]
+        before = mounted.stats()["kernel_cache"]
         for key, data in pages.items():
             publish(pool, key, data, size_hint=False)
-        until(lambda: mounted.stats()["kernel_cache"]["pushes"] == pushed + len(pages), 10)
-        found = []
+
+        def told() -> dict:
+            now = mounted.stats()["kernel_cache"]
+            return {kind: now[kind] - before[kind] for kind in ("pushes", "pushes_skipped")}
+
+        until(lambda: sum(told().values()) == len(pages), 10)
+        if told()["pushes_skipped"]:
+            continue
+        found.clear()
 
         def read_all_pages() -> None:
             for key, data in pages.items():
