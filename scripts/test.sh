@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the whole test suite. CI runs exactly this.
-# Without arguments, the suite in four pytest runs on two lanes at once: the namespace and the
-# store, then the shared tier's tests (on GlusterFS and JuiceFS volumes), on one lane; the client
-# and SGLang's own cache, then operations and reliability, on the other (about 6 minutes each
+# Without arguments, the suite in four pytest runs on two lanes at once: the namespace, the store
+# and SGLang's own cache, then the shared tier's tests (on GlusterFS and JuiceFS volumes), on one
+# lane; the client, then operations and reliability, on the other (about 6 minutes each
 # here: much of the suite waits on mounts, daemons and timeouts, so two lanes keep the 2 cores
 # busy; whole directories, split so that the lanes take about as long). Each run's output is
 # printed whole once its lane is done. With arguments, one run of pytest with them. Every run
@@ -19,9 +19,9 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
 # The runs, by lane: "name|pytest arguments" (arguments split at spaces).
-lane_a=("the namespace and the store|tests/fs tests/store tests/test_mounting.py tests/test_name_rules.py"
+lane_a=("the namespace, the store and SGLang's cache|tests/fs tests/store tests/sglang tests/test_mounting.py tests/test_name_rules.py"
         "the shared tier|tests/shared")
-lane_b=("the client and SGLang|tests/client tests/sglang tests/scripts"
+lane_b=("the client|tests/client tests/scripts"
         "operations and reliability|tests/ops tests/reliability")
 
 # lane N RUN...: run a lane's runs one after the other, each into its log, its exit status beside.
