@@ -290,9 +290,11 @@ class PageIndex:
 
     def _move_to(self, capacity: int, slots: int, private: dict[str, np.ndarray] | None = None) -> None:
         """Move the shared columns to new memory of this shape: the rows are copied, the table is
-        built anew there, and readers of the old memory are told to look again. ``private``: the
-        private columns' arrays for that capacity, taken once the new memory is had (where it is
-        not, for want of memory, the index stays as it was)."""
+        copied where it keeps its size (the rows keep their numbers: growing the rows of millions
+        of pages spent 40 % of its stall of the event loop re-inserting them), else built anew
+        there, and readers of the old memory are told to look again. ``private``: the private
+        columns' arrays for that capacity, taken once the new memory is had (where it is not, for
+        want of memory, the index stays as it was)."""
         old = self.memory
         memory = IndexMemory(capacity, slots, self._described)
         for column, values in (private or {}).items():
@@ -302,7 +304,10 @@ class PageIndex:
         kept = min(old.capacity, capacity)
         memory.rows[:kept] = old.rows[:kept]
         self._use(memory)
-        self._fill_table(self._table)
+        if slots == old.slots and capacity >= old.capacity:
+            self._table[:] = old.table  # (its tombstones with it: still counted)
+        else:
+            self._fill_table(self._table)
         old.moved()
         old.release()
 
