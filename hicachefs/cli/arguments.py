@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("-o", metavar="OPTIONS", dest="options_", action="append",
                        help="the flags below as name=value options, comma-separated, like mount(8) "
                             "takes them: memory=8G,disk=/nvme/hc,disk_size=200G,write_through")
-    mount.add_argument("--memory", default="1G", help="RAM tier size (default 1G)")
+    mount.add_argument("--memory", default="1G", help="RAM tier size, at least 16M (default 1G); sizes take K, M, G, T")
     mount.add_argument("--disk", help="directory for the SSD tier's arena file")
     mount.add_argument("--disk-size", help="SSD tier size, required with --disk")
     mount.add_argument("--write-through", action="store_true", help="also write every page to disk at publish")
@@ -68,9 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--foreground", action="store_true", help="stay attached; log to stderr")
     mount.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                        type=str.upper)
-    mount.add_argument("--log-file", help="where a background daemon logs (default: in the temp dir)")
+    mount.add_argument("--log-file", help="where a background daemon logs (default: in $XDG_RUNTIME_DIR/hicachefs/, "
+                                          "else in hicachefs-UID/ in the temp dir)")
     mount.add_argument("--temp-timeout", type=float, default=60.0, metavar="SECONDS",
-                       help="discard an unpublished temporary file this long after its last close (default 60)")
+                       help="discard an unpublished temporary file this long after its last close (1 to 60, default 60)")
     mount.add_argument("--metrics-listen", metavar="HOST:PORT",
                        help="serve Prometheus metrics at http://HOST:PORT/metrics (PORT alone: 127.0.0.1)")
     mount.set_defaults(fuse_options=())
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("mountpoint")
     top.add_argument("--count", type=int, metavar="N", help="print N views as plain text, then exit")
     top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
-                     help="seconds between views (default 1)")
+                     help="seconds between views (0.1 to 3600, default 1)")
     return parser
 
 
