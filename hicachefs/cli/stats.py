@@ -56,13 +56,15 @@ def command(args: argparse.Namespace) -> int:
 
 
 def format_stats(facts: dict) -> str:
-    """A table a person reads: one row per tier, then the totals."""
+    """A table a person reads: one row per tier, then the totals. A field the daemon does not
+    report (a daemon of an earlier release, during an upgrade) shows as ``-``: shown as 0, an
+    old daemon's every tier read as full."""
     tiers = facts.get("tiers", {})
     fields = ["capacity_bytes", "used_bytes", "free_bytes", "pages", "hits", "misses", "evictions",
               "demotions", "promotions", "checksum_failures"]
     rows = [["tier", *[f.replace("_bytes", "").replace("_", " ") for f in fields]]]
     for tier, counters in tiers.items():
-        rows.append([tier, *[_human(counters.get(f, 0), f.endswith("bytes")) for f in fields]])
+        rows.append([tier, *["-" if f not in counters else _human(counters[f], f.endswith("bytes")) for f in fields]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
     errors = facts.get("errors") or {}

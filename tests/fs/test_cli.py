@@ -102,6 +102,23 @@ def test_umount_and_stats_commands(mount_factory):
     assert hicachefs("umount", str(mount.path)).returncode == 2
 
 
+def test_stats_of_a_daemon_that_does_not_report_a_field_shows_it_unknown_not_zero(mount_factory):
+    """During an upgrade the new command reads the old daemon, whose tiers have no ``free_bytes``:
+    its table said 0B free on every tier of a nearly empty store."""
+    from hicachefs.cli.stats import format_stats
+
+    mount = mount_factory("--memory", "64M")
+    publish(mount.page_dir(), "k", b"x" * 4096)
+    facts = json.loads(hicachefs("stats", str(mount.path), "--json").stdout)
+    header, memory = format_stats(facts).splitlines()[:2]
+    free = header.split().index("free")
+    assert memory.split()[free] not in ("0B", "-")
+    for counters in facts["tiers"].values():
+        del counters["free_bytes"]
+    header, memory = format_stats(facts).splitlines()[:2]
+    assert memory.split()[0] == "memory" and memory.split()[free] == "-"
+
+
 def test_stats_and_the_log_tell_of_a_shared_tier_no_page_could_be_written_to(mount_factory, tmp_path):
     """A daemon that could write nothing to its shared directory (another uid's daemon had made
     its directories 0755) logged nothing, and its stats ended 'errors: none': only the raw JSON
