@@ -320,17 +320,17 @@ class Namespace:
 
     # ---- files ---------------------------------------------------------------------
 
-    def create(self, parent_inode: int, name: bytes, flags: int) -> tuple[Stat, Handle]:
-        """A new file: a temporary (``.``-prefixed) or one created under a key name."""
-        pending = self._new_file(parent_inode, name)
+    def create(self, parent_inode: int, name: bytes, flags: int, uid: int | None = None) -> tuple[Stat, Handle]:
+        """A new file: a temporary (``.``-prefixed) or one created under a key name, by ``uid``."""
+        pending = self._new_file(parent_inode, name, uid)
         return self._pending_stat(pending), self.publishing.open(pending, writing=True)
 
-    def make_file(self, parent_inode: int, name: bytes) -> Stat:
+    def make_file(self, parent_inode: int, name: bytes, uid: int | None = None) -> Stat:
         """``create`` without an open (mknod): published at the last close of a writer that opens
         it later; discarded as abandoned if none does within the temporary files' timeout."""
-        return self._pending_stat(self._new_file(parent_inode, name))
+        return self._pending_stat(self._new_file(parent_inode, name, uid))
 
-    def _new_file(self, parent_inode: int, name: bytes) -> PendingFile:
+    def _new_file(self, parent_inode: int, name: bytes, uid: int | None) -> PendingFile:
         parent = self._writable_dir(parent_inode)
         if parent.depth != names.POOL_DEPTH:
             raise FsError(errno.EPERM, "pages are created in pool directories (model/format/shard/pool)")
@@ -340,7 +340,7 @@ class Namespace:
             raise FsError(errno.EEXIST, "already exists")
         if visible and self._has_page(parent, text):
             raise FsError(errno.EEXIST, "page already published; pages are immutable")
-        return self.publishing.create(parent, text, visible)
+        return self.publishing.create(parent, text, visible, uid)
 
     def open(self, inode: int, flags: int, uid: int = 0, pid: int = 0) -> Handle | NeedsIO:
         """Open a file: a control file's handle, a file being written, or a published page

@@ -126,6 +126,7 @@ class PendingFile:
     published: PageInfo | None = None
     node: PageNode | None = None  # the page's inode once published (if the kernel held the file's)
     charged: int = 0  # bytes held against the budget
+    uid: int | None = None  # who made it, named in the line that says it went unpublished
 
     @property
     def failed(self) -> bool:

@@ -82,8 +82,8 @@ class Publishing:
         pending = self._pending.get(inode)
         return None if pending is None or pending.published is not None else pending
 
-    def create(self, parent: Directory, text: str, visible: bool) -> PendingFile:
-        pending = PendingFile(self.numbers.new(), parent, text, visible, self.store, self.writing)
+    def create(self, parent: Directory, text: str, visible: bool, uid: int | None = None) -> PendingFile:
+        pending = PendingFile(self.numbers.new(), parent, text, visible, self.store, self.writing, uid=uid)
         pending.nlookup = 1
         parent.pending[text] = pending
         self._pending[pending.inode] = pending
@@ -157,7 +157,7 @@ class Publishing:
     def _dropped(self, kind: str, level: int, message: str, pending: PendingFile, *args) -> None:
         """Log that ``pending`` goes unpublished, throttled per ``kind`` (the refusal log escapes
         a newline in its path, which would otherwise start a forged line of its own)."""
-        self.dropped.refused(kind, None, level, message, f"{pending.directory.path}/{pending.name}", *args)
+        self.dropped.refused(kind, pending.uid, level, message, f"{pending.directory.path}/{pending.name}", *args)
 
     def count(self) -> int:
         return sum(1 for p in self._pending.values() if not p.gone)

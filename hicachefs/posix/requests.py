@@ -183,7 +183,7 @@ class Requests:
 
     async def create(self, parent_inode: int, name: bytes, flags: int, uid: int) -> tuple[Stat, Opened]:
         self.namespace.check_writer(uid)
-        st, handle = self.namespace.create(parent_inode, name, flags)
+        st, handle = self.namespace.create(parent_inode, name, flags, uid)
         return st, self._opened(handle, uid)
 
     async def open(self, inode: int, flags: int, uid: int, pid: int = 0) -> Opened:
@@ -224,7 +224,7 @@ class Requests:
         if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
             await self.make_link_or_node("special file")
         self.namespace.check_writer(uid)
-        return self.namespace.make_file(parent_inode, name)
+        return self.namespace.make_file(parent_inode, name, uid)
 
     async def make_link_or_node(self, what: str) -> None:
         """``ln``, ``ln -s``, ``mkfifo``, ``mknod``: only pages and directories live in the tree

@@ -118,3 +118,5 @@ def test_files_dropped_unpublished_grow_the_log_by_a_few_lines_and_forge_none(mo
     assert not [line for line in mount.log_text().splitlines() if line.startswith("2026-01-01")]
     assert "evil\\n2026-01-01" in mount.log_text()
     assert os.listdir(pool) == []
+    dropped = [line for line in mount.log_text().splitlines() if "not publishing" in line]
+    assert dropped and all(f"[uid {os.getuid()}" in line for line in dropped), dropped  # who wrote them
