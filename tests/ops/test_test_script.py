@@ -43,18 +43,19 @@ def run_test_sh(checkout: Path, *args: str, **fail: str) -> tuple[int, list[str]
     return done.returncode, summary, (checkout / "calls").read_text().splitlines()
 
 
-NAMESPACE = "the namespace and the store"
+NAMESPACE = "the namespace, the store and SGLang's cache"
 SHARED = "the shared tier"
-CLIENT = "the client and SGLang"
+CLIENT = "the client"
 OTHERS = "operations and reliability"
 
 
 def test_a_failing_run_does_not_stop_the_next_and_fails_the_script(checkout):
     status, summary, calls = run_test_sh(checkout, FAIL_OTHERS="1")
     assert sorted(calls) == sorted([
-        "-m pytest -q -p no:cacheprovider --durations=8 tests/fs tests/store tests/test_mounting.py tests/test_name_rules.py",
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/fs tests/store tests/sglang tests/test_mounting.py "
+        "tests/test_name_rules.py",
         "-m pytest -q -p no:cacheprovider --durations=8 tests/shared",
-        "-m pytest -q -p no:cacheprovider --durations=8 tests/client tests/sglang tests/scripts",
+        "-m pytest -q -p no:cacheprovider --durations=8 tests/client tests/scripts",
         "-m pytest -q -p no:cacheprovider --durations=8 tests/ops tests/reliability"])
     assert summary == ["test.sh: 4 pytest run(s)", f"  FAILED (exit 1): {NAMESPACE}", f"  passed: {SHARED}",
                        f"  FAILED (exit 1): {CLIENT}", f"  FAILED (exit 1): {OTHERS}"]
