@@ -32,6 +32,12 @@ class Refused(OSError):
     closed, or every thread is taken (EBUSY)."""
 
 
+class Overtaken(OSError):
+    """The call's work was undone by another host's change that came in between (its removal of
+    the name a page was being renamed onto): an outcome of sharing the volume, not a failure of
+    the filesystem, so never counted against it."""
+
+
 class _Call:
     __slots__ = ("fn", "args", "discard", "done", "result", "error", "started", "abandoned")
 
@@ -110,7 +116,7 @@ class CallGuard:
                     raise TimeoutError(errno.ETIMEDOUT, f"shared tier call exceeded {timeout:.3g} s")
         if call.error is not None:
             error = call.error
-            if not isinstance(error, OSError) or error.errno in expected or isinstance(error, Refused):
+            if not isinstance(error, OSError) or error.errno in expected or isinstance(error, (Refused, Overtaken)):
                 raise error
             with self._lock:
                 self._failures += 1

@@ -48,7 +48,7 @@ from hicachefs.store.shared import engine_checks
 from hicachefs.store.shared import format as page_format
 from hicachefs.store.shared.device import GONE, DirectoryDevice
 from hicachefs.store.shared.failure_log import FailureLog
-from hicachefs.store.shared.guard import CallGuard, GuardStatistics, Refused
+from hicachefs.store.shared.guard import CallGuard, GuardStatistics, Overtaken, Refused
 from hicachefs.store.shared.journal import Journal
 from hicachefs.store.shared.layout import Layout, Place, place
 from hicachefs.store.shared.owed import OwedRemovals
@@ -714,7 +714,9 @@ class SharedTier(Tier):
                     self._free_wanted += 4 * _stored_size(page)  # room for a few more like it
                 self._sweep_wanted = True
             self._count_failure(error)
-            if not isinstance(error, Refused):
+            if isinstance(error, Overtaken):
+                _log.debug("shared tier: %s", error)
+            elif not isinstance(error, Refused):
                 self.failure_log.failed("page write", "shared tier: writing page %r failed: %s", page.name, error)
             raise
         stored = _stored_size(page)
@@ -977,12 +979,26 @@ class SharedTier(Tier):
                     raise OSError(errno.EIO, f"short write: {written} of {len(header) + page.size} bytes")
             finally:
                 self._device.close(fd)  # a distributed filesystem reports write errors here too
-            self._device.rename(temp, self._layout.page_path(where))
+            self._rename_into_place(page, temp, self._layout.page_path(where))
         except BaseException:
             try:
                 self._device.unlink(temp)
             except OSError:
                 pass  # the sweep removes it later
+            raise
+
+    def _rename_into_place(self, page: PageMeta, temp: str, target: str) -> None:
+        """The rename that publishes a page file. GlusterFS answers ENOENT to one that another
+        host's removal of the name overtook (the temporary file moved, then the name removed: 119
+        of 3,643 renames in a review's race): the page is absent, as after a write and then that
+        removal, and the volume did no wrong (three such answers in a row marked it unavailable)."""
+        try:
+            self._device.rename(temp, target)
+        except FileNotFoundError:
+            try:
+                self._device.stat(temp)
+            except FileNotFoundError:
+                raise Overtaken(errno.ENOENT, f"{page.name}: removed by another host as it was written here") from None
             raise
 
     def _close_quietly(self, fd: int) -> None:
@@ -1352,6 +1368,6 @@ class SharedTier(Tier):
 
     def _count_failure(self, error: OSError) -> None:
         """A device call failed or overran its deadline (refusals while unavailable are not
-        device calls and are not counted)."""
-        if not isinstance(error, Refused):
+        device calls, and writes another host's removal overtook no failures: neither counted)."""
+        if not isinstance(error, (Refused, Overtaken)):
             self._count(io_errors=1)

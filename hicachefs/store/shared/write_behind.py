@@ -17,7 +17,8 @@ be those of a slot reused meanwhile. ``release`` is called exactly once per offe
 whatever happens.
 
 Versions of one name land in the order they were offered: a queued page whose name was offered
-again is skipped (``superseded``), and one whose name another worker is writing waits for that
+again is skipped (``superseded``, as is one another host's removal of its name overtook as it
+landed), and one whose name another worker is writing waits for that
 write and is written next by the same worker. Two workers writing two versions at once could
 otherwise leave the older on the tier for good. A page offered and not written (dropped, failed)
 is told to ``lost``: an older version of its name may still lie on the tier. Each offer is
@@ -37,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hicachefs.store.budget import Share
+from hicachefs.store.shared.guard import Overtaken
 from hicachefs.store.pages import page_checksum
 from hicachefs.store.pages import PageMeta
 from hicachefs.typed_stats import level, total
@@ -208,7 +210,7 @@ class WriteBehind:
                     return
             size = item.page.size
             started = time.monotonic()
-            ok = corrupt = False
+            ok = corrupt = overtaken = False
             try:
                 if not size <= len(buffer) <= 2 * size:  # a much larger one is not kept for small pages
                     buffer = bytearray()  # let go first: never both at once
@@ -223,6 +225,8 @@ class WriteBehind:
                 else:
                     self._write(item.page, copy, item.number)
                     ok = True
+            except Overtaken:  # another host removed the name as the page landed: a later change
+                overtaken = True
             except OSError:
                 buffer = bytearray()  # a write that timed out may still be reading it
             except Exception:  # a bug: keep the worker, lose the page, and say so
@@ -244,6 +248,8 @@ class WriteBehind:
                     self.last_lag_s = now - item.offered
                     took = now - started
                     self._write_s = took if not self._write_s else 0.8 * self._write_s + 0.2 * took
+                elif overtaken:
+                    self.superseded += 1
                 else:
                     self.failed += 1
                 name = item.page.name
