@@ -19,7 +19,8 @@ from typing import NamedTuple
 
 from hicachefs.store.shared import engine_checks
 
-_MAKEDIRS_PAUSES_S = (0.05, 0.25, 1.0)
+#: The pauses between tries of a call racing another host's making of the same directories.
+RACE_PAUSES_S = (0.05, 0.25, 1.0)
 #: The errnos of a file another host removed or replaced: a plain miss, not a failure.
 GONE = (errno.ENOENT, errno.ESTALE)
 
@@ -83,7 +84,7 @@ class DirectoryDevice:
         entry for it (1 s) expired, or EEXIST for the directory itself while a stat of it
         still said ENOENT (which ``exist_ok`` does not forgive: FileExistsError), or ESTALE for
         the parent the other host had just made (a handle its kernel had not looked up yet)."""
-        for pause in _MAKEDIRS_PAUSES_S:
+        for pause in RACE_PAUSES_S:
             try:
                 os.makedirs(path, exist_ok=True)
                 return

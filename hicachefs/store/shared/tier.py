@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 from hicachefs.store.shared import engine_checks
 from hicachefs.store.shared import format as page_format
-from hicachefs.store.shared.device import GONE, DirectoryDevice
+from hicachefs.store.shared.device import GONE, RACE_PAUSES_S, DirectoryDevice
 from hicachefs.store.shared.failure_log import FailureLog
 from hicachefs.store.shared.guard import CallGuard, GuardStatistics, Overtaken, Refused
 from hicachefs.store.shared.journal import Journal
@@ -969,8 +969,7 @@ class SharedTier(Tier):
             fd = self._device.open(temp, flags, 0o644)
         except FileNotFoundError:
             self._on_volume()  # the pool's directories are made on the volume, nowhere else
-            self._device.makedirs(os.path.dirname(temp))
-            fd = self._device.open(temp, flags, 0o644)
+            fd = self._open_in_new_directory(temp, flags)
         try:
             try:
                 header = page_format.encode(page)
@@ -986,6 +985,20 @@ class SharedTier(Tier):
             except OSError:
                 pass  # the sweep removes it later
             raise
+
+    def _open_in_new_directory(self, temp: str, flags: int) -> int:
+        """Make the directories of ``temp``, then open it; tried again while this host does not
+        see yet a directory another host made at the same moment: GlusterFS answered the open
+        ENOENT though the directory was there (two hosts writing into one new pool at once, once
+        in 6 runs of a test)."""
+        for pause in RACE_PAUSES_S:
+            self._device.makedirs(os.path.dirname(temp))
+            try:
+                return self._device.open(temp, flags, 0o644)
+            except FileNotFoundError:
+                time.sleep(pause)
+        self._device.makedirs(os.path.dirname(temp))
+        return self._device.open(temp, flags, 0o644)
 
     def _rename_into_place(self, page: PageMeta, temp: str, target: str) -> None:
         """The rename that publishes a page file. GlusterFS answers ENOENT to one that another
