@@ -527,6 +527,59 @@ def test_a_volume_unmounted_under_the_tier_is_unavailable_and_nothing_lands_on_t
     assert read_page(b, later.name) == later_data and os.listdir(mountpoint) == []
 
 
+class UnmountedMidWrite(Mountpoint):
+    """A volume unmounted in the middle of a page's write, at its ``when``: its temporary file's
+    second open (in a directory made again after the first one's ENOENT), or its rename. Either
+    answers ENOENT, as the volume's files are gone from the mountpoint's path."""
+
+    def __init__(self, volume: Path, mountpoint: Path, when: str) -> None:
+        super().__init__(volume, mountpoint)
+        self._when, self._opens = when, 0  # (underscored: Mountpoint maps its other attributes' paths)
+
+    def open(self, path, flags, mode=0o644):
+        if flags & os.O_CREAT and "/." in path and self._when == "open":
+            self._opens += 1
+            if self._opens == 2:
+                self.mounted = False
+            if self._opens <= 2:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        return super().open(path, flags, mode)
+
+    def rename(self, source, target):
+        if self._when == "rename":
+            self.mounted = False
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        super().rename(source, target)
+
+
+@pytest.mark.parametrize("when", ["open", "rename"])
+def test_a_volume_unmounted_mid_write_fails_the_write_and_puts_nothing_on_the_mountpoint(tmp_path, make_tier, when):
+    """Found by review: the open tried again after a pause made the pool's directories again on the
+    bare mountpoint once the volume was unmounted meanwhile, and wrote the page there, counted
+    written; a rename answered ENOENT for the same reason was taken for another host's removal,
+    no failure of the volume. Both fail with ENOTCONN, a failure."""
+    volume, mountpoint = tmp_path / "volume", tmp_path / "mnt"
+    volume.mkdir(), mountpoint.mkdir()
+    device = UnmountedMidWrite(volume, mountpoint, when)
+    tier = make_tier(mountpoint / "hc", device=device)
+    page, data = make_page(1)
+    with pytest.raises(OSError) as raised:
+        tier.write(page, data)
+    assert raised.value.errno == errno.ENOTCONN and os.listdir(mountpoint) == []
+    assert tier.statistics().io_errors >= 1 and not tier.statistics().guard.available
+
+
+def test_a_page_file_open_tried_again_gives_up_within_half_the_writes_deadline(tmp_path, make_tier):
+    """Found by review: its pauses (1.3 s) outlasted a short write deadline, and the timeout
+    marked the tier unavailable; the write fails with the open's ENOENT instead."""
+    tier, device = faulty_tier(make_tier, tmp_path / "shared", deadline_s=0.1)  # a 64 KiB write: 0.4 s
+    device.inject(Fault("open", errno=errno.ENOENT))
+    page, data = make_page(1)
+    with pytest.raises(FileNotFoundError):
+        tier.write(page, data)
+    assert tier.statistics().guard.timeouts == 0
+
+
 def writes(tier, page, data) -> bool:
     """Whether ``tier`` took a write of ``page`` now."""
     try:

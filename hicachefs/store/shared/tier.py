@@ -705,7 +705,8 @@ class SharedTier(Tier):
         """``_write_copy``'s work, begun at ``started``: an announcement of the name applied since
         keeps it waiting for its look, as the two files may have landed in either order."""
         try:
-            self._guard.call(self._write_file, page, where, payload, timeout=4 * self._data_deadline(page.size),
+            timeout = 4 * self._data_deadline(page.size)
+            self._guard.call(self._write_file, page, where, payload, time.monotonic() + timeout / 2, timeout=timeout,
                              expected=_FULL, discard=functools.partial(self._landed_late, page))
         except OSError as error:
             if error.errno in _FULL:
@@ -962,14 +963,15 @@ class SharedTier(Tier):
             self._close_quietly(opened.fd)
         return None
 
-    def _write_file(self, page: PageMeta, where: Place, payload: memoryview) -> None:
+    def _write_file(self, page: PageMeta, where: Place, payload: memoryview, retry_until: float) -> None:
+        """``retry_until``: the last moment a try of the open may start again (``_open_in_new_directory``)."""
         temp = self._layout.temp_path(where, self._token, next(self._temp_numbers))
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
             fd = self._device.open(temp, flags, 0o644)
         except FileNotFoundError:
             self._on_volume()  # the pool's directories are made on the volume, nowhere else
-            fd = self._open_in_new_directory(temp, flags)
+            fd = self._open_in_new_directory(temp, flags, retry_until)
         try:
             try:
                 header = page_format.encode(page)
@@ -986,17 +988,21 @@ class SharedTier(Tier):
                 pass  # the sweep removes it later
             raise
 
-    def _open_in_new_directory(self, temp: str, flags: int) -> int:
-        """Make the directories of ``temp``, then open it; tried again while this host does not
-        see yet a directory another host made at the same moment: GlusterFS answered the open
-        ENOENT though the directory was there (two hosts writing into one new pool at once, once
-        in 6 runs of a test)."""
+    def _open_in_new_directory(self, temp: str, flags: int, retry_until: float) -> int:
+        """Make the directories of ``temp`` (the volume checked first: ``_on_volume``), then open
+        it; tried again, until ``retry_until`` (half the write's deadline: a timeout would mark
+        the tier unavailable), while this host does not see yet a directory another host made at
+        the same moment: GlusterFS answered the open ENOENT though the directory was there (two
+        hosts writing into one new pool at once, once in 6 runs of a test)."""
         for pause in RACE_PAUSES_S:
+            if time.monotonic() + pause > retry_until:
+                break
             self._device.makedirs(os.path.dirname(temp))
             try:
                 return self._device.open(temp, flags, 0o644)
             except FileNotFoundError:
                 time.sleep(pause)
+                self._on_volume()  # (unmounted meanwhile: made again, they would be on the bare mountpoint)
         self._device.makedirs(os.path.dirname(temp))
         return self._device.open(temp, flags, 0o644)
 
@@ -1011,6 +1017,7 @@ class SharedTier(Tier):
             try:
                 self._device.stat(temp)
             except FileNotFoundError:
+                self._on_volume()  # (the volume unmounted under the write: ENOTCONN, a failure)
                 raise Overtaken(errno.ENOENT, f"{page.name}: removed by another host as it was written here") from None
             raise
 
