@@ -569,6 +569,31 @@ def test_a_volume_unmounted_mid_write_fails_the_write_and_puts_nothing_on_the_mo
     assert tier.statistics().io_errors >= 1 and not tier.statistics().guard.available
 
 
+def test_a_volume_unmounted_while_a_pools_directories_are_made_stops_their_making(tmp_path, make_tier, monkeypatch):
+    """Found by review: making them was tried again after a pause (another host making them at
+    once) with no look at the volume, and a volume unmounted meanwhile had the tree made on the
+    bare mountpoint and the page written there, counted written."""
+    volume, mountpoint = tmp_path / "volume", tmp_path / "mnt"
+    volume.mkdir(), mountpoint.mkdir()
+    device = Mountpoint(volume, mountpoint)
+    tier = make_tier(mountpoint / "hc", device=device)
+    made, tries = os.makedirs, []
+
+    def racing(path, exist_ok=False):
+        if "/kv" in path:  # the pool's directories, for the page's write
+            tries.append(path)
+            if len(tries) == 1:
+                device.mounted = False
+                raise FileNotFoundError(errno.ENOENT, "racing host")
+        made(path, exist_ok=exist_ok)
+
+    monkeypatch.setattr(os, "makedirs", racing)
+    page, data = make_page(1)
+    with pytest.raises(OSError) as raised:
+        tier.write(page, data)
+    assert raised.value.errno == errno.ENOTCONN and len(tries) == 1 and os.listdir(mountpoint) == []
+
+
 def test_a_page_file_open_tried_again_gives_up_within_half_the_writes_deadline(tmp_path, make_tier):
     """Found by review: its pauses (1.3 s) outlasted a short write deadline, and the timeout
     marked the tier unavailable; the write fails with the open's ENOENT instead."""

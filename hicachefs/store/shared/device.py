@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from hicachefs.store.shared import engine_checks
@@ -78,22 +79,26 @@ class DirectoryDevice:
         return None if mount is None else (mount.mountpoint, mount.mount_id,
                                            f"{mount.fstype} {mount.source} {mount.root}")
 
-    def makedirs(self, path: str) -> None:
+    def makedirs(self, path: str, before_retry: Callable[[], object] = lambda: None) -> None:
         """``os.makedirs``, tried again when another host makes the same directories at once:
         GlusterFS then answered ENOENT for a parent both had just made, until the kernel's
         entry for it (1 s) expired, or EEXIST for the directory itself while a stat of it
         still said ENOENT (which ``exist_ok`` does not forgive: FileExistsError), or ESTALE for
-        the parent the other host had just made (a handle its kernel had not looked up yet)."""
+        the parent the other host had just made (a handle its kernel had not looked up yet).
+        ``before_retry`` is called after each pause and raises where nothing may be made any
+        more (the volume unmounted meanwhile: the next try would make the tree on the bare
+        mountpoint, found by review)."""
         for pause in RACE_PAUSES_S:
             try:
                 os.makedirs(path, exist_ok=True)
                 return
             except (FileNotFoundError, FileExistsError):
-                time.sleep(pause)
+                pass
             except OSError as error:
                 if error.errno != errno.ESTALE:
                     raise
-                time.sleep(pause)
+            time.sleep(pause)
+            before_retry()
         os.makedirs(path, exist_ok=True)
 
     def listdir(self, path: str) -> list[str]:

@@ -989,21 +989,21 @@ class SharedTier(Tier):
             raise
 
     def _open_in_new_directory(self, temp: str, flags: int, retry_until: float) -> int:
-        """Make the directories of ``temp`` (the volume checked first: ``_on_volume``), then open
-        it; tried again, until ``retry_until`` (half the write's deadline: a timeout would mark
-        the tier unavailable), while this host does not see yet a directory another host made at
-        the same moment: GlusterFS answered the open ENOENT though the directory was there (two
-        hosts writing into one new pool at once, once in 6 runs of a test)."""
+        """Make the directories of ``temp``, then open it. The open is tried again, the volume
+        checked after each pause (``_on_volume``: unmounted meanwhile, nothing may be made on the
+        bare mountpoint), while this host does not see yet a directory another host made at the
+        same moment (GlusterFS answered it ENOENT though the directory was there: two hosts
+        writing into one new pool at once, once in 6 runs of a test); no pause is begun past
+        ``retry_until``, half the write's deadline (a timeout would mark the tier unavailable)."""
+        self._device.makedirs(os.path.dirname(temp), self._on_volume)
         for pause in RACE_PAUSES_S:
-            if time.monotonic() + pause > retry_until:
-                break
-            self._device.makedirs(os.path.dirname(temp))
             try:
                 return self._device.open(temp, flags, 0o644)
             except FileNotFoundError:
-                time.sleep(pause)
-                self._on_volume()  # (unmounted meanwhile: made again, they would be on the bare mountpoint)
-        self._device.makedirs(os.path.dirname(temp))
+                if time.monotonic() + pause > retry_until:
+                    raise
+            time.sleep(pause)
+            self._on_volume()
         return self._device.open(temp, flags, 0o644)
 
     def _rename_into_place(self, page: PageMeta, temp: str, target: str) -> None:
