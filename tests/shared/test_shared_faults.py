@@ -580,7 +580,7 @@ def test_a_volume_unmounted_while_a_pools_directories_are_made_stops_their_makin
     made, tries = os.makedirs, []
 
     def racing(path, exist_ok=False):
-        if "/kv" in path:  # the pool's directories, for the page's write
+        if "/kv" in path and path.startswith(str(tmp_path)):  # the pool's directories, for the page's write
             tries.append(path)
             if len(tries) == 1:
                 device.mounted = False
@@ -592,6 +592,37 @@ def test_a_volume_unmounted_while_a_pools_directories_are_made_stops_their_makin
     with pytest.raises(OSError) as raised:
         tier.write(page, data)
     assert raised.value.errno == errno.ENOTCONN and len(tries) == 1 and os.listdir(mountpoint) == []
+
+
+def test_a_volume_unmounted_while_the_journal_directory_is_made_puts_no_journal_on_the_mountpoint(
+        tmp_path, make_tier, monkeypatch):
+    """Found by review: the journal's directory made again after a pause (another host making it
+    at once), the volume unmounted meanwhile, was made on the bare mountpoint, and the page's
+    announcement written there, which no other host reads and a remount hides."""
+    volume, mountpoint = tmp_path / "volume", tmp_path / "mnt"
+    volume.mkdir(), mountpoint.mkdir()
+    device = Mountpoint(volume, mountpoint)
+    tier = make_tier(mountpoint / "hc", device=device)
+    made, tries = os.makedirs, []
+
+    def racing(path, exist_ok=False):
+        if path.endswith(JOURNAL_DIR) and path.startswith(str(tmp_path)):  # (not another test's tier)
+            tries.append(path)
+            if len(tries) == 1:
+                device.mounted = False
+                raise FileNotFoundError(errno.ENOENT, "racing host")
+            path = mountpoint / "hc" / JOURNAL_DIR  # where the path leads once the volume is gone
+        made(path, exist_ok=exist_ok)
+
+    monkeypatch.setattr(os, "makedirs", racing)
+    page, data = make_page(1)
+    try:
+        tier.write(page, data)  # its announcement opens the journal's first file
+    except OSError:
+        pass
+    wait_until(lambda: tries and not tier.statistics().guard.available, timeout=5)
+    time.sleep(0.5)  # some ticks
+    assert len(tries) == 1 and os.listdir(mountpoint) == []
 
 
 def test_a_page_file_open_tried_again_gives_up_within_half_the_writes_deadline(tmp_path, make_tier):

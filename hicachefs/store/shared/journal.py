@@ -172,7 +172,7 @@ class Journal:
         self._anew = False
         if self._fd is None:
             self._on_volume()
-            self._device.makedirs(self._layout.journal)
+            self._device.makedirs(self._layout.journal, self._on_volume)  # (looked at again after a pause)
             self._number += 1
             path = os.path.join(self._layout.journal, _file_name(self.writer, self._number))
             self._fd = self._device.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -542,7 +542,7 @@ class SharedTier(Tier):
             self._sweep_wanted = True  # what the tier counted lay elsewhere
             self._engine_unchecked = True  # maybe another mount than at start
         else:
-            self._device.makedirs(self._layout.journal)
+            self._device.makedirs(self._layout.journal, self._on_volume)  # (looked at again after a pause)
         self._device.listdir(self._layout.journal)
 
     def _look_at_root(self, seen: _Root | None = None) -> _Root:
