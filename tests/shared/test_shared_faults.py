@@ -569,6 +569,25 @@ def test_a_volume_unmounted_mid_write_fails_the_write_and_puts_nothing_on_the_mo
     assert tier.statistics().io_errors >= 1 and not tier.statistics().guard.available
 
 
+def _unmounted_at_first_makedirs(tmp_path, monkeypatch, device: Mountpoint, picks) -> list[str]:
+    """``os.makedirs`` as on a host racing another at making the directories ``picks`` takes: its
+    first try of them answers ENOENT, and the volume is unmounted then (a later try's path leads
+    to the bare mountpoint). Returns the list of their tries, filled as they come."""
+    made, tries = os.makedirs, []
+
+    def racing(path, exist_ok=False):
+        if picks(path) and path.startswith(str(tmp_path)):  # (not another test's tier)
+            tries.append(path)
+            if len(tries) == 1:
+                device.mounted = False
+                raise FileNotFoundError(errno.ENOENT, "racing host")
+            path = path.replace(device.volume, device.mountpoint, 1)
+        made(path, exist_ok=exist_ok)
+
+    monkeypatch.setattr(os, "makedirs", racing)
+    return tries
+
+
 def test_a_volume_unmounted_while_a_pools_directories_are_made_stops_their_making(tmp_path, make_tier, monkeypatch):
     """Found by review: making them was tried again after a pause (another host making them at
     once) with no look at the volume, and a volume unmounted meanwhile had the tree made on the
@@ -577,17 +596,7 @@ def test_a_volume_unmounted_while_a_pools_directories_are_made_stops_their_makin
     volume.mkdir(), mountpoint.mkdir()
     device = Mountpoint(volume, mountpoint)
     tier = make_tier(mountpoint / "hc", device=device)
-    made, tries = os.makedirs, []
-
-    def racing(path, exist_ok=False):
-        if "/kv" in path and path.startswith(str(tmp_path)):  # the pool's directories, for the page's write
-            tries.append(path)
-            if len(tries) == 1:
-                device.mounted = False
-                raise FileNotFoundError(errno.ENOENT, "racing host")
-        made(path, exist_ok=exist_ok)
-
-    monkeypatch.setattr(os, "makedirs", racing)
+    tries = _unmounted_at_first_makedirs(tmp_path, monkeypatch, device, lambda path: "/kv" in path)
     page, data = make_page(1)
     with pytest.raises(OSError) as raised:
         tier.write(page, data)
@@ -603,18 +612,7 @@ def test_a_volume_unmounted_while_the_journal_directory_is_made_puts_no_journal_
     volume.mkdir(), mountpoint.mkdir()
     device = Mountpoint(volume, mountpoint)
     tier = make_tier(mountpoint / "hc", device=device)
-    made, tries = os.makedirs, []
-
-    def racing(path, exist_ok=False):
-        if path.endswith(JOURNAL_DIR) and path.startswith(str(tmp_path)):  # (not another test's tier)
-            tries.append(path)
-            if len(tries) == 1:
-                device.mounted = False
-                raise FileNotFoundError(errno.ENOENT, "racing host")
-            path = mountpoint / "hc" / JOURNAL_DIR  # where the path leads once the volume is gone
-        made(path, exist_ok=exist_ok)
-
-    monkeypatch.setattr(os, "makedirs", racing)
+    tries = _unmounted_at_first_makedirs(tmp_path, monkeypatch, device, lambda path: path.endswith(JOURNAL_DIR))
     page, data = make_page(1)
     try:
         tier.write(page, data)  # its announcement opens the journal's first file

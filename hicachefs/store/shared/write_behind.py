@@ -18,9 +18,9 @@ whatever happens.
 
 Versions of one name land in the order they were offered: a queued page whose name was offered
 again is skipped (``superseded``, as is one another host's removal of its name overtook as it
-landed), and one whose name another worker is writing waits for that
-write and is written next by the same worker. Two workers writing two versions at once could
-otherwise leave the older on the tier for good. A page offered and not written (dropped, failed)
+landed), and one whose name another worker is writing waits for that write and is written next
+by the same worker. Two workers writing two versions at once could otherwise leave the older on
+the tier for good. A page offered and not written (dropped, failed)
 is told to ``lost``: an older version of its name may still lie on the tier. Each offer is
 numbered (``write`` and ``lost`` are told its number): of two versions of a name, the one offered
 later has the higher number, whichever of them is dropped, fails or lands first.
