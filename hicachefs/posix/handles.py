@@ -126,7 +126,7 @@ class PendingHandle:
         if not self.writing:
             raise FsError(errno.EBADF, "file opened read-only")
         if self.pending.gone:
-            raise FsError(errno.EPERM, "the file was published or discarded; pages are immutable")
+            raise FsError(errno.EPERM, "the file was published, replaced, removed or discarded; pages are immutable")
         return self.pending.write(offset, data)
 
     def release(self) -> None:

@@ -478,6 +478,8 @@ class Namespace:
             raise FsError(errno.EXDEV, "directories are not renamed; copy instead")
         if target_dir.depth != names.POOL_DEPTH:
             raise FsError(errno.EPERM, "pages live in pool directories (model/format/shard/pool)")
+        if names.is_temporary(new):  # (EINVAL, a bad name's errno, is a move into itself to rename's callers)
+            raise FsError(errno.EPERM, "a rename cannot give a temporary name: such files are made by create")
         new_text = self.publishing.checked_name(new)
         if new_text in target_dir.children:
             raise FsError(errno.EISDIR, "target is a directory")

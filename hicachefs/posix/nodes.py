@@ -147,7 +147,7 @@ class PendingFile:
         if self.failure is not None:
             raise self.failure.with_traceback(None)
         if self.gone:  # published or discarded: what it held is given back, and stays so
-            raise FsError(errno.EPERM, "the file was published or discarded; pages are immutable")
+            raise FsError(errno.EPERM, "the file was published, replaced, removed or discarded; pages are immutable")
         try:
             return change(*args)
         except Exception as exc:

@@ -128,7 +128,8 @@ class Publishing:
         return True
 
     def unlink(self, directory: Directory, name: str) -> None:
-        """The file's name goes; a writer that still has it open writes to nothing published."""
+        """The file's name goes (``rm``, or a rename onto it): it is never published, and a
+        writer that still has it open is refused its next write (EPERM)."""
         pending = directory.pending.pop(name)
         pending.gone = True
         pending.discard()

@@ -3,7 +3,7 @@ access(2) for a plain user, rmdir of the control directory, a rename of a file s
 written under its key, the link count of a removed file still open, the directories' mtime
 after rm and mv (of a page and of a file being written), chmod and chown by a plain user, and a temporary name that is not UTF-8 in
 the daemon's log; access(2) of the read-only control files for root, mknod of a regular file, an
-open of a file dropped at its close."""
+open of a file dropped at its close; a rename onto a temporary name, a write after its file was removed."""
 
 from __future__ import annotations
 
@@ -70,6 +70,39 @@ def test_unlinked_file_being_written_shows_no_links(mounted):
         assert os.fstat(fd).st_nlink == 0
     finally:
         os.close(fd)
+
+
+def test_a_rename_onto_a_temporary_name_is_not_permitted_and_keeps_the_page(mounted):
+    """Temporary names (``.x``) are made by create only. A rename onto one failed with EINVAL,
+    the bad name's errno, which ``mv`` reports as a move 'to a subdirectory of itself'."""
+    pool = mounted.page_dir()
+    page = publish(pool, "k", b"page bytes")
+    moved = subprocess.run(["mv", str(page), str(pool / ".bak")], capture_output=True, text=True)
+    assert moved.returncode != 0
+    assert "not permitted" in moved.stderr and "subdirectory" not in moved.stderr, moved.stderr
+    fd = os.open(pool / ".a", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.close(fd)
+    with pytest.raises(OSError) as info:
+        os.rename(pool / ".a", pool / ".b")
+    assert info.value.errno == errno.EPERM
+    assert page.read_bytes() == b"page bytes" and not (pool / ".bak").exists()
+
+
+def test_a_writer_whose_file_is_removed_is_told_at_its_next_write_and_nothing_is_published(mounted):
+    """contract.md: a file being written whose name is removed (or replaced by a rename) is
+    discarded; its writer's later writes fail with EPERM, and nothing appears under the name."""
+    pool = mounted.page_dir()
+    for name in ("k", ".t"):
+        fd = os.open(pool / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, b"abc")
+            os.unlink(pool / name)
+            with pytest.raises(OSError) as info:
+                os.write(fd, b"def")
+            assert info.value.errno == errno.EPERM
+        finally:
+            os.close(fd)
+        assert not (pool / name).exists()
 
 
 def test_removing_or_moving_a_page_changes_its_directories_mtime(mounted):
