@@ -530,12 +530,14 @@ class PageIO:
     # ---------------------------------------------------------------- other
 
     def remove_tree(self, rel_dir: str) -> bool:
-        """``rm -r`` of a directory below the root (evicts its pages). Missing is fine. The
-        plane's commits under way are waited for first: one answered after the ``rm -r`` would
-        bring its pool back with its pages."""
+        """``rm -r`` of a directory below the root (evicts its pages). Missing is fine, and so
+        is a directory that a page written meanwhile (another thread's backup) keeps: what the
+        ``rm -r`` saw is gone, as the write could as well have come after it. The plane's
+        commits under way are waited for first: one answered after the ``rm -r`` would bring
+        its pool back with its pages."""
 
         def on_error(function, path, info):
-            if not isinstance(info[1], FileNotFoundError):
+            if not isinstance(info[1], FileNotFoundError) and getattr(info[1], "errno", None) != errno.ENOTEMPTY:
                 raise info[1]
 
         if not self.served():

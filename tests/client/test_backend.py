@@ -197,6 +197,31 @@ def test_clear_removes_only_own_shard(store_root):
     assert rank0.batch_exists(keys) == 2
 
 
+def test_a_clear_during_which_a_page_is_stored_succeeds_and_keeps_only_that_page(store_root, monkeypatch):
+    """SGLang's backup thread may store a page while ``clear`` runs: a page landing after the
+    ``rm -r`` listed its pool kept the directory, and ``clear`` said it failed (ENOTEMPTY)."""
+    pool = MHAHostPool()
+    fs = make_fs(store_root, pool)
+    old, late = [key("before", i) for i in range(3)], [key("during", 0)]
+    assert fs.batch_set_v1(old, indices(pool, [0, 1, 2])) == [True] * 3
+    real_rmdir, landed = os.rmdir, []
+
+    def rmdir_after_a_backup(path, *args, **kwargs):
+        if not landed:  # the first directory's last entry is gone: a backup lands now
+            landed.append(fs.batch_set_v1(late, indices(pool, [3])))
+        return real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", rmdir_after_a_backup)
+    assert fs.clear() is True
+    monkeypatch.undo()
+    assert landed == [[True]]
+    assert fs.batch_exists(old) == 0 and fs.batch_exists(late) == 1
+    dst = MHAHostPool()
+    fs.register_mem_pool_host(dst)
+    assert fs.batch_get_v1(late, indices(dst, [0])) == [True]
+    assert page_bytes(dst, 0) == page_bytes(pool, 3)
+
+
 def test_mla_pages_have_one_writer(store_root):
     pool = MLAHostPool()
     writer = make_fs(store_root, pool, mla=True, tp=(0, 2))
