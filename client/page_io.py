@@ -531,16 +531,21 @@ class PageIO:
 
     def remove_tree(self, rel_dir: str) -> bool:
         """``rm -r`` of a directory below the root (evicts its pages). Missing is fine, and so
-        is a directory that a page written meanwhile (another thread's backup) keeps: what the
-        ``rm -r`` saw is gone, as the write could as well have come after it. The plane's
-        commits under way are waited for first: one answered after the ``rm -r`` would bring
-        its pool back with its pages."""
+        is a directory that a page written meanwhile (another thread's backup) keeps, listed
+        now: what the ``rm -r`` saw is gone, as the write could as well have come after it. One
+        that lists nothing yet is not empty holds pages only another host's shared tier holds
+        (``ls`` lists this host's): not cleared. False on a mount gone before or during it (the
+        bare mountpoint is not the store). The plane's commits under way are waited for first:
+        one answered after the ``rm -r`` would bring its pool back with its pages."""
 
         def on_error(function, path, info):
-            if not isinstance(info[1], FileNotFoundError) and getattr(info[1], "errno", None) != errno.ENOTEMPTY:
-                raise info[1]
+            if isinstance(info[1], FileNotFoundError):
+                return
+            if getattr(info[1], "errno", None) == errno.ENOTEMPTY and os.listdir(path):
+                return
+            raise info[1]
 
-        if not self.served():
+        if not self.served() or self._mount_gone():
             return False
         if self.plane is not None:
             self.plane.attached()  # (the mount's daemon met, if this client had not: its commits waited for)
@@ -555,7 +560,7 @@ class PageIO:
         finally:
             if self.plane is not None:
                 self.plane.forget_pools(rel_dir)
-        return True
+        return not self._mount_gone()
 
     def close(self) -> None:
         """Report the plane's reads not reported yet and close every thread's control file

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from storage_configs import storage_config
 from hicachefs_client import HiCacheFS
 from hicachefs_client.sglang_types import PoolHitPolicy, PoolName, PoolTransfer
+from hicachefs_testing import mounting
 from hicachefs_testing.host_pools import MHAHostPool, MLAHostPool, page_bytes
 
 MODEL = "Qwen--Qwen2.5-0.5B-Instruct"
@@ -220,6 +222,41 @@ def test_a_clear_during_which_a_page_is_stored_succeeds_and_keeps_only_that_page
     fs.register_mem_pool_host(dst)
     assert fs.batch_get_v1(late, indices(dst, [0])) == [True]
     assert page_bytes(dst, 0) == page_bytes(pool, 3)
+
+
+def test_a_clear_that_leaves_pages_another_hosts_shared_tier_holds_says_so(mount_factory, tmp_path):
+    """On a second host, pages only the shared tier holds are not listed, so the ``rm -r`` of
+    ``clear`` cannot remove them and the pool's rmdir fails (ENOTEMPTY): False, the pages kept,
+    not True as for a page stored while the clear ran (found by review)."""
+    shared = tmp_path / "shared"
+    host_a = mount_factory("--memory", "64M", "--shared", str(shared))
+    host_b = mount_factory("--memory", "64M", "--shared", str(shared))
+    pool = MHAHostPool()
+    names = [key("elsewhere", i) for i in range(4)]
+    assert make_fs(host_a.path, pool).batch_set_v1(names, indices(pool, range(4))) == [True] * 4
+    on_b = make_fs(host_b.path, pool)
+    deadline = time.monotonic() + 10
+    while on_b.batch_exists(names) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert on_b.batch_exists(names) == 4
+    assert on_b.clear() is False
+    assert on_b.batch_exists(names) == 4
+
+
+def test_a_clear_of_a_mount_gone_says_so(mount_factory, tmp_path):
+    """Unmounted, the mountpoint is bare: ``clear`` found nothing there and said True, and the
+    pages were back at the next mount of the same disk (found by review)."""
+    flags = ("--memory", "64M", "--disk", str(tmp_path / "disk"), "--disk-size", "64M")
+    mount = mount_factory(*flags)
+    pool = MHAHostPool()
+    fs = make_fs(mount.path, pool)
+    names = [key("gone", i) for i in range(4)]
+    assert fs.batch_set_v1(names, indices(pool, range(4))) == [True] * 4
+    fs.settle()
+    mounting.stop(mount)
+    assert fs.clear() is False
+    mount_factory(*flags, path=mount.path)
+    assert make_fs(mount.path, pool).batch_exists(names) == 4
 
 
 def test_mla_pages_have_one_writer(store_root):
