@@ -294,7 +294,9 @@ class Namespace:
         of the mount see pages only."""
         if inode == self.control.dir_inode:
             return DirectoryHandle(fixed_listing([(n, self._fixed(self.control.stat(i))) for n, i in self.control.entries()]))
-        return DirectoryHandle(DirectoryListing(self._dir(inode), self.store, self).read)
+        directory = self._dir(inode)
+        self.tree.adopt_held(directory)
+        return DirectoryHandle(DirectoryListing(directory, self.store, self).read)
 
     @staticmethod
     def _fixed(st: Stat):

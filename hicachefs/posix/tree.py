@@ -68,6 +68,14 @@ class DirectoryTree:
         child.removed = True
         parent.mtime_ns = time.time_ns()
 
+    def adopt_held(self, directory: Directory) -> None:
+        """Make the subdirectories of ``directory`` under which the store holds pages that came
+        without a directory made (fetched from the shared tier, promoted): a listing shows them."""
+        if directory.depth < names.POOL_DEPTH:
+            for name in self.store.held_subdirectories(directory.path):
+                if name not in directory.children:
+                    self.add(directory, name)
+
     def make_path(self, path: str) -> None:
         directory = self.root
         for part in path.split("/"):

@@ -50,6 +50,7 @@ import numpy as np
 
 from hicachefs.store.index_memory import EMPTY as _EMPTY, FREE_DIR as _FREE_DIR, TOMB as _TOMB
 from hicachefs.store.index_memory import ROW, Described, IndexMemory
+from hicachefs.store.held_paths import HeldPaths
 _GONE = -1  # a listing's entry whose row was removed
 #: A listing is compacted once more than half its entries are gone (and at least this many).
 _FEW_GONE = 64
@@ -272,6 +273,7 @@ class PageIndex:
         self._dir_ids: dict[str, int] = {}
         self._dir_names: list[str] = []
         self._dir_pages: list[int] = []
+        self._held = HeldPaths()  # the directories holding pages, and their ancestors
         self._listings: list[_Listing] = []  # by directory id
         self._next_cursor = 1
         # The last name looked up, and its parts: (name, directory, key, key id, plain, dir id,
@@ -462,6 +464,8 @@ class PageIndex:
             row = self._rows
             self._rows += 1
         self._dir_pages[dir_id] += 1
+        if self._dir_pages[dir_id] == 1:
+            self._held.gained(self._dir_names[dir_id])
         cells = self._cells
         cells.gen[row] += 1  # odd while the row is filled; in the table only once whole
         cells.hash[row] = h
@@ -514,6 +518,8 @@ class PageIndex:
         self._uncount(row)
         dir_id = cells.dir[row]
         self._dir_pages[dir_id] -= 1
+        if not self._dir_pages[dir_id]:
+            self._held.lost(self._dir_names[dir_id])
         cursor = cells.cursor[row]
         if keep_place:
             self._listings[dir_id].hold(cursor)
@@ -598,6 +604,10 @@ class PageIndex:
         self._dir_ids = {name: i for i, name in enumerate(self._dir_names)}
         self._last = None  # its dir id may have been another's
         self._dir_pages = np.bincount(pages.dir, minlength=len(self._dir_names)).tolist()
+        self._held = HeldPaths()
+        for name, count in zip(self._dir_names, self._dir_pages):
+            if count:
+                self._held.gained(name)
         self._odd_keys = dict(pages.odd_keys)
         self._rows = self._live = n
         self._tier_pages = [0] * self.loc.shape[1]
@@ -695,6 +705,15 @@ class PageIndex:
 
     def directories(self) -> list[str]:
         return [d for d, i in self._dir_ids.items() if self._dir_pages[i]]
+
+    def has_directory(self, path: str) -> bool:
+        """Whether pages lie in directory ``path`` or below it: O(1), however many directories
+        were ever used."""
+        return self._held.holds(path)
+
+    def held_subdirectories(self, path: str) -> list[str]:
+        """The names of ``path``'s subdirectories under which pages lie (``""``: the root's)."""
+        return self._held.children(path)
 
     @property
     def pages(self) -> int:

@@ -596,9 +596,8 @@ class PageStore:
 
     def has_directory(self, path: str) -> bool:
         """Whether pages lie under directory ``path`` here or on a named tier (from memory)."""
-        prefix = path + "/"
         with self._lock:
-            if any(d == path or d.startswith(prefix) for d in self._index.directories()):
+            if self._index.has_directory(path):
                 return True
         return any(tier.has_directory(path) for tier in self._named)
 
@@ -706,6 +705,12 @@ class PageStore:
     def directories(self) -> list[str]:
         with self._lock:
             return self._index.directories()
+
+    def held_subdirectories(self, path: str) -> list[str]:
+        """The names of directory ``path``'s subdirectories under which pages lie here (not on a
+        named tier: ``ls`` lists this host's pages)."""
+        with self._lock:
+            return self._index.held_subdirectories(path)
 
     def exists_many(self, names: Iterable[str], size: int | None = None) -> list[bool]:
         """Whether each page is held here or on a named tier; no I/O. ``size``: only a page of

@@ -235,12 +235,38 @@ def test_a_clear_that_leaves_pages_another_hosts_shared_tier_holds_says_so(mount
     names = [key("elsewhere", i) for i in range(4)]
     assert make_fs(host_a.path, pool).batch_set_v1(names, indices(pool, range(4))) == [True] * 4
     on_b = make_fs(host_b.path, pool)
+    seen_on_b = [host_b.path / MODEL / "bfloat16-page_first-16-8KiB" / "tp0of1" / "kv" / name for name in names]
+    deadline = time.monotonic() + 10  # (found by name, not by batch_exists, which fetches them here)
+    while not all(path.exists() for path in seen_on_b) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(path.exists() for path in seen_on_b)
+    assert on_b.clear() is False
+    assert all(path.exists() for path in seen_on_b) and on_b.batch_exists(names) == 4
+
+
+def test_pages_fetched_from_another_hosts_shared_tier_are_listed_and_cleared(mount_factory, tmp_path):
+    """Pages another host wrote, found and read here (fetched into this host's RAM), came with no
+    directory made above their pool: ``ls`` of the root, ``find`` and the ``rm -r`` of ``clear``
+    saw none of them, and clear answered False with the pages kept (found by review)."""
+    shared = tmp_path / "shared"
+    host_a = mount_factory("--memory", "64M", "--shared", str(shared))
+    host_b = mount_factory("--memory", "64M", "--shared", str(shared))
+    pool = MHAHostPool()
+    names = [key("fetched", i) for i in range(4)]
+    assert make_fs(host_a.path, pool).batch_set_v1(names, indices(pool, range(4))) == [True] * 4
+    on_b = make_fs(host_b.path, pool)
     deadline = time.monotonic() + 10
     while on_b.batch_exists(names) < 4 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert on_b.batch_exists(names) == 4
-    assert on_b.clear() is False
-    assert on_b.batch_exists(names) == 4
+    dst = MHAHostPool()
+    on_b.register_mem_pool_host(dst)
+    assert on_b.batch_get_v1(names, indices(dst, range(4))) == [True] * 4
+    assert [page_bytes(dst, i) for i in range(4)] == [page_bytes(pool, i) for i in range(4)]
+    assert os.listdir(host_b.path) == [MODEL]
+    assert len(files_under(host_b.path)) == 4
+    assert on_b.clear() is True
+    # Gone here and from the shared tier (host A's own RAM copies stay: docs/shared-tier.md).
+    assert files_under(host_b.path) == [] and on_b.batch_exists(names) == 0
 
 
 def test_a_clear_of_a_mount_gone_says_so(mount_factory, tmp_path):

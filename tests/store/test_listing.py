@@ -131,3 +131,47 @@ def test_a_batch_costs_the_same_in_a_small_and_a_huge_directory(make_store):
 
     small, huge = batch_time("small/dir"), batch_time("huge/dir")
     assert huge < 4 * small + 0.0005, f"a batch took {huge * 1e6:.0f} us in a huge directory, {small * 1e6:.0f} us in a small one"
+
+
+def _held_by_scan(store: PageStore, path: str) -> tuple[bool, set[str]]:
+    """Whether pages lie at or below ``path``, and its subdirectories that hold some, from the
+    directories the store lists (what ``has_directory`` scanned before it counted)."""
+    prefix = f"{path}/" if path else ""
+    under = [d for d in store.directories() if d == path or d.startswith(prefix)]
+    return bool(under), {d[len(prefix):].split("/")[0] for d in under if d != path}
+
+
+def test_the_directories_holding_pages_follow_publishes_removals_evictions_and_a_restart(make_store, tmp_path):
+    """``has_directory`` (asked at every lookup of a name the tree does not know) and the
+    subdirectories a listing adopts answer from counts kept as pages come and go: they must
+    say what a scan of the store's directories says, whatever the order of events."""
+    store = make_store(memory=4 * MiB, disk=16 * MiB, max_page_size=1 * MiB)
+    rng = random.Random(11)
+    pools = [f"m{a}/f{b}/tp0of1/kv{c}" for a in range(3) for b in range(2) for c in range(3)]
+    held: dict[str, str] = {}  # name -> pool
+    paths = {""} | {"/".join(pool.split("/")[:depth]) for pool in pools for depth in range(1, 5)}
+    paths |= {"m9", "m0/f9", "m0/f0/tp0of1/kv9"}  # never used
+    for step in range(3000):
+        pool = rng.choice(pools)
+        if rng.random() < 0.6 or not held:
+            name = f"{pool}/{rng.randrange(40):064x}"
+            store.put(name, bytes([step % 256]) * (64 * KiB))  # RAM holds 64: evicts to disk, then out
+            held[name] = pool
+        else:
+            name = rng.choice(sorted(held))
+            store.remove(name)
+            del held[name]
+        if step % 97 == 0:
+            for path in paths:
+                has, children = _held_by_scan(store, path)
+                assert not path or store.has_directory(path) == has, (step, path)  # (the root is no question)
+                assert set(store.held_subdirectories(path)) == children, (step, path)
+    config = store.config
+    store.close()
+    again, _ = reopen(config)
+    try:
+        for path in paths:
+            has, children = _held_by_scan(again, path)
+            assert (not path or again.has_directory(path) == has) and set(again.held_subdirectories(path)) == children, path
+    finally:
+        again.close()
