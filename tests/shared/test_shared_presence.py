@@ -1,5 +1,7 @@
 """The presence index: what a host knows is on the shared tier, answered from memory."""
 
+import random
+
 import numpy as np
 from shared_helpers import page_name
 
@@ -49,3 +51,43 @@ def test_an_empty_listing_forgets_the_directory():
     index.begin_listing(place(name).directory)
     index.end_listing(place(name).directory, np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64))
     assert index.contains_many([name]) == [False] and index.directories() == []
+
+
+
+def test_what_lies_under_a_path_follows_adds_removals_listings_and_forgets():
+    """``holds_under`` (asked at every lookup of a name this host does not know above the pool
+    level) answers from counts kept as directories gain and lose pages: it must say what a
+    scan of the directories holding pages says, whatever the order of events."""
+    rng = random.Random(5)
+    index = PresenceIndex()
+    pools = [f"m{a}/f{b}/tp0of1/kv{c}" for a in range(2) for b in range(2) for c in range(3)]
+    names = [page_name(i, rng.choice(pools)) for i in range(40)]  # a few a pool: it empties often
+    paths = {"/".join(pool.split("/")[:depth]) for pool in pools for depth in range(1, 5)} | {"m7", "m0/f0/tp0of1/kv7"}
+    listing: set[str] = set()
+    for step in range(4000):
+        name = rng.choice(names)
+        directory = place(name).directory
+        action = rng.random()
+        if action < 0.55:
+            add(index, name, present=True)
+        elif action < 0.9:
+            add(index, name, present=False)
+        elif action < 0.95:
+            if directory not in listing:
+                index.begin_listing(directory)
+                listing.add(directory)
+        elif action < 0.99 and listing:
+            done = rng.choice(sorted(listing))
+            listing.discard(done)
+            kept = [n for n in names if place(n).directory == done and rng.random() < 0.5]
+            index.end_listing(done, np.array([place(n).key_hash for n in kept], dtype=np.uint64),
+                              np.full(len(kept), 100))
+        else:
+            index.forget(directory)
+            listing.discard(directory)
+        if step % 10 == 0:
+            holding = [d for d, entry in index._directories.items() if entry.pages > 0]  # the scan it saves
+            for path in paths:
+                assert index.holds_under(path) == any(d.startswith(path + "/") for d in holding), (step, path)
+    index.clear()
+    assert not any(index.holds_under(path) for path in paths)

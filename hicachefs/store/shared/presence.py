@@ -29,6 +29,7 @@ import threading
 
 import numpy as np
 
+from hicachefs.store.held_paths import HeldPaths
 from hicachefs.store.shared.layout import place
 
 _FOLD_AT = 1024  # adds + removals a directory keeps beside its array before folding them in
@@ -100,6 +101,8 @@ class PresenceIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._directories: dict[str, _Directory] = {}
+        self._counted: set[str] = set()  # the directories holding pages, as ``_held`` counts them
+        self._held = HeldPaths()  # those directories and their ancestors (``holds_under``)
 
     def contains_many(self, names: list[str]) -> list[bool]:
         places = [place(name) for name in names]  # hashing outside the lock
@@ -132,6 +135,7 @@ class PresenceIndex:
                     return
                 entry = self._directories[directory] = _Directory()
             entry.update(present, hashed, size)
+            self._recount(directory)
 
     def begin_listing(self, directory: str) -> None:
         with self._lock:
@@ -158,6 +162,7 @@ class PresenceIndex:
                 self._directories[directory] = fresh
             else:
                 self._directories.pop(directory, None)
+            self._recount(directory)
 
     def abort_listing(self, directory: str) -> None:
         with self._lock:
@@ -169,15 +174,31 @@ class PresenceIndex:
         """The directory is gone (removed, or no longer listed): forget its pages."""
         with self._lock:
             self._directories.pop(directory, None)
+            self._recount(directory)
 
     def directories(self) -> list[str]:
         with self._lock:
             return list(self._directories)
 
-    def held_directories(self) -> list[str]:
-        """The directories known to hold pages now (those whose last page went are left out)."""
+    def holds_under(self, path: str) -> bool:
+        """Whether a directory known to hold pages now lies under ``path`` (a namespace prefix
+        such as ``model/format``): one lookup, however many directories the tier holds (a scan
+        of them ran at every lookup of a missing name)."""
         with self._lock:
-            return [name for name, entry in self._directories.items() if entry.pages > 0]
+            return self._held.holds(path)
+
+    def _recount(self, directory: str) -> None:
+        """Under the lock, after ``directory``'s entry changed: count it as holding pages or not."""
+        entry = self._directories.get(directory)
+        holds = entry is not None and entry.pages > 0
+        if holds == (directory in self._counted):
+            return
+        if holds:
+            self._counted.add(directory)
+            self._held.gained(directory)
+        else:
+            self._counted.discard(directory)
+            self._held.lost(directory)
 
     def totals(self) -> tuple[int, int]:
         """(pages, bytes) known on the tier. O(directories), not O(pages)."""
@@ -188,3 +209,5 @@ class PresenceIndex:
     def clear(self) -> None:
         with self._lock:
             self._directories.clear()
+            self._counted.clear()
+            self._held = HeldPaths()

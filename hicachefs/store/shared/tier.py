@@ -304,8 +304,7 @@ class SharedTier(Tier):
     def has_directory(self, path: str) -> bool:
         """Whether some page the tier knows of lies under directory ``path`` (a namespace
         prefix such as ``model/format``), from memory: never blocks, never raises."""
-        prefix = path + "/"
-        return self._guard.available and any(d.startswith(prefix) for d in self._presence.held_directories())
+        return self._guard.available and self._presence.holds_under(path)
 
     def remove_later(self, name: str) -> bool:
         """See ``Tier.remove_later``: a file of the name that lies on the volume when it comes
