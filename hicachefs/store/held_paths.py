@@ -20,6 +20,7 @@ class HeldPaths:
     def __init__(self) -> None:
         self._below: dict[str, int] = {}  # path -> directories holding pages at or below it
         self._children: dict[str, set[str]] = {}  # path -> names of its subdirectories held
+        self._directories: set[str] = set()  # the directories counted as holding pages
 
     def holds(self, path: str) -> bool:
         """Whether a directory holding pages is ``path`` or lies below it."""
@@ -29,8 +30,15 @@ class HeldPaths:
         """The names of ``path``'s subdirectories that are held (``""``: the root's)."""
         return list(self._children.get(path, ()))
 
+    def mark(self, directory: str, holds: bool) -> None:
+        """``directory`` holds pages now or not, whatever it held before (``gained``/``lost`` for
+        an owner that knows which it was)."""
+        if holds != (directory in self._directories):
+            (self.gained if holds else self.lost)(directory)
+
     def gained(self, directory: str) -> None:
         """``directory`` holds pages now (it held none)."""
+        self._directories.add(directory)
         below = self._below
         for path in _ancestry(directory):
             count = below.get(path, 0)
@@ -41,6 +49,7 @@ class HeldPaths:
 
     def lost(self, directory: str) -> None:
         """``directory`` holds no page now (it held some)."""
+        self._directories.discard(directory)
         below = self._below
         for path in _ancestry(directory):
             left = below[path] - 1

@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import time
 
 import pytest
 import torch
 
+from pages import wait_until
 from storage_configs import storage_config
 from hicachefs_client import HiCacheFS
 from hicachefs_client.sglang_types import PoolHitPolicy, PoolName, PoolTransfer
@@ -224,22 +224,25 @@ def test_a_clear_during_which_a_page_is_stored_succeeds_and_keeps_only_that_page
     assert page_bytes(dst, 0) == page_bytes(pool, 3)
 
 
-def test_a_clear_that_leaves_pages_another_hosts_shared_tier_holds_says_so(mount_factory, tmp_path):
-    """On a second host, pages only the shared tier holds are not listed, so the ``rm -r`` of
-    ``clear`` cannot remove them and the pool's rmdir fails (ENOTEMPTY): False, the pages kept,
-    not True as for a page stored while the clear ran (found by review)."""
+def stored_on_another_host(mount_factory, tmp_path, tag: str):
+    """Two hosts on one shared directory, host A having stored 4 pages: (host B, pool, names)."""
     shared = tmp_path / "shared"
     host_a = mount_factory("--memory", "64M", "--shared", str(shared))
     host_b = mount_factory("--memory", "64M", "--shared", str(shared))
     pool = MHAHostPool()
-    names = [key("elsewhere", i) for i in range(4)]
+    names = [key(tag, i) for i in range(4)]
     assert make_fs(host_a.path, pool).batch_set_v1(names, indices(pool, range(4))) == [True] * 4
+    return host_b, pool, names
+
+
+def test_a_clear_that_leaves_pages_another_hosts_shared_tier_holds_says_so(mount_factory, tmp_path):
+    """On a second host, pages only the shared tier holds are not listed, so the ``rm -r`` of
+    ``clear`` cannot remove them and the pool's rmdir fails (ENOTEMPTY): False, the pages kept,
+    not True as for a page stored while the clear ran (found by review)."""
+    host_b, pool, names = stored_on_another_host(mount_factory, tmp_path, "elsewhere")
     on_b = make_fs(host_b.path, pool)
     seen_on_b = [host_b.path / MODEL / "bfloat16-page_first-16-8KiB" / "tp0of1" / "kv" / name for name in names]
-    deadline = time.monotonic() + 10  # (found by name, not by batch_exists, which fetches them here)
-    while not all(path.exists() for path in seen_on_b) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(path.exists() for path in seen_on_b)
+    wait_until(lambda: all(path.exists() for path in seen_on_b))  # (by name: batch_exists fetches them here)
     assert on_b.clear() is False
     assert all(path.exists() for path in seen_on_b) and on_b.batch_exists(names) == 4
 
@@ -248,16 +251,9 @@ def test_pages_fetched_from_another_hosts_shared_tier_are_listed_and_cleared(mou
     """Pages another host wrote, found and read here (fetched into this host's RAM), came with no
     directory made above their pool: ``ls`` of the root, ``find`` and the ``rm -r`` of ``clear``
     saw none of them, and clear answered False with the pages kept (found by review)."""
-    shared = tmp_path / "shared"
-    host_a = mount_factory("--memory", "64M", "--shared", str(shared))
-    host_b = mount_factory("--memory", "64M", "--shared", str(shared))
-    pool = MHAHostPool()
-    names = [key("fetched", i) for i in range(4)]
-    assert make_fs(host_a.path, pool).batch_set_v1(names, indices(pool, range(4))) == [True] * 4
+    host_b, pool, names = stored_on_another_host(mount_factory, tmp_path, "fetched")
     on_b = make_fs(host_b.path, pool)
-    deadline = time.monotonic() + 10
-    while on_b.batch_exists(names) < 4 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: on_b.batch_exists(names) == 4)
     dst = MHAHostPool()
     on_b.register_mem_pool_host(dst)
     assert on_b.batch_get_v1(names, indices(dst, range(4))) == [True] * 4

@@ -101,8 +101,7 @@ class PresenceIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._directories: dict[str, _Directory] = {}
-        self._counted: set[str] = set()  # the directories holding pages, as ``_held`` counts them
-        self._held = HeldPaths()  # those directories and their ancestors (``holds_under``)
+        self._held = HeldPaths()  # the directories holding pages, and their ancestors (``holds_under``)
 
     def contains_many(self, names: list[str]) -> list[bool]:
         places = [place(name) for name in names]  # hashing outside the lock
@@ -190,15 +189,7 @@ class PresenceIndex:
     def _recount(self, directory: str) -> None:
         """Under the lock, after ``directory``'s entry changed: count it as holding pages or not."""
         entry = self._directories.get(directory)
-        holds = entry is not None and entry.pages > 0
-        if holds == (directory in self._counted):
-            return
-        if holds:
-            self._counted.add(directory)
-            self._held.gained(directory)
-        else:
-            self._counted.discard(directory)
-            self._held.lost(directory)
+        self._held.mark(directory, entry is not None and entry.pages > 0)
 
     def totals(self) -> tuple[int, int]:
         """(pages, bytes) known on the tier. O(directories), not O(pages)."""
@@ -209,5 +200,4 @@ class PresenceIndex:
     def clear(self) -> None:
         with self._lock:
             self._directories.clear()
-            self._counted.clear()
             self._held = HeldPaths()
